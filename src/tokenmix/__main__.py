@@ -1,0 +1,3 @@
+from tokenmix.cli.main import main
+
+raise SystemExit(main())

@@ -1,0 +1,138 @@
+"""The one generic model: embedding -> L blocks [norm -> mixer -> residual (-> norm -> MLP -> residual)]
+-> norm -> head. Any registered mixer per layer, so hybrids are a layer list such as
+``"pow2,pow2,attention,pow2"``.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tokenmix.core.registry import build_mixer, get_mixer_spec
+from tokenmix.mixers.base import MixerState
+
+
+def parse_layers(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """``"pow2,pow2,attention"`` or ``["pow2", ...]`` -> validated tuple of registered mixer names.
+
+    ``"pow2*3,attention"`` repeats a name.
+    """
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    out: list[str] = []
+    for raw in items:
+        name = raw.strip()
+        reps = 1
+        if "*" in name:
+            name, _, r = name.partition("*")
+            if not r.strip().isdigit() or int(r) < 1:
+                raise ValueError(f"invalid layer repeat '{raw}' (use NAME*COUNT with COUNT >= 1)")
+            reps = int(r)
+        if not name:
+            raise ValueError(f"empty mixer name in layer pattern {spec!r}")
+        get_mixer_spec(name.strip())  # raises with the list of known mixers
+        out += [name.strip()] * reps
+    if not out:
+        raise ValueError("layer pattern is empty")
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = 256
+    d_model: int = 128
+    layers: tuple[str, ...] = ("pow2", "pow2")
+    n_heads: int = 4
+    mlp: bool = True
+    mlp_ratio: int = 4
+    tie_weights: bool = True
+    mixer_overrides: dict[str, dict] = field(default_factory=dict)  # mixer name -> config fields
+
+    def __post_init__(self) -> None:
+        for name, val in (("vocab_size", self.vocab_size), ("d_model", self.d_model), ("n_heads", self.n_heads),
+                          ("mlp_ratio", self.mlp_ratio)):
+            if val <= 0:
+                raise ValueError(f"model config: {name} must be > 0, got {val}")
+        object.__setattr__(self, "layers", parse_layers(self.layers))
+
+
+class MLP(nn.Module):
+    def __init__(self, d: int, ratio: int) -> None:
+        super().__init__()
+        self.up = nn.Linear(d, ratio * d, bias=False)
+        self.down = nn.Linear(ratio * d, d, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down(F.gelu(self.up(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig, name: str) -> None:
+        super().__init__()
+        self.norm1 = nn.RMSNorm(cfg.d_model)
+        overrides = {"n_heads": cfg.n_heads, **cfg.mixer_overrides.get(name, {})}
+        self.mixer = build_mixer(name, cfg.d_model, **overrides)
+        self.norm2 = nn.RMSNorm(cfg.d_model) if cfg.mlp else None
+        self.mlp = MLP(cfg.d_model, cfg.mlp_ratio) if cfg.mlp else None
+
+    def forward(self, x: Tensor, state: MixerState | None, mode: str | None) -> tuple[Tensor, MixerState]:
+        y, state = self.mixer(self.norm1(x), state, mode)
+        x = x + y
+        if self.mlp is not None:
+            x = x + self.mlp(self.norm2(x))
+        return x, state
+
+
+class MixerModel(nn.Module):
+    """Token ids [B, T] -> logits [B, T, vocab]; per-layer decode states for generation."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.blocks = nn.ModuleList(Block(cfg, name) for name in cfg.layers)
+        self.norm = nn.RMSNorm(cfg.d_model)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.apply(self._init)
+        # GPT-2 style: scale the projections that write into the residual stream by depth
+        for name, p in self.named_parameters():
+            if name.endswith(("out.weight", "down.weight", "o_proj.weight")):
+                nn.init.normal_(p, std=0.02 / math.sqrt(2 * len(cfg.layers)))
+        if cfg.tie_weights:
+            self.head.weight = self.embed.weight
+
+    @staticmethod
+    def _init(m: nn.Module) -> None:
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=0.02)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, idx: Tensor, states: list[MixerState] | None = None, mode: str | None = None
+                ) -> tuple[Tensor, list[MixerState]]:
+        if idx.dim() != 2:
+            raise ValueError(f"expected token ids [B, T], got {tuple(idx.shape)}")
+        if idx.numel() and (idx.min() < 0 or idx.max() >= self.cfg.vocab_size):
+            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
+        states = states if states is not None else [None] * len(self.blocks)
+        if len(states) != len(self.blocks):
+            raise ValueError(f"got {len(states)} layer states for {len(self.blocks)} layers")
+        x = self.embed(idx)
+        new_states = []
+        for block, st in zip(self.blocks, states):
+            x, st = block(x, st, mode)
+            new_states.append(st)
+        return self.head(self.norm(x)), new_states
+
+    def step(self, idx_t: Tensor, states: list[MixerState] | None) -> tuple[Tensor, list[MixerState]]:
+        """Decode one token per sequence: idx_t [B] -> logits [B, vocab]."""
+        logits, states = self.forward(idx_t[:, None], states, mode="recurrent")
+        return logits[:, 0], states
+
+    def num_params(self, exclude_embedding: bool = False) -> int:
+        n = sum(p.numel() for p in self.parameters())
+        return n - self.embed.weight.numel() if exclude_embedding else n

@@ -1,0 +1,74 @@
+"""Sparsity patterns of the recurrent part B: for every position t, the set N(t) of past positions
+whose outputs y_j the state y_t reads.
+
+Positions are 0-indexed (t = 0 is the first token). The paper's formulas are 1-indexed
+(i = t + 1); each pattern converts in one place.
+
+A pattern reports, all derived from its definition:
+    neighbors(t)           N(t), a list of positions j < t, one per *level* slot (deduplicated)
+    neighbor_table(t0, t1) LongTensor [t1 - t0, W] of N(t) for t in [t0, t1), -1 = no neighbour;
+                           column w is level slot w (gate-based coefficients index levels)
+    needed(t)              positions j < t that some token t' >= t reads: exactly the decode cache
+                           held while token t is processed
+    cache_size(n)          max over t < n of |needed(t)|: the peak decode cache of an n-token decode
+    nnz(n)                 number of nonzeros of B for an n-token sequence
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+class Pattern(ABC):
+    name: str
+
+    @abstractmethod
+    def n_levels(self, n: int) -> int:
+        """Number of level slots W needed for positions t < n."""
+
+    @abstractmethod
+    def _table_np(self, t: np.ndarray) -> np.ndarray:
+        """[len(t), W] int64 table for positions t (W = n_levels(max(t) + 1)); -1 = none."""
+
+    @abstractmethod
+    def needed(self, t: int) -> list[int]:
+        """Sorted positions j < t read by some token t' >= t."""
+
+    def neighbor_table(self, t0: int, t1: int) -> Tensor:
+        if t0 < 0 or t1 <= t0:
+            raise ValueError(f"invalid position range [{t0}, {t1})")
+        return torch.from_numpy(self._dedupe(self._table_np(np.arange(t0, t1, dtype=np.int64))))
+
+    def neighbors(self, t: int) -> list[int]:
+        row = self._dedupe(self._table_np(np.array([t], dtype=np.int64)))[0]
+        return [int(j) for j in row if j >= 0]
+
+    @staticmethod
+    def _dedupe(table: np.ndarray) -> np.ndarray:
+        # Several levels may round to the same lattice point; N(t) is a set, so keep the first slot.
+        if table.shape[1] <= 1:
+            return table
+        out = table.copy()
+        srt = np.sort(table, axis=1)
+        if not ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any():
+            return out
+        for w in range(1, table.shape[1]):
+            dup = (table[:, w : w + 1] == table[:, :w]).any(axis=1) & (table[:, w] >= 0)
+            out[dup, w] = -1
+        return out
+
+    def cache_size(self, n: int) -> int:
+        return max((len(self.needed(t)) for t in range(n)), default=0)
+
+    def nnz(self, n: int) -> int:
+        return int((self.neighbor_table(0, n) >= 0).sum()) if n > 0 else 0
+
+    def neighbors_per_token(self, n: int) -> int:
+        """|N(n - 1)|: neighbours of the last token of an n-token sequence."""
+        return len(self.neighbors(n - 1))
+
+    def __repr__(self) -> str:
+        return f"Pattern({self.name})"
