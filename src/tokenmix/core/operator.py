@@ -22,6 +22,21 @@ from torch import Tensor
 MAX_DENSE_T = 4096  # materialising [B, H, T, T] beyond this is refused (use the structured paths)
 
 
+def solve_unit_lower(lower: Tensor, rhs: Tensor, transpose: bool = False) -> Tensor:
+    """Solve (I - lower) Z = rhs, or (I - lower)^T Z = rhs if ``transpose``, lower strictly lower.
+
+    Half-precision dtypes are solved in float32 (CPU has no bf16/fp16 triangular solve) and cast back.
+    """
+    dtype = rhs.dtype
+    work = torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+    eye = torch.eye(lower.shape[-1], dtype=work, device=lower.device)
+    mat = eye - lower.to(work)
+    if transpose:
+        mat = mat.transpose(-1, -2)
+    z = torch.linalg.solve_triangular(mat, rhs.to(work), upper=transpose, unitriangular=True)
+    return z.to(dtype)
+
+
 def _check_square_last2(name: str, m: Tensor) -> int:
     if m.dim() < 2 or m.shape[-1] != m.shape[-2]:
         raise ValueError(f"{name} must have shape [..., T, T], got {tuple(m.shape)}")
@@ -87,8 +102,7 @@ class MixOperator:
 
     def mixing_matrix(self) -> Tensor:
         """M = sum_g R_g (I - B_g)^{-1} A_g, shape [B, H, T, T]."""
-        eye = torch.eye(self.A.shape[-1], dtype=self.A.dtype, device=self.A.device)
-        m = torch.linalg.solve_triangular(eye - self.B, self.A, upper=False, unitriangular=True)
+        m = solve_unit_lower(self.B, self.A)
         if self.R is not None:
             m = self.R @ m
         return m.sum(dim=2) if self.has_state_axis else m
@@ -121,13 +135,12 @@ def solve_dense(op: MixOperator, x: Tensor, offset: Tensor | None = None) -> Ten
     xh = x.transpose(1, 2)  # [B, H, T, V]
     if op.has_state_axis:
         xh = xh.unsqueeze(2)  # [B, H, 1, T, V] broadcast over G
-    eye = torch.eye(t, dtype=x.dtype, device=x.device)
     rhs = op.A @ xh
     if offset is not None:
         if op.has_state_axis or offset.shape != x.shape:
             raise ValueError(f"offset must be [B, T, H, V] = {tuple(x.shape)} on a G = 1 operator")
         rhs = rhs + offset.transpose(1, 2)
-    z = torch.linalg.solve_triangular(eye - op.B, rhs, upper=False, unitriangular=True)
+    z = solve_unit_lower(op.B, rhs)
     if op.R is not None:
         z = op.R @ z
     if op.has_state_axis:

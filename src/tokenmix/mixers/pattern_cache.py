@@ -43,6 +43,9 @@ class PatternCache(MixerState):
     def select(self, keep_positions: list[int], keys_all: Tensor, values_all: Tensor, all_positions: Tensor,
                new_position: int) -> "PatternCache":
         """Build the next cache holding ``keep_positions`` taken from the concatenated buffers."""
+        if len(keep_positions) == len(all_positions):  # nothing evicted (exact patterns keep everything)
+            return PatternCache(self.owner, self.batch_size, new_position, all_positions, keys_all,
+                                values_all).carry_peaks(self)
         keep = torch.as_tensor(keep_positions, dtype=torch.long)
         slot = torch.searchsorted(all_positions, keep)
         return PatternCache(self.owner, self.batch_size, new_position, keep, keys_all[:, slot],

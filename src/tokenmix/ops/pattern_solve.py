@@ -24,6 +24,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tokenmix.core.operator import solve_unit_lower
+
 
 def _chunk_plan(idx: Tensor, p: int, t: int, chunk: int):
     """Per chunk: (s, e, gather positions, earlier mask, in-chunk column, in-chunk mask)."""
@@ -62,9 +64,7 @@ class _PatternSolve(torch.autograd.Function):
                 beta_e = beta[:, :, s:e] * earlier.to(beta.dtype)
                 rhs = rhs + torch.einsum("bhcw,bhcwv->bhcv", beta_e, buf[:, :, gpos])
             if inside.any():
-                eye = torch.eye(e - s, dtype=x.dtype, device=x.device)
-                rhs = torch.linalg.solve_triangular(eye - _block(beta[:, :, s:e], col, inside), rhs,
-                                                    upper=False, unitriangular=True)
+                rhs = solve_unit_lower(_block(beta[:, :, s:e], col, inside), rhs)
             buf[:, :, p + s : p + e] = rhs
         ctx.save_for_backward(alpha, beta, x, buf, idx)
         ctx.chunk, ctx.p = chunk, p
@@ -82,9 +82,7 @@ class _PatternSolve(torch.autograd.Function):
         for s, e, gpos, earlier, col, inside in reversed(_chunk_plan(idx, p, t, chunk)):
             g = gy[:, :, s:e] + gacc[:, :, p + s : p + e]
             if inside.any():
-                eye = torch.eye(e - s, dtype=x.dtype, device=x.device)
-                g = torch.linalg.solve_triangular((eye - _block(beta[:, :, s:e], col, inside)).transpose(-1, -2),
-                                                  g, upper=True, unitriangular=True)
+                g = solve_unit_lower(_block(beta[:, :, s:e], col, inside), g, transpose=True)
             galpha[:, :, s:e] = (g * x[:, :, s:e]).sum(-1)
             gx[:, :, s:e] = alpha[:, :, s:e, None] * g
             valid = (earlier | inside).to(beta.dtype)

@@ -49,15 +49,18 @@ class Pattern(ABC):
     @staticmethod
     def _dedupe(table: np.ndarray) -> np.ndarray:
         # Several levels may round to the same lattice point; N(t) is a set, so keep the first slot.
+        # Built-in patterns list positions non-increasing along levels (proved for the lattice in
+        # translation.py), so duplicates are adjacent; the general loop is kept for other patterns.
         if table.shape[1] <= 1:
             return table
         out = table.copy()
-        srt = np.sort(table, axis=1)
-        if not ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any():
-            return out
-        for w in range(1, table.shape[1]):
-            dup = (table[:, w : w + 1] == table[:, :w]).any(axis=1) & (table[:, w] >= 0)
-            out[dup, w] = -1
+        adjacent = (table[:, 1:] == table[:, :-1]) & (table[:, 1:] >= 0)
+        out[:, 1:][adjacent] = -1
+        srt = np.sort(out, axis=1)
+        if ((srt[:, 1:] == srt[:, :-1]) & (srt[:, 1:] >= 0)).any():
+            for w in range(1, table.shape[1]):
+                dup = (out[:, w : w + 1] == out[:, :w]).any(axis=1) & (out[:, w] >= 0)
+                out[dup, w] = -1
         return out
 
     def cache_size(self, n: int) -> int:

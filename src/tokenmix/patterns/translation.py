@@ -96,6 +96,11 @@ class Lattice(Pattern):
     def __init__(self, base: TranslationInvariant) -> None:
         if base.max_levels is not None:
             raise ValueError(f"the lattice variant is defined for unbounded patterns, not '{base.name}'")
+        if base.distances(2)[:1] != [1]:
+            # The nesting argument needs level 0 to be the previous output: with f(0) > 1, token t
+            # reads t - f(0), which is neither in S_{t-1} nor t - 1, and the cache would not be S_t.
+            raise ValueError(f"the cache-efficient lattice of '{base.name}' needs f(0) = 1 (the previous "
+                             f"output), got f(0) = {base._dist[0]}")
         self.base = base
         self.name = f"{base.name}_ce"
         self._a: list[int] = []

@@ -1,0 +1,77 @@
+"""``tokenmix bench solver``: forward+backward time and peak memory of the structured mixer's
+``dense`` vs ``chunked`` modes per pattern, with torch SDPA causal attention as the baseline.
+
+Shapes: B = 1, H = 4, head dim 64 (d_model 256). The dense mode materialises [B, H, n, n]; it is run
+only up to ``MAX_DENSE_N``. The dense *pattern* (every j < t) in chunked mode needs O(n^2) scores,
+so it is skipped beyond ``MAX_DENSE_PATTERN_N``.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from tokenmix.bench.worker import run_in_subprocess
+
+PATTERNS = ["pow2", "sq1", "pow2_ce", "sq1_ce", "first_order", "dense_recurrence"]
+SIZES = [1024, 4096, 16384]
+MAX_DENSE_N = 4096
+MAX_DENSE_PATTERN_N = 4096
+
+
+def prepare_solver_case(case: dict):
+    n, h, hd = case["n"], case["heads"], case["head_dim"]
+    if case["mixer"] == "sdpa":
+        q, k, v = (torch.randn(1, h, n, hd, requires_grad=True) for _ in range(3))
+
+        def fn():
+            F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+        return fn, {}
+    from tokenmix.core import build_mixer
+    m = build_mixer(case["mixer"], h * hd, n_heads=h, chunk_size=case.get("chunk_size", 64))
+    x = torch.randn(1, n, h * hd, requires_grad=True)
+
+    def fn():
+        y, _ = m(x, mode=case["mode"])
+        y.sum().backward()
+    return fn, {}
+
+
+def cases(sizes: list[int], patterns: list[str], heads: int = 4, head_dim: int = 64, repeats: int = 2) -> list[dict]:
+    out = []
+    for n in sizes:
+        base = {"kind": "solver", "n": n, "heads": heads, "head_dim": head_dim, "repeats": repeats}
+        out.append({**base, "mixer": "sdpa", "mode": "sdpa"})
+        for p in patterns:
+            if p == "dense_recurrence" and n > MAX_DENSE_PATTERN_N:
+                continue
+            out.append({**base, "mixer": p, "mode": "chunked"})
+            if n <= MAX_DENSE_N:
+                out.append({**base, "mixer": p, "mode": "dense"})
+    return out
+
+
+def run(sizes: list[int] | None = None, patterns: list[str] | None = None, progress=None) -> dict:
+    sizes, patterns = sizes or SIZES, patterns or PATTERNS
+    results = []
+    for case in cases(sizes, patterns):
+        results.append(run_in_subprocess(case))
+        if progress:
+            progress(results[-1])
+    return {"benchmark": "solver", "results": results, "summary": summarize(results)}
+
+
+def summarize(results: list[dict]) -> dict:
+    t = {(r["mixer"], r["mode"], r["n"]): r["time_s"] for r in results if "time_s" in r}
+    ns = sorted({r["n"] for r in results})
+    summary: dict = {}
+    for (mixer, mode, n), v in t.items():
+        entry = summary.setdefault(f"{mixer}/{mode}", {})
+        entry[f"time_s@{n}"] = round(v, 4)
+        if (mixer, "dense", n) in t and mode == "chunked":
+            entry[f"dense_over_chunked@{n}"] = round(t[(mixer, "dense", n)] / v, 2)
+        if ("sdpa", "sdpa", n) in t:
+            entry[f"over_sdpa@{n}"] = round(v / t[("sdpa", "sdpa", n)], 3)
+    for key, entry in summary.items():
+        if f"time_s@{ns[0]}" in entry and f"time_s@{ns[-1]}" in entry and len(ns) > 1:
+            entry[f"growth_{ns[-1]}/{ns[0]}"] = round(entry[f"time_s@{ns[-1]}"] / entry[f"time_s@{ns[0]}"], 2)
+    return summary
