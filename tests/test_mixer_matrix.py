@@ -140,3 +140,16 @@ def test_state_misuse_is_refused(name):
         m(torch.randn(2, 5, 12, dtype=torch.float32))
     with pytest.raises(ValueError, match="mode"):
         m(x, mode="nonexistent")
+
+
+@pytest.mark.parametrize("name", ALL_MIXERS)
+def test_float32_modes_agree(name):
+    from tolerances import FLOAT32_REL_RMS, rel_rms
+
+    m = small_mixer(name).float()
+    x = torch.randn(2, 21, 12)
+    y_ref, _ = m(x, mode=m.modes[0])
+    for mode in m.modes[1:]:
+        y, _ = m(x, mode=mode)
+        err = rel_rms(y, y_ref)
+        assert err <= FLOAT32_REL_RMS, f"{name} float32 {mode} vs {m.modes[0]}: rel rms {err:.2e}"

@@ -1,0 +1,44 @@
+"""The one generic model: hybrids, cached decoding through every layer's state, bad input."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenmix.models import MixerModel, ModelConfig, parse_layers
+
+
+def test_hybrid_decode_equals_full_forward():
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=50, d_model=16, n_heads=2, layers="pow2_ce,sq1*2,first_order",
+                      mixer_overrides={"sq1": {"chunk_size": 3}})
+    model = MixerModel(cfg).double()
+    ids = torch.randint(0, 50, (2, 17))
+    full, _ = model(ids)
+    logits, states = model(ids[:, :6])              # prefill (fast mode)
+    steps = [logits]
+    for t in range(6, 11):                          # token by token
+        lt, states = model.step(ids[:, t], states)
+        steps.append(lt[:, None])
+    lt, states = model(ids[:, 11:], states)         # multi-token continuation
+    steps.append(lt)
+    assert (torch.cat(steps, 1) - full).abs().max() < 1e-10
+
+
+def test_weight_tying_and_params():
+    model = MixerModel(ModelConfig(vocab_size=40, d_model=16, n_heads=2, layers=("pow2",)))
+    assert model.head.weight is model.embed.weight
+    assert model.num_params() > model.num_params(exclude_embedding=True)
+
+
+def test_bad_layers_and_ids():
+    with pytest.raises(ValueError, match="unknown mixer 'nope'"):
+        parse_layers("pow2,nope")
+    with pytest.raises(ValueError, match="repeat"):
+        parse_layers("pow2*0")
+    with pytest.raises(ValueError, match="d_model"):
+        ModelConfig(d_model=0)
+    model = MixerModel(ModelConfig(vocab_size=10, d_model=8, n_heads=2, layers=("pow2",)))
+    with pytest.raises(ValueError, match="out of range"):
+        model(torch.tensor([[3, 12]]))
+    with pytest.raises(ValueError, match="layer states"):
+        model(torch.tensor([[3]]), states=[None, None])

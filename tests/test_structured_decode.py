@@ -1,0 +1,67 @@
+"""Decode facts of the structured mixer through real token-by-token decoding (issue targets)."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tokenmix.core import build_mixer
+
+
+@torch.no_grad()
+def decode(name: str, n: int) -> int:
+    m = build_mixer(name, 8, n_heads=2)
+    state = None
+    for _ in range(n):
+        _, state = m.step(torch.randn(1, 8), state)
+    return state.peak_positions
+
+
+def test_pow2_ce_decode_cache_is_ceil_log2():
+    assert decode("pow2_ce", 2048) == 11 == math.ceil(math.log2(2048))
+
+
+@pytest.mark.parametrize("n,expected", [(256, 13), (512, 19)])
+def test_sq1_ce_decode_cache(n, expected):
+    assert decode("sq1_ce", n) == expected
+
+
+def test_cache_evicts_exactly_what_no_later_token_reads():
+    m = build_mixer("pow2_ce", 8, n_heads=2)
+    state = None
+    for t in range(100):
+        _, state = m.step(torch.randn(1, 8), state)
+        assert state.positions.tolist() == m.pattern.needed(t + 1)
+
+
+def test_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="coefficients"):
+        build_mixer("pow2", 8, coefficients="bogus")
+    with pytest.raises(ValueError, match="chunk_size"):
+        build_mixer("pow2", 8, chunk_size=0)
+    with pytest.raises(ValueError, match="unknown pattern"):
+        build_mixer("pow2", 8, pattern="nope")
+    with pytest.raises(ValueError, match="head_dim mismatch"):
+        build_mixer("pow2", 10, n_heads=4)
+    with pytest.raises(ValueError, match="n_heads"):
+        build_mixer("pow2", 8, n_heads=0)
+    with pytest.raises(ValueError, match="no config field"):
+        build_mixer("pow2", 8, windw=3)
+    with pytest.raises(ValueError, match="unknown mixer 'nope'; known mixers: .*pow2"):
+        build_mixer("nope", 8)
+
+
+def test_gate_mode_needs_enough_levels():
+    m = build_mixer("pow2", 8, n_heads=2, coefficients="gate_softmax", max_levels=3)
+    with pytest.raises(ValueError, match="max_levels"):
+        m(torch.randn(1, 20, 8))
+
+
+def test_user_supplied_pattern_plugs_in():
+    m = build_mixer("pow2", 8, n_heads=2, pattern="f:3**k", cache_efficient=True, chunk_size=5).double()
+    x = torch.randn(1, 40, 8, dtype=torch.float64)
+    y_c, s_c = m(x)
+    y_r, s_r = m(x, mode="recurrent")
+    assert (y_c - y_r).abs().max() < 1e-12
+    assert s_r.peak_positions == m.cache_positions(40)
