@@ -1,0 +1,96 @@
+"""tokenmix list [--json] / tokenmix check [--mixer NAME ... | --all] [--json]"""
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+from tokenmix.core.registry import build_mixer, get_mixer_spec, mixer_names
+
+EXACT_TOL = 1e-10
+REASSOCIATED_TOL = 1e-8
+
+
+def register(sub) -> None:
+    p = sub.add_parser("list", help="every registered mixer: family, modes, per-token time and cache")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=run_list)
+    c = sub.add_parser("check", help="mode equivalence and independent cross-checks, with max errors")
+    c.add_argument("--mixer", nargs="+", default=None, help="mixer name(s)")
+    c.add_argument("--all", action="store_true", help="check every registered mixer")
+    c.add_argument("--json", action="store_true")
+    c.set_defaults(func=run_check)
+
+
+def describe(name: str) -> dict:
+    spec = get_mixer_spec(name)
+    m = build_mixer(name, 16, n_heads=2)
+    return {"name": name, "family": spec.family, "ab_form": spec.ab_form, "modes": list(m.modes),
+            "time_per_token": m.time_complexity, "cache": m.cache_complexity,
+            "cache_positions@1024": m.cache_positions(1024), "state_scalars@1024(d=16)": m.state_size(1024)}
+
+
+def run_list(args) -> int:
+    rows = [describe(n) for n in mixer_names()]
+    if args.json:
+        print(json.dumps(rows, indent=1))
+        return 0
+    table = Table(title="registered mixers")
+    for col in ("name", "family", "modes", "time/token", "cache", "(A, B) form"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["name"], r["family"], ",".join(r["modes"]), r["time_per_token"], r["cache"], r["ab_form"])
+    Console(width=200).print(table)
+    return 0
+
+
+def run_check(args) -> int:
+    from tokenmix.checks import CROSSCHECKS, ReferenceUnavailable, load_all_crosschecks
+    from tokenmix.checks.equivalence import mode_errors
+
+    if args.all == bool(args.mixer):
+        raise ValueError("give either --mixer NAME ... or --all")
+    names = mixer_names() if args.all else args.mixer
+    for n in names:
+        get_mixer_spec(n)  # unknown names fail before any work, listing the known ones
+    load_all_crosschecks()
+    report, failed = {}, []
+    for name in names:
+        cls = get_mixer_spec(name).cls
+        tol = REASSOCIATED_TOL if getattr(cls, "reassociates", False) else EXACT_TOL
+        errs = mode_errors(name)
+        entry = {"modes": {k: {"max_abs": v, "tolerance": tol * (10 if k.endswith("grad") else 1)} for k, v in errs.items()}}
+        for label, fn, xtol in CROSSCHECKS.get(name, []):
+            try:
+                res = fn()
+                entry.setdefault("crosschecks", {})[label] = {"rel_err": res, "tolerance": xtol}
+            except ReferenceUnavailable as e:
+                entry.setdefault("crosschecks", {})[label] = {"error": str(e)}
+        ok = all(v["max_abs"] <= v["tolerance"] for v in entry["modes"].values()) and all(
+            "error" not in c and all(e <= c["tolerance"] for e in c["rel_err"].values())
+            for c in entry.get("crosschecks", {}).values())
+        entry["ok"] = ok
+        if not ok:
+            failed.append(name)
+        report[name] = entry
+    if args.json:
+        print(json.dumps(report, indent=1))
+    else:
+        table = Table(title="tokenmix check: float64 max abs error of every mode vs the fast mode; "
+                            "independent cross-checks as relative RMS error")
+        for col in ("mixer", "output", "state", "grad", "continuation", "cross-checks", "ok"):
+            table.add_column(col)
+        for name, e in report.items():
+            worst = {q: max([v["max_abs"] for k, v in e["modes"].items() if k.endswith(q)] + [0.0])
+                     for q in ("output", "state", "grad")}
+            xc = "\n".join(
+                (f"{lab}: " + ", ".join(f"{q}={v:.1e}" for q, v in c["rel_err"].items())) if "rel_err" in c
+                else f"{lab}: {c['error']}" for lab, c in e.get("crosschecks", {}).items()) or "-"
+            table.add_row(name, f"{worst['output']:.1e}", f"{worst['state']:.1e}", f"{worst['grad']:.1e}",
+                          f"{e['modes']['continuation.output']['max_abs']:.1e}", xc, "yes" if e["ok"] else "[red]NO[/]")
+        Console(width=160).print(table)
+    if failed:
+        print(f"check failed for: {', '.join(failed)}")
+        return 1
+    return 0
