@@ -65,3 +65,19 @@ def test_user_supplied_pattern_plugs_in():
     y_r, s_r = m(x, mode="recurrent")
     assert (y_c - y_r).abs().max() < 1e-12
     assert s_r.peak_positions == m.cache_positions(40)
+
+
+@pytest.mark.parametrize("name,coef", [("pow2", "softmax"), ("sq1_ce", "softmax"), ("first_order", "gate_softmax"),
+                                       ("pow2_ce", "gate_l1")])
+def test_16k_float32_extreme_coefficients_stay_finite(name, coef):
+    """Saturated coefficients (alpha -> 0 or 1, one neighbour taking all the mass) over 16k tokens."""
+    torch.manual_seed(0)
+    m = build_mixer(name, 8, n_heads=2, coefficients=coef, chunk_size=128)
+    with torch.no_grad():
+        for p in m.parameters():
+            p.mul_(60.0)
+    x = torch.randn(1, 16384, 8, requires_grad=True)
+    y, _ = m(x)
+    y.square().mean().backward()
+    assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
+    assert all(torch.isfinite(p.grad).all() for p in m.parameters())
