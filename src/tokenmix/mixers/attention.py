@@ -1,0 +1,198 @@
+"""Causal softmax attention as an (A, B) pair with B = 0.
+
+Per head, with q_t, k_t, v_t projections of the layer input and K the head dimension:
+
+    y_t = sum_{j <= t} p_{t,j} v_j,      p_{t,.} = softmax_j(q_t . k_j / sqrt(K)),      out_t = W_o [y_t]_heads
+
+(A, B) form: A = P (causal, row-stochastic softmax matrix over the values), B = 0: attention mixes
+inputs only, never its own past outputs.
+
+Modes: ``sdpa`` (training default: torch's fused ``scaled_dot_product_attention``; with a KV-cache
+prefix the causal mask is passed explicitly because the queries are offset from the keys),
+``dense`` (materialise A, B = 0 and call the reference solver, prefix keys entering as a known
+right-hand side), ``recurrent`` (token by token with a KV cache holding the key and value of every
+past position, oldest first).
+
+The KV cache and the shared pieces here are reused by local (sliding-window) attention.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tokenmix.core.operator import MixOperator, solve_dense
+from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
+
+
+@dataclass(frozen=True)
+class AttentionConfig(MixerConfig):
+    """Softmax attention has no fields beyond the shared ones (heads, head dimension)."""
+
+
+class KVCache(MixerState):
+    """Keys and values of the cached past positions, oldest first.
+
+    Attributes:
+        keys: [B, P, H, K].
+        values: [B, P, H, V].
+        position: number of tokens seen so far (the cache holds positions position - P .. position - 1).
+    """
+
+    def __init__(self, owner: str, batch_size: int, position: int, keys: Tensor, values: Tensor) -> None:
+        self.owner, self.batch_size, self.position = owner, batch_size, position
+        self.keys, self.values = keys, values
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {"keys": self.keys, "values": self.values}
+
+    def cached_positions(self) -> int:
+        return int(self.keys.shape[1])
+
+
+def allowed_keys(p: int, t: int, window: int | None, device: torch.device | str = "cpu") -> Tensor:
+    """Boolean [T, P + T] mask: query i of the segment (buffer position P + i) may read buffer key j.
+
+    Causal (j <= P + i) and, with a window w, within the last w positions (P + i - j < w).
+    """
+    rows = torch.arange(t, device=device)[:, None] + p
+    cols = torch.arange(p + t, device=device)[None, :]
+    mask = cols <= rows
+    if window is not None:
+        mask = mask & (rows - cols < window)
+    return mask
+
+
+def attention_probs(q: Tensor, kbuf: Tensor, p: int, window: int | None) -> Tensor:
+    """Softmax weights of the segment queries over the buffer keys.
+
+    Args:
+        q: [B, T, H, K] queries of the segment.
+        kbuf: [B, P + T, H, K] cached keys followed by the segment keys.
+        p: number of cached positions P.
+        window: None for full causal attention, else the window w.
+    Returns:
+        probs: [B, H, T, P + T]; exactly zero outside the allowed keys.
+    """
+    scores = torch.einsum("bthk,bshk->bhts", q, kbuf) / math.sqrt(q.shape[-1])
+    mask = allowed_keys(p, q.shape[1], window, q.device)
+    return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+
+class SoftmaxAttention(Mixer):
+    """Multi-head causal softmax attention (full causal context; see LocalAttention for a window)."""
+
+    config_cls = AttentionConfig
+    modes = ("sdpa", "dense", "recurrent")
+    time_complexity = "O(n)"
+    cache_complexity = "O(n)"
+
+    def __init__(self, config: MixerConfig, d_model: int) -> None:
+        super().__init__(config, d_model)
+        h, k = self.n_heads, self.head_dim
+        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
+        self.out = nn.Linear(h * k, d_model, bias=False)
+
+    @property
+    def window(self) -> int | None:
+        """Positions attended including the current one; None = the whole causal prefix."""
+        return None
+
+    # ---------------------------------------------------------------- shared pieces
+    def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
+        return q, k, v  # each [B, T, H, K]
+
+    def _start(self, x: Tensor, state: KVCache | None):
+        """Projections and the key/value buffers [B, P + T, H, K] (cache first) of a segment."""
+        if state is None:
+            state = self.init_state(x.shape[0], x.device, x.dtype)
+        q, k, v = self._project(x)
+        return state, q, torch.cat([state.keys, k], 1), torch.cat([state.values, v], 1)
+
+    def _kept(self, total: int) -> int:
+        """Past positions the cache keeps once ``total`` positions have been seen."""
+        return total if self.window is None else min(total, self.window - 1)
+
+    def _finish(self, state: KVCache, kbuf: Tensor, vbuf: Tensor, y: Tensor) -> tuple[Tensor, KVCache]:
+        """Output projection of y [B, T, H, V] and the next cache (the last positions of the buffers)."""
+        keep = self._kept(state.position + y.shape[1])
+        start = kbuf.shape[1] - keep
+        new = KVCache(state.owner, state.batch_size, state.position + y.shape[1], kbuf[:, start:],
+                      vbuf[:, start:]).carry_peaks(state)
+        return self.out(y.flatten(2)), new
+
+    # ---------------------------------------------------------------- modes
+    def forward_sdpa(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
+        state, q, kbuf, vbuf = self._start(x, state)
+        p, t = state.cached_positions(), x.shape[1]
+        qh, kh, vh = (z.transpose(1, 2) for z in (q, kbuf, vbuf))  # [B, H, ., K]
+        if p == 0 and self.window is None:
+            y = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+        else:
+            # is_causal aligns the mask to the top-left corner, which is wrong once the queries are
+            # offset by P cached keys: pass the causal (and window) mask explicitly.
+            y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed_keys(p, t, self.window, x.device))
+        return self._finish(state, kbuf, vbuf, y.transpose(1, 2))
+
+    def forward_dense(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
+        state, q, kbuf, vbuf = self._start(x, state)
+        p = state.cached_positions()
+        probs = attention_probs(q, kbuf, p, self.window)  # [B, H, T, P + T]
+        mix_a = probs[..., p:]
+        # cached positions are not part of the segment's operator: their values enter as a known
+        # right-hand side, read through the prefix columns of the softmax
+        offset = torch.einsum("bhts,bshv->bthv", probs[..., :p], vbuf[:, :p]) if p else None
+        y = solve_dense(MixOperator(mix_a, torch.zeros_like(mix_a)), vbuf[:, p:], offset=offset)
+        return self._finish(state, kbuf, vbuf, y)
+
+    def forward_recurrent(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
+        """Token-by-token reference: append k_t, v_t to the cache, read it, evict beyond the window."""
+        if state is None:
+            state = self.init_state(x.shape[0], x.device, x.dtype)
+        q, k, v = self._project(x)
+        ys = []
+        for s in range(x.shape[1]):
+            state.observe()
+            keys = torch.cat([state.keys, k[:, s : s + 1]], 1)  # [B, P + 1, H, K]
+            values = torch.cat([state.values, v[:, s : s + 1]], 1)
+            scores = torch.einsum("bhk,bshk->bhs", q[:, s], keys) / math.sqrt(self.head_dim)
+            ys.append(torch.einsum("bhs,bshv->bhv", torch.softmax(scores, -1), values))
+            keep = self._kept(state.position + 1)
+            state = KVCache(state.owner, state.batch_size, state.position + 1, keys[:, keys.shape[1] - keep :],
+                            values[:, values.shape[1] - keep :]).carry_peaks(state)
+        return self.out(torch.stack(ys, 1).flatten(2)), state
+
+    # ---------------------------------------------------------------- surface
+    def init_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> KVCache:
+        empty = torch.zeros(batch_size, 0, self.n_heads, self.head_dim, device=device, dtype=dtype)
+        return KVCache(self.owner, batch_size, 0, empty, empty.clone())
+
+    def materialize(self, x: Tensor) -> MixOperator:
+        q, k, _ = self._project(x)
+        mix_a = attention_probs(q, k, 0, self.window)
+        return MixOperator(mix_a, torch.zeros_like(mix_a))
+
+    def values(self, x: Tensor) -> Tensor:
+        """The inputs X the operator mixes: v [B, T, H, K]."""
+        return self._project(x)[2]
+
+    def cache_positions(self, n: int) -> int:
+        # while the last token is processed the cache holds every earlier position (or the window's)
+        return self._kept(max(n - 1, 0))
+
+    def state_size(self, n: int) -> int:
+        return self.cache_positions(n) * self.n_heads * 2 * self.head_dim  # a key and a value per position
+
+    def flops_per_token(self, n: int) -> int:
+        read = self._kept(max(n - 1, 0)) + 1  # cached positions plus the token itself
+        return self.n_heads * read * 2 * self.head_dim  # scores q.k_j + weighted sum of v_j
+
+
+register_mixer("attention", AttentionConfig, family="attention",
+               ab_form="A = causal softmax(QK^T / sqrt(K)), B = 0")(SoftmaxAttention)

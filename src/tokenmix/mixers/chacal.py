@@ -1,0 +1,236 @@
+"""ChaCAL, the Chain and Causal Attention Layer (Fagnou et al., EMNLP 2024): a dense recurrence.
+
+With P the causal softmax attention matrix of a head (p_{i,j} = softmax_j(q_i . k_j / sqrt(K)),
+j <= i) and a per-head discount gamma in [0, 1), the layer sums every attention path with a
+geometric weight:
+
+    Y = (1 - gamma) (P + gamma P^2 + gamma^2 P^3 + ...) V = (1 - gamma) P (I - gamma P)^{-1} V.
+
+P commutes with (I - gamma P)^{-1}, so (I - gamma P) Y = (1 - gamma) P V. P has a diagonal; moving
+the diagonal term to the left and dividing row i by 1 - gamma p_ii gives the (A, B) form with a
+strictly lower B:
+
+    y_i = [ (1 - gamma) sum_{j <= i} p_ij v_j + gamma sum_{j < i} p_ij y_j ] / (1 - gamma p_ii),
+    A = diag(d) (1 - gamma) P,      B = diag(d) gamma strict_lower(P),      d_i = 1 / (1 - gamma p_ii).
+
+Since gamma < 1 and p_ii <= 1, d_i <= 1 / (1 - gamma). gamma = sigmoid(theta_h) per head, with
+theta initialised from the config's gamma (a gamma of 0 starts at a tiny positive value so it can
+still be learned).
+
+Modes: ``chunked`` (training default: block forward substitution over chunks of C queries; the
+right-hand side of a chunk, A V plus B times the outputs of earlier chunks, is two matmuls against
+the [C, P + e] softmax rows, then one C x C unit-triangular solve; each chunk is recomputed in the
+backward pass instead of stored, so memory stays O(T C) rather than O(T^2)), ``dense`` (materialise
+A, B and call the reference solver), ``recurrent`` (token by token with a cache of the key, value
+and output of every past position: O(n) per token).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor, nn
+from torch.utils.checkpoint import checkpoint
+
+from tokenmix.core.operator import MixOperator, solve_dense
+from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.attention import attention_probs
+from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
+
+_GAMMA_FLOOR = 1e-9  # gamma = 0 would put theta at -inf, where sigmoid has zero gradient
+
+
+@dataclass(frozen=True)
+class ChacalConfig(MixerConfig):
+    gamma: float = 0.5     # initial path discount of every head, in [0, 1)
+    chunk_size: int = 64   # C of the chunked forward substitution
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 <= self.gamma < 1.0:
+            raise ValueError(f"gamma must be in [0, 1), got {self.gamma}")
+        if self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+
+
+class ChainCache(MixerState):
+    """Keys, values and outputs y_j of every past position, oldest first.
+
+    Attributes:
+        keys: [B, P, H, K]; values: [B, P, H, V]; outputs: [B, P, H, V]; position: tokens seen.
+    """
+
+    def __init__(self, owner: str, batch_size: int, position: int, keys: Tensor, values: Tensor,
+                 outputs: Tensor) -> None:
+        self.owner, self.batch_size, self.position = owner, batch_size, position
+        self.keys, self.values, self.outputs = keys, values, outputs
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {"keys": self.keys, "values": self.values, "outputs": self.outputs}
+
+    def cached_positions(self) -> int:
+        return int(self.keys.shape[1])
+
+
+def _chain_chunk(q_c: Tensor, kbuf: Tensor, v_c: Tensor, gamma: Tensor, *w_earlier: Tensor) -> Tensor:
+    """Outputs of one chunk of C queries (head-first layout).
+
+    Args:
+        q_c: [B, H, C, K] queries at buffer positions E .. E + C - 1 (E earlier positions).
+        kbuf: [B, H, E + C, K] keys up to the chunk's end.
+        v_c: [B, H, C, V] values of the chunk.
+        gamma: [H].
+        w_earlier: pieces of w_j = (1 - gamma) v_j + gamma y_j for the E earlier positions,
+            [B, H, ., V] each, in order: what row i of A and B together read from position j < i.
+    Returns:
+        y_c: [B, H, C, V].
+    """
+    c, k = q_c.shape[2], q_c.shape[3]
+    e = kbuf.shape[2] - c
+    g = gamma[:, None, None]  # [H, 1, 1]
+    scores = (q_c / math.sqrt(k)) @ kbuf.transpose(-1, -2)  # [B, H, C, E + C]
+    # only the chunk's own C x C block needs the causal mask; masking in place spares a pass over
+    # the [C, E + C] rows, the bulk of the work
+    future = torch.ones(c, c, dtype=torch.bool, device=q_c.device).triu(1)
+    scores[..., e:].masked_fill_(future, float("-inf"))
+    probs = torch.softmax(scores, -1)
+    inner = probs[..., e:]  # [B, H, C, C], lower triangular
+    d = 1.0 / (1.0 - g * inner.diagonal(dim1=-2, dim2=-1)[..., None])  # [B, H, C, 1]
+    rhs = (1.0 - g) * (inner @ v_c)  # A on the chunk's own values (before the row scaling d)
+    if e:
+        rhs = rhs + probs[..., :e] @ torch.cat(w_earlier, 2)  # A and B on earlier positions, one matmul
+    eye = torch.eye(c, dtype=q_c.dtype, device=q_c.device)
+    return torch.linalg.solve_triangular(eye - d * g * inner.tril(-1), d * rhs, upper=False, unitriangular=True)
+
+
+class ChainCausalAttention(Mixer):
+    """Multi-head ChaCAL with a learned per-head discount."""
+
+    config_cls = ChacalConfig
+    modes = ("chunked", "dense", "recurrent")
+    time_complexity = "O(n)"
+    cache_complexity = "O(n)"
+
+    def __init__(self, config: ChacalConfig, d_model: int) -> None:
+        super().__init__(config, d_model)
+        h, k = self.n_heads, self.head_dim
+        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
+        self.out = nn.Linear(h * k, d_model, bias=False)
+        g0 = max(config.gamma, _GAMMA_FLOOR)
+        self.gamma_logit = nn.Parameter(torch.full((h,), math.log(g0 / (1.0 - g0))))
+
+    @property
+    def gamma(self) -> Tensor:
+        """Per-head discount [H], in (0, 1)."""
+        return torch.sigmoid(self.gamma_logit)
+
+    # ---------------------------------------------------------------- shared pieces
+    def _start(self, x: Tensor, state: ChainCache | None):
+        if state is None:
+            state = self.init_state(x.shape[0], x.device, x.dtype)
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)  # [B, T, H, K]
+        return state, q, torch.cat([state.keys, k], 1), torch.cat([state.values, v], 1)
+
+    def _finish(self, state: ChainCache, kbuf: Tensor, vbuf: Tensor, y: Tensor) -> tuple[Tensor, ChainCache]:
+        new = ChainCache(state.owner, state.batch_size, state.position + y.shape[1], kbuf, vbuf,
+                         torch.cat([state.outputs, y], 1)).carry_peaks(state)
+        return self.out(y.flatten(2)), new
+
+    def _dense_ab(self, probs: Tensor, p: int) -> tuple[Tensor, Tensor, Tensor]:
+        """Row scale d [B, H, T, 1], A and B [B, H, T, T] of the segment from probs [B, H, T, P + T]."""
+        g = self.gamma[:, None, None]
+        inner = probs[..., p:]
+        d = 1.0 / (1.0 - g * inner.diagonal(dim1=-2, dim2=-1)[..., None])
+        return d, d * (1.0 - g) * inner, d * g * inner.tril(-1)
+
+    # ---------------------------------------------------------------- modes
+    def forward_chunked(self, x: Tensor, state: ChainCache | None) -> tuple[Tensor, ChainCache]:
+        state, q, kbuf, vbuf = self._start(x, state)
+        p, t, c = state.cached_positions(), x.shape[1], self.config.chunk_size
+        qh, kh, vh = (z.transpose(1, 2) for z in (q, kbuf, vbuf))  # [B, H, ., K]
+        gamma = self.gamma
+        g = gamma[:, None, None]
+        # earlier positions are read through w_j = (1 - gamma) v_j + gamma y_j (A and B share P)
+        w_pieces = [(1.0 - g) * vh[:, :, :p] + g * state.outputs.transpose(1, 2)] if p else []
+        y_pieces = []
+        # recomputing a chunk in the backward pass keeps only O(T K) alive instead of its [C, P + e]
+        # softmax rows, which summed over the chunks would be the whole T x T matrix
+        recompute = torch.is_grad_enabled() and any(z.requires_grad for z in (qh, kh, vh, gamma))
+        for s in range(0, t, c):
+            e = min(s + c, t)
+            args = (qh[:, :, s:e], kh[:, :, : p + e], vh[:, :, p + s : p + e], gamma, *w_pieces)
+            y_c = checkpoint(_chain_chunk, *args, use_reentrant=False) if recompute else _chain_chunk(*args)
+            y_pieces.append(y_c)
+            w_pieces.append((1.0 - g) * vh[:, :, p + s : p + e] + g * y_c)
+        y = torch.cat(y_pieces, 2).transpose(1, 2)  # [B, T, H, V]
+        return self._finish(state, kbuf, vbuf, y)
+
+    def forward_dense(self, x: Tensor, state: ChainCache | None) -> tuple[Tensor, ChainCache]:
+        state, q, kbuf, vbuf = self._start(x, state)
+        p = state.cached_positions()
+        probs = attention_probs(q, kbuf, p, None)  # [B, H, T, P + T]
+        d, mix_a, mix_b = self._dense_ab(probs, p)
+        offset = None
+        if p:
+            # cached positions enter as a known right-hand side: A on their values, B on their outputs
+            g = self.gamma[:, None, None]
+            prefix = d * probs[..., :p]
+            offset = torch.einsum("bhts,bshv->bthv", (1.0 - g) * prefix, vbuf[:, :p]) + \
+                torch.einsum("bhts,bshv->bthv", g * prefix, state.outputs)
+        y = solve_dense(MixOperator(mix_a, mix_b), vbuf[:, p:], offset=offset)
+        return self._finish(state, kbuf, vbuf, y)
+
+    def forward_recurrent(self, x: Tensor, state: ChainCache | None) -> tuple[Tensor, ChainCache]:
+        """Token-by-token reference: y_t reads the values and outputs of every cached position."""
+        if state is None:
+            state = self.init_state(x.shape[0], x.device, x.dtype)
+        b, t, _ = x.shape
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
+        g = self.gamma[None, :, None]  # [1, H, 1]
+        ys = []
+        for s in range(t):
+            state.observe()
+            keys = torch.cat([state.keys, k[:, s : s + 1]], 1)  # [B, P + 1, H, K]
+            values = torch.cat([state.values, v[:, s : s + 1]], 1)
+            scores = torch.einsum("bhk,bshk->bhs", q[:, s], keys) / math.sqrt(self.head_dim)
+            probs = torch.softmax(scores, -1)  # [B, H, P + 1]
+            d = 1.0 / (1.0 - g * probs[..., -1:])
+            y_t = d * ((1.0 - g) * torch.einsum("bhs,bshv->bhv", probs, values)
+                       + g * torch.einsum("bhs,bshv->bhv", probs[..., :-1], state.outputs))
+            ys.append(y_t)
+            state = ChainCache(state.owner, state.batch_size, state.position + 1, keys, values,
+                               torch.cat([state.outputs, y_t[:, None]], 1)).carry_peaks(state)
+        return self.out(torch.stack(ys, 1).flatten(2)), state
+
+    # ---------------------------------------------------------------- surface
+    def init_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> ChainCache:
+        empty = torch.zeros(batch_size, 0, self.n_heads, self.head_dim, device=device, dtype=dtype)
+        return ChainCache(self.owner, batch_size, 0, empty, empty.clone(), empty.clone())
+
+    def materialize(self, x: Tensor) -> MixOperator:
+        b, t, _ = x.shape
+        q, k, _ = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
+        _, mix_a, mix_b = self._dense_ab(attention_probs(q, k, 0, None), 0)
+        return MixOperator(mix_a, mix_b)
+
+    def values(self, x: Tensor) -> Tensor:
+        """The inputs X the operator mixes: v [B, T, H, K]."""
+        b, t, _ = x.shape
+        return self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim)[:, :, 2]
+
+    def cache_positions(self, n: int) -> int:
+        return max(n - 1, 0)
+
+    def state_size(self, n: int) -> int:
+        return self.cache_positions(n) * self.n_heads * 3 * self.head_dim  # key, value and output
+
+    def flops_per_token(self, n: int) -> int:
+        # n scores q.k_j, n value reads through A, n - 1 output reads through B
+        return self.n_heads * self.head_dim * (3 * n - 1)
+
+
+register_mixer("chacal", ChacalConfig, family="dense recurrence",
+               ab_form="A = diag(d)(1 - gamma)P, B = diag(d) gamma strict_lower(P), d = 1/(1 - gamma p_ii)"
+               )(ChainCausalAttention)
