@@ -1,0 +1,169 @@
+"""Log-linear attention over Mamba-2 (Guo, Yang, Goel, Xing, Dao, Kim 2025; framework.md §6.1).
+
+Per head, with Mamba-2's scalar decay alpha_t = exp(g_t) and per-level scales lambda_t^(l) >= 0:
+
+    o_t = scale · sum_{s <= t} lambda_t^(l(t,s)) (prod_{i=s+1..t} alpha_i) (q_t·k_s) v_s,
+
+l(t, s) = bit_length(t XOR s) the Fenwick level (0 for s = t; tokenmix.patterns.fenwick_level,
+which equals fla's naive ``construct_level_mask``). With every lambda level equal this is Mamba-2.
+
+(A, B) form over the values X = V, token view:
+
+    A = (Q Kᵀ ⊙ M^S ⊙ M^H) · scale,   M^S[t,s] = exp(G_t - G_s),   M^H[t,s] = lambda_t^(l(t,s)),   B = 0.
+
+The O(T log T) cost comes from the structure of A (each level is a scaled semiseparable matrix),
+not from sparsity. State view (recurrent mode): O(log n) Fenwick bucket states [K, V], merged by
+the lssb rule of §6.1 (ops/chunked_log_linear.py documents the update and the state layout).
+
+Parameters: q = C, k = B, v = x projections of Mamba-2 (no dt scaling of v), g_t =
+-exp(A_log) softplus(w_aᵀ x_t + dt_bias), lambda_t = softplus(W_lambda x_t + b_lambda) for
+``max_levels`` levels, b_lambda initialised so that every lambda starts near 1 (i.e. near Mamba-2).
+Symbols: ``levels`` is the Fenwick state, level_scales = lambda, as in fla's naive_log_linear_attn.
+
+Modes: ``chunked`` (level-wise chunks, ops/chunked_log_linear.py), ``dense`` (materialised A and
+core.operator.solve_dense), ``recurrent`` (token by token on the Fenwick states).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tokenmix.core.operator import MixOperator, solve_dense
+from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
+from tokenmix.ops.chunked_log_linear import (chunked_log_linear_attention, final_levels, initial_levels_readout,
+                                             log_linear_operator, log_linear_step, n_levels)
+
+
+@dataclass(frozen=True)
+class LogLinearConfig(MixerConfig):
+    chunk_size: int = 64   # C of the level-wise chunked form, a power of two
+    max_levels: int = 24   # lambda levels; sequences up to 2^(max_levels - 1) tokens
+    dt_min: float = 1e-3   # initial softplus(dt_bias) range (Mamba-2 init)
+    dt_max: float = 1e-1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.chunk_size <= 0 or self.chunk_size & (self.chunk_size - 1):
+            raise ValueError(f"chunk_size must be a power of two > 0, got {self.chunk_size}")
+        if self.max_levels <= 0:
+            raise ValueError(f"max_levels must be > 0, got {self.max_levels}")
+        if not 0 < self.dt_min <= self.dt_max:
+            raise ValueError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+
+
+class FenwickState(MixerState):
+    """Fenwick bucket states: ``levels`` [B, H, bit_length(position), K, V], slot l-1 = level l."""
+
+    def __init__(self, owner: str, batch_size: int, position: int, levels: Tensor) -> None:
+        self.owner, self.batch_size, self.position, self.levels = owner, batch_size, position, levels
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {"levels": self.levels}
+
+
+@register_mixer("log_linear", LogLinearConfig, family="log-linear attention",
+                ab_form="A = (Q Kᵀ ⊙ M^S ⊙ M^H)·scale (Fenwick level scales), B = 0")
+class LogLinearAttention(Mixer):
+    config_cls = LogLinearConfig
+    modes = ("chunked", "dense", "recurrent")
+    time_complexity = "O(log n)"   # per token: one K x V read per Fenwick level
+    cache_complexity = "O(log n)"  # bit_length(n) bucket states
+
+    def __init__(self, config: LogLinearConfig, d_model: int) -> None:
+        super().__init__(config, d_model)
+        h, k = self.n_heads, self.head_dim
+        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
+        self.a_proj = nn.Linear(d_model, h, bias=False)
+        self.A_log = nn.Parameter(torch.empty(h).uniform_(1, 16).log())
+        dt = torch.exp(torch.empty(h).uniform_(math.log(config.dt_min), math.log(config.dt_max)))
+        self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
+        self.level_proj = nn.Linear(d_model, h * config.max_levels)
+        nn.init.constant_(self.level_proj.bias, math.log(math.e - 1))  # softplus(b) = 1: start as Mamba-2
+        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.scale = k ** -0.5
+
+    # ---------------------------------------------------------------- shared pieces
+    def _project(self, x: Tensor, start: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """q, k, v [B, T, H, K], g [B, T, H], lambda [B, T, H, max_levels] for tokens start..start+T-1."""
+        b, t, _ = x.shape
+        need = n_levels(start + t)
+        if need > self.config.max_levels:
+            raise ValueError(f"position {start + t - 1} needs {need} Fenwick levels but max_levels="
+                             f"{self.config.max_levels}; raise max_levels")
+        q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
+        g = -self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)
+        lam = F.softplus(self.level_proj(x)).view(b, t, self.n_heads, self.config.max_levels)
+        return q, k, v, g, lam
+
+    def _start(self, state: FenwickState | None) -> tuple[int, Tensor | None]:
+        if state is None or state.position == 0:
+            return 0, None
+        return state.position, state.levels
+
+    def _next_state(self, state: FenwickState | None, levels: Tensor, position: int, batch: int) -> FenwickState:
+        new = FenwickState(self.owner, batch, position, levels)
+        return new.carry_peaks(state) if state is not None else new
+
+    # ---------------------------------------------------------------- modes
+    def forward_chunked(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
+        start, init = self._start(state)
+        q, k, v, g, lam = self._project(x, start)
+        o, levels = chunked_log_linear_attention(q, k, v, g, lam, self.scale, init, start, self.config.chunk_size)
+        return self.out(o.flatten(2)), self._next_state(state, levels, start + x.shape[1], x.shape[0])
+
+    def forward_dense(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
+        """Y = A V through the reference solver (B = 0); the initial Fenwick states enter as the offset."""
+        start, init = self._start(state)
+        q, k, v, g, lam = self._project(x, start)
+        mix_a = log_linear_operator(q, k, g, lam, self.scale, start)
+        offset = None if init is None else initial_levels_readout(q, g, lam, self.scale, start, init)
+        o = solve_dense(MixOperator(mix_a, torch.zeros_like(mix_a)), v, offset=offset)
+        levels = final_levels(k, v, g, start, init)
+        return self.out(o.flatten(2)), self._next_state(state, levels, start + x.shape[1], x.shape[0])
+
+    def forward_recurrent(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
+        b, t, _ = x.shape
+        state = self.init_state(b, x.device, x.dtype) if state is None else state
+        q, k, v, g, lam = self._project(x, state.position)
+        outs = []
+        for i in range(t):
+            state.observe()
+            o_t, levels = log_linear_step(state.levels, state.position, q[:, i], k[:, i], v[:, i], g[:, i],
+                                          lam[:, i], self.scale)
+            outs.append(o_t)
+            state = self._next_state(state, levels, state.position + 1, b)
+        return self.out(torch.stack(outs, 1).flatten(2)), state
+
+    # ---------------------------------------------------------------- surface
+    def init_state(self, batch_size: int, device: torch.device | str = "cpu",
+                   dtype: torch.dtype = torch.float32) -> FenwickState:
+        levels = torch.zeros(batch_size, self.n_heads, 0, self.head_dim, self.head_dim, device=device, dtype=dtype)
+        return FenwickState(self.owner, batch_size, 0, levels)
+
+    def materialize(self, x: Tensor) -> MixOperator:
+        """A = (Q Kᵀ ⊙ M^S ⊙ M^H)·scale and B = 0 over the values v of ``x`` [B, T, D]."""
+        q, k, _, g, lam = self._project(x, 0)
+        mix_a = log_linear_operator(q, k, g, lam, self.scale)
+        return MixOperator(mix_a, torch.zeros_like(mix_a))
+
+    def values(self, x: Tensor) -> Tensor:
+        """The inputs X the operator mixes: v [B, T, H, K]."""
+        b, t, _ = x.shape
+        return self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim)[:, :, 2]
+
+    def state_size(self, n: int) -> int:
+        # Before token t the state holds bit_length(t) levels of K x V per head; over t < n the
+        # largest is t = n - 1 (bit_length is non-decreasing).
+        return self.n_heads * self.head_dim * self.head_dim * max(n - 1, 0).bit_length()
+
+    def flops_per_token(self, n: int) -> int:
+        # Token t = n - 1 with L = bit_length(t) stored levels: decay L·K·V, sentinel k vᵀ K·V,
+        # per-level reads (L + 1)·K·V, lambda weighting (L + 1)·V. Merges are additions, not counted.
+        lv = max(n - 1, 0).bit_length()
+        h, k = self.n_heads, self.head_dim
+        return h * ((2 * lv + 2) * k * k + (lv + 1) * k)
