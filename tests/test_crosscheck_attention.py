@@ -1,98 +1,58 @@
-"""Independent cross-checks of attention, local attention, ChaCAL and H-LRU.
+"""Independent cross-checks of attention, local attention, ChaCAL and H-LRU, and their other properties.
 
-References nobody here wrote (fla-core's ``naive_parallel_attn``, torch SDPA) or written from the
-defining formula in this file (ChaCAL's dense inverse, H-LRU's per-channel loop). The attention
-mixers are compared through an identity output projection, so the mixer's output is the per-head
-y_t itself; H-LRU is compared end to end with the readout.
+The cross-checks themselves live in tokenmix/checks/attention_family.py (``tokenmix check`` runs
+the same functions): fla-core's ``naive_parallel_attn`` and torch SDPA for the attention mixers,
+the explicit dense-inverse formula for ChaCAL, a per-channel loop for H-LRU, each over every mode,
+whole and in uneven pieces. Here every registered cross-check of these mixers must stay within
+its tolerance, and each must cover every mode of its mixer.
 """
 from __future__ import annotations
 
-import importlib.util
-import math
-import os
-import sys
-
 import pytest
 import torch
-import torch.nn.functional as F
 
 from conftest import small_mixer
 from tolerances import FLOAT64_EXACT, assert_close
+from tokenmix.checks import CROSSCHECKS, load_all_crosschecks
+from tokenmix.checks.attention_family import identity_readout
 from tokenmix.core.registry import build_mixer
 
-FLOAT32_ATOL = 1e-5
+load_all_crosschecks()
+MIXERS = ("attention", "local_attention", "chacal", "hlru")
+REFERENCES = {"attention": ("fla naive_parallel_attn", "torch SDPA"),
+              "local_attention": ("fla naive_parallel_attn window_size",),
+              "chacal": ("dense-inverse formula",), "hlru": ("per-channel loop",)}
+CROSSCHECK_CASES = [pytest.param(name, label, fn, tol, id=f"{name}: {label}")
+                    for name in MIXERS for label, fn, tol in CROSSCHECKS.get(name, [])]
 
 
-def fla_naive(name: str):
-    """Load ``fla/ops/<name>/naive.py`` by file path (importing fla.ops would need Triton)."""
-    import fla
-
-    path = os.path.join(os.path.dirname(fla.__file__), "ops", name, "naive.py")
-    modname = "fla_naive_" + name.replace("/", "_")
-    spec = importlib.util.spec_from_file_location(modname, path)
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[modname] = mod
-    spec.loader.exec_module(mod)
-    return mod
+@pytest.mark.parametrize("name", MIXERS)
+def test_mixer_is_crosschecked_against_its_references(name):
+    labels = [label for label, _, _ in CROSSCHECKS.get(name, [])]
+    missing = [ref for ref in REFERENCES[name] if not any(label.startswith(ref) for label in labels)]
+    assert not missing, f"{name}: no registered cross-check against {missing} (registered: {labels})"
 
 
-def _identity_readout(m) -> None:
-    with torch.no_grad():
-        m.out.weight.copy_(torch.eye(m.out.weight.shape[0], dtype=m.out.weight.dtype))
-
-
-def _qkv(m, x):
-    b, t, _ = x.shape
-    return m.qkv(x).view(b, t, 3, m.n_heads, m.head_dim).unbind(2)
-
-
-def _run_in_pieces(m, x, mode, sizes):
-    """Feed x in pieces of the given sizes, passing the state along; returns the concatenated output."""
-    ys, state, t0 = [], None, 0
-    for size in sizes:
-        y, state = m(x[:, t0 : t0 + size], state, mode=mode)
-        ys.append(y)
-        t0 += size
-    return torch.cat(ys, 1)
-
-
-# ---------------------------------------------------------------- softmax attention
-def test_attention_matches_fla_naive_and_sdpa():
-    h, k, t = 3, 16, 37
-    m = build_mixer("attention", h * k, n_heads=h)
-    _identity_readout(m)
-    x = torch.randn(2, t, h * k)
-    with torch.no_grad():
-        q, kk, v = _qkv(m, x)
-        ref_fla = fla_naive("attn").naive_parallel_attn(q, kk, v)[0].flatten(2)
-        ref_sdpa = F.scaled_dot_product_attention(q.transpose(1, 2), kk.transpose(1, 2), v.transpose(1, 2),
-                                                  is_causal=True).transpose(1, 2).flatten(2)
-        assert_close(ref_fla, ref_sdpa, FLOAT32_ATOL, "fla naive vs SDPA (the two references)")
-        for mode in m.modes:
-            assert_close(m(x, mode=mode)[0], ref_fla, FLOAT32_ATOL, f"attention {mode} vs fla naive_parallel_attn")
-            # a KV-cache prefix: the queries of later pieces are offset from the keys
-            assert_close(_run_in_pieces(m, x, mode, [5, 1, 20, 11]), ref_fla, FLOAT32_ATOL,
-                         f"attention {mode} in pieces vs fla naive_parallel_attn")
+@pytest.mark.parametrize("name,label,check,tolerance", CROSSCHECK_CASES)
+def test_crosscheck_within_tolerance(name, label, check, tolerance):
+    errors = check()
+    assert errors, f"{name} vs {label}: the check returned no errors"
+    too_large = {q: e for q, e in errors.items() if not e <= tolerance}  # NaN counts as too large
+    assert not too_large, f"{name} vs {label}: errors above {tolerance:.0e}: {too_large}"
+    uncovered = [mode for mode in build_mixer(name, 12, n_heads=2).modes
+                 if not any(f"{mode}." in q for q in errors)]
+    assert not uncovered, f"{name} vs {label}: modes not compared with the reference: {uncovered}"
 
 
 # ---------------------------------------------------------------- local attention
-@pytest.mark.parametrize("window", [1, 4, 16, 50])
-def test_local_attention_matches_fla_window(window):
-    # fla: query i attends to keys in [i - window_size + 1, i], i.e. window_size positions including
-    # itself, which is this project's w
-    h, k, t = 2, 8, 37
-    m = build_mixer("local_attention", h * k, n_heads=h, window=window)
-    _identity_readout(m)
-    x = torch.randn(2, t, h * k)
+def test_local_attention_window_of_one_returns_the_value():
+    m = small_mixer("local_attention", window=1, dtype=torch.float32)
+    identity_readout(m)
+    x = torch.randn(2, 11, 12)
+    _, _, v = m._project(x)
     with torch.no_grad():
-        q, kk, v = _qkv(m, x)
-        ref = fla_naive("attn").naive_parallel_attn(q, kk, v, window_size=window)[0].flatten(2)
         for mode in m.modes:
-            assert_close(m(x, mode=mode)[0], ref, FLOAT32_ATOL, f"local w={window} {mode} vs fla")
-            assert_close(_run_in_pieces(m, x, mode, [3, 1, 17, 16]), ref, FLOAT32_ATOL,
-                         f"local w={window} {mode} in pieces vs fla")
-        if window == 1:
-            assert_close(m(x)[0], v.flatten(2), 0.0, "a window of one position returns the value itself")
+            assert_close(m(x, mode=mode)[0], v.flatten(2), 0.0, f"{mode}: a window of one position returns the value")
 
 
 def test_local_attention_with_window_covering_the_sequence_is_attention():
@@ -114,33 +74,6 @@ def test_local_attention_cache_holds_the_window():
 
 
 # ---------------------------------------------------------------- ChaCAL
-def _chacal_reference(m, x):
-    """(1 - gamma) P (I - gamma P)^{-1} V per head with an explicit dense inverse, float64."""
-    q, k, v = (z.transpose(1, 2) for z in _qkv(m, x))  # [B, H, T, K]
-    t = x.shape[1]
-    scores = q @ k.transpose(-1, -2) / math.sqrt(m.head_dim)
-    future = torch.ones(t, t, dtype=torch.bool).triu(1)
-    p = torch.softmax(scores.masked_fill(future, float("-inf")), -1)
-    g = m.gamma[:, None, None]
-    eye = torch.eye(t, dtype=x.dtype)
-    y = (1 - g) * p @ torch.linalg.inv(eye - g * p) @ v
-    return y.transpose(1, 2).flatten(2)
-
-
-def test_chacal_equals_dense_inverse_formula():
-    h, k, t = 3, 4, 23
-    m = build_mixer("chacal", h * k, n_heads=h, chunk_size=5).double()
-    _identity_readout(m)
-    with torch.no_grad():  # one head near each end of [0, 1) and one in the middle
-        m.gamma_logit.copy_(torch.logit(torch.tensor([0.05, 0.5, 0.999], dtype=torch.float64)))
-    x = torch.randn(2, t, h * k, dtype=torch.float64)
-    with torch.no_grad():
-        ref = _chacal_reference(m, x)
-        for mode in m.modes:
-            assert_close(m(x, mode=mode)[0], ref, 1e-9, f"chacal {mode} vs (1-g) P (I - gP)^-1 V")
-            assert_close(_run_in_pieces(m, x, mode, [4, 1, 9, 9]), ref, 1e-9, f"chacal {mode} in pieces")
-
-
 def test_chacal_with_zero_gamma_is_attention():
     attn = small_mixer("attention")
     chain = small_mixer("chacal", gamma=0.0)
@@ -151,50 +84,6 @@ def test_chacal_with_zero_gamma_is_attention():
 
 
 # ---------------------------------------------------------------- H-LRU
-def _hlru_reference(m, x):
-    """Per-channel loop over the H-LRU recurrence and readout, written from the formula."""
-    b_sz, t, _ = x.shape
-    order, n = m.config.order, m.channels
-    wv, wg, bg, wo = m.v_proj.weight, m.gates.weight, m.gates.bias, m.out.weight
-    out = torch.zeros(b_sz, t, wo.shape[0], dtype=x.dtype)
-    for b in range(b_sz):
-        z = [[0.0] * t for _ in range(n)]
-        for s in range(t):
-            feats = []
-            for c in range(n):
-                rows = [slot * n + c for slot in range(order + 1)]  # gate rows are slot-major
-                logits = wg[rows] @ x[b, s] + bg[rows]
-                if m.config.normalization == "softmax":
-                    g = torch.exp(logits - logits.max())
-                    g = g / g.sum()
-                else:
-                    g = torch.tanh(logits)
-                    g = g / (g.abs().sum() + 1e-6)
-                zc = g[order] * (wv[c] @ x[b, s])
-                for lag in range(1, order + 1):
-                    if s - lag >= 0:
-                        zc = zc + g[lag - 1] * z[c][s - lag]
-                z[c][s] = zc
-                feats += [z[c][s - lag] if s - lag >= 0 else torch.zeros((), dtype=x.dtype) for lag in range(order)]
-            out[b, s] = wo @ torch.stack(feats)
-    return out
-
-
-@pytest.mark.parametrize("order,normalization", [(1, "softmax"), (2, "l1"), (4, "softmax"), (3, "l1")])
-def test_hlru_matches_per_channel_loop(order, normalization):
-    m = small_mixer("hlru", d_model=6, n_heads=2, order=order, normalization=normalization)
-    with torch.no_grad():  # larger gate logits than the default init, so the gates are far from uniform
-        m.gates.weight.mul_(4.0)
-        m.gates.bias.normal_(0.0, 1.0)
-    x = torch.randn(2, 11, 6, dtype=torch.float64)
-    with torch.no_grad():
-        ref = _hlru_reference(m, x)
-        for mode in m.modes:
-            assert_close(m(x, mode=mode)[0], ref, FLOAT64_EXACT, f"hlru m={order} {normalization} {mode} vs loop")
-            assert_close(_run_in_pieces(m, x, mode, [2, 1, 5, 3]), ref, FLOAT64_EXACT,
-                         f"hlru m={order} {normalization} {mode} in pieces vs loop")
-
-
 def test_hlru_operator_is_banded_with_the_gates():
     m = small_mixer("hlru", order=2)
     x = torch.randn(1, 7, 12, dtype=torch.float64)
