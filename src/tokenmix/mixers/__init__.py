@@ -1,2 +1,9 @@
 """Every mixer module, imported explicitly (one line each) so the registry is readable."""
 from tokenmix.mixers import structured  # noqa: F401  pow2, sq1, pow2_ce, sq1_ce, kth_order, dense_recurrence, first_order
+from tokenmix.mixers import attention  # noqa: F401
+from tokenmix.mixers import local_attention  # noqa: F401
+from tokenmix.mixers import chacal  # noqa: F401
+from tokenmix.mixers import hlru  # noqa: F401
+from tokenmix.mixers import deltanet  # noqa: F401
+from tokenmix.mixers import gated_deltanet  # noqa: F401
+from tokenmix.mixers import log_linear  # noqa: F401
