@@ -7,3 +7,8 @@ from tokenmix.mixers import hlru  # noqa: F401
 from tokenmix.mixers import deltanet  # noqa: F401
 from tokenmix.mixers import gated_deltanet  # noqa: F401
 from tokenmix.mixers import log_linear  # noqa: F401
+from tokenmix.mixers import linear_attention  # noqa: F401
+from tokenmix.mixers import retnet  # noqa: F401
+from tokenmix.mixers import gla  # noqa: F401
+from tokenmix.mixers import mamba2  # noqa: F401
+from tokenmix.mixers import diag_ssm  # noqa: F401

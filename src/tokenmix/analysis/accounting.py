@@ -1,0 +1,398 @@
+"""Cost and cache accounting of every registered mixer: derived formulas against measurements.
+
+Derived (from the mixer's own accounting methods, never measured):
+    cache entries   cache_positions(n), past positions held at the peak of an n-token decode
+    cache scalars   state_size(n) per batch element; bytes = scalars x element size
+    per-token time  flops_per_token(n), multiply-adds of the mixing for the last token
+    training FLOPs  forward mixing multiply-adds of an n-token sequence, sum_{t=1..n} flops_per_token(t)
+                    (exact up to 2048 positions, a trapezoid sum over sampled positions beyond), plus
+                    n x the weight-matrix multiply-adds per token (projections), times 3 for forward +
+                    backward (the backward of a linear map costs two forwards)
+
+Measured:
+    cache           decode n tokens with ``mixer.step`` and read ``state.peak_positions`` /
+                    ``state.peak_numel`` (the recurrent mode observes the state before every token)
+    time            forward + backward of the training mode at several n (the fastest of the repeats:
+                    other processes only ever add time); the log-log slope of time against n is
+                    fitted by least squares
+
+A measured time mixes the projections (slope 1) and the mixing (the slope of its derived FLOPs,
+e.g. 1.12 for O(log n) per token over 1k–16k), in proportions that depend on how efficiently each
+runs, so its slope lies between the two. A mixer is flagged when a measured cache differs from its
+derivation (any n), or when its fitted time slope leaves that band widened by ``SLOPE_TOLERANCE``.
+"""
+from __future__ import annotations
+
+import math
+import re
+import statistics
+import time
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
+from tokenmix.core.registry import build_mixer, get_mixer_spec, mixer_names
+from tokenmix.mixers.base import Mixer
+
+SLOPE_TOLERANCE = 0.15
+TRAINING_FLOPS_FACTOR = 3  # forward + backward of a linear map ~ 3 forwards
+EXACT_SUM_POSITIONS = 2048  # training FLOPs are summed exactly over this many positions, sampled beyond
+
+
+# ----------------------------------------------------------------------------- derived
+def derived_training_flops(mixer: Mixer, ns: Sequence[int]) -> dict[int, float]:
+    """Forward mixing multiply-adds of an n-token sequence, sum_{t=1..n} flops_per_token(t), per n.
+
+    Exact (every t) up to ``EXACT_SUM_POSITIONS`` positions; beyond, flops_per_token is evaluated every
+    s positions (s chosen so at most that many evaluations happen) and summed by the trapezoid rule,
+    because some accounting methods cost O(t) per call (dense patterns).
+    """
+    n_max = max(ns)
+    stride = max(1, math.ceil(n_max / EXACT_SUM_POSITIONS))
+    ts = sorted(set(range(1, n_max + 1, stride)) | set(ns))
+    f = np.array([float(mixer.flops_per_token(t)) for t in ts])
+    t_arr = np.array(ts, dtype=np.float64)
+    if stride == 1:
+        cum = np.cumsum(f)
+    else:
+        # integral of the sampled staircase; the first position counts once
+        cum = f[0] + np.concatenate([[0.0], np.cumsum(0.5 * (f[1:] + f[:-1]) * np.diff(t_arr))])
+    at = dict(zip(ts, cum))
+    return {n: float(at[n]) for n in ns}
+
+
+def projection_flops_per_token(mixer: Mixer) -> int:
+    """Multiply-adds per token of the mixer's weight matrices (projections, gates, short convolutions):
+    every entry of a parameter with >= 2 dimensions is used once per token."""
+    return sum(p.numel() for p in mixer.parameters() if p.dim() >= 2)
+
+
+def derived_costs(mixer: Mixer, ns: Sequence[int], dtype_bytes: int = 4) -> list[dict]:
+    """Derived accounting at each n: cache entries, scalars, bytes, per-token and training FLOPs.
+
+    ``training_mixing_flops`` counts the mixing only (what the complexity strings describe);
+    ``training_flops`` adds the projections, which grow like n and dominate at short lengths, so it
+    is what a measured time is compared with.
+    """
+    mixing = derived_training_flops(mixer, ns)
+    proj = projection_flops_per_token(mixer)
+    rows = []
+    for n in ns:
+        numel = int(mixer.state_size(n))
+        rows.append({
+            "n": int(n),
+            "cache_positions": int(mixer.cache_positions(n)),
+            "cache_numel": numel,
+            "cache_bytes": numel * dtype_bytes,
+            "flops_per_token": float(mixer.flops_per_token(n)),
+            "projection_flops_per_token": float(proj),
+            "training_mixing_flops": mixing[n] * TRAINING_FLOPS_FACTOR,
+            "training_flops": (mixing[n] + n * proj) * TRAINING_FLOPS_FACTOR,
+        })
+    return rows
+
+
+_GROWTH_EXPONENTS = {"1": 0.0, "n": 1.0, "n^2": 2.0, "n**2": 2.0, "n²": 2.0, "sqrtn": 0.5, "sqrt(n)": 0.5,
+                     "√n": 0.5, "n^0.5": 0.5, "n^(1/2)": 0.5, "n^1.5": 1.5, "n^(3/2)": 1.5}
+_LOG_FORMS = {"logn", "log2n", "log₂n", "log(n)", "log2(n)"}
+
+
+def per_token_growth(complexity: str):
+    """Parse a per-token complexity string like 'O(log n)' into a function n -> growth, or None.
+
+    Constants in other letters (m, k, w, d, N: window, order, head or state size) do not grow with n.
+    """
+    m = re.fullmatch(r"\s*O\((.*)\)\s*", complexity or "")
+    if not m:
+        return None
+    body = m.group(1).replace(" ", "")
+    if body in _LOG_FORMS:
+        return lambda n: math.log2(n)
+    if body in _GROWTH_EXPONENTS:
+        e = _GROWTH_EXPONENTS[body]
+        return lambda n: float(n) ** e
+    if "n" not in body:  # O(m), O(d^2), O(N d): bounded in n
+        return lambda n: 1.0
+    return None
+
+
+def fit_loglog_slope(ns: Sequence[float], ys: Sequence[float]) -> float | None:
+    """Least-squares slope of log y against log n (None with fewer than 2 usable points)."""
+    pts = [(math.log(n), math.log(y)) for n, y in zip(ns, ys) if y and y > 0 and n > 0]
+    if len(pts) < 2:
+        return None
+    x = np.array([p[0] for p in pts])
+    y = np.array([p[1] for p in pts])
+    return float(np.polyfit(x, y, 1)[0])
+
+
+def stated_slope(complexity: str, ns: Sequence[int]) -> float | None:
+    """Log-log slope over ``ns`` of n x growth(n) for the stated per-token complexity."""
+    g = per_token_growth(complexity)
+    return None if g is None else fit_loglog_slope(ns, [n * g(n) for n in ns])
+
+
+# ----------------------------------------------------------------------------- measured
+def measure_decode_cache(mixer: Mixer, n: int, batch: int = 1, seed: int = 0) -> dict:
+    """Decode n tokens with ``mixer.step``; the measured peaks and the seconds per token."""
+    if n < 1:
+        raise ValueError(f"decode length must be >= 1, got {n}")
+    p = next(mixer.parameters(), None)
+    dtype = p.dtype if p is not None else torch.float32
+    gen = torch.Generator().manual_seed(seed)
+    xs = torch.randn(n, batch, mixer.d_model, generator=gen, dtype=dtype)
+    state = None
+    start = time.perf_counter()
+    with torch.no_grad():
+        for t in range(n):
+            _, state = mixer.step(xs[t], state)
+    elapsed = time.perf_counter() - start
+    if state.position != n:
+        raise RuntimeError(f"{type(mixer).__name__}: state position {state.position} after {n} decoded tokens")
+    return {"n": n, "peak_positions": int(state.peak_positions), "peak_numel": int(state.peak_numel),
+            "seconds_per_token": elapsed / n, "seconds": elapsed}
+
+
+def time_forward_backward(mixer: Mixer, n: int, batch: int = 1, repeats: int = 3, warmup: int = 1,
+                          seed: int = 0) -> dict:
+    """Wall time of forward (training mode) + backward of sum(y) at length n: the fastest of ``repeats``
+    (``seconds``, robust on a shared machine) and their median."""
+    p = next(mixer.parameters(), None)
+    dtype = p.dtype if p is not None else torch.float32
+    gen = torch.Generator().manual_seed(seed)
+    x0 = torch.randn(batch, n, mixer.d_model, generator=gen, dtype=dtype)
+    times = []
+    for r in range(warmup + repeats):
+        mixer.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        start = time.perf_counter()
+        y, _ = mixer(x)
+        y.sum().backward()
+        elapsed = time.perf_counter() - start
+        if r >= warmup:
+            times.append(elapsed)
+    return {"n": n, "seconds": min(times), "median_seconds": statistics.median(times), "all_seconds": times,
+            "mode": mixer.modes[0]}
+
+
+def slope_band(derived_mixing: float | None) -> tuple[float, float] | None:
+    """Slopes a measured time may show: between the projections' 1 and the mixing's, +- the tolerance."""
+    if derived_mixing is None:
+        return None
+    return min(1.0, derived_mixing) - SLOPE_TOLERANCE, max(1.0, derived_mixing) + SLOPE_TOLERANCE
+
+
+# ----------------------------------------------------------------------------- per mixer
+def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns: Sequence[int] = (),
+                  d_model: int = 256, n_heads: int = 4, batch: int = 1, repeats: int = 3,
+                  time_budget_s: float = 30.0, decode_budget_s: float = 30.0, seed: int = 0,
+                  judge_time: bool = True, threads: int | None = None, mixer: Mixer | None = None) -> dict:
+    """Derived vs measured cache (every n of ``cache_ns``) and time (``time_ns``) of one mixer.
+
+    A length whose predicted cost (the last measurement scaled by the derived FLOPs) exceeds the
+    budget is skipped and listed under ``skipped``: larger n are not attempted once one is too slow.
+    ``judge_time=False`` reports the fitted slope without flagging it (short lengths, where fixed
+    per-call overheads dominate and no FLOP count predicts the time). ``threads`` sets torch's
+    intra-op threads for the timing (restored afterwards).
+    """
+    spec = get_mixer_spec(name)
+    if mixer is None:
+        torch.manual_seed(seed)
+        mixer = build_mixer(name, d_model, n_heads=n_heads).float()
+    all_ns = sorted(set(cache_ns) | set(time_ns))
+    derived = {r["n"]: r for r in derived_costs(mixer, all_ns or [1], dtype_bytes=4)}
+    result: dict = {"mixer": name, "family": spec.family, "time_complexity": mixer.time_complexity,
+                    "cache_complexity": mixer.cache_complexity, "mode": mixer.modes[0],
+                    "d_model": mixer.d_model, "n_heads": mixer.n_heads, "head_dim": mixer.head_dim,
+                    "cache": [], "time": [], "skipped": [], "flags": []}
+
+    def predicted(prev_n: int, prev_s: float, n: int) -> float:
+        prev_f, f = derived[prev_n]["training_flops"], derived[n]["training_flops"]
+        return prev_s * max(n / prev_n, f / prev_f if prev_f > 0 else n / prev_n)
+
+    last = None
+    mixer.eval()
+    for n in sorted(cache_ns):
+        if last is not None and predicted(last[0], last[1], n) > decode_budget_s:
+            result["skipped"].append({"what": "decode", "n": n, "why": f"predicted > {decode_budget_s:g} s budget"})
+            continue
+        meas = measure_decode_cache(mixer, n, seed=seed)
+        d = derived[n]
+        result["cache"].append({
+            "n": n, "derived_positions": d["cache_positions"], "measured_positions": meas["peak_positions"],
+            "derived_numel": d["cache_numel"], "measured_numel": meas["peak_numel"],
+            "derived_bytes": d["cache_bytes"], "measured_bytes": meas["peak_numel"] * 4,
+            "match": d["cache_positions"] == meas["peak_positions"] and d["cache_numel"] == meas["peak_numel"],
+            "decode_seconds_per_token": meas["seconds_per_token"]})
+        last = (n, meas["seconds"])
+    mixer.train()
+    threads_before = torch.get_num_threads()
+    if threads is not None:
+        torch.set_num_threads(threads)
+    result["threads"] = torch.get_num_threads()
+    try:
+        _time_lengths(mixer, sorted(time_ns), result, derived, predicted, batch, repeats, seed, time_budget_s)
+    finally:
+        torch.set_num_threads(threads_before)
+    tn = [r["n"] for r in result["time"]]
+    result["slope"] = {
+        "measured": fit_loglog_slope(tn, [r["seconds"] for r in result["time"]]),
+        "derived": fit_loglog_slope(tn, [r["derived_training_flops"] for r in result["time"]]),
+        "derived_mixing": fit_loglog_slope(tn, [r["derived_mixing_flops"] for r in result["time"]]),
+        "stated": stated_slope(mixer.time_complexity, tn) if len(tn) >= 2 else None,
+        "judged": judge_time,
+        "n_range": [min(tn), max(tn)] if tn else None,
+    }
+    if any(not r["match"] for r in result["cache"]):
+        bad = [r["n"] for r in result["cache"] if not r["match"]]
+        result["flags"].append(f"cache: measured differs from derived at n = {bad}")
+    s = result["slope"]
+    band = slope_band(s["derived_mixing"])
+    s["band"] = list(band) if band is not None else None
+    if judge_time and s["measured"] is not None and band is not None and len(tn) >= 3 \
+            and not band[0] <= s["measured"] <= band[1]:
+        result["flags"].append(f"time: fitted slope {s['measured']:.2f} outside [{band[0]:.2f}, {band[1]:.2f}] "
+                               f"(projections 1, mixing {s['derived_mixing']:.2f}, ±{SLOPE_TOLERANCE})")
+    if s["stated"] is not None and s["derived_mixing"] is not None \
+            and abs(s["stated"] - s["derived_mixing"]) > SLOPE_TOLERANCE:
+        result["flags"].append(f"stated: '{mixer.time_complexity}' implies slope {s['stated']:.2f} but the "
+                               f"derived mixing FLOPs give {s['derived_mixing']:.2f}")
+    return result
+
+
+def _time_lengths(mixer: Mixer, ns: Sequence[int], result: dict, derived: dict, predicted, batch: int,
+                  repeats: int, seed: int, budget_s: float) -> None:
+    """Time each n in order, skipping lengths whose predicted time exceeds the budget."""
+    last = None
+    for n in ns:
+        if last is not None and predicted(last[0], last[1], n) > budget_s:
+            result["skipped"].append({"what": "time", "n": n, "why": f"predicted > {budget_s:g} s budget"})
+            continue
+        meas = time_forward_backward(mixer, n, batch=batch, repeats=repeats, seed=seed)
+        d = derived[n]
+        result["time"].append({"n": n, "seconds": meas["seconds"], "median_seconds": meas["median_seconds"],
+                               "all_seconds": meas["all_seconds"],
+                               "derived_training_flops": d["training_flops"],
+                               "derived_mixing_flops": d["training_mixing_flops"],
+                               "derived_flops_per_token": d["flops_per_token"]})
+        last = (n, meas["seconds"])
+
+
+def accounting_rows(results: Sequence[dict]) -> list[dict]:
+    """One summary row per mixer for the flag table."""
+    rows = []
+    for r in results:
+        s = r["slope"]
+        cache_ns = [c["n"] for c in r["cache"]]
+        rows.append({
+            "mixer": r["mixer"], "time/token": r["time_complexity"], "cache": r["cache_complexity"],
+            "cache n checked": ",".join(map(str, cache_ns)) or "—",
+            "cache match": all(c["match"] for c in r["cache"]) if r["cache"] else None,
+            "entries@max n": r["cache"][-1]["measured_positions"] if r["cache"] else None,
+            "bytes@max n": r["cache"][-1]["measured_bytes"] if r["cache"] else None,
+            "slope measured": s["measured"] if s["judged"] or s["measured"] is None else f"{s['measured']:.3g} (not judged)",
+            "mixing slope": s["derived_mixing"], "FLOPs slope": s["derived"], "stated slope": s["stated"],
+            "time n": f"{s['n_range'][0]}–{s['n_range'][1]}" if s["n_range"] else "—",
+            "flags": "; ".join(r["flags"]) or "ok",
+        })
+    return rows
+
+
+def plot_accounting(results: Sequence[dict], out_dir: Path, formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
+    """cache.(png|svg): derived lines vs measured markers; time.(png|svg): measured vs scaled derived FLOPs."""
+    files: list[Path] = []
+    fig, axes = new_figure(1, 2, size=(5.6, 4.2))
+    ax_b, ax_p = axes[0]
+    for i, r in enumerate(results):
+        if not r["cache"]:
+            continue
+        color = f"C{i % 10}"
+        ns = [c["n"] for c in r["cache"]]
+        ax_b.plot(ns, [c["derived_bytes"] for c in r["cache"]], "-", color=color, lw=1, label=r["mixer"])
+        ax_b.plot(ns, [c["measured_bytes"] for c in r["cache"]], "o", color=color, ms=4, mfc="none")
+        pos = [(n, c["derived_positions"], c["measured_positions"]) for n, c in zip(ns, r["cache"])]
+        if any(p[1] > 0 for p in pos):
+            ax_p.plot([p[0] for p in pos], [max(p[1], 0.5) for p in pos], "-", color=color, lw=1, label=r["mixer"])
+            ax_p.plot([p[0] for p in pos], [max(p[2], 0.5) for p in pos], "o", color=color, ms=4, mfc="none")
+    for ax, what in ((ax_b, "decode state bytes per sequence (float32)"), (ax_p, "cached positions (> 0 only)")):
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("n (decoded tokens)")
+        ax.set_title(f"{what}\nline = derived, circle = measured", fontsize=9)
+        if ax.has_data():
+            ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    files += save_figure(fig, out_dir, "cache", formats)
+
+    timed = [r for r in results if len(r["time"]) >= 2]
+    if timed:
+        fig, axes = new_figure(1, 1, size=(7.0, 4.6))
+        ax = axes[0][0]
+        for i, r in enumerate(timed):
+            color = f"C{i % 10}"
+            ns = np.array([t["n"] for t in r["time"]], dtype=float)
+            secs = np.array([t["seconds"] for t in r["time"]])
+            flops = np.array([t["derived_training_flops"] for t in r["time"]])
+            slope = r["slope"]["measured"]
+            ax.plot(ns, secs, "o-", color=color, ms=4, lw=1, label=f"{r['mixer']} (slope {slope:.2f})")
+            if (flops > 0).all():
+                scale = math.exp(float(np.mean(np.log(secs) - np.log(flops))))  # match at the geometric mean
+                ax.plot(ns, flops * scale, "--", color=color, lw=0.8)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("n (sequence length)")
+        ax.set_ylabel("forward + backward seconds")
+        ax.set_title("measured time (solid) vs derived training FLOPs, scaled (dashed)", fontsize=9)
+        ax.legend(fontsize=6, ncol=2)
+        fig.tight_layout()
+        files += save_figure(fig, out_dir, "time", formats)
+    return files
+
+
+def run_accounting(names: Sequence[str] | None, out_dir: Path, *, formats: Sequence[str] = FIGURE_FORMATS,
+                   progress=None, **kwargs) -> dict:
+    """:func:`account_mixer` for each name (default: every registered mixer); writes cost.json/.md + plots.
+
+    cost.json and cost.md are rewritten after every mixer, so an interrupted run keeps what it measured.
+    """
+    names = list(names) if names else mixer_names()
+    for n in names:
+        get_mixer_spec(n)  # unknown names fail before any work
+    results: list[dict] = []
+    out: dict = {}
+    for k, name in enumerate(names):
+        if progress is not None:
+            progress(f"cost: {name}")
+        results.append(account_mixer(name, **kwargs))
+        last = k == len(names) - 1
+        figures = plot_accounting(results, out_dir, formats) if last else []
+        out = _write_accounting(results, out_dir, kwargs, figures, complete=last)
+    return out
+
+
+def _write_accounting(results: list[dict], out_dir: Path, settings: dict, figures: list[Path], complete: bool) -> dict:
+    rows = accounting_rows(results)
+    out = {"kind": "cost", "complete": complete, "slope_tolerance": SLOPE_TOLERANCE,
+           "training_flops_factor": TRAINING_FLOPS_FACTOR,
+           "settings": {k: v for k, v in settings.items() if k != "mixer"},
+           "threads": torch.get_num_threads(), "summary": rows, "mixers": results,
+           "figures": [p.name for p in figures]}
+    write_json(Path(out_dir) / "cost.json", out)
+    md = ["# Cost and cache accounting: derived vs measured", "",
+          "Cache: decode n tokens with `step`, compare the measured `peak_positions` / `peak_numel` with the "
+          "derived `cache_positions(n)` / `state_size(n)` (bytes at float32). Time: median forward + backward of "
+          "the training mode (fastest of the repeats); its log-log slope must lie between the projections' 1 and "
+          f"the derived mixing slope, ±{SLOPE_TOLERANCE} (the FLOPs slope weighs both by multiply-adds); the "
+          "mixing slope is compared with the stated complexity. A slope marked 'not judged' comes from short "
+          f"lengths where fixed per-call overheads dominate. {torch.get_num_threads()} torch threads; wall-clock "
+          "on a possibly shared CPU.", "",
+          markdown_table(rows)]
+    if not complete:
+        md.insert(2, "_Partial: the run is still going or was interrupted._\n")
+    tmp = Path(out_dir) / "cost.md.tmp"
+    tmp.write_text("\n".join(md))
+    tmp.replace(Path(out_dir) / "cost.md")
+    return out

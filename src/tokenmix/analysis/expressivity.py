@@ -1,0 +1,626 @@
+"""Expressivity metrics of the communication graph (framework §4.2–4.3): shortest information path,
+congestion of the fixed-offset copy routing, and reach.
+
+The graph of a layer: information from input x_j reaches output y_i by one A-step (free when A only
+has its diagonal, one hop otherwise: attention), any number of B-hops y_u -> y_v (v reads u), and a
+readout step R (free when diagonal). By the Neumann expansion M = R (I - B)^{-1} A, M[i, j] != 0 only
+if such a path exists. The *shortest information path* d(i, j) counts hops; for a pattern recurrence
+(A diagonal) it is the B-distance of ``tokenmix.patterns.graph``, which is reused here.
+
+Translation-invariant patterns (every hop length f(k) usable at every position) have d(i, j) = d(i - j)
+with d(g) the fewest allowed lengths summing to g (a coin problem solved for all gaps at once:
+:func:`gap_hops`), exact at any n. Other patterns (cache-efficient lattice, Fenwick) and materialised
+operators go through the graph distances, limited by memory to moderate n.
+
+*Congestion* (§4.3) of the copy at a fixed offset L: every flow j -> j + L gets a path and the load of
+a node is the number of flows whose hops land on it; congestion is the largest load. With a
+translation-invariant pattern all flows can use the same decomposition of L shifted in time, so each
+node is hit once per hop: congestion = d(L) (pow2: popcount(L) <= log2 n; sq1: <= 4). Other graphs are
+routed along shortest paths (an upper bound on the optimum); the lower bound
+ceil(sum of flow distances / number of nodes a hop can land on) is reported beside it.
+
+*Reach*: how many past positions the last output depends on, within h hops, per layer (support of M)
+and through L stacked layers (residual: support of S^L); for materialised operators also the
+effective reach |M[i, j]| >= tol * max_j |M[i, j]|.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
+from tokenmix.core.operator import MixOperator
+from tokenmix.core.registry import build_mixer, get_mixer_spec
+from tokenmix.patterns import Pattern, TranslationInvariant, get_pattern, pattern_report
+from tokenmix.patterns.graph import UNREACHABLE, distance_matrix
+
+OPERATOR_GRAPH_LIMIT = 1024  # materialised-operator graphs: O(n^2) memory, up to O(n^3) time
+GRAPH_PATH_LIMIT = 8192      # pattern graphs that are not translation-invariant (lattice, Fenwick)
+CROSSCHECK_LIMIT = 1024      # the gap DP is checked against the graph distances up to this n
+GRAPH_CHECK_BUDGET = 3e8     # n^2 x levels of the graph BFS used for the cross-check
+GAP_DP_BUDGET = 4e8          # n x levels of the gap DP (dense patterns grow as n^2)
+DEFAULT_TABLE_N = (256, 512, 1024, 2048, 4096, 8192)
+PAPER_PATTERNS = ("first_order", "window:4", "dense", "pow2", "pow2_ce", "sq1", "sq1_ce")
+PAPER_MIXERS = ("attention", "local_attention")
+
+
+# ----------------------------------------------------------------------------- translation-invariant
+def gap_hops(pattern: TranslationInvariant, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Fewest hops d[g] covering each gap g < n with the pattern's lengths, and the first hop used.
+
+    d[0] = 0; d[g] = 1 + min_{f(k) <= g} d[g - f(k)] (UNREACHABLE if no decomposition). Ties take the
+    longest hop, so pow2 decomposes g into its binary digits from the top.
+    """
+    if not isinstance(pattern, TranslationInvariant):
+        raise TypeError(f"gap_hops needs a translation-invariant pattern, got {pattern!r}")
+    dist = np.asarray(pattern.distances(max(n, 2)), dtype=np.int64)[::-1]  # longest first
+    d = np.full(n, UNREACHABLE, dtype=np.int64)
+    first = np.full(n, -1, dtype=np.int64)
+    if n:
+        d[0] = 0
+    for g in range(1, n):
+        ok = dist[dist <= g]
+        if not len(ok):
+            continue
+        cand = d[g - ok]
+        k = int(np.argmin(cand))
+        if cand[k] < UNREACHABLE:
+            d[g], first[g] = cand[k] + 1, ok[k]
+    return d, first
+
+
+def decomposition(first: np.ndarray, gap: int) -> list[int]:
+    """Hop lengths of the shortest decomposition of ``gap`` (from :func:`gap_hops`'s first hops)."""
+    hops, g = [], gap
+    while g > 0:
+        if first[g] < 0:
+            raise ValueError(f"gap {gap} cannot be decomposed into the pattern's hop lengths")
+        hops.append(int(first[g]))
+        g -= int(first[g])
+    return hops
+
+
+def gap_path_stats(d: np.ndarray) -> tuple[float, float]:
+    """(max, mean) shortest path over all pairs j < i < n from the per-gap hops d[g]."""
+    n = len(d)
+    if n < 2:
+        return 0.0, 0.0
+    gaps = d[1:]
+    if (gaps >= UNREACHABLE).any():
+        return math.inf, math.inf
+    weights = np.arange(n - 1, 0, -1, dtype=np.float64)  # gap g occurs n - g times
+    return float(gaps.max()), float((gaps * weights).sum() / weights.sum())
+
+
+def shared_decomposition_congestion(hops: Sequence[int], n: int, offset: int) -> int:
+    """Largest node load when every flow j -> j + offset (j + offset < n) uses the same hop sequence.
+
+    Flow j lands on j + offset - (s_1 + ... + s_{t-1}) at hop t; for fixed t those nodes form a
+    contiguous range, so loads accumulate as range additions.
+    """
+    flows = n - offset
+    if flows <= 0 or not hops:
+        return 0
+    load = np.zeros(n, dtype=np.int64)
+    landed = offset
+    for s in hops:
+        load[landed : landed + flows] += 1
+        landed -= s
+    return int(load.max())
+
+
+# ----------------------------------------------------------------------------- general graphs
+class SupportPattern(Pattern):
+    """A pattern given by an explicit strictly-lower support of B [n, n] (e.g. from a materialised operator),
+    so the graph distances of ``tokenmix.patterns.graph`` apply to it."""
+
+    def __init__(self, support: np.ndarray, name: str = "support") -> None:
+        s = np.asarray(support, dtype=bool)
+        if s.ndim != 2 or s.shape[0] != s.shape[1]:
+            raise ValueError(f"support must be [n, n], got {s.shape}")
+        if np.triu(s).any():
+            raise ValueError("B support must be strictly lower triangular")
+        self.support, self.name = s, name
+        self._rows = [np.nonzero(s[t])[0] for t in range(s.shape[0])]
+
+    def n_levels(self, n: int) -> int:
+        return max((len(r) for r in self._rows[:n]), default=0)
+
+    def _table_np(self, t: np.ndarray) -> np.ndarray:
+        w = max(1, self.n_levels(int(t.max()) + 1))
+        table = np.full((len(t), w), -1, dtype=np.int64)
+        for i, pos in enumerate(t.tolist()):
+            row = self._rows[pos][::-1]  # nearest first
+            table[i, : len(row)] = row
+        return table
+
+    def needed(self, t: int) -> list[int]:
+        later = self.support[t:, :t]
+        return np.nonzero(later.any(axis=0))[0].tolist() if later.size else []
+
+
+def _min_plus(left: np.ndarray, right: np.ndarray) -> np.ndarray:
+    """C[i, j] = min_l left[i, l] + right[l, j] with UNREACHABLE as infinity (row by row)."""
+    n = left.shape[0]
+    out = np.full((n, right.shape[1]), UNREACHABLE, dtype=np.int64)
+    for i in range(n):
+        row = left[i]
+        ls = np.nonzero(row < UNREACHABLE)[0]
+        if len(ls):
+            out[i] = (row[ls, None] + right[ls]).min(axis=0)
+    out[out > UNREACHABLE] = UNREACHABLE
+    return out
+
+
+def _step_cost(support: np.ndarray) -> np.ndarray:
+    """Cost of one A or R step: 0 on a nonzero diagonal, 1 off the diagonal, UNREACHABLE where zero."""
+    cost = np.where(support, 1, UNREACHABLE).astype(np.int64)
+    diag = np.arange(support.shape[0])
+    cost[diag, diag] = np.where(support[diag, diag], 0, UNREACHABLE)
+    return cost
+
+
+def _is_diagonal(support: np.ndarray | None) -> bool:
+    if support is None:
+        return True
+    n = support.shape[0]
+    return bool(support[np.arange(n), np.arange(n)].all()) and int(support.sum()) == n
+
+
+class _PathMetrics:
+    """Metrics shared by one graph and a family of graphs: needs ``n``, ``distances()``, ``route()``."""
+
+    n: int
+
+    def path_stats(self) -> tuple[float, float]:
+        """(max, mean) shortest information path over pairs j < i (inf if some pair has no path)."""
+        d = self.distances()
+        if self.n < 2:
+            return 0.0, 0.0
+        lower = d[np.tril_indices(self.n, k=-1)]
+        if (lower >= UNREACHABLE).any():
+            return math.inf, math.inf
+        return float(lower.max()), float(lower.mean())
+
+    def routed_congestion(self, offset: int) -> tuple[int, int]:
+        """(congestion of shortest-path routing, lower bound) for the copy at ``offset``."""
+        flows = self.n - offset
+        if flows <= 0:
+            return 0, 0
+        d = self.distances()
+        load = np.zeros(self.n, dtype=np.int64)
+        total = 0
+        for j in range(flows):
+            if d[j + offset, j] >= UNREACHABLE:
+                return UNREACHABLE, UNREACHABLE
+            path = self.route(j, j + offset, load)
+            total += len(path)
+            np.add.at(load, path, 1)
+        return int(load.max()), math.ceil(total / max(self.n - 1, 1))
+
+    def support(self) -> np.ndarray:
+        """S [n, n] bool: M[i, j] can be nonzero (a path exists)."""
+        return self.distances() < UNREACHABLE
+
+
+@dataclass
+class CommunicationGraph(_PathMetrics):
+    """Layer graph over n positions: A-step, B-hops (a Pattern), R-step (None = diagonal).
+
+    Attributes:
+        n: number of positions.
+        b_pattern: the B-edges (a pattern, or :class:`SupportPattern` of an operator).
+        a_support / r_support: [n, n] bool supports, or None for the plain diagonal.
+    """
+
+    n: int
+    b_pattern: Pattern
+    a_support: np.ndarray | None = None
+    r_support: np.ndarray | None = None
+    name: str = ""
+    _cache: dict = field(default_factory=dict, repr=False)
+
+    @classmethod
+    def from_pattern(cls, pattern: Pattern, n: int) -> "CommunicationGraph":
+        return cls(n, pattern, name=pattern.name)
+
+    def b_distances(self) -> np.ndarray:
+        """E [n, n]: B-hops from y_j to y_i (0 on the diagonal)."""
+        if "E" not in self._cache:
+            self._cache["E"] = distance_matrix(self.b_pattern, self.n)
+        return self._cache["E"]
+
+    def input_distances(self) -> np.ndarray:
+        """D1 [n, n]: hops from input x_j to the state y_i (A-step then B-hops)."""
+        if "D1" not in self._cache:
+            e = self.b_distances()
+            self._cache["D1"] = e if self.a_support is None else _min_plus(e, _step_cost(self.a_support))
+        return self._cache["D1"]
+
+    def distances(self) -> np.ndarray:
+        """D [n, n]: shortest information path from x_j to the output i (UNREACHABLE if none)."""
+        if "D" not in self._cache:
+            d1 = self.input_distances()
+            self._cache["D"] = d1 if self.r_support is None else _min_plus(_step_cost(self.r_support), d1)
+        return self._cache["D"]
+
+    def route(self, j: int, i: int, load: np.ndarray | None = None) -> list[int]:
+        """A shortest path from x_j to output i as the list of nodes its hops land on.
+
+        Among equally short continuations the least loaded node is taken (``load``: flows already
+        landing on each node), then the earliest one, which spreads flows over parallel paths.
+        """
+        def pick(cands):
+            return min(cands, key=(lambda v: (load[v], v)) if load is not None else None)
+
+        d, d1 = self.distances(), self.input_distances()
+        if d[i, j] >= UNREACHABLE:
+            raise ValueError(f"no path from position {j} to {i}")
+        landed: list[int] = []
+        u = i
+        if self.r_support is not None:
+            cost = _step_cost(self.r_support)[i]
+            cands = [l for l in np.nonzero(cost < UNREACHABLE)[0] if cost[l] + d1[l, j] == d[i, j]]
+            u = int(pick(cands))
+            if u != i:
+                landed.append(i)
+        a_cost = _step_cost(self.a_support) if self.a_support is not None else None
+        while True:
+            here = int(d1[u, j])
+            direct = (0 if u == j else UNREACHABLE) if a_cost is None else int(a_cost[u, j])
+            if direct == here:
+                if direct == 1:
+                    landed.append(u)
+                return landed
+            landed.append(u)
+            nbs = self.b_pattern.neighbors(u)
+            u = int(pick([v for v in nbs if d1[v, j] == here - 1]))
+
+class GraphFamily(_PathMetrics):
+    """Heads (and state channels) with different supports: a path runs inside one of them, so the
+    distance is the minimum over the family and each flow is routed in a graph attaining it."""
+
+    def __init__(self, graphs: Sequence[CommunicationGraph]) -> None:
+        if not graphs:
+            raise ValueError("empty graph family")
+        self.graphs, self.n = list(graphs), graphs[0].n
+        self._d: np.ndarray | None = None
+
+    def distances(self) -> np.ndarray:
+        if self._d is None:
+            self._d = np.minimum.reduce([g.distances() for g in self.graphs])
+        return self._d
+
+    def route(self, j: int, i: int, load: np.ndarray | None = None) -> list[int]:
+        best = min(self.graphs, key=lambda g: g.distances()[i, j])
+        return best.route(j, i, load)
+
+
+def operator_graph(op: MixOperator, name: str = "operator", batch: int = 0) -> CommunicationGraph | GraphFamily:
+    """The communication graph of a materialised operator (batch element ``batch``), one graph per
+    distinct (A, B, R) support among its heads and state channels."""
+    def per_path(m: Tensor) -> np.ndarray:  # [P, T, T] bool, P = heads x channels
+        s = (m[batch].detach() != 0).cpu().numpy()
+        return s.reshape(-1, *s.shape[-2:])
+
+    a, b = per_path(op.A), per_path(op.B)
+    r = per_path(op.R) if op.R is not None else [None] * len(a)
+    unique: dict[bytes, CommunicationGraph] = {}
+    for ak, bk, rk in zip(a, b, r):
+        key = np.packbits(ak).tobytes() + np.packbits(bk).tobytes() + (b"" if rk is None else np.packbits(rk).tobytes())
+        if key not in unique:
+            unique[key] = CommunicationGraph(ak.shape[0], SupportPattern(bk, name),
+                                             None if _is_diagonal(ak) else ak,
+                                             None if _is_diagonal(rk) else rk, name)
+    graphs = list(unique.values())
+    return graphs[0] if len(graphs) == 1 else GraphFamily(graphs)
+
+
+# ----------------------------------------------------------------------------- reach
+def reach_through_layers(support_row_fn, n: int, layers: int) -> list[int]:
+    """Positions the last output depends on through 1..layers stacked layers (residual stack).
+
+    ``support_row_fn(v)`` maps a boolean vector over positions (what layer l-1 depends on) to the
+    positions layer l then depends on: the union of the support rows of every marked position.
+    """
+    v = np.zeros(n, dtype=bool)
+    v[n - 1] = True
+    out = []
+    for _ in range(layers):
+        v = support_row_fn(v) | v
+        out.append(int(v.sum()))
+    return out
+
+
+def graph_reach(graph: CommunicationGraph | GraphFamily, layers: int, max_hops: int = 6) -> dict:
+    s = graph.support().astype(np.float32)
+    d_last = graph.distances()[graph.n - 1]
+    return {
+        "per_layer": int((d_last < UNREACHABLE).sum()),
+        "through_layers": reach_through_layers(lambda v: (v.astype(np.float32) @ s) > 0, graph.n, layers),
+        "within_hops": [int((d_last <= h).sum()) for h in range(1, max_hops + 1)],
+    }
+
+
+def gap_reach(d: np.ndarray, layers: int, max_hops: int = 6) -> dict:
+    """Reach of the last output for a translation-invariant pattern, from the per-gap hops d[g]."""
+    n = len(d)
+    reach_gaps = d < UNREACHABLE  # gaps g with a path (g = 0 included)
+
+    def step(v: np.ndarray) -> np.ndarray:
+        # v marks positions; position p reaches p - g for every reachable gap g: a boolean correlation
+        return np.convolve(v[::-1].astype(np.float64), reach_gaps.astype(np.float64))[:n][::-1] > 0.5
+
+    return {
+        "per_layer": int(reach_gaps.sum()),
+        "through_layers": reach_through_layers(step, n, layers),
+        "within_hops": [int((d <= h).sum()) for h in range(1, max_hops + 1)],
+    }
+
+
+def effective_reach(op: MixOperator, layers: int, tol: float = 1e-3, batch: int = 0) -> dict:
+    """Positions j with |M[i, j]| >= tol * max_j |M[i, j]| (max over heads), last output and through layers."""
+    m = op.mixing_matrix()[batch].detach().abs().amax(0).double().cpu().numpy()  # [T, T]
+    rowmax = m.max(axis=1, keepdims=True)
+    s = (m >= tol * np.where(rowmax > 0, rowmax, np.inf)).astype(np.float32)
+    n = m.shape[0]
+    return {"tol": tol, "per_layer": int(s[n - 1].sum()),
+            "through_layers": reach_through_layers(lambda v: (v.astype(np.float32) @ s) > 0, n, layers)}
+
+
+# ----------------------------------------------------------------------------- paper's table
+def paper_expectation(key: str, n: int, offset: int, window: int | None = None) -> tuple[str, object]:
+    """(what §4.2–4.3 says, predicate on a metrics record or None) for the rows of the table.
+
+    ``window``: a local attention's window (positions attended, the current one included).
+    """
+    half = n // 2
+    if key == "pow2":
+        bound = (n - 1).bit_length()
+        worst = max(bin(g).count("1") for g in range(1, half + 1))
+        return (f"path = popcount(gap), max {bound}; congestion = popcount(L) = {bin(offset).count('1')}, "
+                f"≤ log2 n (max over L ≤ n/2: {worst})",
+                lambda r: r["path_max"] == bound and r["congestion"] == bin(offset).count("1")
+                and r.get("congestion_worst") == worst and worst <= math.log2(n))
+    if key == "sq1":
+        return "path ≤ 4; congestion ≤ 4", lambda r: r["path_max"] <= 4 and r["congestion"] <= 4 \
+            and r.get("congestion_worst", 0) <= 4
+    if key in ("first_order", "window:1"):
+        return (f"path = n − 1 = {n - 1}; congestion = L = {offset}",
+                lambda r: r["path_max"] == n - 1 and r["congestion"] == offset)
+    if key.startswith("window:"):
+        m = int(key.split(":")[1])
+        return (f"path = ⌈(n − 1)/{m}⌉ = {-(-(n - 1) // m)}; congestion = ⌈L/{m}⌉ = {-(-offset // m)}",
+                lambda r: r["path_max"] == -(-(n - 1) // m) and r["congestion"] == -(-offset // m))
+    if key in ("dense", "attention"):
+        return "path 1; congestion 1", lambda r: r["path_max"] == 1 and r["congestion"] == 1
+    if key == "local_attention":
+        # window w = positions attended including the current one: one hop covers gaps up to w - 1
+        reach = math.inf if window is None else window - 1
+        path = "1" if n - 1 <= reach else "∞ (B = 0: nothing beyond the window in one layer)"
+        cong = "1" if offset <= reach else "∞"
+        return (f"path {path}; congestion {cong} (window {window})",
+                lambda r: (r["path_max"] == 1 if n - 1 <= reach else math.isinf(r["path_max"]))
+                and (r["congestion"] == 1 if offset <= reach else math.isinf(r["congestion"])))
+    if key.endswith("_ce"):
+        return "— (not in the paper's table)", None
+    return "—", None
+
+
+def pattern_metrics(pattern: Pattern, n: int, offset: int, layers: int, path_limit: int = GRAPH_PATH_LIMIT,
+                    crosscheck_limit: int = CROSSCHECK_LIMIT) -> dict:
+    """Every metric of the table for one pattern at length n."""
+    out: dict = {"n": n, "offset": offset, "neighbors_per_token": pattern.neighbors_per_token(n),
+                 "cache": pattern.cache_size(n)}
+    if isinstance(pattern, TranslationInvariant) and n * pattern.n_levels(n) > GAP_DP_BUDGET:
+        out["method"] = (f"skipped: n x levels = {n * pattern.n_levels(n)} exceeds the gap DP budget "
+                         f"{GAP_DP_BUDGET:.0e} (a dense pattern at this n)")
+        return out
+    if isinstance(pattern, TranslationInvariant):
+        dist = pattern.distances(n)
+        out["nnz_B"] = int(sum(max(0, n - f) for f in dist))
+        d, first = gap_hops(pattern, n)
+        out["path_max"], out["path_mean"] = gap_path_stats(d)
+        if d[offset] < UNREACHABLE:
+            hops = decomposition(first, offset)
+            out["congestion"] = shared_decomposition_congestion(hops, n, offset)
+            out["congestion_lower"] = math.ceil((n - offset) * len(hops) / max(n - 1, 1))
+            out["offset_decomposition"] = hops if len(hops) <= 16 else f"{len(hops)} hops"
+        else:
+            out["congestion"] = out["congestion_lower"] = math.inf
+        # For L <= n/2 the node L lies in every hop's landing range (see shared_decomposition_congestion),
+        # so the shared decomposition's congestion is exactly d(L): the worst offset is the largest d.
+        half = d[1 : n // 2 + 1]
+        out["congestion_worst"] = int(half.max()) if (half < UNREACHABLE).all() else math.inf
+        out["congestion_worst_offset"] = int(np.argmax(half)) + 1
+        out["reach"] = gap_reach(d, layers)
+        out["method"] = "gap DP (translation-invariant, exact)"
+        if n <= crosscheck_limit and n * n * pattern.n_levels(n) <= GRAPH_CHECK_BUDGET:
+            rep = pattern_report(pattern, n, path_limit=n)
+            out["graph_check"] = (rep["shortest_path_max"] == out["path_max"]
+                                  and abs(rep["shortest_path_mean"] - out["path_mean"]) < 1e-9
+                                  and rep["nnz_B"] == out["nnz_B"] and rep["cache_size"] == out["cache"])
+        return out
+    if n > path_limit:
+        out["method"] = f"skipped: n > {path_limit} for a non-translation-invariant pattern graph"
+        return out
+    rep = pattern_report(pattern, n, path_limit=path_limit)
+    out["nnz_B"] = rep["nnz_B"]
+    out["path_max"], out["path_mean"] = rep["shortest_path_max"], rep["shortest_path_mean"]
+    graph = CommunicationGraph.from_pattern(pattern, n)
+    out["congestion"], out["congestion_lower"] = graph.routed_congestion(offset)
+    out["reach"] = graph_reach(graph, layers)
+    out["method"] = "graph distances + shortest-path routing"
+    return out
+
+
+def operator_metrics(op: MixOperator, name: str, offset: int, layers: int, tol: float = 1e-3) -> dict:
+    graph = operator_graph(op, name)
+    n = graph.n
+    mx, mean = graph.path_stats()
+    cong, low = graph.routed_congestion(offset)
+    return {"n": n, "offset": offset, "path_max": mx, "path_mean": mean,
+            "congestion": math.inf if cong >= UNREACHABLE else cong,
+            "congestion_lower": math.inf if low >= UNREACHABLE else low,
+            "nnz_B": float((op.B[0] != 0).sum()) / (op.B[0].numel() / (n * n)),  # per head (and channel)
+            "graphs": len(graph.graphs) if isinstance(graph, GraphFamily) else 1,
+            "reach": graph_reach(graph, layers), "effective_reach": effective_reach(op, layers, tol),
+            "method": "materialised operator support (random input)"}
+
+
+def _mixer_operator(name: str, n: int, seed: int, d_model: int, n_heads: int) -> tuple[object, MixOperator]:
+    torch.manual_seed(seed)
+    mixer = build_mixer(name, d_model, n_heads=n_heads).double().eval()
+    x = torch.randn(1, n, d_model, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    with torch.no_grad():
+        return mixer, mixer.materialize(x).validate()
+
+
+def mixer_pattern(name: str, seed: int = 0, d_model: int = 16, n_heads: int = 2,
+                  check_n: int = 33) -> tuple[Pattern | None, object]:
+    """(the mixer's pattern if its operator graph is exactly the pattern's graph at check_n, the mixer)."""
+    mixer, op = _mixer_operator(name, check_n, seed, d_model, n_heads)
+    pattern = getattr(mixer, "pattern", None)
+    if not isinstance(pattern, Pattern):
+        return None, mixer
+    g_op = operator_graph(op, name)
+    g_pat = CommunicationGraph.from_pattern(pattern, check_n)
+    return (pattern if np.array_equal(g_op.distances(), g_pat.distances()) else None), mixer
+
+
+def expressivity_table(patterns: Sequence[str] = PAPER_PATTERNS, mixers: Sequence[str] = PAPER_MIXERS,
+                       ns: Sequence[int] = DEFAULT_TABLE_N, *, offset: int | None = None, layers: int = 4,
+                       operator_limit: int = OPERATOR_GRAPH_LIMIT, path_limit: int = GRAPH_PATH_LIMIT,
+                       seed: int = 0, d_model: int = 16, n_heads: int = 2, tol: float = 1e-3,
+                       progress=None) -> list[dict]:
+    """One record per (row, n). ``offset`` None = n // 2 (copy the first half into the second).
+
+    Registered mixers whose operator graph equals their pattern's graph use the pattern at every n
+    (a mixer whose pattern is already a row is listed under that row's ``mixers``); other mixers are
+    materialised and analysed up to ``operator_limit`` (rows beyond say so).
+    """
+    for n in ns:
+        if n < 2:
+            raise ValueError(f"n must be >= 2 for pair metrics, got {n}")
+    rows: list[dict] = [{"key": p, "source": "pattern", "pattern": get_pattern(p), "mixers": [], "window": None}
+                        for p in patterns]
+    for name in mixers:
+        get_mixer_spec(name)
+        pat, mixer = mixer_pattern(name, seed)
+        window = getattr(getattr(mixer, "config", None), "window", None)
+        same = next((r for r in rows if pat is not None and r["pattern"] is not None
+                     and r["pattern"].name == pat.name), None)
+        if same is not None:
+            same["mixers"].append(name)
+            continue
+        rows.append({"key": name, "source": "pattern" if pat is not None else "operator", "pattern": pat,
+                     "mixers": [name], "window": window})
+    records = []
+    for row in rows:
+        key, pat = row["key"], row["pattern"]
+        for n in ns:
+            if progress is not None:
+                progress(f"expressivity: {key} n={n}")
+            off = n // 2 if offset is None else offset
+            if not 0 < off < n:
+                raise ValueError(f"copy offset must be in [1, n), got {off} for n = {n}")
+            if pat is not None:
+                rec = pattern_metrics(pat, n, off, layers, path_limit)
+                rec["pattern"] = pat.name
+            elif n <= operator_limit:
+                _, op = _mixer_operator(key, n, seed, d_model, n_heads)
+                rec = operator_metrics(op, key, off, layers, tol)
+            else:
+                rec = {"n": n, "offset": off, "method": f"skipped: operator graphs are materialised only up to "
+                       f"n = {operator_limit}; pattern rows still run"}
+            rec.update(row=key, source=row["source"], mixers=row["mixers"])
+            if row["window"] is not None:
+                rec["window"] = row["window"]
+            text, check = paper_expectation(pat.name if pat is not None else key, n, off, row["window"])
+            rec["paper"] = text
+            if check is not None and "path_max" in rec:
+                rec["agrees"] = bool(check(rec))
+            records.append(rec)
+    return records
+
+
+def table_rows(records: Sequence[dict]) -> list[dict]:
+    return [{"row": r["row"], "mixers": ",".join(r.get("mixers", [])) or "—", "n": r["n"],
+             "neighbors": r.get("neighbors_per_token"), "cache": r.get("cache"),
+             "nnz(B)": r.get("nnz_B"), "path max": r.get("path_max"), "path mean": r.get("path_mean"),
+             "congestion (L=" + ("n/2" if r["offset"] == r["n"] // 2 else str(r["offset"])) + ")": r.get("congestion"),
+             "lower bound": r.get("congestion_lower"), "congestion max L≤n/2": r.get("congestion_worst"),
+             "reach/layer": (r.get("reach") or {}).get("per_layer"),
+             "paper §4.2–4.3": r.get("paper"), "agrees": r.get("agrees"),
+             "note": r.get("method") if "skipped" in r.get("method", "") else ""} for r in records]
+
+
+def plot_expressivity(records: Sequence[dict], out_dir: Path, formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
+    keys = list(dict.fromkeys(r["row"] for r in records))
+    fig, axes = new_figure(2, 2, size=(5.0, 3.6))
+    panels = [("path_max", "shortest path (max hops)"), ("path_mean", "shortest path (mean hops)"),
+              ("congestion", "congestion, copy at offset n/2"), ("cache", "decode cache (positions)")]
+    for ax, (field_name, title) in zip([a for row in axes for a in row], panels):
+        for i, key in enumerate(keys):
+            pts = [(r["n"], r[field_name]) for r in records if r["row"] == key and field_name in r
+                   and isinstance(r[field_name], (int, float)) and math.isfinite(r[field_name]) and r[field_name] > 0]
+            if pts:
+                ax.plot(*zip(*pts), "o-", ms=3, lw=1, color=f"C{i % 10}", label=key)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("n")
+        ax.set_title(title, fontsize=9)
+        if ax.has_data():
+            ax.legend(fontsize=6, ncol=2)
+    fig.tight_layout()
+    files = save_figure(fig, out_dir, "expressivity", formats)
+
+    n_top = max(r["n"] for r in records)
+    fig, axes = new_figure(1, 2, size=(5.4, 3.8))
+    ax_h, ax_l = axes[0]
+    for i, key in enumerate(keys):
+        rec = next((r for r in records if r["row"] == key and r["n"] == n_top and "reach" in r), None)
+        if rec is None:
+            rec = max((r for r in records if r["row"] == key and "reach" in r), key=lambda r: r["n"], default=None)
+        if rec is None:
+            continue
+        hops = rec["reach"]["within_hops"]
+        ax_h.plot(range(1, len(hops) + 1), [max(h, 0.5) for h in hops], "o-", ms=3, lw=1, color=f"C{i % 10}",
+                  label=f"{key} (n={rec['n']})")
+        lay = rec["reach"]["through_layers"]
+        ax_l.plot(range(1, len(lay) + 1), lay, "o-", ms=3, lw=1, color=f"C{i % 10}", label=f"{key} (n={rec['n']})")
+    ax_h.set_yscale("log")
+    ax_h.set_xlabel("hops h")
+    ax_h.set_title("positions the last output reaches within h hops", fontsize=9)
+    ax_l.set_yscale("log")
+    ax_l.set_xlabel("stacked layers L")
+    ax_l.set_title("positions the last output depends on through L layers", fontsize=9)
+    for ax in (ax_h, ax_l):
+        if ax.has_data():
+            ax.legend(fontsize=6)
+    fig.tight_layout()
+    return files + save_figure(fig, out_dir, "reach", formats)
+
+
+def run_expressivity(out_dir: Path, *, formats: Sequence[str] = FIGURE_FORMATS, **kwargs) -> dict:
+    """:func:`expressivity_table` + plots; writes expressivity.json / expressivity.md."""
+    records = expressivity_table(**kwargs)
+    figures = plot_expressivity(records, out_dir, formats)
+    rows = table_rows(records)
+    out = {"kind": "expressivity", "settings": {k: v for k, v in kwargs.items() if k != "progress"},
+           "records": records, "summary": rows, "figures": [p.name for p in figures]}
+    write_json(Path(out_dir) / "expressivity.json", out)
+    md = ["# Expressivity: shortest information path, congestion, reach (framework §4.2–4.3)", "",
+          "Pattern rows: translation-invariant patterns by the exact gap decomposition (checked against the "
+          f"graph BFS up to n = {CROSSCHECK_LIMIT}); lattice/Fenwick patterns by graph distances. Congestion: "
+          "copy at offset L, every flow routed (shared decomposition for translation-invariant patterns, "
+          "shortest paths otherwise), with the lower bound ⌈Σ path lengths / (n − 1)⌉.", "",
+          markdown_table(rows)]
+    (Path(out_dir) / "expressivity.md").write_text("\n".join(md))
+    return out

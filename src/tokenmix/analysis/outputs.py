@@ -1,0 +1,137 @@
+"""Where analysis results go: output folders, JSON, Markdown tables and figures (matplotlib Agg).
+
+Every ``tokenmix analyze`` subcommand writes ``<name>.json`` (the numbers), ``<name>.md`` (the same
+as tables) and figures as PNG and/or SVG into one folder; ``tokenmix report`` reads such folders.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, never a window; must precede pyplot
+import matplotlib.pyplot as plt  # noqa: E402
+
+FIGURE_FORMATS = ("png", "svg")
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def default_out_dir(kind: str, root: str | os.PathLike = "runs") -> Path:
+    """A fresh ``runs/analyze-<kind>-<YYYYmmdd-HHMMSS>[-k]`` folder (created)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    base = Path(root) / f"analyze-{kind}-{stamp}"
+    out, k = base, 1
+    while out.exists():
+        k += 1
+        out = Path(f"{base}-{k}")
+    out.mkdir(parents=True)
+    return out
+
+
+def prepare_out_dir(path: str | os.PathLike | None, kind: str) -> Path:
+    """Create (or reuse) the output folder; None -> :func:`default_out_dir`. Raises on a file path."""
+    if path is None:
+        return default_out_dir(kind)
+    out = Path(path)
+    if out.exists() and not out.is_dir():
+        raise NotADirectoryError(f"output path '{out}' exists and is not a directory")
+    out.mkdir(parents=True, exist_ok=True)
+    if not os.access(out, os.W_OK):
+        raise PermissionError(f"output directory '{out}' is not writable")
+    return out
+
+
+def check_formats(formats: Iterable[str]) -> tuple[str, ...]:
+    fmts = tuple(dict.fromkeys(f.strip().lower() for f in formats if f.strip()))
+    bad = [f for f in fmts if f not in FIGURE_FORMATS]
+    if bad or not fmts:
+        raise ValueError(f"figure format(s) {bad or '(none)'} not supported; choose from {FIGURE_FORMATS}")
+    return fmts
+
+
+def save_figure(fig, out_dir: Path, stem: str, formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
+    """Save ``fig`` as ``out_dir/stem.<fmt>`` for each format, close it, return the paths."""
+    paths = []
+    for fmt in check_formats(formats):
+        p = Path(out_dir) / f"{stem}.{fmt}"
+        fig.savefig(p, format=fmt, dpi=110)  # callers lay out with tight_layout
+        paths.append(p)
+    plt.close(fig)
+    return paths
+
+
+def _jsonable(obj: Any) -> Any:
+    """Floats that JSON cannot hold (inf, nan) become strings; numpy/torch scalars become numbers."""
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if hasattr(obj, "item") and callable(obj.item) and getattr(obj, "ndim", 0) == 0:
+        obj = obj.item()
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "inf" if obj > 0 else ("-inf" if obj < 0 else "nan")
+    if isinstance(obj, Path):
+        return str(obj)
+    return obj
+
+
+def json_text(data: Any) -> str:
+    """JSON text of analysis results (inf/nan as strings, numpy scalars as numbers)."""
+    return json.dumps(_jsonable(data), indent=2)
+
+
+def write_json(path: Path, data: Any) -> Path:
+    """Write JSON atomically (temp file + rename) so a killed run leaves no half-written file."""
+    tmp = Path(f"{path}.tmp")
+    tmp.write_text(json_text(data) + "\n")
+    tmp.replace(path)
+    return path
+
+
+def fmt_value(v: Any, digits: int = 4) -> str:
+    if v is None:
+        return "—"
+    if isinstance(v, bool):
+        return "yes" if v else "no"
+    if isinstance(v, float):
+        if math.isinf(v):
+            return "∞"
+        if math.isnan(v):
+            return "nan"
+        if v == int(v) and abs(v) < 1e15:
+            return str(int(v))
+        return f"{v:.{digits}g}"
+    return str(v)
+
+
+def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+    """Rows of dicts -> a GitHub Markdown table (missing cells '—')."""
+    if not rows:
+        return "(no rows)\n"
+    cols = list(columns) if columns is not None else list(dict.fromkeys(k for r in rows for k in r))
+    lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
+    for r in rows:
+        lines.append("| " + " | ".join(fmt_value(r.get(c)).replace("|", "\\|") for c in cols) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def text_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
+    """Rows of dicts -> an aligned plain-text table for the terminal."""
+    if not rows:
+        return "(no rows)"
+    cols = list(columns) if columns is not None else list(dict.fromkeys(k for r in rows for k in r))
+    cells = [[fmt_value(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(row[i]) for row in cells)) for i, c in enumerate(cols)]
+    head = "  ".join(c.ljust(w) for c, w in zip(cols, widths))
+    body = ["  ".join(v.ljust(w) for v, w in zip(row, widths)) for row in cells]
+    return "\n".join([head, "  ".join("-" * w for w in widths), *body])
+
+
+def new_figure(n_rows: int = 1, n_cols: int = 1, size: tuple[float, float] = (5.0, 3.6)):
+    fig, axes = plt.subplots(n_rows, n_cols, figsize=(size[0] * n_cols, size[1] * n_rows), squeeze=False)
+    return fig, axes

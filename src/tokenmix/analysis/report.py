@@ -1,0 +1,377 @@
+"""``tokenmix report RUN_DIR_OR_PRESET``: one self-contained HTML page (plus Markdown) from the outputs of
+``tokenmix compare``, ``tokenmix bench`` and ``tokenmix analyze``.
+
+A run directory is read recursively, one section per folder: Markdown files are rendered, JSON and CSV
+files become tables (a JSON file is skipped when a Markdown file of the same name says the same),
+PNG figures are embedded (SVG only when no PNG of the same name exists). In the HTML page every image
+is a base64 data URI, so the page references nothing outside itself; the Markdown copy references
+only the figures copied next to it (``figures/``).
+
+A preset name instead of a directory first runs that analysis preset into a fresh run directory
+(``runs/report-<preset>-<time>``), then reports it:
+    quick   a first look in about a minute on 2 cores: the paper's structures at small n
+    full    every registered mixer, timing over n = 1k..16k and the §4.2–4.3 table to n = 8192
+"""
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+import re
+import shutil
+import time
+from pathlib import Path
+from typing import Callable, Sequence
+
+from tokenmix.analysis.outputs import fmt_value, markdown_table, prepare_out_dir
+from tokenmix.core.registry import mixer_names
+
+MAX_EMBED_BYTES = 8 * 1024 * 1024   # larger files are listed, not embedded
+MAX_TABLE_ROWS = 300
+MAX_TEXT_CHARS = 20000
+MAX_CHILD_DIRS = 20                 # a folder with more sub-folders (a sweep's runs) is not expanded
+REPORT_DIR_NAME = "report"
+
+PAPER_MIXERS = ("attention", "local_attention", "diag_ssm", "first_order", "kth_order", "dense_recurrence",
+                "pow2", "pow2_ce", "sq1", "sq1_ce")
+
+PRESETS: dict[str, dict] = {
+    "quick": {
+        "matrix": {"mixers": ("pow2", "sq1_ce", "attention"), "n": 48, "d_model": 32, "n_heads": 2},
+        "cost": {"mixers": PAPER_MIXERS, "cache_ns": (16, 48), "time_ns": (256, 512, 1024), "d_model": 64,
+                 "n_heads": 2, "repeats": 1, "time_budget_s": 5.0, "decode_budget_s": 10.0, "judge_time": False},
+        "expressivity": {"ns": (256, 512, 1024)},
+        "norms": {"mixers": PAPER_MIXERS, "n": 64, "gram_iters": 10, "d_model": 32, "n_heads": 2},
+    },
+    "full": {
+        "matrix": {"mixers": None, "n": 128, "d_model": 64, "n_heads": 2},
+        "cost": {"mixers": None, "cache_ns": (64, 256, 1024), "time_ns": (1024, 2048, 4096, 8192, 16384),
+                 "d_model": 256, "n_heads": 4, "repeats": 3, "time_budget_s": 60.0, "decode_budget_s": 120.0},
+        "expressivity": {"ns": (256, 512, 1024, 2048, 4096, 8192), "all_mixers": True},
+        "norms": {"mixers": None, "n": 256, "gram_iters": 10, "d_model": 64, "n_heads": 2},
+    },
+}
+
+
+# ----------------------------------------------------------------------------- presets
+def _registered(wanted: Sequence[str] | None) -> list[str]:
+    known = mixer_names()
+    return list(known) if wanted is None else [m for m in wanted if m in known]
+
+
+def run_preset(preset: str, out_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
+    """Run every analysis of ``preset`` into sub-folders of ``out_dir``; returns out_dir."""
+    from tokenmix.analysis.accounting import run_accounting
+    from tokenmix.analysis.expressivity import PAPER_MIXERS as EXPR_MIXERS, PAPER_PATTERNS, run_expressivity
+    from tokenmix.analysis.matrices import analyze_registered
+    from tokenmix.analysis.norms import run_norms
+
+    if preset not in PRESETS:
+        raise ValueError(f"unknown preset '{preset}'; presets: {', '.join(PRESETS)}")
+    cfg = PRESETS[preset]
+    out_dir = Path(out_dir)
+    say = progress or (lambda msg: None)
+    mc = cfg["matrix"]
+    for name in _registered(mc["mixers"]):
+        say(f"matrix: {name}")
+        sub = prepare_out_dir(out_dir / f"matrix-{name}", "matrix")
+        analyze_registered(name, mc["n"], sub, d_model=mc["d_model"], n_heads=mc["n_heads"], formats=("png",))
+    cc = dict(cfg["cost"])
+    run_accounting(_registered(cc.pop("mixers")), prepare_out_dir(out_dir / "cost", "cost"), formats=("png",),
+                   progress=say, **cc)
+    ec = cfg["expressivity"]
+    mixers = _registered(None) if ec.get("all_mixers") else _registered(EXPR_MIXERS)
+    pattern_backed = {"first_order", "kth_order", "dense_recurrence", "pow2", "pow2_ce", "sq1", "sq1_ce"}
+    run_expressivity(prepare_out_dir(out_dir / "expressivity", "expressivity"), formats=("png",),
+                     patterns=PAPER_PATTERNS, mixers=[m for m in mixers if m not in pattern_backed], ns=ec["ns"],
+                     progress=say)
+    nc = dict(cfg["norms"])
+    run_norms(_registered(nc.pop("mixers")), prepare_out_dir(out_dir / "norms", "norms"), formats=("png",),
+              progress=say, **nc)
+    return out_dir
+
+
+# ----------------------------------------------------------------------------- reading artifacts
+def _esc(text: str) -> str:
+    return html.escape(str(text), quote=True)
+
+
+def _inline(text: str) -> str:
+    """Escape, then the little inline Markdown that analysis files use: `code` and **bold**."""
+    out = _esc(text)
+    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
+
+
+def _split_row(line: str) -> list[str]:
+    cells = re.split(r"(?<!\\)\|", line.strip().strip("|"))
+    return [c.strip().replace("\\|", "|") for c in cells]
+
+
+def markdown_to_html(md: str, heading_offset: int = 2) -> str:
+    """A small Markdown subset: headings, pipe tables, fenced code, paragraphs, inline code/bold."""
+    lines = md.splitlines()
+    out: list[str] = []
+    i = 0
+    para: list[str] = []
+
+    def flush():
+        if para:
+            out.append("<p>" + _inline(" ".join(para)) + "</p>")
+            para.clear()
+
+    while i < len(lines):
+        line = lines[i]
+        if line.startswith("```"):
+            flush()
+            j = i + 1
+            while j < len(lines) and not lines[j].startswith("```"):
+                j += 1
+            out.append("<pre>" + _esc("\n".join(lines[i + 1 : j])) + "</pre>")
+            i = j + 1
+            continue
+        m = re.match(r"(#{1,6})\s+(.*)", line)
+        if m:
+            flush()
+            level = min(6, len(m.group(1)) + heading_offset)
+            out.append(f"<h{level}>{_inline(m.group(2))}</h{level}>")
+            i += 1
+            continue
+        if line.lstrip().startswith("|"):
+            flush()
+            block = []
+            while i < len(lines) and lines[i].lstrip().startswith("|"):
+                block.append(lines[i])
+                i += 1
+            rows = [_split_row(b) for b in block if not re.fullmatch(r"\s*\|?[\s:|-]+\|?\s*", b)]
+            if rows:
+                head, body = rows[0], rows[1:]
+                out.append("<table><thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) +
+                           "</tr></thead><tbody>" + "".join(
+                               "<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body) +
+                           "</tbody></table>")
+            continue
+        if not line.strip():
+            flush()
+        else:
+            para.append(line.strip())
+        i += 1
+    flush()
+    return "\n".join(out)
+
+
+def _flat(v) -> bool:
+    return not isinstance(v, (dict, list))
+
+
+def json_tables(data) -> list[tuple[str, list[dict]]]:
+    """Tables a JSON document holds: a list of flat records, a dict's lists of flat records, or scalars."""
+    def records(v) -> list[dict] | None:
+        if isinstance(v, list) and v and all(isinstance(r, dict) for r in v):
+            return [{k: (x if _flat(x) else json.dumps(x)[:80]) for k, x in r.items()} for r in v]
+        return None
+
+    if (rec := records(data)) is not None:
+        return [("", rec)]
+    tables: list[tuple[str, list[dict]]] = []
+    if isinstance(data, dict):
+        scalars = {k: v for k, v in data.items() if _flat(v)}
+        if scalars:
+            tables.append(("", [{"field": k, "value": v} for k, v in scalars.items()]))
+        # an analysis file's "summary" is its table; other lists of records follow
+        keys = sorted(data, key=lambda k: k != "summary")
+        for k in keys:
+            if (rec := records(data[k])) is not None:
+                tables.append((k, rec))
+            elif isinstance(data[k], dict) and data[k] and all(_flat(v) for v in data[k].values()):
+                tables.append((k, [{"field": kk, "value": vv} for kk, vv in data[k].items()]))
+    return tables
+
+
+def csv_table(path: Path) -> list[dict]:
+    with path.open(newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def html_table(rows: Sequence[dict]) -> str:
+    if not rows:
+        return "<p>(empty)</p>"
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    shown = rows[:MAX_TABLE_ROWS]
+    body = "".join("<tr>" + "".join(f"<td>{_esc(fmt_value(r.get(c)))}</td>" for c in cols) + "</tr>" for r in shown)
+    more = f"<p>({len(rows) - len(shown)} more rows not shown)</p>" if len(rows) > len(shown) else ""
+    return ("<table><thead><tr>" + "".join(f"<th>{_esc(c)}</th>" for c in cols) + "</tr></thead><tbody>" + body +
+            "</tbody></table>" + more)
+
+
+_ORDER = {".md": 0, ".json": 1, ".csv": 2, ".txt": 3, ".png": 4, ".svg": 5}
+
+
+def _section_files(folder: Path) -> list[Path]:
+    """Files of one folder: text first (Markdown, JSON, CSV), then figures, each by name."""
+    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp")]
+    return sorted(files, key=lambda p: (_ORDER.get(p.suffix.lower(), 9), p.name))
+
+
+def collect_sections(run_dir: Path, exclude: Path | None = None) -> tuple[list[tuple[Path, list[Path]]], list[str]]:
+    """(folder, its files) for run_dir and its sub-folders with files, and notes on what was left out.
+
+    Skipped: ``exclude`` (the report being written), earlier reports (folders holding report.html),
+    hidden folders, and the children of a folder with more than ``MAX_CHILD_DIRS`` sub-folders (one
+    folder per run of a sweep: their results are in the sweep's own summary files).
+    """
+    sections, notes = [], []
+    queue = [run_dir]
+    while queue:
+        folder = queue.pop(0)
+        if exclude is not None and folder.resolve() == exclude:
+            continue
+        if folder != run_dir and (folder / "report.html").is_file():
+            notes.append(f"{folder.relative_to(run_dir)}/ (an earlier report)")
+            continue
+        files = _section_files(folder)
+        if files:
+            sections.append((folder, files))
+        children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+        if len(children) > MAX_CHILD_DIRS:
+            notes.append(f"{len(children)} sub-folders of {folder.relative_to(run_dir)}/ (one per run; not expanded)")
+        else:
+            queue[:0] = children  # depth first, in name order
+    return sections, notes
+
+
+CSS = """
+body{font-family:system-ui,-apple-system,Segoe UI,Helvetica,Arial,sans-serif;margin:2em auto;max-width:1200px;
+color:#222;line-height:1.45;padding:0 1em}
+h1{border-bottom:2px solid #444}h2{border-bottom:1px solid #bbb;margin-top:2em}
+table{border-collapse:collapse;margin:.6em 0;font-size:.85em;display:block;overflow-x:auto}
+th,td{border:1px solid #ccc;padding:.25em .5em;text-align:left;vertical-align:top}
+th{background:#f1f1f1}tr:nth-child(even) td{background:#fafafa}
+img{max-width:100%;border:1px solid #ddd;margin:.5em 0}
+pre{background:#f6f6f6;padding:.6em;overflow-x:auto;font-size:.8em}
+code{background:#f1f1f1;padding:0 .2em}.muted{color:#777;font-size:.85em}
+figure{margin:1em 0}figcaption{font-size:.85em;color:#555}
+"""
+
+
+def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: str | None = None) -> dict:
+    """Write report.html (self-contained) and report.md (+ figures/) for ``run_dir``; returns the paths."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory '{run_dir}' does not exist")
+    out = Path(out_dir) if out_dir is not None else run_dir / REPORT_DIR_NAME
+    out = prepare_out_dir(out, "report")
+    fig_dir = out / "figures"
+    if fig_dir.exists():
+        shutil.rmtree(fig_dir)
+    fig_dir.mkdir()
+    sections, left_out = collect_sections(run_dir, exclude=out.resolve())
+    title = title or f"tokenmix report: {run_dir.resolve().name}"
+    html_parts: list[str] = []
+    md_parts: list[str] = [f"# {title}", "", f"Source: `{run_dir}` — generated {time.strftime('%Y-%m-%d %H:%M:%S')}", ""]
+    toc: list[str] = []
+    n_figures = 0
+    for k, (folder, files) in enumerate(sections):
+        rel = folder.relative_to(run_dir)
+        name = str(rel) if str(rel) != "." else run_dir.resolve().name
+        anchor = f"s{k}"
+        toc.append(f'<li><a href="#{anchor}">{_esc(name)}</a></li>')
+        h = [f'<h2 id="{anchor}">{_esc(name)}</h2>']
+        m = [f"## {name}", ""]
+        md_stems = {p.stem for p in files if p.suffix.lower() == ".md"}
+        png_stems = {p.stem for p in files if p.suffix.lower() == ".png"}
+        skipped: list[str] = []
+        for p in files:
+            suffix = p.suffix.lower()
+            size = p.stat().st_size
+            if size > MAX_EMBED_BYTES:
+                skipped.append(f"{p.name} ({size} bytes, too large)")
+                continue
+            if suffix == ".md":
+                text = p.read_text(errors="replace")
+                h.append(markdown_to_html(text))
+                m += [re.sub(r"^(#{1,4}) ", r"#\1# ", ln) if ln.startswith("#") else ln for ln in text.splitlines()]
+                m.append("")
+            elif suffix == ".json" and p.stem not in md_stems:
+                try:
+                    data = json.loads(p.read_text())
+                except (json.JSONDecodeError, UnicodeDecodeError):
+                    skipped.append(f"{p.name} (not valid JSON)")
+                    continue
+                tables = json_tables(data)
+                if not tables:
+                    text = json.dumps(data, indent=1)[:MAX_TEXT_CHARS]
+                    h.append(f"<h3>{_esc(p.name)}</h3><pre>{_esc(text)}</pre>")
+                    m += [f"### {p.name}", "", "```", text, "```", ""]
+                for tname, rows in tables:
+                    label = p.name + (f" — {tname}" if tname else "")
+                    h.append(f"<h3>{_esc(label)}</h3>" + html_table(rows))
+                    m += [f"### {label}", "", markdown_table(rows[:MAX_TABLE_ROWS]), ""]
+            elif suffix == ".csv":
+                try:
+                    rows = csv_table(p)
+                except (csv.Error, UnicodeDecodeError):
+                    skipped.append(f"{p.name} (not valid CSV)")
+                    continue
+                h.append(f"<h3>{_esc(p.name)}</h3>" + html_table(rows))
+                m += [f"### {p.name}", "", markdown_table(rows[:MAX_TABLE_ROWS]), ""]
+            elif suffix in (".png", ".svg") and not (suffix == ".svg" and p.stem in png_stems):
+                data = p.read_bytes()
+                mime = "image/png" if suffix == ".png" else "image/svg+xml"
+                uri = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
+                h.append(f'<figure><img src="{uri}" alt="{_esc(p.name)}"><figcaption>{_esc(p.name)}</figcaption></figure>')
+                n_figures += 1
+                prefix = "" if str(rel) == "." else re.sub(r"[^A-Za-z0-9_.-]", "_", str(rel)) + "-"
+                shipped = fig_dir / f"{n_figures:03d}-{prefix}{p.name}"
+                shutil.copyfile(p, shipped)
+                m += [f"![{p.name}](figures/{shipped.name})", ""]
+            elif suffix == ".txt":
+                text = p.read_text(errors="replace")[:MAX_TEXT_CHARS]
+                h.append(f"<h3>{_esc(p.name)}</h3><pre>{_esc(text)}</pre>")
+                m += [f"### {p.name}", "", "```", text, "```", ""]
+            elif not (suffix == ".svg" or (suffix == ".json" and p.stem in md_stems)):
+                skipped.append(p.name)
+        if skipped:
+            h.append(f'<p class="muted">not included: {_esc(", ".join(skipped))}</p>')
+            m += [f"_not included: {', '.join(skipped)}_", ""]
+        html_parts.append("\n".join(h))
+        md_parts += m
+    if not sections:
+        html_parts.append("<p>The run directory holds no files to report.</p>")
+        md_parts.append("The run directory holds no files to report.")
+    if left_out:
+        html_parts.append(f'<p class="muted">Folders not included: {_esc("; ".join(left_out))}</p>')
+        md_parts += ["", f"_Folders not included: {'; '.join(left_out)}_"]
+    page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_esc(title)}</title><style>{CSS}</style></head><body>\n"
+            f"<h1>{_esc(title)}</h1><p class=\"muted\">Source: <code>{_esc(run_dir)}</code> — generated "
+            f"{_esc(time.strftime('%Y-%m-%d %H:%M:%S'))}; {len(sections)} sections, {n_figures} figures "
+            "(embedded).</p>\n<nav><ul>" + "".join(toc) + "</ul></nav>\n" + "\n".join(html_parts) +
+            "\n</body></html>\n")
+    html_path, md_path = out / "report.html", out / "report.md"
+    html_path.write_text(page, encoding="utf-8")
+    md_path.write_text("\n".join(md_parts) + "\n", encoding="utf-8")
+    return {"html": html_path, "markdown": md_path, "figures": n_figures, "sections": len(sections)}
+
+
+def report(source: str, out_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
+           runs_root: str | Path = "runs") -> dict:
+    """Report a run directory, or run a preset first (see module docstring)."""
+    path = Path(source)
+    if path.is_dir():
+        return {"run_dir": path, **build_report(path, out_dir)}
+    if source in PRESETS:
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        run_dir = Path(runs_root) / f"report-{source}-{stamp}"
+        k = 1
+        while run_dir.exists():
+            k += 1
+            run_dir = Path(runs_root) / f"report-{source}-{stamp}-{k}"
+        run_dir.mkdir(parents=True)
+        run_preset(source, run_dir, progress)
+        return {"run_dir": run_dir, **build_report(run_dir, out_dir, title=f"tokenmix report: preset '{source}'")}
+    if path.exists():
+        raise NotADirectoryError(f"'{source}' is not a directory (expected a run directory or a preset: "
+                                 f"{', '.join(PRESETS)})")
+    raise FileNotFoundError(f"no run directory or preset '{source}' (presets: {', '.join(PRESETS)})")

@@ -1,0 +1,121 @@
+"""Layer inputs of a trained run for a text, so the matrix viewer can show what a trained mixer does.
+
+A run directory is read, never written. A language-model run of ``tokenmix train lm`` (with
+``checkpoints/latest.json``) is loaded by ``tokenmix.training.lm.load_run``, which verifies its
+checkpoint. Any other directory may hold the plain layout:
+    config.json       the model fields under "model" (or "model_config"), or at the top level
+                      (ModelConfig fields: vocab_size, d_model, layers, n_heads, ...)
+    *.safetensors     weights of the generic model (model.safetensors preferred, else the newest one,
+                      also looked for under checkpoints/ and checkpoints/*/)
+    tokenizer.json    optional HF tokenizers file; without it the text is encoded as UTF-8 bytes,
+                      which needs vocab_size >= 256
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import Tensor
+
+from tokenmix.models.model import MixerModel, ModelConfig
+
+_CONFIG_KEYS = ("model", "model_config")
+
+
+def _model_config(raw: dict, path: Path) -> ModelConfig:
+    for key in _CONFIG_KEYS:
+        if isinstance(raw.get(key), dict):
+            raw = raw[key]
+            break
+    fields = {f.name for f in dataclasses.fields(ModelConfig)}
+    picked = {k: v for k, v in raw.items() if k in fields}
+    if "layers" not in picked:
+        raise ValueError(f"{path} has no model 'layers' field (looked at the top level and under "
+                         f"{', '.join(repr(k) for k in _CONFIG_KEYS)}); is this a tokenmix run directory?")
+    if isinstance(picked["layers"], list):
+        picked["layers"] = tuple(picked["layers"])
+    return ModelConfig(**picked)
+
+
+def _weights_file(run: Path) -> Path:
+    preferred = run / "model.safetensors"
+    if preferred.is_file():
+        return preferred
+    found = sorted([*run.glob("*.safetensors"), *run.glob("checkpoints/*.safetensors"),
+                    *run.glob("checkpoints/*/model.safetensors")],
+                   key=lambda p: p.stat().st_mtime)
+    if not found:
+        raise FileNotFoundError(f"run directory '{run}' has no *.safetensors weights")
+    return found[-1]
+
+
+def load_run_model(run_dir: str | Path) -> tuple[MixerModel, Callable[[str], list[int]]]:
+    """(model in eval mode with the run's weights, text -> token ids)."""
+    run = Path(run_dir)
+    if not run.is_dir():
+        raise FileNotFoundError(f"run directory '{run}' does not exist")
+    if (run / "checkpoints" / "latest.json").is_file():
+        from tokenmix.training.lm import load_run  # the LM run layout, with checkpoint verification
+
+        loaded = load_run(run)
+        return loaded.model, lambda text: loaded.tokenizer.encode(text).ids
+    cfg_path = run / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"run directory '{run}' has no config.json")
+    try:
+        raw = json.loads(cfg_path.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{cfg_path} is not valid JSON: {e}") from None
+    cfg = _model_config(raw, cfg_path)
+    model = MixerModel(cfg)
+    from safetensors.torch import load_file  # imported here: only runs need it
+
+    weights = load_file(str(_weights_file(run)))
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if not (cfg.tie_weights and k == "head.weight")]
+    if missing or unexpected:
+        raise ValueError(f"weights in '{run}' do not match the model config (missing {missing[:3]}, "
+                         f"unexpected {unexpected[:3]})")
+    model.eval()
+    tok_path = run / "tokenizer.json"
+    if tok_path.is_file():
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(tok_path))
+        encode = lambda text: tok.encode(text).ids  # noqa: E731
+    elif cfg.vocab_size >= 256:
+        encode = lambda text: list(text.encode("utf-8"))  # noqa: E731
+    else:
+        raise ValueError(f"run '{run}' has no tokenizer.json and vocab_size {cfg.vocab_size} < 256 "
+                         "rules out byte encoding")
+    return model, encode
+
+
+def layer_inputs(model: MixerModel, idx: Tensor) -> list[Tensor]:
+    """The input x [B, T, D] of every layer's mixer (after its pre-norm) for token ids idx [B, T]."""
+    captured: list[Tensor] = []
+    hooks = [blk.mixer.register_forward_pre_hook(lambda mod, args: captured.append(args[0].detach()))
+             for blk in model.blocks]
+    try:
+        with torch.no_grad():
+            model(idx)
+    finally:
+        for h in hooks:
+            h.remove()
+    return captured
+
+
+def text_layer_input(run_dir: str | Path, text: str, layer: int) -> tuple[object, Tensor, str]:
+    """(mixer of ``layer``, its input x [1, T, D] for ``text``, its registry name) from a trained run."""
+    model, encode = load_run_model(run_dir)
+    if not 0 <= layer < len(model.blocks):
+        raise ValueError(f"layer {layer} out of range: the run has {len(model.blocks)} layers")
+    ids = encode(text)
+    if not ids:
+        raise ValueError("the text encodes to no tokens")
+    idx = torch.tensor([ids], dtype=torch.long)
+    x = layer_inputs(model, idx)[layer]
+    return model.blocks[layer].mixer, x, model.cfg.layers[layer]

@@ -1,0 +1,253 @@
+"""tokenmix analyze matrix|cost|expressivity|norms ...   and   tokenmix report RUN_DIR_OR_PRESET
+
+Each analysis writes JSON, a Markdown table and figures into an output folder (default
+runs/analyze-<what>-<time>), prints the table (or JSON with --json) and the folder.
+"""
+from __future__ import annotations
+
+import sys
+
+from tokenmix.cli.main import UsageError
+
+
+def _names(text: str | None, what: str) -> list[str] | None:
+    """'a,b,c' -> names; 'all' or None -> None (every registered one)."""
+    if text is None or text.strip() == "all":
+        return None
+    names = [t.strip() for t in text.split(",") if t.strip()]
+    if not names:
+        raise UsageError(f"--{what} is empty; give comma-separated names or 'all'")
+    return names
+
+
+def _progress(args):
+    if getattr(args, "json", False) or getattr(args, "quiet", False):
+        return None
+    return lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)
+
+
+def _positive(values, flag: str, minimum: int = 1) -> None:
+    for v in values:
+        if v < minimum:
+            raise UsageError(f"{flag} values must be >= {minimum}, got {v}")
+
+
+def _common(p, default_formats: str = "png,svg") -> None:
+    p.add_argument("--out", default=None, help="output folder (default runs/analyze-<what>-<time>)")
+    p.add_argument("--formats", default=default_formats, help="figure formats, comma-separated: png, svg")
+    p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
+    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+
+
+def register(sub) -> None:
+    an = sub.add_parser("analyze", help="mixing matrices, cost/cache accounting, expressivity metrics, operator norms")
+    asub = an.add_subparsers(dest="analysis", required=True)
+
+    p = asub.add_parser("matrix", help="heatmaps of A, B, M per head, B-dependency graph, decay profile")
+    p.add_argument("--mixer", help="registered mixer name (random input); or use --run with --text")
+    p.add_argument("--n", type=int, default=64, help="sequence length of the random input")
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--heads", type=int, default=2, help="number of heads of the mixer")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--position", type=int, default=None, help="position of the dependency graph (default: last)")
+    p.add_argument("--show-heads", default=None, help="heads to draw, comma-separated (default: first 4)")
+    p.add_argument("--channel", type=int, default=0, help="state channel g drawn for A/B when there is a G axis")
+    p.add_argument("--run", default=None, help="trained run directory: analyse a layer on --text")
+    p.add_argument("--text", default=None, help="text fed through the trained run")
+    p.add_argument("--layer", type=int, default=0, help="layer of the trained run")
+    _common(p)
+    p.set_defaults(func=run_matrix)
+
+    p = asub.add_parser("cost", help="derived vs measured decode cache and training time, flagged table")
+    p.add_argument("--mixers", default="all", help="comma-separated registered names, or 'all'")
+    p.add_argument("--cache-n", type=int, nargs="+", default=[16, 64, 256], help="decode lengths for the cache")
+    p.add_argument("--time-n", type=int, nargs="*", default=[1024, 2048, 4096, 8192, 16384],
+                   help="sequence lengths timed (forward + backward); none to skip timing")
+    p.add_argument("--d-model", type=int, default=256, help="model width of the timed mixers")
+    p.add_argument("--heads", type=int, default=4, help="heads (head dim = d_model / heads)")
+    p.add_argument("--batch", type=int, default=1, help="batch size of the timed forward+backward")
+    p.add_argument("--repeats", type=int, default=3, help="timed repeats per n (median), after one warm-up")
+    p.add_argument("--time-budget", type=float, default=30.0,
+                   help="seconds one forward+backward may take (predicted from the previous n via the derived "
+                        "FLOPs); longer lengths are skipped and listed")
+    p.add_argument("--decode-budget", type=float, default=30.0,
+                   help="seconds one n-token decode may take (predicted likewise); longer ones are skipped")
+    p.add_argument("--threads", type=int, default=None, help="torch threads for the timing (default: unchanged)")
+    p.add_argument("--seed", type=int, default=0)
+    _common(p, "png")
+    p.set_defaults(func=run_cost)
+
+    p = asub.add_parser("expressivity", help="shortest path, congestion, reach: the §4.2–4.3 table from code")
+    p.add_argument("--patterns", default=None,
+                   help="pattern specs, comma-separated (default: the paper's rows); 'none' for no pattern row")
+    p.add_argument("--mixers", default=None,
+                   help="registered mixers, comma-separated, 'all', or 'none' (default: attention, local_attention)")
+    p.add_argument("--n", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
+    p.add_argument("--offset", type=int, default=None, help="copy offset L (default n/2)")
+    p.add_argument("--layers", type=int, default=4, help="stacked layers for the reach")
+    p.add_argument("--path-limit", type=int, default=None, help="largest n for graph distances of lattice/Fenwick")
+    p.add_argument("--operator-limit", type=int, default=None, help="largest n for materialised-operator graphs")
+    _common(p, "png")
+    p.set_defaults(func=run_expressivity_cmd)
+
+    p = asub.add_parser("norms", help="spectral norms of M and (I - B)^-1: Gram iteration vs SVD vs power iteration")
+    p.add_argument("--mixers", default="all", help="comma-separated registered names, or 'all'")
+    p.add_argument("--n", type=int, default=128)
+    p.add_argument("--gram-iters", type=int, default=10)
+    p.add_argument("--d-model", type=int, default=64)
+    p.add_argument("--heads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=0)
+    _common(p, "png")
+    p.set_defaults(func=run_norms_cmd)
+
+    p = sub.add_parser("report", help="one self-contained HTML page + Markdown from a run directory or a preset")
+    p.add_argument("source", metavar="RUN_DIR_OR_PRESET", help="a run directory, or a preset: quick, full")
+    p.add_argument("--out", default=None, help="report folder (default <run dir>/report)")
+    p.add_argument("--quiet", action="store_true")
+    p.set_defaults(func=run_report)
+
+
+def _finish(args, out_dir, rows, payload) -> int:
+    from tokenmix.analysis.outputs import json_text, text_table
+
+    if args.json:
+        print(json_text({"out_dir": str(out_dir), **payload}))
+    else:
+        print(text_table(rows))
+        print(f"wrote {out_dir}")
+    return 0
+
+
+def run_matrix(args) -> int:
+    import torch
+
+    from tokenmix.analysis.matrices import (analyze_matrix, build_analysis_mixer, check_dense_length,
+                                            random_input)
+    from tokenmix.analysis.outputs import check_formats, prepare_out_dir
+    from tokenmix.core.registry import get_mixer_spec
+
+    formats = check_formats(args.formats.split(","))
+    heads = None if args.show_heads is None else [int(h) for h in args.show_heads.split(",") if h.strip()]
+    if args.run is not None:
+        if args.text is None:
+            raise UsageError("--run needs --text (the text fed through the trained model)")
+        from tokenmix.analysis.run_inputs import text_layer_input
+
+        mixer, x, name = text_layer_input(args.run, args.text, args.layer)
+        check_dense_length(x.shape[1], "the matrix viewer")
+        mixer, x = mixer.double(), x.double()
+        note = f"layer {args.layer} of run {args.run} on a {x.shape[1]}-token text"
+    else:
+        if args.mixer is None:
+            raise UsageError("give --mixer NAME (random input) or --run DIR --text TEXT")
+        get_mixer_spec(args.mixer)
+        check_dense_length(args.n, "the matrix viewer")
+        mixer = build_analysis_mixer(args.mixer, args.d_model, args.heads, args.seed)
+        x, name = random_input(mixer, args.n, seed=args.seed), args.mixer
+        note = f"random N(0, 1) input, seed {args.seed}"
+    out_dir = prepare_out_dir(args.out, "matrix")
+    with torch.no_grad():
+        res = analyze_matrix(mixer, x, out_dir, name=name, position=args.position, heads=heads,
+                             channel=args.channel, formats=formats, input_note=note)
+    rows = [{"field": k, "value": v} for k, v in res["summary"].items()]
+    rows += [{"field": "dependency reached", "value": res["dependency"]["reached"]},
+             {"field": "dependency max hops", "value": res["dependency"]["max_hops"]},
+             {"field": "figures", "value": ", ".join(res["figures"])}]
+    payload = {k: v for k, v in res.items() if k != "decay_profile"}
+    return _finish(args, out_dir, rows, payload)
+
+
+def run_cost(args) -> int:
+    from tokenmix.analysis.accounting import run_accounting
+    from tokenmix.analysis.outputs import check_formats, prepare_out_dir
+
+    formats = check_formats(args.formats.split(","))
+    _positive(args.cache_n, "--cache-n")
+    _positive(args.time_n, "--time-n", 2)
+    for flag, v in (("--d-model", args.d_model), ("--heads", args.heads), ("--batch", args.batch),
+                    ("--repeats", args.repeats), ("--threads", args.threads or 1)):
+        _positive([v], flag)
+    names = _names(args.mixers, "mixers")
+    from tokenmix.core.registry import get_mixer_spec
+
+    for n in names or []:
+        get_mixer_spec(n)
+    out_dir = prepare_out_dir(args.out, "cost")
+    res = run_accounting(names, out_dir, formats=formats, progress=_progress(args), cache_ns=args.cache_n,
+                         time_ns=args.time_n, d_model=args.d_model, n_heads=args.heads, batch=args.batch,
+                         repeats=args.repeats, time_budget_s=args.time_budget, decode_budget_s=args.decode_budget,
+                         threads=args.threads, seed=args.seed)
+    return _finish(args, out_dir, res["summary"], {"summary": res["summary"], "threads": res["threads"]})
+
+
+def run_expressivity_cmd(args) -> int:
+    from tokenmix.analysis import expressivity as ex
+    from tokenmix.analysis.outputs import check_formats, prepare_out_dir
+    from tokenmix.core.registry import get_mixer_spec, mixer_names
+    from tokenmix.patterns import get_pattern
+
+    formats = check_formats(args.formats.split(","))
+    _positive(args.n, "--n", 2)
+    _positive([args.layers], "--layers")
+    if args.patterns is None:
+        patterns = list(ex.PAPER_PATTERNS)
+    elif args.patterns.strip() == "none":
+        patterns = []
+    else:
+        patterns = [p.strip() for p in args.patterns.split(",") if p.strip()]
+    for p in patterns:
+        get_pattern(p)
+    if args.mixers is None:
+        mixers = [m for m in ex.PAPER_MIXERS if m in mixer_names()]
+    elif args.mixers.strip() == "none":
+        mixers = []
+    elif args.mixers.strip() == "all":
+        mixers = mixer_names()
+    else:
+        mixers = _names(args.mixers, "mixers") or []
+    for m in mixers:
+        get_mixer_spec(m)
+    if not patterns and not mixers:
+        raise UsageError("nothing to analyse: give --patterns and/or --mixers")
+    if args.offset is not None:
+        bad = [n for n in args.n if not 0 < args.offset < n]
+        if bad:
+            raise UsageError(f"--offset {args.offset} must be in [1, n) for every n; fails for n = {bad}")
+    out_dir = prepare_out_dir(args.out, "expressivity")
+    kwargs = {}
+    if args.path_limit is not None:
+        kwargs["path_limit"] = args.path_limit
+    if args.operator_limit is not None:
+        kwargs["operator_limit"] = args.operator_limit
+    res = ex.run_expressivity(out_dir, formats=formats, patterns=patterns, mixers=mixers, ns=args.n,
+                              offset=args.offset, layers=args.layers, progress=_progress(args), **kwargs)
+    return _finish(args, out_dir, res["summary"], {"summary": res["summary"]})
+
+
+def run_norms_cmd(args) -> int:
+    from tokenmix.analysis.norms import run_norms
+    from tokenmix.analysis.outputs import check_formats, prepare_out_dir
+    from tokenmix.core.registry import get_mixer_spec
+    from tokenmix.analysis.matrices import check_dense_length
+
+    formats = check_formats(args.formats.split(","))
+    check_dense_length(args.n, "operator norms")
+    _positive([args.gram_iters], "--gram-iters", 0)
+    names = _names(args.mixers, "mixers")
+    for n in names or []:
+        get_mixer_spec(n)
+    out_dir = prepare_out_dir(args.out, "norms")
+    res = run_norms(names, out_dir, n=args.n, gram_iters=args.gram_iters, d_model=args.d_model, n_heads=args.heads,
+                    seed=args.seed, formats=formats, progress=_progress(args))
+    return _finish(args, out_dir, res["summary"], {"summary": res["summary"]})
+
+
+def run_report(args) -> int:
+    from tokenmix.analysis.report import report
+
+    res = report(args.source, args.out, progress=None if args.quiet else
+                 (lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)))
+    print(f"report: {res['html']}")
+    print(f"markdown: {res['markdown']}")
+    print(f"run directory: {res['run_dir']} ({res['sections']} sections, {res['figures']} figures)")
+    return 0

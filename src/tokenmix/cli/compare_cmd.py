@@ -1,0 +1,103 @@
+"""tokenmix compare [--preset quick|paper|depth|FILE.py] [--mixers NAME ...] [--out DIR] [--workers N]
+
+Trains every row of a preset (experiments/<preset>.py) on its tasks, resumably, then prints the
+complexity-vs-expressivity table and writes plots and a Markdown report into the run directory.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import time
+from pathlib import Path
+
+from tokenmix.core.registry import get_mixer_spec
+
+
+def register(sub) -> None:
+    p = sub.add_parser("compare", help="train each mixer structure on the synthetic tasks and print the "
+                                       "cost / cache / shortest path / accuracy table")
+    p.add_argument("--preset", default="quick",
+                   help="quick (default, ≤ 10 min on 2 CPU cores), paper (full grid, hours), depth "
+                        "(entity tracking vs layers), or a path to an experiments-style .py file")
+    p.add_argument("--mixers", nargs="+", default=[], metavar="NAME",
+                   help="extra rows: registered mixer names (space or comma separated)")
+    p.add_argument("--out", default=None, help="run directory (default runs/compare-<preset>); rerunning "
+                                                 "with the same directory skips finished runs")
+    p.add_argument("--workers", type=int, default=None,
+                   help="parallel worker processes (default: 2 if the machine has 2+ cores, else 1)")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per worker (default 1: the models are small, one thread per "
+                        "process is fastest)")
+    p.add_argument("--device", default="cpu", help="torch device for training, e.g. cuda (default cpu)")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    p.set_defaults(func=run)
+
+
+def _extra_mixers(raw: list[str]) -> list[str]:
+    names = [n.strip() for item in raw for n in item.split(",") if n.strip()]
+    for n in names:
+        get_mixer_spec(n)  # unknown -> ValueError listing the known mixers
+    return list(dict.fromkeys(names))
+
+
+def run(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from tokenmix.training import compare
+    from tokenmix.training.harness import (atomic_write_json, atomic_write_text, check_device, prepare_output_dir,
+                                           run_sweep, summarize, validate_sweep)
+    from tokenmix.training.presets import load_preset, registered
+
+    start = time.perf_counter()
+    extra = _extra_mixers(args.mixers)
+    name, preset_fn, module = load_preset(args.preset)
+    configs = validate_sweep(preset_fn(extra))
+    workers = args.workers if args.workers is not None else (2 if (os.cpu_count() or 1) >= 2 else 1)
+    if workers < 1:
+        raise ValueError(f"--workers must be >= 1, got {workers}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    threads = args.threads if args.threads is not None else 1
+    out = Path(args.out) if args.out else Path("runs") / f"compare-{name}"
+
+    check_device(args.device)
+    prepare_output_dir(out)  # fail on an unwritable directory before printing anything
+    console = Console() if sys.stdout.isatty() else Console(width=200)
+    missing = registered(getattr(module, "DEFAULT_MIXERS", ()))[1]
+    if missing:
+        print(f"note: rows without a registered mixer are not run: {', '.join(missing)}", file=sys.stderr)
+
+    outcome = run_sweep(configs, out, workers=workers, threads=threads, progress=not args.no_progress,
+                        console=console, device=args.device)
+    summary = summarize(outcome.results)
+    labels, columns = compare.rows_and_tasks(configs)
+    facts = compare.facts_for_rows(configs)
+    cells = compare.best_cells(summary)
+    tok_s = compare.throughput(outcome.results)
+    header, rows = compare.table_rows(labels, columns, facts, cells, tok_s)
+
+    n = compare.table_length(configs)
+    table = Table(title=f"tokenmix compare — preset {name} (n = {n}; accuracy % mean ± std over seeds)")
+    for h in header:
+        table.add_column(h, overflow="fold")
+    for r in rows:
+        table.add_row(*r)
+    console.print(table)
+
+    plots = [] if args.no_plots else compare.write_plots(out, labels, columns, facts, cells)
+    wall = time.perf_counter() - start
+    report = compare.report_markdown(name, configs, labels, columns, header, rows, cells, summary, wall,
+                                     outcome.trained, outcome.skipped, workers, plots)
+    atomic_write_text(out / "report.md", report)
+    atomic_write_json(out / "summary.json", {
+        "preset": name, "n": n, "wall_seconds": wall, "trained": outcome.trained, "skipped": outcome.skipped,
+        "workers": workers, "threads": threads, "rows": labels, "columns": columns,
+        "structure": {k: v.to_dict() for k, v in facts.items()}, "summary": summary,
+        "findings": compare.qualitative_findings(cells) if any(c in compare.PAPER_TASKS for c in columns) else [],
+    })
+    console.print(f"{outcome.trained} runs trained, {outcome.skipped} already finished; wall time {wall:.0f} s")
+    console.print(f"report: {out / 'report.md'}  plots: {', '.join(str(p) for p in plots) or '(none)'}  "
+                  f"runs: {out / 'results.csv'}")
+    return 0

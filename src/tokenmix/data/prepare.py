@@ -1,0 +1,191 @@
+"""Corpus -> deterministic document split -> byte-level BPE -> token ids in memory-mapped arrays.
+
+A prepared directory holds:
+
+    tokenizer.json          HF tokenizers byte-level BPE, trained on the train split only
+    train.bin val.bin test.bin   token ids (uint16, or uint32 for vocabularies over 65536), each
+                            document preceded by the separator token
+    meta.json               the preparation key, the documents of each split, token counts
+
+The split is by document: documents are ordered by the SHA-256 of their name (so it does not
+depend on file-system order and adding a document moves no other one), then the first ones go to
+validation until it holds ``val_fraction`` of the characters, the next ones to test, the rest to
+train. Preparation is written to a temporary directory and renamed into place, so an interrupted
+run never leaves a half-prepared directory that looks finished.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from tokenmix.data.corpora import CorpusError, Document, corpus_identity, default_cache_dir, load_corpus
+from tokenmix.data.tokenizer import encode_documents, load_tokenizer, separator_id, train_bpe
+
+FORMAT_VERSION = 1
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """What to train on. ``corpus``: excerpt | shakespeare | kjv | pydocs | a path (file or folder)."""
+
+    corpus: str = "excerpt"
+    vocab_size: int = 2048
+    val_fraction: float = 0.05
+    test_fraction: float = 0.05
+    doc_chars: int = 4000   # a single-file corpus is cut at blank lines into documents of about this size
+    dir: str = ""           # prepared-data directory; "" = a cache entry keyed by the fields above
+
+    def __post_init__(self) -> None:
+        if not self.corpus:
+            raise ValueError("data.corpus must not be empty")
+        for name in ("val_fraction", "test_fraction"):
+            v = getattr(self, name)
+            if not 0.0 < v < 0.5:
+                raise ValueError(f"data.{name} must be in (0, 0.5), got {v}")
+        if self.doc_chars <= 0:
+            raise ValueError(f"data.doc_chars must be > 0, got {self.doc_chars}")
+        if self.vocab_size < 257:
+            raise ValueError(f"data.vocab_size must be >= 257 (256 bytes + separator), got {self.vocab_size}")
+
+    def key(self) -> dict:
+        """Everything the prepared arrays depend on."""
+        return {"format": FORMAT_VERSION, "corpus": corpus_identity(self.corpus), "vocab_size": self.vocab_size,
+                "val_fraction": self.val_fraction, "test_fraction": self.test_fraction, "doc_chars": self.doc_chars}
+
+
+class PreparedData:
+    """Read access to a prepared directory: the tokenizer and one memory-mapped id array per split."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.dir = Path(directory)
+        meta_path = self.dir / "meta.json"
+        if not meta_path.is_file():
+            raise FileNotFoundError(f"'{self.dir}' is not a prepared data directory (no meta.json); "
+                                    "run `tokenmix data prepare` first")
+        try:
+            self.meta = json.loads(meta_path.read_text())
+            self.dtype = np.dtype(self.meta["dtype"])
+            self.vocab_size = int(self.meta["vocab_size"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise ValueError(f"'{meta_path}' is corrupt ({e}); delete the directory and prepare again") from None
+        self._tokenizer = None
+
+    @property
+    def tokenizer(self):
+        if self._tokenizer is None:
+            self._tokenizer = load_tokenizer(self.dir / "tokenizer.json")
+        return self._tokenizer
+
+    def split(self, name: str) -> np.ndarray:
+        """Token ids of one split, [N] memory-mapped (read only)."""
+        if name not in SPLITS:
+            raise ValueError(f"unknown split '{name}'; splits: {', '.join(SPLITS)}")
+        path = self.dir / f"{name}.bin"
+        expected = int(self.meta["splits"][name]["tokens"])
+        if not path.is_file() or path.stat().st_size != expected * self.dtype.itemsize:
+            raise ValueError(f"'{path}' is missing or truncated; delete '{self.dir}' and prepare again")
+        if expected == 0:
+            return np.zeros(0, dtype=self.dtype)
+        return np.memmap(path, dtype=self.dtype, mode="r")
+
+    def summary(self) -> dict:
+        s = {name: {k: v for k, v in info.items() if k != "documents"} | {"documents": len(info["documents"])}
+             for name, info in self.meta["splits"].items()}
+        return {"dir": str(self.dir), "corpus": self.meta["corpus"], "vocab_size": self.vocab_size, "splits": s,
+                "chars_per_token": self.meta.get("chars_per_token")}
+
+
+def split_documents(docs: list[Document], val_fraction: float, test_fraction: float) -> dict[str, list[Document]]:
+    """Deterministic split by document (see the module docstring)."""
+    if len(docs) < 3:
+        raise CorpusError(f"corpus has {len(docs)} document(s); a train/validation/test split needs at least 3")
+    names = [d.name for d in docs]
+    if len(set(names)) != len(names):
+        raise ValueError("document names must be unique")
+    order = sorted(docs, key=lambda d: hashlib.sha256(d.name.encode()).hexdigest())
+    total = sum(len(d.text) for d in docs)
+    out: dict[str, list[Document]] = {s: [] for s in SPLITS}
+    budget = {"val": val_fraction * total, "test": test_fraction * total}
+    filled = {"val": 0, "test": 0}
+    for d in order:
+        target = next((s for s in ("val", "test") if filled[s] < budget[s]), "train")
+        out[target].append(d)
+        if target != "train":
+            filled[target] += len(d.text)
+    if not out["train"]:
+        raise CorpusError("corpus is too small: no document is left for the train split")
+    return out
+
+
+def prepare_data(cfg: DataConfig, verbose: bool = False) -> PreparedData:
+    """Prepare (or reuse) the data of ``cfg``; returns the prepared directory."""
+    key = cfg.key()
+    if cfg.dir:
+        target = Path(cfg.dir).expanduser()
+    else:
+        digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(cfg.corpus).name or cfg.corpus)[:40]
+        target = default_cache_dir() / "prepared" / f"{slug}-v{cfg.vocab_size}-{digest}"
+    if (target / "meta.json").is_file():
+        data = PreparedData(target)
+        if data.meta.get("key") != key:
+            raise ValueError(f"'{target}' holds data prepared with different settings ({_describe(data.meta.get('key'))}); "
+                             f"requested {_describe(key)}: use another directory")
+        return data
+    if target.exists() and any(target.iterdir()):
+        raise ValueError(f"'{target}' exists and is not a prepared data directory; choose an empty or new directory")
+
+    docs = load_corpus(cfg.corpus, cfg.doc_chars)
+    splits = split_documents(docs, cfg.val_fraction, cfg.test_fraction)
+    if verbose:
+        print(f"corpus {cfg.corpus}: {len(docs)} documents, {sum(len(d.text) for d in docs):,} characters; "
+              f"training a {cfg.vocab_size}-token byte-level BPE ...", flush=True)
+    tok = train_bpe((d.text for d in splits["train"]), cfg.vocab_size)
+    sep = separator_id(tok)
+    dtype = np.uint16 if tok.get_vocab_size() <= 2**16 else np.uint32
+
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        tok.save(str(tmp / "tokenizer.json"))
+        meta_splits = {}
+        n_chars = n_tokens = 0
+        for name in SPLITS:
+            ids_per_doc = encode_documents(tok, [d.text for d in splits[name]])
+            stream = np.concatenate([np.asarray([sep, *ids], dtype=dtype) for ids in ids_per_doc])
+            stream.tofile(tmp / f"{name}.bin")
+            chars = sum(len(d.text) for d in splits[name])
+            n_chars, n_tokens = n_chars + chars, n_tokens + len(stream) - len(ids_per_doc)
+            meta_splits[name] = {"tokens": int(len(stream)), "chars": chars, "documents": [d.name for d in splits[name]]}
+        meta = {"key": key, "corpus": cfg.corpus, "vocab_size": tok.get_vocab_size(), "dtype": np.dtype(dtype).name,
+                "separator_id": sep, "chars_per_token": round(n_chars / max(n_tokens, 1), 3), "splits": meta_splits}
+        (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        if target.exists():
+            target.rmdir()  # empty (checked above)
+        try:
+            os.replace(tmp, target)
+        except OSError:
+            if not (target / "meta.json").is_file():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another process finished the same preparation first
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return PreparedData(target)
+
+
+def _describe(key: dict | None) -> str:
+    if not key:
+        return "unknown settings"
+    return ", ".join(f"{k}={v}" for k, v in key.items() if k != "format")
+

@@ -1,0 +1,62 @@
+"""Byte-level BPE with HF ``tokenizers``, saved as tokenizer.json.
+
+Byte-level means every string round-trips: the 256 byte symbols are in the initial alphabet, so
+no text is ever unknown. One special token separates documents in the packed id stream.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+DOC_SEPARATOR = "<|endoftext|>"
+MIN_VOCAB = 257  # 256 byte symbols + the separator
+
+
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
+    """Train a byte-level BPE tokenizer of ``vocab_size`` entries (including the separator)."""
+    if vocab_size < MIN_VOCAB:
+        raise ValueError(f"vocab_size must be >= {MIN_VOCAB} (256 bytes + separator), got {vocab_size}")
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[DOC_SEPARATOR],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(texts, trainer=trainer)
+    return tok
+
+
+def load_tokenizer(path: str | Path) -> Tokenizer:
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"tokenizer file '{path}' does not exist")
+    try:
+        return Tokenizer.from_file(str(path))
+    except Exception as e:  # the tokenizers library raises a bare Exception on malformed JSON
+        raise ValueError(f"tokenizer file '{path}' is unreadable: {str(e).splitlines()[0]}") from None
+
+
+def separator_id(tok: Tokenizer) -> int:
+    sid = tok.token_to_id(DOC_SEPARATOR)
+    if sid is None:
+        raise ValueError(f"tokenizer has no document separator token {DOC_SEPARATOR!r}")
+    return sid
+
+
+def encode_documents(tok: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Ids of each document. All paragraphs go through one parallel ``encode_batch`` (a long string
+    encoded whole runs on one thread); byte-level decoding of the concatenation gives the text back."""
+    pieces: list[str] = []
+    owner: list[int] = []
+    for i, text in enumerate(texts):
+        parts = text.split("\n\n")
+        for j, p in enumerate(parts):
+            p = p + "\n\n" if j < len(parts) - 1 else p
+            if p:
+                pieces.append(p)
+                owner.append(i)
+    out: list[list[int]] = [[] for _ in texts]
+    for i, enc in zip(owner, tok.encode_batch(pieces, add_special_tokens=False)):
+        out[i].extend(enc.ids)
+    return out

@@ -1,0 +1,145 @@
+"""Text generation through each mixer's own decode cache.
+
+1. Prefill: the prompt goes through the model once in every mixer's default (fast) mode, which
+   returns the per-layer decode states (KV cache, pattern cache, SSM state, ...).
+2. Decode: one token at a time with ``model.step`` on those states; each mixer's cache stays as
+   large as its own accounting says (``cache_positions`` / ``state_size``), not O(n) for all.
+
+Batches of prompts of different lengths: mixer states carry one scalar position per layer and
+pattern mixers read absolute positions (N(t) depends on t), so a left-padded batch cannot be made
+exact generically -- padding would shift every position or leak into the recurrences. Prompts are
+therefore grouped by length and each group runs as one batch; the result equals generating every
+prompt on its own. Prompts of equal length share a batch, so the common case (one prompt, or a
+batch of equal-length prompts) loses nothing.
+
+Sampling is per sequence: row i of a request uses its own generator seeded with ``seed + i``, so a
+prompt's continuation does not depend on which other prompts it was batched with.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tokenmix.mixers.base import MixerState
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    max_new_tokens: int = 200
+    temperature: float = 0.8   # 0 = greedy
+    top_k: int = 0             # keep the k most likely tokens; 0 = all
+    top_p: float = 1.0         # keep the smallest set of tokens whose probability reaches p
+    seed: int = 0
+    stop_token: int | None = None  # end a sequence when it samples this token (kept in the output)
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+
+
+def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
+    """Set to -inf every logit outside top-k and outside the top-p nucleus. logits: [B, V]."""
+    if top_k > 0 and top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p < 1.0:
+        sorted_logits, order = torch.sort(logits, dim=-1, descending=True)
+        probs = torch.softmax(sorted_logits, dim=-1)
+        # drop a token when the tokens ranked above it already reach top_p (the first always stays)
+        drop_sorted = (probs.cumsum(-1) - probs) >= top_p
+        drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
+        logits = logits.masked_fill(drop, float("-inf"))
+    return logits
+
+
+def sample_next(logits: Tensor, cfg: SamplingConfig, generators: list[torch.Generator]) -> Tensor:
+    """Next token per row: logits [B, V] -> ids [B] (row i draws from ``generators[i]``)."""
+    if cfg.temperature == 0:
+        return logits.argmax(-1)
+    probs = torch.softmax(filter_logits(logits.float() / cfg.temperature, cfg.top_k, cfg.top_p), dim=-1)
+    probs = probs.cpu()
+    return torch.stack([torch.multinomial(probs[i], 1, generator=generators[i])[0]
+                        for i in range(probs.shape[0])]).to(logits.device)
+
+
+@torch.no_grad()
+def prefill(model, ids: Tensor) -> tuple[Tensor, list[MixerState]]:
+    """Run the prompt ids [B, T] in each mixer's default mode; returns (logits [B, T, V], states)."""
+    return model(ids)
+
+
+@torch.no_grad()
+def generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] | None = None,
+                   on_token: Callable[[int, int], None] | None = None) -> Tensor:
+    """Continue equal-length prompts [B, T] (T >= 1) by up to ``cfg.max_new_tokens`` tokens.
+
+    Returns the new ids [B, n] (n <= max_new_tokens; rows that hit ``stop_token`` are padded with it).
+    ``on_token(row, token_id)`` is called as each token is chosen (streaming).
+    """
+    if prompt.dim() != 2 or prompt.shape[1] == 0:
+        raise ValueError(f"prompt ids must be [B, T] with T >= 1, got {tuple(prompt.shape)}")
+    b = prompt.shape[0]
+    seeds = seeds if seeds is not None else [cfg.seed + i for i in range(b)]
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    out: list[Tensor] = []
+    if cfg.max_new_tokens == 0:
+        return prompt.new_zeros(b, 0)
+    logits, states = prefill(model, prompt)
+    next_logits = logits[:, -1]
+    done = torch.zeros(b, dtype=torch.bool, device=prompt.device)
+    for i in range(cfg.max_new_tokens):
+        tok = sample_next(next_logits, cfg, generators)
+        if cfg.stop_token is not None:
+            tok = torch.where(done, torch.full_like(tok, cfg.stop_token), tok)
+        out.append(tok)
+        if on_token is not None:
+            for row in range(b):
+                if not bool(done[row]):
+                    on_token(row, int(tok[row]))
+        if cfg.stop_token is not None:
+            done |= tok == cfg.stop_token
+            if bool(done.all()):
+                break
+        if i + 1 < cfg.max_new_tokens:
+            next_logits, states = model.step(tok, states)
+    return torch.stack(out, 1)
+
+
+def generate(model, prompts: list[list[int]], cfg: SamplingConfig, device: torch.device | str = "cpu",
+             on_token: Callable[[int, int], None] | None = None) -> list[list[int]]:
+    """Continue prompts of any lengths exactly: equal-length prompts are batched together.
+
+    Prompt i samples with seed ``cfg.seed + i``, whichever group it lands in. ``on_token(i, id)``
+    streams tokens with the index of the prompt they belong to.
+    """
+    if not prompts:
+        return []
+    for i, p in enumerate(prompts):
+        if len(p) == 0:
+            raise ValueError(f"prompt {i} is empty; give at least one token")
+    groups: dict[int, list[int]] = {}
+    for i, p in enumerate(prompts):
+        groups.setdefault(len(p), []).append(i)
+    results: list[list[int]] = [[] for _ in prompts]
+    for length in sorted(groups):
+        members = groups[length]
+        ids = torch.tensor([prompts[i] for i in members], dtype=torch.long, device=device)
+        stream = None
+        if on_token is not None:
+            stream = (lambda members: lambda row, tok: on_token(members[row], tok))(members)
+        new = generate_batch(model, ids, cfg, seeds=[cfg.seed + i for i in members], on_token=stream)
+        for row, i in enumerate(members):
+            seq = new[row].tolist()
+            if cfg.stop_token is not None and cfg.stop_token in seq:
+                seq = seq[: seq.index(cfg.stop_token) + 1]
+            results[i] = seq
+    return results

@@ -1,0 +1,70 @@
+"""Gated linear attention (GLA, Yang et al. 2024, "Gated Linear Attention Transformers with
+Hardware-Efficient Training"), in fla's convention.
+
+Per head, with a data-dependent log decay per key channel, state S [K, V]:
+
+    gk_t = logsigmoid(W_g2 W_g1 x_t + b_g) / normaliser                 [K], <= 0 (low-rank gate)
+    S_t  = diag(exp(gk_t)) S_{t-1} + k_t v_tᵀ,    o_t = scale · S_tᵀ q_t,  scale = K^-1/2,
+    y_t  = W_o [o_t]_heads.
+
+The normaliser (fla's gate_logit_normalizer, 16) keeps the decays close to 1 at initialisation.
+fla's GLA layer adds an output gate and a group norm; those are left to other layers.
+
+(A, B) forms over the values X = V (mixers/gla_family.py):
+    token view:        B = 0, A[t, j] = scale sum_c q_tc k_jc exp(G_tc - G_jc) (G = cumsum of gk);
+    first-order view:  per key channel c, A_c = diag(k_{·,c}), B_c[t, t-1] = exp(gk_{t,c}),
+                       R_c = diag(q_{·,c}) · scale.
+Chunked form: ops/chunked_gla.py with a per-key-channel decay (its intra-chunk scores use only
+exp of differences G_i - G_j, j <= i, so strong gates cannot overflow).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.base import MixerConfig
+from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+
+
+@dataclass(frozen=True)
+class GLAConfig(MixerConfig):
+    chunk_size: int = 64                 # C of the chunked form
+    gate_low_rank_dim: int = 16          # rank of the gate projection W_g2 W_g1
+    gate_logit_normalizer: float = 16.0  # gk = logsigmoid(.) / normaliser
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+        if self.gate_low_rank_dim <= 0:
+            raise ValueError(f"gate_low_rank_dim must be > 0, got {self.gate_low_rank_dim}")
+        if not self.gate_logit_normalizer > 0:
+            raise ValueError(f"gate_logit_normalizer must be > 0, got {self.gate_logit_normalizer}")
+
+
+@register_mixer("gla", GLAConfig, family="linear attention",
+                ab_form="B = 0 token view: A = scale sum_c q_c k_c exp(G_c(t) - G_c(j)) / first-order state view: "
+                        "A_c = diag(k_c), B_c = exp(gk_c) shift, R_c = diag(q_c)·scale")
+class GLA(GatedLinearMixer):
+    config_cls = GLAConfig
+    reassociates = True  # the chunked form factors the decay products as exp(G_i - G_j)
+
+    def __init__(self, config: GLAConfig, d_model: int) -> None:
+        super().__init__(config, d_model)
+        h, k = self.n_heads, self.head_dim
+        self.state_heads, self.key_dim, self.value_dim, self.has_decay = h, k, k, True
+        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
+        self.gate_down = nn.Linear(d_model, config.gate_low_rank_dim, bias=False)
+        self.gate_up = nn.Linear(config.gate_low_rank_dim, h * k, bias=True)
+        self.out = nn.Linear(h * k, d_model, bias=False)
+
+    def _features(self, x: Tensor) -> LinearFeatures:
+        """q, k, v [B, T, H, K]; gk [B, T, H, K] <= 0."""
+        b, t, _ = x.shape
+        h, k = self.n_heads, self.head_dim
+        q, kk, v = self.qkv(x).view(b, t, 3, h, k).unbind(2)
+        gk = F.logsigmoid(self.gate_up(self.gate_down(x))).view(b, t, h, k) / self.config.gate_logit_normalizer
+        return LinearFeatures(q, kk, v, gk, k ** -0.5)

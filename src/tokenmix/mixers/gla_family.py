@@ -1,0 +1,169 @@
+"""Shared machinery of the first-order linear-attention family (linear attention, RetNet, GLA, Mamba-2,
+diagonal SSM). Each member only says how it computes q, k, v and the log decay g from its input; the
+three modes, the decode state, ``materialize`` and the accounting live here.
+
+Recurrence per head, state S [K, V] (ops/recurrent_gla.py):
+
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_tᵀ,        o_t = scale · S_tᵀ q_t,        y_t = W_o [o_t (+ skip_t)]
+
+Two (A, B) views of the same mixing of the values X = V [framework.md §2.3]:
+    token view (B = 0):  A = (Q Kᵀ ⊙ D) · scale,  D[t, j] = prod_{s=j+1..t} exp(g_s) (per key channel
+                         inside the sum over c: A[t, j] = scale sum_c q_tc k_jc exp(G_tc - G_jc));
+    state view (first order, one recurrence per key channel c, the G axis of MixOperator):
+                         A_c = diag(k_{·,c}),  B_c[t, t-1] = exp(g_{t,c}),  R_c = diag(q_{·,c}) · scale,
+                         M = sum_c R_c (I - B_c)^{-1} A_c  (= the token view).
+``materialize`` returns the state view, the true first-order form: every B_c has one sub-diagonal.
+Row c of S_t is exactly the output z_t^{(c)} of recurrence c, which is how the dense mode also
+returns the final state.
+
+Modes: ``chunked`` (ops/chunked_gla.py), ``dense`` (the state view through core.operator.solve_dense,
+one G = 1 recurrence per (head, key channel) so that an initial state enters as the solver's known
+right-hand side), ``recurrent`` (token by token, ops/recurrent_gla.gla_step).
+"""
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+from torch import Tensor
+
+from tokenmix.core.operator import MixOperator, solve_dense
+from tokenmix.mixers.base import Mixer, MixerState
+from tokenmix.ops.chunked_gla import chunked_gla
+from tokenmix.ops.recurrent_gla import gla_step
+
+
+class LinearFeatures(NamedTuple):
+    """What a family member computes from its input x [B, T, D].
+
+    q, k: [B, T, H, K];  v: [B, T, H, V] (the values the operator mixes);
+    g: log decay [B, T, H, K] per key channel, [B, T, H] per head, or None (decay 1);
+    scale: readout scale;  skip: [B, T, H, V] direct per-token term added to o before the output
+    projection (the SSMs' D x_t), or None. It is pointwise in time, so it is not part of the mixing.
+    """
+
+    q: Tensor
+    k: Tensor
+    v: Tensor
+    g: Tensor | None
+    scale: float
+    skip: Tensor | None = None
+
+
+class MatrixState(MixerState):
+    """Fixed-size decode state: ``memory`` [B, H, K, V], the matrix S after ``position`` tokens."""
+
+    def __init__(self, owner: str, batch_size: int, position: int, memory: Tensor) -> None:
+        self.owner, self.batch_size, self.position, self.memory = owner, batch_size, position, memory
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {"memory": self.memory}
+
+
+def state_view_operator(f: LinearFeatures) -> MixOperator:
+    """First-order state view over one segment: A_c = diag(k_c), B_c = sub-diagonal exp(g_c), R_c = diag(q_c)·scale.
+
+    Returns a MixOperator with a G = K axis: A, B, R [B, H, K, T, T].
+    """
+    b, t, h, dk = f.q.shape
+    mix_a = torch.diag_embed(f.k.permute(0, 2, 3, 1))              # [B, H, K, T, T]
+    readout = torch.diag_embed(f.q.permute(0, 2, 3, 1) * f.scale)
+    if f.g is None:
+        decay = f.q.new_ones(b, h, dk, max(t - 1, 0))
+    else:
+        g = f.g if f.g.dim() == 4 else f.g[..., None].expand(b, t, h, dk)
+        decay = g.permute(0, 2, 3, 1)[..., 1:].exp()                # [B, H, K, T-1]: exp(g_t), t >= 1
+    mix_b = torch.diag_embed(decay, offset=-1)
+    return MixOperator(mix_a, mix_b, readout)
+
+
+class GatedLinearMixer(Mixer):
+    """Base of the family. Subclasses set ``state_heads``, ``key_dim``, ``value_dim`` and ``has_decay``
+    in ``__init__``, own an output projection ``out`` and implement ``_features``."""
+
+    modes = ("chunked", "dense", "recurrent")
+    time_complexity = "O(1)"   # per token: O(H K V) work on the state, independent of n
+    cache_complexity = "O(1)"  # one K x V matrix per head, independent of n
+    state_heads: int
+    key_dim: int
+    value_dim: int
+    has_decay: bool
+
+    def _features(self, x: Tensor) -> LinearFeatures:
+        raise NotImplementedError
+
+    def _output(self, o: Tensor, f: LinearFeatures) -> Tensor:
+        """o [B, T, H, V] -> y [B, T, D]."""
+        if f.skip is not None:
+            o = o + f.skip
+        return self.out(o.flatten(2))
+
+    def _next_state(self, state: MatrixState | None, memory: Tensor, t: int, batch: int) -> MatrixState:
+        pos = 0 if state is None else state.position
+        new = MatrixState(self.owner, batch, pos + t, memory)
+        return new.carry_peaks(state) if state is not None else new
+
+    # ---------------------------------------------------------------- modes
+    def forward_chunked(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
+        f = self._features(x)
+        s0 = None if state is None else state.memory
+        o, s = chunked_gla(f.q, f.k, f.v, f.g, f.scale, s0, self.config.chunk_size)
+        return self._output(o, f), self._next_state(state, s, x.shape[1], x.shape[0])
+
+    def forward_dense(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
+        """Z^(c) = (I - B_c)^{-1} A_c V per (head, key channel) through the reference solver, O = sum_c R_c Z^(c).
+
+        The recurrences are solved as G = 1 operators (heads x key channels folded together) so that an
+        initial state enters as the known right-hand side exp(g_0) S_0 of row 0, and S_T = Z_{T-1}.
+        """
+        b, t, _ = x.shape
+        f = self._features(x)
+        op = state_view_operator(f)
+        h, dk, dv = self.state_heads, self.key_dim, self.value_dim
+        folded = MixOperator(op.A.flatten(1, 2), op.B.flatten(1, 2))       # [B, H*K, T, T]
+        values = f.v.unsqueeze(3).expand(b, t, h, dk, dv).reshape(b, t, h * dk, dv)
+        offset = None
+        if state is not None:
+            carried = state.memory
+            if f.g is not None:
+                g0 = f.g[:, 0] if f.g.dim() == 4 else f.g[:, 0, :, None]
+                carried = g0.exp()[..., None] * carried                       # S_0 decayed by token 0
+            offset = torch.cat([carried.reshape(b, 1, h * dk, dv), values.new_zeros(b, t - 1, h * dk, dv)], 1)
+        z = solve_dense(folded, values, offset=offset)                        # [B, T, H*K, V]
+        z = z.reshape(b, t, h, dk, dv).permute(0, 2, 3, 1, 4)                # [B, H, K, T, V]
+        o = (op.R @ z).sum(2).transpose(1, 2)                                 # [B, T, H, V]
+        return self._output(o, f), self._next_state(state, z[..., -1, :], t, b)
+
+    def forward_recurrent(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
+        b, t, _ = x.shape
+        state = self.init_state(b, x.device, x.dtype) if state is None else state
+        f = self._features(x)
+        outs = []
+        gs = [None] * t if f.g is None else f.g.unbind(1)  # unbind once (see recurrent_gla)
+        for q_t, k_t, v_t, g_t in zip(f.q.unbind(1), f.k.unbind(1), f.v.unbind(1), gs):
+            state.observe()
+            o_t, s = gla_step(state.memory, q_t, k_t, v_t, g_t, f.scale)
+            outs.append(o_t)
+            state = self._next_state(state, s, 1, b)
+        return self._output(torch.stack(outs, 1), f), state
+
+    # ---------------------------------------------------------------- surface
+    def init_state(self, batch_size: int, device: torch.device | str = "cpu",
+                   dtype: torch.dtype = torch.float32) -> MatrixState:
+        memory = torch.zeros(batch_size, self.state_heads, self.key_dim, self.value_dim, device=device, dtype=dtype)
+        return MatrixState(self.owner, batch_size, 0, memory)
+
+    def materialize(self, x: Tensor) -> MixOperator:
+        """First-order state view (A_c, B_c, R_c) [B, H, K, T, T] over the values v of x [B, T, D]."""
+        return state_view_operator(self._features(x))
+
+    def values(self, x: Tensor) -> Tensor:
+        """The inputs X the operator mixes: v [B, T, H, V]."""
+        return self._features(x).v
+
+    def state_size(self, n: int) -> int:
+        return self.state_heads * self.key_dim * self.value_dim  # S [K, V] per head, whatever n
+
+    def flops_per_token(self, n: int) -> int:
+        # the rank-1 write k_t v_tᵀ and the read S_tᵀ q_t, plus the decay of S when there is one
+        return (3 if self.has_decay else 2) * self.state_heads * self.key_dim * self.value_dim

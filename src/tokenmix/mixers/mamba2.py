@@ -1,0 +1,86 @@
+"""Mamba-2 / SSD (Dao & Gu 2024, "Transformers are SSMs"): a scalar data-dependent decay per head
+with state expansion N, i.e. masked linear attention with q = C, k = B, v = x·dt.
+
+Per head h (P = head_dim channels x_t [P], shared B_t, C_t [N] as with one group), state S [N, P]:
+
+    dt_t = softplus(w_hᵀ x_t + dt_bias_h),   a_t = exp(-dt_t exp(A_log_h)) in (0, 1),
+    S_t  = a_t S_{t-1} + B_t (dt_t x_t)ᵀ,     o_t = S_tᵀ C_t (+ D_h x_t),     y_t = W_o [o_t]_heads.
+
+This is fla's ``naive_recurrent_simple_gla(q=C, k=B, v=x·dt, g=log a, scale=1.0)`` and mamba-ssm's
+``ssd_minimal_discrete`` (which stores S transposed, [P, N]). The short convolution and output gate
+of the full Mamba-2 block are left to other layers; the D skip is optional (``d_skip``) and, being
+pointwise in time, is not part of the mixing operator.
+
+(A, B) forms over the values X = x·dt (mixers/gla_family.py), with G_t = sum_{s<=t} log a_s:
+    token view:        B = 0, A = (C Bᵀ ⊙ exp(G_t - G_j)) for j <= t   (1-semiseparable mask);
+    first-order view:  per state channel n, A_n = diag(B_{·,n}), B_n[t, t-1] = a_t (one decay shared by
+                       all n), R_n = diag(C_{·,n}).
+Chunked form: ops/chunked_gla.py with a per-head decay.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.base import MixerConfig
+from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+
+
+@dataclass(frozen=True)
+class Mamba2Config(MixerConfig):
+    state_dim: int = 16    # N, the state expansion (d_state)
+    chunk_size: int = 64   # C of the chunked form
+    d_skip: bool = True    # add D_h x_t to the output
+    dt_min: float = 1e-3   # initial softplus(dt_bias) range (log-uniform, as in Mamba-2)
+    dt_max: float = 1e-1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.state_dim <= 0:
+            raise ValueError(f"state_dim must be > 0, got {self.state_dim}")
+        if self.chunk_size <= 0:
+            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+        if not 0 < self.dt_min <= self.dt_max:
+            raise ValueError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+
+
+def inverse_softplus_dt(n: int, dt_min: float, dt_max: float) -> Tensor:
+    """dt_bias [n] with softplus(dt_bias) log-uniform in [dt_min, dt_max] (Mamba's initialisation)."""
+    dt = torch.exp(torch.empty(n).uniform_(math.log(dt_min), math.log(dt_max)))
+    return dt + torch.log(-torch.expm1(-dt))
+
+
+@register_mixer("mamba2", Mamba2Config, family="state space model",
+                ab_form="B = 0 token view: A = C Bᵀ ⊙ exp(G_t - G_j) / first-order state view: "
+                        "A_n = diag(B_n), B_n = a_t shift (shared), R_n = diag(C_n)")
+class Mamba2(GatedLinearMixer):
+    config_cls = Mamba2Config
+    reassociates = True  # the chunked form factors prod a_s as exp(G_i - G_j)
+    test_overrides = {"state_dim": 4}
+
+    def __init__(self, config: Mamba2Config, d_model: int) -> None:
+        super().__init__(config, d_model)
+        h, p, n = self.n_heads, self.head_dim, config.state_dim
+        self.state_heads, self.key_dim, self.value_dim, self.has_decay = h, n, p, True
+        self.in_proj = nn.Linear(d_model, h * p + 2 * n + h, bias=False)  # x, B, C, dt
+        self.A_log = nn.Parameter(torch.empty(h).uniform_(1, 16).log())
+        self.dt_bias = nn.Parameter(inverse_softplus_dt(h, config.dt_min, config.dt_max))
+        self.D = nn.Parameter(torch.ones(h)) if config.d_skip else None
+        self.out = nn.Linear(h * p, d_model, bias=False)
+
+    def _features(self, x: Tensor) -> LinearFeatures:
+        """q = C, k = B [B, T, H, N] (shared by the heads), v = x·dt [B, T, H, P], g = log a [B, T, H]."""
+        b, t, _ = x.shape
+        h, p, n = self.n_heads, self.head_dim, self.config.state_dim
+        xs, bs, cs, dt = self.in_proj(x).split([h * p, n, n, h], dim=-1)
+        xs = xs.view(b, t, h, p)
+        dt = F.softplus(dt + self.dt_bias)                 # [B, T, H] > 0
+        g = -dt * self.A_log.exp()                         # log a_t <= 0
+        q, k = cs[:, :, None, :].expand(b, t, h, n), bs[:, :, None, :].expand(b, t, h, n)
+        skip = None if self.D is None else self.D[:, None] * xs
+        return LinearFeatures(q, k, xs * dt[..., None], g, 1.0, skip)

@@ -1,0 +1,145 @@
+"""What every synthetic task shares: a frozen config that validates its sizes, a deterministic
+generator ``build(num_examples, seed) -> TaskData``, and answer-only accuracy.
+
+Convention (zoology's): ``inputs`` and ``labels`` are both [N, T] long; ``labels[n, t]`` is what the
+model must output at position t after reading ``inputs[n, : t + 1]``, and is ``IGNORE_INDEX`` (−100)
+wherever the task asks nothing. Loss and accuracy count only the answer positions.
+
+A task config is built from its registered name: ``make_task("assoc_recall", seq_len=64, ...)``.
+Unknown task names and unknown or impossible fields raise ``ValueError`` naming what is wrong.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+
+IGNORE_INDEX = -100
+
+_TASKS: dict[str, type["TaskConfig"]] = {}
+
+
+@dataclass(frozen=True)
+class TaskData:
+    """A generated split.
+
+    Attributes:
+        inputs: [N, T] long token ids in [0, vocab_size).
+        labels: [N, T] long; target ids at answer positions, ``IGNORE_INDEX`` elsewhere.
+    """
+
+    inputs: Tensor
+    labels: Tensor
+
+    def __post_init__(self) -> None:
+        if self.inputs.shape != self.labels.shape or self.inputs.dim() != 2:
+            raise ValueError(f"inputs {tuple(self.inputs.shape)} and labels {tuple(self.labels.shape)} "
+                             "must both be [N, T]")
+
+    def __len__(self) -> int:
+        return self.inputs.shape[0]
+
+    def answers_per_example(self) -> float:
+        return float((self.labels != IGNORE_INDEX).sum()) / max(len(self), 1)
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """Base of every task config. Subclasses are frozen dataclasses that check their sizes in
+    ``__post_init__`` and implement ``vocab_size`` / ``seq_len`` (fields or properties) and
+    ``_generate``."""
+
+    name: ClassVar[str] = ""
+
+    @property
+    def model_vocab_size(self) -> int:
+        """Number of token ids (inputs and labels) the model must embed and predict."""
+        return self.vocab_size  # type: ignore[attr-defined]
+
+    @property
+    def length(self) -> int:
+        """Sequence length T of every generated example."""
+        return self.seq_len  # type: ignore[attr-defined]
+
+    def build(self, num_examples: int, seed: int) -> TaskData:
+        """Generate ``num_examples`` examples; identical for identical (config, seed)."""
+        if num_examples <= 0:
+            raise ValueError(f"{self.name}: num_examples must be > 0, got {num_examples}")
+        data = self._generate(num_examples, seed)
+        if data.inputs.shape != (num_examples, self.length):
+            raise RuntimeError(f"{self.name} generated {tuple(data.inputs.shape)}, expected "
+                               f"{(num_examples, self.length)}")
+        return data
+
+    def _generate(self, num_examples: int, seed: int) -> TaskData:
+        raise NotImplementedError
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"task": self.name, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
+
+
+def register_task(cls: type[TaskConfig]) -> type[TaskConfig]:
+    """Class decorator: registers a task config under its ``name`` class attribute."""
+    if not cls.name:
+        raise ValueError(f"task config {cls.__name__} has no name")
+    if cls.name in _TASKS:
+        raise ValueError(f"task name '{cls.name}' registered twice")
+    _TASKS[cls.name] = cls
+    return cls
+
+
+def task_names() -> list[str]:
+    _ensure_loaded()
+    return list(_TASKS)
+
+
+def get_task_cls(name: str) -> type[TaskConfig]:
+    _ensure_loaded()
+    if name not in _TASKS:
+        raise ValueError(f"unknown task '{name}'; known tasks: {', '.join(_TASKS)}")
+    return _TASKS[name]
+
+
+def make_task(name: str, **fields: Any) -> TaskConfig:
+    """Build a task config by name; unknown fields raise ``ValueError`` listing the known ones."""
+    cls = get_task_cls(name)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise ValueError(f"task '{name}' has no field(s) {unknown}; known: {sorted(known)}")
+    return cls(**fields)
+
+
+def _ensure_loaded() -> None:
+    import tokenmix.tasks  # noqa: F401  (imports every task module, which registers it)
+
+
+def masked_accuracy(logits: Tensor, labels: Tensor) -> tuple[int, int]:
+    """(correct, answered) over the answer positions only.
+
+    Args:
+        logits: [N, T, V].
+        labels: [N, T], ``IGNORE_INDEX`` where nothing is asked.
+    """
+    mask = labels != IGNORE_INDEX
+    correct = (logits.argmax(-1) == labels) & mask
+    return int(correct.sum()), int(mask.sum())
+
+
+def require(cond: bool, task: str, constraint: str, detail: str) -> None:
+    """Raise ``ValueError("<task>: constraint <constraint> violated (<detail>)")`` if not cond."""
+    if not cond:
+        raise ValueError(f"{task}: constraint {constraint} violated ({detail})")
+
+
+def positive(task: str, **values: int) -> None:
+    for field_name, v in values.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
+            raise ValueError(f"{task}: {field_name} must be a positive integer, got {v!r}")
+
+
+def long_tensor(a) -> Tensor:
+    return torch.as_tensor(a, dtype=torch.long)

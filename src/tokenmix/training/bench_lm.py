@@ -1,0 +1,175 @@
+"""``tokenmix bench lm``: LM training and decode throughput per mixer at equal parameter count.
+
+For each mixer, a model of ``--layers`` layers of that mixer alone is sized (by d_model) to the
+same non-embedding parameter count as every other; attention is the baseline. At each context T:
+
+    train   tokens/s of forward + backward + AdamW steps on batches of max(1, batch_tokens // T)
+            sequences of length T (after one untimed warm-up step)
+    decode  prefill T - n tokens in the default mode, then time n single-token ``model.step``
+            calls: the per-token cost at the end of the context, where attention reads T cached
+            keys per layer and a bounded-cache mixer reads only what its pattern/state holds
+
+Output is JSON (stdout, and ``--out FILE``), with ratios against attention and the issue's targets:
+at T = 4096 a mixer should train at >= 1.5x attention's tokens/s and decode >= 3x faster per token;
+at T = 512 it should be within 1.5x of attention. Timings are wall clock on whatever machine runs
+it: on a shared machine repeat runs vary, so read the ratios, measured in one process back to back.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from tokenmix.core.registry import mixer_names
+from tokenmix.models import MixerModel, ModelConfig
+
+DEFAULT_MIXERS = ("attention", "pow2", "mamba2")
+TRAIN_TARGET_AT_LONG = 1.5    # train tokens/s vs attention at the long context
+DECODE_TARGET_AT_LONG = 3.0   # decode speed-up per token vs attention at the long context
+WITHIN_AT_SHORT = 1.5         # at the short context: within this factor of attention
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--mixers", default=",".join(DEFAULT_MIXERS),
+                        help="comma list; unregistered names among the defaults are skipped; 'all' = every mixer")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
+    parser.add_argument("--layers", type=int, default=2, help="layers of the one mixer per model")
+    parser.add_argument("--n-heads", type=int, default=4)
+    parser.add_argument("--target-params", type=int, default=1_000_000,
+                        help="non-embedding parameters every model is sized to")
+    parser.add_argument("--vocab-size", type=int, default=512,
+                        help="small by default: the embedding and head cost the same for every mixer and "
+                             "would only dilute the differences between mixers")
+    parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per training step")
+    parser.add_argument("--train-steps", type=int, default=3, help="timed training steps")
+    parser.add_argument("--decode-tokens", type=int, default=16, help="timed decode steps at the end of the context")
+    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=None, help="also write the JSON here")
+
+
+def _layers_config(mixer: str, d_model: int, args) -> ModelConfig:
+    return ModelConfig(vocab_size=args.vocab_size, d_model=d_model, layers=(mixer,) * args.layers, n_heads=args.n_heads)
+
+
+def size_model(mixer: str, args) -> tuple[ModelConfig, int]:
+    """The d_model (a multiple of 2 * n_heads) whose non-embedding parameter count is closest to the target."""
+    step = 2 * args.n_heads
+    best = None
+    with torch.device("meta"):  # sizes only: no memory, no init cost
+        for d in range(step, 4096 + step, step):
+            n = MixerModel(_layers_config(mixer, d, args)).num_params(exclude_embedding=True)
+            gap = abs(n - args.target_params)
+            if best is None or gap < best[2]:
+                best = (d, n, gap)
+            if n > args.target_params:
+                break
+    return _layers_config(mixer, best[0], args), best[1]
+
+
+def _time_training(model: MixerModel, t: int, args) -> dict:
+    b = max(1, args.batch_tokens // t)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    g = torch.Generator().manual_seed(args.seed)
+    model.train()
+
+    def one_step() -> None:
+        x = torch.randint(0, args.vocab_size, (b, t + 1), generator=g)
+        logits, _ = model(x[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+    one_step()  # warm-up: allocator, pattern tables, lazy inits
+    t0 = time.perf_counter()
+    for _ in range(args.train_steps):
+        one_step()
+    dt = time.perf_counter() - t0
+    return {"train_batch": b, "train_step_s": dt / args.train_steps, "train_tokens_per_s": b * t * args.train_steps / dt}
+
+
+@torch.no_grad()
+def _time_decode(model: MixerModel, t: int, args) -> dict:
+    n = min(args.decode_tokens, t - 1)
+    model.eval()
+    g = torch.Generator().manual_seed(args.seed + 1)
+    ids = torch.randint(0, args.vocab_size, (1, t), generator=g)
+    t0 = time.perf_counter()
+    _, states = model(ids[:, : t - n])
+    prefill_s = time.perf_counter() - t0
+    model.step(ids[:, t - n], states)  # warm-up; a state may be updated in place, so prefill again
+    _, states = model(ids[:, : t - n])
+    t0 = time.perf_counter()
+    for i in range(t - n, t):
+        _, states = model.step(ids[:, i], states)
+    dt = time.perf_counter() - t0
+    return {"prefill_s": prefill_s, "decode_ms_per_token": 1000 * dt / n, "decode_tokens_per_s": n / dt}
+
+
+def run(args) -> int:
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    known = mixer_names()
+    if args.mixers == "all":
+        mixers = known
+    else:
+        requested = [m.strip() for m in args.mixers.split(",") if m.strip()]
+        explicit = args.mixers != ",".join(DEFAULT_MIXERS)
+        unknown = [m for m in requested if m not in known]
+        if unknown and explicit:
+            raise ValueError(f"unknown mixer(s) {unknown}; known mixers: {', '.join(known)}")
+        mixers = [m for m in requested if m in known]
+    if "attention" not in mixers and "attention" in known:
+        mixers = ["attention"] + mixers
+    for t in args.contexts:
+        if t < 2:
+            raise ValueError(f"--contexts must be >= 2, got {t}")
+    torch.manual_seed(args.seed)
+    results = []
+    for mixer in mixers:
+        cfg, n_params = size_model(mixer, args)
+        model = MixerModel(cfg)
+        for t in args.contexts:
+            row = {"mixer": mixer, "context": t, "d_model": cfg.d_model, "layers": args.layers,
+                   "params_non_embedding": n_params}
+            row.update(_time_training(model, t, args))
+            row.update(_time_decode(model, t, args))
+            results.append(row)
+    report = {"benchmark": "lm", "torch": torch.__version__, "threads": torch.get_num_threads(),
+              "machine": platform.processor() or platform.machine(),
+              "config": {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)},
+              "results": results, "ratios": _ratios(results, args.contexts)}
+    text = json.dumps(report, indent=2)
+    print(text)
+    if args.out:
+        Path(args.out).write_text(text + "\n")
+    return 0
+
+
+def _ratios(results: list[dict], contexts: list[int]) -> dict:
+    """Per context and mixer: train tokens/s and decode speed relative to attention, with the targets."""
+    out: dict = {}
+    long_t, short_t = max(contexts), min(contexts)
+    for t in contexts:
+        base = next((r for r in results if r["mixer"] == "attention" and r["context"] == t), None)
+        if base is None:
+            continue
+        per = {}
+        for r in results:
+            if r["context"] != t or r["mixer"] == "attention":
+                continue
+            train = r["train_tokens_per_s"] / base["train_tokens_per_s"]
+            decode = base["decode_ms_per_token"] / r["decode_ms_per_token"]
+            entry = {"train_vs_attention": round(train, 3), "decode_speedup_vs_attention": round(decode, 3)}
+            if t == long_t and long_t != short_t:
+                entry["meets_long_context_targets"] = train >= TRAIN_TARGET_AT_LONG and decode >= DECODE_TARGET_AT_LONG
+            if t == short_t:
+                entry["within_1.5x_of_attention"] = 1 / WITHIN_AT_SHORT <= train and 1 / WITHIN_AT_SHORT <= decode
+            per[r["mixer"]] = entry
+        out[str(t)] = per
+    return out

@@ -1,0 +1,284 @@
+"""Checkpoints: safetensors tensors + JSON, verified on load, swapped in atomically.
+
+Layout of ``RUN/checkpoints``::
+
+    step_0000200/
+        model.safetensors      full (unsharded) weights, by parameter name
+        optimizer.safetensors  AdamW state: "<param>/step", "<param>/exp_avg", "<param>/exp_avg_sq"
+        rng.safetensors        torch RNG states (uint8)
+        meta.json              step, data position, scheduler, param groups, config, shapes, SHA-256 of the files
+    latest.json                {"checkpoint": "step_0000200", "meta_sha256": ...}
+
+Nothing here unpickles anything: tensors come from safetensors, the rest from JSON.
+
+Atomicity: a checkpoint is written into a temporary directory, flushed to disk, renamed to its
+``step_*`` name, and only then does ``latest.json`` (replaced with ``os.replace``, itself atomic)
+point to it. A crash at any moment leaves ``latest.json`` naming a complete checkpoint, so a failed
+or killed run never damages the last good one. Older directories are pruned after the swap.
+
+Verification on load: the SHA-256 of meta.json (recorded in latest.json) and of every tensor file
+(recorded in meta.json) must match, and every tensor must have the shape of the model it is loaded
+into; anything else raises ``CheckpointError`` with one line saying what is wrong.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
+from torch import nn
+
+FORMAT_VERSION = 1
+CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is missing, incomplete, corrupt, tampered with or from another model."""
+
+
+# ------------------------------------------------------------------------------------------ writing
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as f:
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_json_atomic(path: Path, obj) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    _fsync_dir(path.parent)
+
+
+def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict, dict]:
+    """Unsharded model and optimizer state keyed by parameter name, on CPU (plain, DDP or FSDP model).
+
+    A collective under FSDP: every rank must call it; only rank 0 gets the tensors.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_state_dict
+
+    opts = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    if optimizer is None:
+        return get_model_state_dict(model, options=opts), {}
+    return get_state_dict(model, optimizer, options=opts)
+
+
+def save_checkpoint(ckpt_root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
+                    meta: dict, keep: int, is_main: bool = True) -> Path | None:
+    """Write checkpoint ``step`` atomically and point latest.json at it; returns its directory (rank 0).
+
+    ``meta`` holds the JSON-able training state (data position, scheduler, config, ...).
+    """
+    msd, osd = full_state(model, optimizer)
+    if not is_main:
+        return None
+    ckpt_root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:07d}"
+    final = ckpt_root / name
+    tmp = ckpt_root / f".tmp-{name}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        # clone: tied weights share storage, which safetensors refuses to write twice
+        weights = {k: v.detach().to("cpu").clone().contiguous() for k, v in msd.items()}
+        save_file(weights, str(tmp / "model.safetensors"))
+        opt_tensors: dict[str, torch.Tensor] = {}
+        for pname, st in osd.get("state", {}).items():
+            for key, val in st.items():
+                t = val if isinstance(val, torch.Tensor) else torch.tensor(val)
+                opt_tensors[f"{pname}/{key}"] = t.detach().to("cpu").clone().contiguous()
+        save_file(opt_tensors, str(tmp / "optimizer.safetensors"))
+        rng = {"torch_cpu": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            for i, s in enumerate(torch.cuda.get_rng_state_all()):
+                rng[f"torch_cuda_{i}"] = s
+        save_file(rng, str(tmp / "rng.safetensors"))
+        groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in osd.get("param_groups", [])]
+        full_meta = {"format": FORMAT_VERSION, "step": step, **meta, "param_groups": groups,
+                     "shapes": {k: list(v.shape) for k, v in weights.items()},
+                     "files": {}}
+        for f in CHECKPOINT_FILES:
+            _fsync_file(tmp / f)
+            full_meta["files"][f] = _sha256(tmp / f)
+        (tmp / "meta.json").write_text(json.dumps(full_meta, indent=1))
+        _fsync_file(tmp / "meta.json")
+        _fsync_dir(tmp)
+        if final.exists():  # left by a run that died before moving latest.json to it; never the latest one
+            if _latest_name(ckpt_root) == name:
+                raise CheckpointError(f"refusing to overwrite the latest checkpoint {final}")
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+        _fsync_dir(ckpt_root)
+        write_json_atomic(ckpt_root / "latest.json", {"checkpoint": name, "step": step,
+                                                      "meta_sha256": _sha256(final / "meta.json")})
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    _prune(ckpt_root, keep, name)
+    return final
+
+
+def _prune(ckpt_root: Path, keep: int, latest: str) -> None:
+    dirs = sorted(p for p in ckpt_root.glob("step_*") if p.is_dir())
+    for old in dirs[:-keep] if keep > 0 else []:
+        if old.name != latest:
+            shutil.rmtree(old, ignore_errors=True)
+    for tmp in ckpt_root.glob(".tmp-*"):  # leftovers of killed runs
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------------------ reading
+def _latest_name(ckpt_root: Path) -> str | None:
+    path = ckpt_root / "latest.json"
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())["checkpoint"]
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
+def latest_checkpoint(ckpt_root: Path) -> Path | None:
+    """Directory named by latest.json, or None when there is no checkpoint yet."""
+    path = ckpt_root / "latest.json"
+    if not path.exists():
+        return None
+    try:
+        name = json.loads(path.read_text())["checkpoint"]
+    except (ValueError, KeyError, TypeError) as e:
+        raise CheckpointError(f"{path} is corrupt ({e})") from None
+    return ckpt_root / name
+
+
+def read_checkpoint_meta(ckpt_dir: Path) -> dict:
+    """meta.json of a checkpoint after verifying every file's checksum."""
+    ckpt_dir = Path(ckpt_dir)
+    if not ckpt_dir.is_dir():
+        raise CheckpointError(f"checkpoint directory {ckpt_dir} does not exist")
+    meta_path = ckpt_dir / "meta.json"
+    if not meta_path.is_file():
+        raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: meta.json is missing")
+    latest = ckpt_dir.parent / "latest.json"
+    if latest.is_file():
+        try:
+            rec = json.loads(latest.read_text())
+        except ValueError:
+            rec = {}
+        if rec.get("checkpoint") == ckpt_dir.name and rec.get("meta_sha256") != _sha256(meta_path):
+            raise CheckpointError(f"checkpoint {ckpt_dir}: meta.json does not match its recorded checksum "
+                                  "(corrupt or tampered)")
+    try:
+        meta = json.loads(meta_path.read_text())
+        files = meta["files"]
+        if meta.get("format") != FORMAT_VERSION:
+            raise CheckpointError(f"checkpoint {ckpt_dir} has format {meta.get('format')}, expected {FORMAT_VERSION}")
+    except (ValueError, KeyError, TypeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"checkpoint {ckpt_dir}: meta.json is corrupt ({e})") from None
+    for f in CHECKPOINT_FILES:
+        p = ckpt_dir / f
+        if not p.is_file():
+            raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: {f} is missing")
+        if _sha256(p) != files.get(f):
+            raise CheckpointError(f"checkpoint {ckpt_dir}: {f} does not match its recorded checksum "
+                                  "(truncated, corrupt or tampered)")
+    return meta
+
+
+def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
+    try:
+        return load_file(str(path), device="cpu")
+    except (SafetensorError, OSError, ValueError) as e:
+        raise CheckpointError(f"{path} is unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+
+
+def _check_shapes(ckpt_dir: Path, weights: dict[str, torch.Tensor], model: nn.Module) -> None:
+    expected = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    missing = sorted(set(expected) - set(weights))
+    extra = sorted(set(weights) - set(expected))
+    if missing or extra:
+        what = (f"missing {missing[:3]}" if missing else "") + (" and " if missing and extra else "") + \
+               (f"unexpected {extra[:3]}" if extra else "")
+        raise CheckpointError(f"checkpoint {ckpt_dir} is from a different model: parameters {what}")
+    for k, shape in expected.items():
+        if tuple(weights[k].shape) != shape:
+            raise CheckpointError(f"checkpoint {ckpt_dir} is from a different model shape: {k} is "
+                                  f"{list(weights[k].shape)} there but {list(shape)} in this model")
+
+
+def load_model_weights(ckpt_dir: Path, model: nn.Module) -> dict:
+    """Verify ``ckpt_dir`` and load its weights into an unwrapped ``model``; returns its meta."""
+    meta = read_checkpoint_meta(ckpt_dir)
+    weights = _load_tensors(Path(ckpt_dir) / "model.safetensors")
+    _check_shapes(ckpt_dir, weights, model)
+    model.load_state_dict(weights, strict=True)
+    return meta
+
+
+def load_training_state(ckpt_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
+                        unwrapped: nn.Module) -> dict:
+    """Restore weights, optimizer state and RNG into a (possibly DDP/FSDP-wrapped) model; returns meta.
+
+    Every rank reads the files (they are small next to the model's memory) and loads the full state.
+    """
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+    meta = read_checkpoint_meta(ckpt_dir)
+    ckpt_dir = Path(ckpt_dir)
+    weights = _load_tensors(ckpt_dir / "model.safetensors")
+    _check_shapes(ckpt_dir, weights, unwrapped)
+    flat = _load_tensors(ckpt_dir / "optimizer.safetensors")
+    state: dict[str, dict[str, torch.Tensor]] = {}
+    for key, t in flat.items():
+        pname, _, field = key.rpartition("/")
+        state.setdefault(pname, {})[field] = t
+    groups = []
+    for g in meta["param_groups"]:
+        g = dict(g)
+        if "betas" in g:
+            g["betas"] = tuple(g["betas"])
+        groups.append(g)
+    known = {name for g in groups for name in g.get("params", [])}
+    if set(state) - known:
+        raise CheckpointError(f"checkpoint {ckpt_dir}: optimizer state names parameters that no group holds")
+    for pname, st in state.items():
+        if pname in weights and "exp_avg" in st and tuple(st["exp_avg"].shape) != tuple(weights[pname].shape):
+            raise CheckpointError(f"checkpoint {ckpt_dir}: optimizer state of {pname} has the wrong shape")
+    try:
+        set_state_dict(model, optimizer, model_state_dict=weights,
+                       optim_state_dict={"state": state, "param_groups": groups},
+                       options=StateDictOptions(full_state_dict=True))
+    except (RuntimeError, KeyError, ValueError) as e:
+        raise CheckpointError(f"checkpoint {ckpt_dir} does not fit this model/optimizer: "
+                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    rng = _load_tensors(ckpt_dir / "rng.safetensors")
+    torch.set_rng_state(rng["torch_cpu"])
+    if torch.cuda.is_available():
+        cuda_states = [rng[k] for k in sorted(k for k in rng if k.startswith("torch_cuda_"))]
+        if len(cuda_states) == torch.cuda.device_count():
+            torch.cuda.set_rng_state_all(cuda_states)
+    return meta

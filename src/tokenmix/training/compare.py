@@ -1,0 +1,376 @@
+"""The complexity-vs-expressivity table of ``tokenmix compare``: per row (a mixer, or a model such as
+"attention x3"), its derived cost and cache, the cache measured at decode, the shortest information
+path, and the measured task accuracies; plots and a Markdown report beside the paper's table.
+
+Structure columns, all at the table's length n (the longest task sequence):
+    time/token   the mixer class's ``time_complexity`` and ``flops_per_token(n)`` summed over layers
+    cache        ``cache_complexity``; past positions and scalars per sequence, measured after an
+                 n-token decode with ``model.step`` (``MixerState.peak_positions`` / ``peak_numel``
+                 summed over layers) next to the derived ``cache_positions(n)`` / ``state_size(n)``
+    path         the largest shortest information path of one layer over pairs j < i < n:
+                 ``pattern_report`` for pattern recurrences, else the graph of the materialised
+                 operator's supports (attention: 1; B = 0 with a window shorter than n: ∞).
+"""
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from tokenmix.models import MixerModel, ModelConfig
+from tokenmix.training.harness import RunConfig
+
+# framework.md §5.1 (Table 1 of the paper, as reproduced by the papernotes note), keyed by our names
+PAPER_TABLE: dict[str, dict[str, Any]] = {
+    "attention":        {"structure": "Attention", "time": "O(n)", "cache": "O(n)", "path": "1",
+                         "copy": 100.00, "assoc_recall": 100.00, "multi_hop": 39.21},
+    "local_attention":  {"structure": "Local attention", "time": "O(k)", "cache": "O(k)", "path": "∞",
+                         "copy": 23.75, "assoc_recall": 26.20, "multi_hop": 23.59},
+    "diag_ssm":         {"structure": "Diagonal SSM", "time": "O(1)", "cache": "O(1)", "path": "n",
+                         "copy": 42.98, "assoc_recall": 32.53, "multi_hop": 27.17},
+    "kth_order":        {"structure": "k-th order recurrence", "time": "O(k)", "cache": "O(k)", "path": "n/k",
+                         "copy": 74.66, "assoc_recall": 41.12, "multi_hop": 39.08},
+    "dense_recurrence": {"structure": "Dense recurrence", "time": "O(n)", "cache": "O(n)", "path": "1",
+                         "copy": 100.00, "assoc_recall": 99.99, "multi_hop": 99.80},
+    "pow2":             {"structure": "f(k) = 2^k", "time": "O(log n)", "cache": "O(n)", "path": "≤ log2 n",
+                         "copy": 92.63, "assoc_recall": 49.03, "multi_hop": 34.85},
+    "pow2_ce":          {"structure": "f(k) = 2^k, cache-efficient", "time": "O(log n)", "cache": "O(log n)",
+                         "path": "—", "copy": 75.47, "assoc_recall": 52.59, "multi_hop": 38.63},
+    "sq1":              {"structure": "f(k) = k²+1", "time": "O(√n)", "cache": "O(n)", "path": "≤ 4",
+                         "copy": 99.66, "assoc_recall": 53.61, "multi_hop": 35.68},
+    "sq1_ce":           {"structure": "f(k) = k²+1, cache-efficient", "time": "O(√n)", "cache": "O(√n)",
+                         "path": "—", "copy": 91.59, "assoc_recall": 54.56, "multi_hop": 38.02},
+}
+PAPER_TASKS = ("copy", "assoc_recall", "multi_hop")
+
+
+@dataclass
+class StructureFacts:
+    """Derived and measured structure of one row's model at length n (sums over its layers)."""
+
+    label: str
+    layers: tuple[str, ...]
+    n: int
+    time_complexity: str
+    cache_complexity: str
+    flops_per_token: int
+    cache_positions_derived: int
+    cache_positions_measured: int
+    state_size_derived: int
+    state_size_measured: int
+    shortest_path: float
+    num_params: int
+
+    @property
+    def cache_matches(self) -> bool:
+        return (self.cache_positions_derived == self.cache_positions_measured
+                and self.state_size_derived == self.state_size_measured)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(self.__dict__)
+        d["layers"] = list(self.layers)
+        d["cache_matches"] = self.cache_matches
+        d["shortest_path"] = _fmt_path(self.shortest_path)
+        return d
+
+
+def _fmt_path(p: float) -> str:
+    return "∞" if math.isinf(p) else str(int(p))
+
+
+def layer_shortest_path(mixer: torch.nn.Module, n: int, seed: int = 0) -> float:
+    """Largest shortest information path over pairs j < i < n through one layer."""
+    pattern = getattr(mixer, "pattern", None)
+    if pattern is not None and hasattr(pattern, "neighbor_table"):
+        from tokenmix.patterns import pattern_report
+        return float(pattern_report(pattern, n, path_limit=n)["shortest_path_max"])
+    from tokenmix.analysis.expressivity import operator_graph
+    p = next(mixer.parameters())
+    x = torch.randn(1, n, mixer.d_model, generator=torch.Generator().manual_seed(seed), dtype=p.dtype)
+    with torch.no_grad():
+        op = mixer.materialize(x)
+    return float(operator_graph(op).path_stats()[0])
+
+
+def structure_facts(label: str, model_cfg: ModelConfig, n: int, seed: int = 0) -> StructureFacts:
+    """Build the row's model (random weights), decode n tokens with ``model.step`` and read its
+    measured cache peaks; the derived values come from each layer's accounting methods."""
+    torch.manual_seed(seed)
+    model = MixerModel(model_cfg).eval()
+    mixers = [b.mixer for b in model.blocks]
+    tokens = torch.randint(0, model_cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
+    states = None
+    with torch.no_grad():
+        for t in range(n):
+            _, states = model.step(tokens[:, t], states)
+    uniq = list(dict.fromkeys(model_cfg.layers))
+    by_name = {name: mixers[model_cfg.layers.index(name)] for name in uniq}
+    return StructureFacts(
+        label=label, layers=tuple(model_cfg.layers), n=n,
+        time_complexity=" + ".join(dict.fromkeys(str(m.time_complexity) for m in by_name.values())),
+        cache_complexity=" + ".join(dict.fromkeys(str(m.cache_complexity) for m in by_name.values())),
+        flops_per_token=sum(int(m.flops_per_token(n)) for m in mixers),
+        cache_positions_derived=sum(int(m.cache_positions(n)) for m in mixers),
+        cache_positions_measured=sum(int(s.peak_positions) for s in states),
+        state_size_derived=sum(int(m.state_size(n)) for m in mixers),
+        state_size_measured=sum(int(s.peak_numel) for s in states),
+        shortest_path=min(layer_shortest_path(m, n, seed) for m in by_name.values()),
+        num_params=model.num_params(),
+    )
+
+
+def rows_and_tasks(configs: Sequence[RunConfig]) -> tuple[list[str], list[str]]:
+    """Row labels and table columns (task names unless a run names its column) in the order they first appear in the sweep."""
+    return list(dict.fromkeys(c.label for c in configs)), list(dict.fromkeys(c.column_name for c in configs))
+
+
+def table_length(configs: Sequence[RunConfig]) -> int:
+    return max(c.task_config().length for c in configs)
+
+
+def facts_for_rows(configs: Sequence[RunConfig]) -> dict[str, StructureFacts]:
+    """Structure facts per row label, for the model of the row's first run at the table length."""
+    n = table_length(configs)
+    out: dict[str, StructureFacts] = {}
+    for c in configs:
+        if c.label not in out:
+            out[c.label] = structure_facts(c.label, c.model_config(), n)
+    return out
+
+
+def best_cells(summary: Sequence[dict[str, Any]]) -> dict[tuple[str, str], dict[str, Any]]:
+    """Per (label, task): the summary row with the highest mean accuracy over widths (each already the
+    best learning rate)."""
+    cells: dict[tuple[str, str], dict[str, Any]] = {}
+    for row in summary:
+        key = (row["label"], row["column"])
+        if key not in cells or row["acc_mean"] > cells[key]["acc_mean"]:
+            cells[key] = row
+    return cells
+
+
+def throughput(results: Sequence[dict[str, Any]]) -> dict[str, tuple[float, float]]:
+    """Per row label: mean training tokens per wall second (one worker process, as loaded as the
+    machine was) and per CPU second of the worker (what a free core gives)."""
+    by: dict[str, list[tuple[float, float]]] = {}
+    for r in results:
+        by.setdefault(r["label"], []).append((r["tokens_per_s"], r.get("tokens_per_cpu_s", 0.0)))
+    return {k: (statistics.fmean(w for w, _ in v), statistics.fmean(c for _, c in v)) for k, v in by.items()}
+
+
+def acc_cell(cell: dict[str, Any] | None) -> str:
+    if cell is None:
+        return "—"
+    return f"{100 * cell['acc_mean']:.1f} ± {100 * cell['acc_std']:.1f}"
+
+
+TABLE_HEADER = ("mixer", "time/token", "MACs@n", "cache", "positions@n meas/der", "scalars@n meas/der", "path@n")
+
+
+def table_rows(labels: Sequence[str], tasks: Sequence[str], facts: dict[str, StructureFacts],
+               cells: dict[tuple[str, str], dict[str, Any]],
+               tok_s: dict[str, tuple[float, float]]) -> tuple[list[str], list[list[str]]]:
+    """Header and string cells of the comparison table."""
+    header = [*TABLE_HEADER, *tasks, "train tok/s", "tok/CPU-s"]
+    rows = []
+    for label in labels:
+        f = facts[label]
+        mark = "" if f.cache_matches else " (!)"
+        rows.append([
+            label, f.time_complexity, str(f.flops_per_token), f.cache_complexity,
+            f"{f.cache_positions_measured}/{f.cache_positions_derived}{mark}",
+            f"{f.state_size_measured}/{f.state_size_derived}{mark}",
+            _fmt_path(f.shortest_path),
+            *[acc_cell(cells.get((label, t))) for t in tasks],
+            f"{tok_s.get(label, (0.0, 0.0))[0]:,.0f}",
+            f"{tok_s.get(label, (0.0, 0.0))[1]:,.0f}",
+        ])
+    return header, rows
+
+
+def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    esc = [[str(c).replace("|", "\\|") for c in r] for r in rows]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in esc]
+    return "\n".join(lines)
+
+
+def paper_comparison(labels: Sequence[str], cells: dict[tuple[str, str], dict[str, Any]]) -> tuple[list[str], list[list[str]]]:
+    """Measured accuracy next to the paper's Table 1 for the rows the paper has."""
+    header = ["mixer", "paper structure"]
+    for t in PAPER_TASKS:
+        header += [f"{t} (ours)", f"{t} (paper)"]
+    rows = []
+    for label in labels:
+        paper = PAPER_TABLE.get(label)
+        row = [label, paper["structure"] if paper else "—"]
+        for t in PAPER_TASKS:
+            row += [acc_cell(cells.get((label, t))), f"{paper[t]:.2f}" if paper else "—"]
+        rows.append(row)
+    return header, rows
+
+
+def _acc(cells: dict[tuple[str, str], dict[str, Any]], label: str, task: str) -> float | None:
+    c = cells.get((label, task))
+    return None if c is None else c["acc_mean"]
+
+
+def qualitative_findings(cells: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, str]]:
+    """The paper's qualitative claims (framework §5.1), each checked on the measured table.
+
+    A claim is "holds", "does not hold" or "not measured" (a row or column is missing). Margins:
+    "wide" = at least 20 points, "close" = within 5 points.
+    """
+    def get(label, task):
+        return _acc(cells, label, task)
+
+    out = []
+
+    def claim(text: str, needed: list[tuple[str, str]], test) -> None:
+        vals = {k: get(*k) for k in needed}
+        if any(v is None for v in vals.values()):
+            verdict, detail = "not measured", ", ".join(f"{a}/{t}" for (a, t), v in vals.items() if v is None)
+        else:
+            verdict = "holds" if test(vals) else "does not hold"
+            detail = ", ".join(f"{a} {t} {100 * v:.1f}" for (a, t), v in vals.items())
+        out.append({"claim": text, "verdict": verdict, "measured": detail})
+
+    claim("dense recurrence ≥ attention on multi-hop by a wide margin (≥ 20 points)",
+          [("dense_recurrence", "multi_hop"), ("attention", "multi_hop")],
+          lambda v: v[("dense_recurrence", "multi_hop")] - v[("attention", "multi_hop")] >= 0.20)
+    others = ["attention", "local_attention", "kth_order", "dense_recurrence", "pow2", "pow2_ce", "sq1", "sq1_ce"]
+    for task in ("copy", "assoc_recall"):
+        present = [o for o in others if get(o, task) is not None]
+        claim(f"diagonal SSM lowest on {task}", [("diag_ssm", task)] + [(o, task) for o in present],
+              lambda v, task=task, present=present: all(v[("diag_ssm", task)] <= v[(o, task)] for o in present))
+    claim("sq1 ≥ pow2 on copy", [("sq1", "copy"), ("pow2", "copy")],
+          lambda v: v[("sq1", "copy")] >= v[("pow2", "copy")])
+    claim("sq1 close to attention on copy (within 5 points)", [("sq1", "copy"), ("attention", "copy")],
+          lambda v: v[("sq1", "copy")] >= v[("attention", "copy")] - 0.05)
+    for base in ("pow2", "sq1"):
+        claim(f"{base}_ce costs copy accuracy ({base}_ce < {base})", [(f"{base}_ce", "copy"), (base, "copy")],
+              lambda v, b=base: v[(f"{b}_ce", "copy")] < v[(b, "copy")])
+        claim(f"{base}_ce keeps recall ({base}_ce ≥ {base} − 5 points)",
+              [(f"{base}_ce", "assoc_recall"), (base, "assoc_recall")],
+              lambda v, b=base: v[(f"{b}_ce", "assoc_recall")] >= v[(b, "assoc_recall")] - 0.05)
+    return out
+
+
+# --------------------------------------------------------------------------------------- plots
+
+
+def write_plots(out: Path, labels: Sequence[str], tasks: Sequence[str], facts: dict[str, StructureFacts],
+                cells: dict[tuple[str, str], dict[str, Any]]) -> list[Path]:
+    """accuracy_vs_cache.png and accuracy_vs_cost.png: one panel per task, one point per row."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import matplotlib.ticker  # noqa: F401  (NullFormatter)
+
+    paths = []
+    n = next(iter(facts.values())).n
+    for stem, xlabel, xval in (
+        ("accuracy_vs_cache", f"decode cache at n={n} (scalars per sequence, measured)",
+         lambda f: f.state_size_measured),
+        ("accuracy_vs_cost", f"mixing multiply-adds per token at n={n} (derived)", lambda f: f.flops_per_token),
+    ):
+        fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False)
+        for ax, task in zip(axes[0], tasks):
+            for i, label in enumerate(labels):
+                cell = cells.get((label, task))
+                if cell is None:
+                    continue
+                x = max(xval(facts[label]), 1)
+                ax.errorbar([x], [100 * cell["acc_mean"]], yerr=[100 * cell["acc_std"]], fmt="o",
+                            color=plt.cm.tab10(i % 10), capsize=3, label=label)
+                ax.annotate(label, (x, 100 * cell["acc_mean"]), fontsize=7, xytext=(3, 3),
+                            textcoords="offset points")
+            ax.set_xscale("log")
+            ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+            ax.set_ylim(-2, 102)
+            ax.set_title(task)
+            ax.set_xlabel(xlabel, fontsize=8)
+            ax.set_ylabel("test accuracy (%)")
+            ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = out / f"{stem}.png"
+        tmp = out / f".{stem}.tmp.png"
+        fig.savefig(tmp, dpi=110)
+        plt.close(fig)
+        tmp.replace(path)
+        paths.append(path)
+    return paths
+
+
+# -------------------------------------------------------------------------------------- report
+
+
+def report_markdown(preset: str, configs: Sequence[RunConfig], labels: Sequence[str], tasks: Sequence[str],
+                    header: Sequence[str], rows: Sequence[Sequence[str]], cells: dict, summary: Sequence[dict],
+                    wall_seconds: float, trained: int, skipped: int, workers: int, plots: Sequence[Path]) -> str:
+    """The Markdown report: measured table, the paper's table beside it, the claims checked, setup."""
+    n = table_length(configs)
+    seeds = sorted({c.seed for c in configs})
+    lrs = sorted({c.train.lr for c in configs})
+    lines = [
+        f"# tokenmix compare — preset `{preset}`",
+        "",
+        f"{len(configs)} runs ({trained} trained now, {skipped} finished before), {len(labels)} rows × "
+        f"{len(tasks)} tasks × {len(lrs)} learning rate(s) {[f'{lr:g}' for lr in lrs]} × {len(seeds)} seeds; "
+        f"wall time of this invocation {wall_seconds:.0f} s with {workers} worker process(es).",
+        "",
+        "Accuracy: test accuracy (%) on the answer positions, mean ± std over seeds at the learning rate "
+        "with the best mean (zoology's protocol); the test set is generated from its own seed. "
+        f"Structure columns at n = {n}; cache measured after an n-token decode with `model.step`, summed "
+        "over layers, next to the derived accounting ((!) marks a mismatch). Throughput: training tokens "
+        "per wall second of one worker process (depends on the machine's load) and per CPU second of "
+        "that process (what one free core gives).",
+        "",
+        "## Measured",
+        "",
+        markdown_table(header, rows),
+        "",
+    ]
+    if any(t in PAPER_TASKS for t in tasks):
+        ph, pr = paper_comparison(labels, cells)
+        lines += ["## Next to the paper's Table 1 (framework.md §5.1)", "",
+                  "Paper numbers as reproduced by the papernotes note; its task sizes, widths, depths and "
+                  "steps are unknown, so only the ordering is comparable.", "",
+                  markdown_table(ph, pr), ""]
+        findings = qualitative_findings(cells)
+        lines += ["## The paper's qualitative findings, checked on this table", "",
+                  markdown_table(["claim", "verdict", "measured (%)"],
+                                 [[f["claim"], f["verdict"], f["measured"]] for f in findings]), ""]
+    lines += ["## Setup", ""]
+    for task in tasks:
+        c = next(c for c in configs if c.column_name == task)
+        targs = ", ".join(f"{k}={v}" for k, v in c.to_dict()["task_args"].items())
+        lines.append(f"- `{task}`: {targs}")
+    for label in labels:
+        c = next(c for c in configs if c.label == label)
+        m = c.to_dict()["model"]
+        shared = ", ".join(f"{k}={v}" for k, v in m.items() if k not in ("vocab_size", "layers", "mixer_overrides"))
+        extra = f", mixer_overrides={m['mixer_overrides']}" if m.get("mixer_overrides") else ""
+        lines.append(f"- row `{label}`: layers={'+'.join(m['layers'])}{extra}, {shared}, "
+                     f"training mode={c.train.mode or 'default'}")
+    train = {k: v for k, v in configs[0].to_dict()["train"].items() if k not in ("lr", "mode")}
+    lines.append("- training (every run): " + ", ".join(f"{k}={v}" for k, v in train.items())
+                 + f"; seeds {seeds}; learning rates {[f'{lr:g}' for lr in lrs]}")
+    lines += ["", "## Every (row, task, width)", "",
+              markdown_table(["row", "task", "d_model", "best lr", "acc mean", "acc std", "seeds", "acc by lr",
+                              "mean steps", "tok/s", "tok/CPU-s"],
+                             [[s["label"], s["column"], str(s["d_model"]), f"{s['best_lr']:g}",
+                               f"{100 * s['acc_mean']:.1f}", f"{100 * s['acc_std']:.1f}", str(s["n_seeds"]),
+                               ", ".join(f"{k}: {100 * v:.1f}" for k, v in s["acc_by_lr"].items()),
+                               f"{s['steps_mean']:.0f}", f"{s['tokens_per_s']:,.0f}",
+                               f"{s['tokens_per_cpu_s']:,.0f}"] for s in summary]),
+              ""]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    lines += ["Per-run results: `results.csv`, `results.json`, `runs/<run_id>/`; resolved configs: `sweep.json`.", ""]
+    return "\n".join(lines)

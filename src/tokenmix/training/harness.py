@@ -1,0 +1,574 @@
+"""Train/evaluate the one generic model on synthetic tasks over a grid, resumably.
+
+A run is a ``RunConfig``: which task (and its sizes), which model (``ModelConfig`` fields: layers of
+registered mixers, width, heads, MLP), how to train (``TrainConfig``) and the seed. A sweep is a list
+of runs (``experiments/*.py`` build them with comprehensions).
+
+Protocol (zoology's): AdamW, linear warmup + cosine decay, early stopping once the validation
+accuracy reaches ``early_stop_acc``; the checkpoint with the best validation accuracy is scored on
+a held-out test set. The three splits come from three different seeds: training data from the
+run's seed, validation and test sets from ``val_seed`` / ``test_seed`` (the same for every run, so
+all mixers are scored on the same examples). ``summarize`` reports, per (row, task, width), the
+learning rate whose mean test accuracy over seeds is highest, with that mean ± std.
+
+Run directory layout (``run_sweep``)::
+
+    <out>/sweep.json                   every resolved run config of the sweep
+    <out>/runs/<run_id>/config.json    resolved config of one run (written when it starts)
+    <out>/runs/<run_id>/result.json    its result (written atomically when it finishes)
+    <out>/runs/<run_id>/result.csv     the same as one CSV row
+    <out>/results.json, results.csv    all finished runs
+
+Resuming: a run whose ``result.json`` exists is not trained again. The run id ends with a hash of
+the resolved config, so changing anything about a run gives it a new id.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import math
+import multiprocessing as mp
+import os
+import queue as queue_mod
+import re
+import statistics
+import tempfile
+import time
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from tokenmix.models import MixerModel, ModelConfig
+from tokenmix.tasks import IGNORE_INDEX, TaskConfig, TaskData, make_task, masked_accuracy
+from tokenmix.training.optim import build_optimizer
+from tokenmix.training.schedule import build_scheduler
+
+# ---------------------------------------------------------------------------------------- configs
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation and evaluation of one run."""
+
+    lr: float = 1e-3                # peak learning rate
+    steps: int = 1000               # maximum optimiser steps
+    batch_size: int = 64
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1       # cosine decays to this fraction of the peak
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0          # max global gradient norm (0 = off)
+    train_examples: int = 10_000    # size of the training set (generated from the run's seed)
+    val_examples: int = 256
+    test_examples: int = 1_000
+    eval_every: int = 50            # steps between validation passes
+    early_stop_acc: float = 0.99    # stop once validation accuracy reaches this (> 1 = never)
+    patience: int = 0               # stop after this many validations without improvement (0 = off)
+    val_seed: int = 1_000_003
+    test_seed: int = 2_000_003
+    mode: str | None = None         # mixer mode used for training and evaluation (None = fast default)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "train_examples", "val_examples", "test_examples", "eval_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise ValueError(f"train config: {name} must be a positive integer, got {v!r}")
+        if not self.lr > 0:
+            raise ValueError(f"train config: lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0 or self.patience < 0:
+            raise ValueError("train config: warmup_steps and patience must be >= 0")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise ValueError("train config: grad_clip and weight_decay must be >= 0")
+        if self.val_seed == self.test_seed:
+            raise ValueError("train config: val_seed and test_seed must differ (held-out test set)")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """One training run: a row label, a task, a model and its training."""
+
+    label: str                                        # row name in tables, e.g. "pow2" or "attention x3"
+    task: str                                         # registered task name
+    task_args: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)   # ModelConfig fields (vocab_size comes from the task)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    seed: int = 0
+    column: str | None = None                         # table column; None = the task name
+
+    @property
+    def column_name(self) -> str:
+        return self.column or self.task
+
+    def task_config(self) -> TaskConfig:
+        return make_task(self.task, **self.task_args)
+
+    def model_config(self) -> ModelConfig:
+        if "vocab_size" in self.model:
+            raise ValueError(f"run '{self.label}': vocab_size is set by the task, not the model config")
+        known = {f.name for f in dataclasses.fields(ModelConfig)}
+        unknown = sorted(set(self.model) - known)
+        if unknown:
+            raise ValueError(f"run '{self.label}': model config has no field(s) {unknown}; known: {sorted(known)}")
+        kw = dict(self.model)
+        if "layers" in kw and isinstance(kw["layers"], list):
+            kw["layers"] = tuple(kw["layers"])
+        return ModelConfig(vocab_size=self.task_config().model_vocab_size, **kw)
+
+    def validate(self) -> None:
+        """Build the task and model configs (raises ValueError on unknown names or impossible sizes)."""
+        task = self.task_config()
+        self.model_config()
+        if self.seed in (self.train.val_seed, self.train.test_seed):
+            raise ValueError(f"run '{self.label}': seed {self.seed} collides with the validation/test seeds")
+        if self.train.mode is not None:
+            from tokenmix.core.registry import get_mixer_spec
+            for name in self.model_config().layers:
+                if self.train.mode not in get_mixer_spec(name).cls.modes:
+                    raise ValueError(f"run '{self.label}': mixer '{name}' has no mode '{self.train.mode}'")
+        del task
+
+    def to_dict(self) -> dict[str, Any]:
+        """Resolved config: task and model with every default filled in (what run dirs store)."""
+        task = self.task_config().to_dict()
+        task.pop("task")
+        model = dataclasses.asdict(self.model_config())
+        model["layers"] = list(model["layers"])
+        return {"label": self.label, "task": self.task, "column": self.column_name, "task_args": task,
+                "model": model, "train": dataclasses.asdict(self.train), "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
+        model = {k: v for k, v in d["model"].items() if k != "vocab_size"}
+        return cls(label=d["label"], task=d["task"], task_args=dict(d["task_args"]), model=model,
+                   train=TrainConfig(**d["train"]), seed=int(d["seed"]),
+                   column=None if d.get("column", d["task"]) == d["task"] else d["column"])
+
+    @property
+    def run_id(self) -> str:
+        resolved = self.to_dict()
+        digest = hashlib.sha1(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:10]
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.label).strip("-") or "run"
+        col = "" if self.column_name == self.task else "-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", self.column_name)
+        return (f"{self.task}{col}__{slug}__d{resolved['model']['d_model']}__lr{self.train.lr:g}"
+                f"__s{self.seed}__{digest}")
+
+
+# ------------------------------------------------------------------------------------ file output
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write via a temporary file in the same directory and ``os.replace``: never half-written."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def prepare_output_dir(path: str | Path) -> Path:
+    """Create ``path`` (and parents) and check it is writable; one clear ``ValueError`` otherwise.
+
+    Nothing is left behind on failure: directories this call created are removed again.
+    """
+    path = Path(path)
+    created: list[Path] = []
+    try:
+        missing = [p for p in [path, *path.parents] if not p.exists()]
+        for p in reversed(missing):
+            p.mkdir()
+            created.append(p)
+        if not path.is_dir():
+            raise NotADirectoryError("exists and is not a directory")
+        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        for p in reversed(created):
+            try:
+                p.rmdir()
+            except OSError:
+                pass
+        reason = e.strerror or str(e)
+        raise ValueError(f"cannot write to output directory '{path}': {reason}") from None
+    return path
+
+
+def result_csv_row(result: dict[str, Any]) -> dict[str, Any]:
+    keys = ("run_id", "label", "task", "column", "layers", "d_model", "lr", "seed", "test_acc", "best_val_acc",
+            "steps_done", "stop_reason", "train_loss_first", "train_loss_last", "tokens_per_s",
+            "tokens_per_cpu_s", "train_seconds", "train_cpu_seconds", "num_params")
+    row = {k: result.get(k) for k in keys}
+    row["layers"] = "+".join(result.get("layers", []))
+    return row
+
+
+def results_to_csv(results: Sequence[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    rows = [result_csv_row(r) for r in results]
+    fieldnames = list(result_csv_row({}).keys())
+    writer = csv.DictWriter(buf, fieldnames=fieldnames)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+# ---------------------------------------------------------------------------------------- training
+
+
+@lru_cache(maxsize=3)  # train, validation and test split of one (task, seed): presets keep those runs together
+def _dataset(task_json: str, num_examples: int, seed: int) -> TaskData:
+    args = json.loads(task_json)
+    return make_task(args.pop("task"), **args).build(num_examples, seed)
+
+
+def dataset(task: TaskConfig, num_examples: int, seed: int) -> TaskData:
+    """``task.build(num_examples, seed)``, memoised per process (runs of a sweep share their data)."""
+    return _dataset(json.dumps(task.to_dict(), sort_keys=True), num_examples, seed)
+
+
+@torch.no_grad()
+def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str | None = None) -> float:
+    """Accuracy over the answer positions of ``data`` (labels != −100)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    correct = total = 0
+    for i in range(0, len(data), batch_size):
+        logits, _ = model(data.inputs[i : i + batch_size].to(device), mode=mode)
+        logits = logits.cpu()
+        c, n = masked_accuracy(logits, data.labels[i : i + batch_size])
+        correct, total = correct + c, total + n
+    model.train(was_training)
+    return correct / max(total, 1)
+
+
+def train_one(cfg: RunConfig, on_steps: Callable[[int], None] | None = None, device: str = "cpu") -> dict[str, Any]:
+    """Train and evaluate one run on ``device``; returns its result dict (see module docstring).
+
+    ``on_steps(k)`` is called as training advances by k steps (progress bars); when training
+    stops early the remaining budget is reported too, so the total always equals ``train.steps``.
+    """
+    cfg.validate()
+    tc = cfg.train
+    task = cfg.task_config()
+    mcfg = cfg.model_config()
+    train_data = dataset(task, tc.train_examples, cfg.seed)
+    val_data = dataset(task, tc.val_examples, tc.val_seed)
+    test_data = dataset(task, tc.test_examples, tc.test_seed)
+
+    torch.manual_seed(cfg.seed)
+    model = MixerModel(mcfg).to(device)
+    opt = build_optimizer(model, tc.lr, tc.weight_decay)
+    sched = build_scheduler(opt, tc.steps, tc.warmup_steps, tc.min_lr_ratio)
+    gen = torch.Generator().manual_seed(cfg.seed)
+
+    n_train = len(train_data)
+    order = torch.randperm(n_train, generator=gen)
+    cursor = 0
+    losses: list[float] = []
+    curve: list[dict[str, float]] = []
+    best_val, best_state, since_best = -1.0, None, 0
+    stop_reason = "max_steps"
+    train_seconds = cpu_seconds = 0.0
+    tokens = 0
+    reported = 0
+    wall0 = time.perf_counter()
+    step = 0
+    model.train()
+    for step in range(1, tc.steps + 1):
+        t0, c0 = time.perf_counter(), time.process_time()
+        if cursor + tc.batch_size > n_train:
+            order, cursor = torch.randperm(n_train, generator=gen), 0
+        idx = order[cursor : cursor + tc.batch_size]
+        cursor += tc.batch_size
+        x, y = train_data.inputs[idx].to(device), train_data.labels[idx].to(device)
+        logits, _ = model(x, mode=tc.mode)
+        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        if tc.grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+        opt.step()
+        sched.step()
+        losses.append(loss.item())  # synchronises on an accelerator, so the timing below is real
+        train_seconds += time.perf_counter() - t0
+        cpu_seconds += time.process_time() - c0
+        tokens += x.numel()
+        if not math.isfinite(losses[-1]):
+            stop_reason = "diverged"
+            break
+        if step % tc.eval_every == 0 or step == tc.steps:
+            val = evaluate(model, val_data, mode=tc.mode)
+            curve.append({"step": step, "loss": sum(losses[-tc.eval_every:]) / len(losses[-tc.eval_every:]),
+                          "val_acc": val})
+            if val > best_val:
+                best_val, since_best = val, 0
+                best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+            else:
+                since_best += 1
+            if on_steps is not None:
+                on_steps(step - reported)
+                reported = step
+            if val >= tc.early_stop_acc:
+                stop_reason = "early_stop_acc"
+                break
+            if tc.patience and since_best >= tc.patience:
+                stop_reason = "patience"
+                break
+    if on_steps is not None and tc.steps > reported:
+        on_steps(tc.steps - reported)
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    # a run that diverged before its first validation has no checkpoint worth scoring
+    test_acc = evaluate(model, test_data, mode=tc.mode) if best_state is not None else 0.0
+    head = losses[: min(10, len(losses))]
+    tail = losses[-min(10, len(losses)):]
+    return {
+        "run_id": cfg.run_id,
+        "label": cfg.label,
+        "task": cfg.task,
+        "column": cfg.column_name,
+        "layers": list(mcfg.layers),
+        "d_model": mcfg.d_model,
+        "lr": tc.lr,
+        "seed": cfg.seed,
+        "test_acc": test_acc,
+        "best_val_acc": best_val,
+        "steps_done": step,
+        "stop_reason": stop_reason,
+        "train_loss_first": sum(head) / len(head),
+        "train_loss_last": sum(tail) / len(tail),
+        "curve": curve,
+        "tokens_per_s": tokens / train_seconds if train_seconds > 0 else 0.0,
+        # per second of this process's CPU time: what one free core would give (load-independent)
+        "tokens_per_cpu_s": tokens / cpu_seconds if cpu_seconds > 0 else 0.0,
+        "train_seconds": train_seconds,
+        "train_cpu_seconds": cpu_seconds,
+        "wall_seconds": time.perf_counter() - wall0,
+        "num_params": model.num_params(),
+        "threads": torch.get_num_threads(),
+        "device": str(device),
+        "config": cfg.to_dict(),
+    }
+
+
+# ------------------------------------------------------------------------------------------ sweeps
+
+
+@dataclass
+class SweepOutcome:
+    """What ``run_sweep`` did: all finished results (in config order) and how many were trained now."""
+
+    results: list[dict[str, Any]]
+    trained: int
+    skipped: int
+    wall_seconds: float
+
+
+def _run_dir(out: Path, cfg: RunConfig) -> Path:
+    return out / "runs" / cfg.run_id
+
+
+def load_result(out: Path, cfg: RunConfig) -> dict[str, Any] | None:
+    """The finished result of ``cfg`` under ``out``, or None if it has not finished."""
+    path = _run_dir(out, cfg) / "result.json"
+    if not path.is_file():
+        return None
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return res if res.get("run_id") == cfg.run_id else None
+
+
+def _execute(cfg_dict: dict[str, Any], out: str, threads: int | None, progress_queue: Any = None,
+             device: str = "cpu") -> dict[str, Any]:
+    """Train one run and write its files (used in-process and by pool workers)."""
+    if threads:
+        torch.set_num_threads(threads)
+    cfg = RunConfig.from_dict(cfg_dict)
+    run_dir = _run_dir(Path(out), cfg)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(run_dir / "config.json", cfg.to_dict())
+    on_steps = (lambda k: progress_queue.put(k)) if progress_queue is not None else None
+    result = train_one(cfg, on_steps, device)
+    atomic_write_text(run_dir / "result.csv", results_to_csv([result]))
+    atomic_write_json(run_dir / "result.json", result)  # last: its presence marks the run finished
+    return result
+
+
+def _worker_init(threads: int | None) -> None:
+    if threads:
+        torch.set_num_threads(threads)
+
+
+def check_device(device: str) -> None:
+    """Raise ``ValueError`` with one line if torch cannot allocate on ``device``."""
+    try:
+        torch.empty(0, device=device)
+    except (RuntimeError, AssertionError) as e:
+        raise ValueError(f"device '{device}' is not usable: {str(e).splitlines()[0]}") from None
+
+
+def validate_sweep(configs: Iterable[RunConfig]) -> list[RunConfig]:
+    """Validate every run up front and refuse duplicate runs; returns the list."""
+    configs = list(configs)
+    if not configs:
+        raise ValueError("the sweep has no runs")
+    seen: dict[str, RunConfig] = {}
+    for cfg in configs:
+        cfg.validate()
+        rid = cfg.run_id
+        if rid in seen:
+            raise ValueError(f"the sweep lists run '{rid}' twice")
+        seen[rid] = cfg
+    return configs
+
+
+def run_sweep(configs: Sequence[RunConfig], out: str | Path, workers: int = 1, threads: int | None = None,
+              progress: bool = True, console: Any = None, device: str = "cpu") -> SweepOutcome:
+    """Run every config not finished yet under ``out``; write per-run and sweep-level files.
+
+    Args:
+        configs: the runs (validated here before anything is written).
+        out: run directory (created; must be writable).
+        workers: parallel worker processes (1 = in this process).
+        threads: torch threads per worker (None = leave torch's default).
+        progress: show a rich progress bar (steps of all pending runs).
+        device: torch device of the training ("cpu", "cuda", "cuda:1", ...); not part of the run id.
+    """
+    configs = validate_sweep(configs)
+    check_device(device)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    out = prepare_output_dir(out)
+    (out / "runs").mkdir(exist_ok=True)
+    atomic_write_json(out / "sweep.json", [c.to_dict() for c in configs])
+    t0 = time.perf_counter()
+    done: dict[str, dict[str, Any]] = {}
+    pending: list[RunConfig] = []
+    for cfg in configs:
+        res = load_result(out, cfg)
+        if res is None:
+            pending.append(cfg)
+        else:
+            done[cfg.run_id] = res
+    skipped = len(done)
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
+        TimeRemainingColumn
+
+    total_steps = sum(c.train.steps for c in pending)
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("steps"), TimeElapsedColumn(), TimeRemainingColumn(),
+                   console=console, disable=not progress or not pending, transient=False)
+    with bar:
+        task_id = bar.add_task(f"{len(pending)} runs ({skipped} done before)", total=total_steps)
+        finished_now = 0
+
+        def describe() -> str:
+            return f"runs {finished_now}/{len(pending)} ({skipped} done before)"
+
+        if workers == 1 or len(pending) <= 1:
+            prev_threads = torch.get_num_threads()
+            try:
+                for cfg in pending:
+                    bar.update(task_id, description=f"{describe()} {cfg.task}/{cfg.label}")
+                    res = _execute(cfg.to_dict(), str(out), threads, _BarSink(bar, task_id), device)
+                    done[cfg.run_id] = res
+                    finished_now += 1
+            finally:
+                torch.set_num_threads(prev_threads)
+        else:
+            ctx = mp.get_context("spawn")
+            with ctx.Manager() as manager:
+                q = manager.Queue()
+                with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
+                                         initargs=(threads,)) as pool:
+                    futures = {pool.submit(_execute, c.to_dict(), str(out), threads, q, device): c for c in pending}
+                    remaining = set(futures)
+                    bar.update(task_id, description=describe())
+                    while remaining:
+                        finished, remaining = wait(remaining, timeout=0.5, return_when=FIRST_COMPLETED)
+                        _drain(q, bar, task_id)
+                        for fut in finished:
+                            res = fut.result()  # re-raises a worker's exception
+                            done[res["run_id"]] = res
+                            finished_now += 1
+                        bar.update(task_id, description=describe())
+                    _drain(q, bar, task_id)
+        bar.update(task_id, description=describe())
+
+    results = [done[c.run_id] for c in configs]
+    atomic_write_json(out / "results.json", results)
+    atomic_write_text(out / "results.csv", results_to_csv(results))
+    return SweepOutcome(results, trained=len(pending), skipped=skipped, wall_seconds=time.perf_counter() - t0)
+
+
+class _BarSink:
+    """Queue-like sink that advances the progress bar (in-process runs)."""
+
+    def __init__(self, bar: Any, task_id: Any) -> None:
+        self.bar, self.task_id = bar, task_id
+
+    def put(self, k: int) -> None:
+        self.bar.advance(self.task_id, k)
+
+
+def _drain(q: Any, bar: Any, task_id: Any) -> None:
+    while True:
+        try:
+            k = q.get_nowait()
+        except queue_mod.Empty:
+            return
+        bar.advance(task_id, k)
+
+
+# --------------------------------------------------------------------------------------- summaries
+
+
+def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (label, column, d_model): the learning rate with the highest mean test accuracy over seeds
+    (zoology's max over learning rates), with that mean, its std over seeds and every lr's mean.
+
+    Row order follows the first appearance of each (label, column, d_model) in ``results``; the column
+    is the task name unless the run config names another (e.g. one task at several sizes).
+    """
+    groups: dict[tuple[str, str, int], dict[float, list[dict[str, Any]]]] = {}
+    for r in results:
+        groups.setdefault((r["label"], r.get("column", r["task"]), r["d_model"]), {}).setdefault(r["lr"], []).append(r)
+    rows = []
+    for (label, task, d_model), by_lr in groups.items():
+        per_lr = {}
+        for lr, rs in by_lr.items():
+            accs = [r["test_acc"] for r in rs]
+            per_lr[lr] = (statistics.fmean(accs), statistics.stdev(accs) if len(accs) > 1 else 0.0, len(accs))
+        best_lr = max(per_lr, key=lambda lr: (per_lr[lr][0], -lr))
+        mean, std, n = per_lr[best_lr]
+        best_runs = by_lr[best_lr]
+        rows.append({
+            "label": label, "column": task, "task": by_lr[next(iter(by_lr))][0]["task"], "d_model": d_model, "best_lr": best_lr,
+            "acc_mean": mean, "acc_std": std, "n_seeds": n,
+            "acc_by_lr": {f"{lr:g}": per_lr[lr][0] for lr in sorted(per_lr)},
+            "tokens_per_s": statistics.fmean(r["tokens_per_s"] for rs in by_lr.values() for r in rs),
+            "tokens_per_cpu_s": statistics.fmean(r.get("tokens_per_cpu_s", 0.0) for rs in by_lr.values() for r in rs),
+            "train_seconds": sum(r["train_seconds"] for rs in by_lr.values() for r in rs),
+            "steps_mean": statistics.fmean(r["steps_done"] for r in best_runs),
+        })
+    return rows

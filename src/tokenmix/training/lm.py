@@ -1,0 +1,484 @@
+"""Language-model training, evaluation and baselines on prepared text (``tokenmix train lm``).
+
+    train_lm(cfg, run_dir, resume=False) -> TrainResult
+    evaluate_windows(model, windows, ...) -> {"loss", "ppl", "tokens", "per_position_loss"}
+    bigram_baseline(train_ids, windows, vocab_size) -> {"bigram_ppl", "unigram_ppl", ...}
+    load_run(run_dir) -> LoadedRun (config, model with the latest weights, tokenizer)
+
+A run directory holds ``config.json`` (the resolved RunConfig), ``tokenizer.json``,
+``metrics.jsonl`` (one JSON object per optimizer step, plus validation and baseline records),
+``checkpoints/`` (see checkpoint.py), ``summary.json`` and, when tensorboard is installed, ``tb/``.
+
+Exact resume: the model, AdamW state, RNG state, the data position and the step are restored; the
+learning rate is a function of the step; nothing else carries state. On CPU a resumed run computes
+bit for bit what the uninterrupted run computes. Under ``torchrun`` every rank computes its share
+of the same global batch (see data/loader.py), gradients are averaged by DDP or FSDP, and rank 0
+alone logs and writes checkpoints.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import shutil
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tokenmix.data.loader import DataPosition, TokenBatches, eval_windows, shard
+from tokenmix.data.prepare import PreparedData, prepare_data
+from tokenmix.models import MixerModel
+from tokenmix.training.checkpoint import (CheckpointError, latest_checkpoint, load_model_weights, load_training_state,
+                                          save_checkpoint, write_json_atomic)
+from tokenmix.training.config import RunConfig, with_vocab
+from tokenmix.training.distributed import DistContext, setup_distributed, wrap_model
+from tokenmix.training.optim import build_optimizer
+from tokenmix.training.schedule import warmup_cosine
+
+BIGRAM_SMOOTHING_GRID = (0.01, 0.1, 1.0, 10.0, 100.0)
+
+
+class TrainingDiverged(ValueError):
+    """The loss became non-finite (a configuration problem: usually the learning rate)."""
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps: int
+    val_loss: float
+    val_ppl: float
+    bigram_ppl: float
+    unigram_ppl: float
+    tokens: int
+    seconds: float
+    num_params: int
+
+
+# ------------------------------------------------------------------------------------ baselines
+def bigram_baseline(train_ids: np.ndarray, windows: list[Tensor], vocab_size: int) -> dict:
+    """Count-based bigram and unigram perplexities on exactly the targets the model is scored on.
+
+    P(b | a) = (c(a, b) + lam * P_uni(b)) / (c(a) + lam), with P_uni add-one smoothed and lam the
+    value of BIGRAM_SMOOTHING_GRID with the lowest validation loss (so the baseline is tuned on the
+    data it is compared on, which only makes it stronger).
+    """
+    ids = np.asarray(train_ids, dtype=np.int64)
+    v = vocab_size
+    uni = np.bincount(ids, minlength=v).astype(np.float64) + 1.0
+    p_uni = uni / uni.sum()
+    pairs, counts = np.unique(ids[:-1] * v + ids[1:], return_counts=True)
+    prev_count = np.bincount(ids[:-1], minlength=v).astype(np.float64)
+    if windows:
+        prev = np.concatenate([w[:-1].numpy() for w in windows])
+        nxt = np.concatenate([w[1:].numpy() for w in windows])
+    else:
+        prev = nxt = np.zeros(0, dtype=np.int64)
+    if len(nxt) == 0:
+        return {"bigram_ppl": float("nan"), "unigram_ppl": float("nan"), "bigram_smoothing": None, "tokens": 0}
+    q = prev * v + nxt
+    pos = np.searchsorted(pairs, q).clip(max=len(pairs) - 1)
+    c_ab = np.where(pairs[pos] == q, counts[pos], 0).astype(np.float64)
+    best = None
+    for lam in BIGRAM_SMOOTHING_GRID:
+        p = (c_ab + lam * p_uni[nxt]) / (prev_count[prev] + lam)
+        nll = float(-np.log(p).mean())
+        if best is None or nll < best[1]:
+            best = (lam, nll)
+    uni_nll = float(-np.log(p_uni[nxt]).mean())
+    return {"bigram_ppl": math.exp(best[1]), "bigram_loss": best[1], "bigram_smoothing": best[0],
+            "unigram_ppl": math.exp(uni_nll), "unigram_loss": uni_nll, "tokens": int(len(nxt))}
+
+
+# ------------------------------------------------------------------------------------ evaluation
+def _autocast(device: torch.device, precision: str):
+    if precision == "bf16":
+        return torch.autocast(device.type, dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+@torch.no_grad()
+def evaluate_windows(model: nn.Module, windows: list[Tensor], batch_size: int, device: torch.device,
+                     precision: str = "fp32", ctx: DistContext | None = None) -> dict:
+    """Mean next-token loss over ``windows`` (each [L + 1]), and the mean loss at each position.
+
+    Under torchrun the windows are dealt round-robin to ranks; every rank runs the same number of
+    forward passes (a rank without a window of its own repeats one with weight 0), which FSDP needs
+    because each forward is a collective there.
+    """
+    ctx = ctx or DistContext()
+    was_training = model.training
+    model.eval()
+    by_len: dict[int, list[Tensor]] = {}
+    for w in windows:
+        by_len.setdefault(len(w), []).append(w)
+    max_len = max((len(w) for w in windows), default=1) - 1
+    pos_sum = torch.zeros(max(max_len, 1), dtype=torch.float64)
+    pos_cnt = torch.zeros(max(max_len, 1), dtype=torch.float64)
+    for length in sorted(by_len):
+        group = by_len[length]
+        mine = group[ctx.rank :: ctx.world_size]
+        n_batches = math.ceil(math.ceil(len(group) / ctx.world_size) / batch_size)
+        for bi in range(n_batches):
+            rows = mine[bi * batch_size : (bi + 1) * batch_size]
+            weight = 1.0
+            if not rows:  # keep the collective count equal on every rank
+                rows, weight = group[:1], 0.0
+            x = torch.stack(rows).to(device)
+            with _autocast(device, precision):
+                logits, _ = model(x[:, :-1])
+            nll = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten(), reduction="none")
+            nll = nll.view(x.shape[0], -1).double().cpu()
+            pos_sum[: length - 1] += weight * nll.sum(0)
+            pos_cnt[: length - 1] += weight * nll.shape[0]
+    if ctx.distributed:
+        sums = ctx.all_reduce_sum(pos_sum.tolist() + pos_cnt.tolist())
+        pos_sum = torch.tensor(sums[: len(pos_sum)], dtype=torch.float64)
+        pos_cnt = torch.tensor(sums[len(pos_cnt) :], dtype=torch.float64)
+    model.train(was_training)
+    tokens = float(pos_cnt.sum())
+    loss = float(pos_sum.sum() / tokens) if tokens else float("nan")
+    per_pos = (pos_sum / pos_cnt.clamp(min=1)).tolist()
+    return {"loss": loss, "ppl": math.exp(loss) if tokens else float("nan"), "tokens": int(tokens),
+            "per_position_loss": per_pos}
+
+
+# ------------------------------------------------------------------------------------ run directory
+class RunLogger:
+    """metrics.jsonl (every record), console lines or a rich progress bar, optional TensorBoard. Rank 0 only."""
+
+    def __init__(self, run_dir: Path, enabled: bool, total_steps: int, start_step: int, progress: bool,
+                 tensorboard: bool, quiet: bool = False) -> None:
+        self.enabled, self.quiet = enabled, quiet
+        self.path = run_dir / "metrics.jsonl"
+        self._file = open(self.path, "a") if enabled else None
+        self._progress = self._task = None
+        if enabled and progress and not quiet:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+            self._progress = Progress(TextColumn("[bold]train[/]"), BarColumn(), MofNCompleteColumn(),
+                                      TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+            self._progress.start()
+            self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
+        self._tb = None
+        if enabled and tensorboard:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self._tb = SummaryWriter(str(run_dir / "tb"))
+            except ImportError:  # tensorboard is optional
+                self._tb = None
+
+    def record(self, rec: dict) -> None:
+        if not self.enabled:
+            return
+        self._file.write(json.dumps(rec) + "\n")
+        self._file.flush()
+        if self._tb is not None and "step" in rec:
+            for k, v in rec.items():
+                if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool):
+                    self._tb.add_scalar(k, v, rec["step"])
+
+    def say(self, text: str) -> None:
+        if not self.enabled or self.quiet:
+            return
+        if self._progress is not None:
+            self._progress.console.print(text, markup=False)
+        else:
+            print(text, flush=True)
+
+    def advance(self, step: int, info: str) -> None:
+        if self._progress is not None:
+            self._progress.update(self._task, completed=step, info=info)
+
+    def close(self) -> None:
+        if self._progress is not None:
+            self._progress.stop()
+        if self._tb is not None:
+            self._tb.close()
+        if self._file is not None:
+            self._file.close()
+
+
+def _truncate_metrics(path: Path, last_step: int) -> None:
+    """Drop records of steps after the checkpoint a run resumes from (the killed run wrote them)."""
+    if not path.is_file():
+        return
+    keep = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut by the kill
+        if rec.get("step", 0) <= last_step:
+            keep.append(line)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("".join(l + "\n" for l in keep))
+    tmp.replace(path)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
+
+
+# ------------------------------------------------------------------------------------ training
+def _prepare(cfg: RunConfig, ctx: DistContext, verbose: bool) -> tuple[RunConfig, PreparedData]:
+    """Prepare the data on rank 0, then open it everywhere; resolve vocab size and data directory."""
+    data = None
+    err: str | None = None
+    if ctx.is_main:
+        try:
+            data = prepare_data(cfg.data, verbose=verbose)
+        except Exception as e:  # other ranks must not wait forever on a barrier
+            err = f"{type(e).__name__}: {e}"
+            if not ctx.distributed:
+                raise
+    err = ctx.broadcast_object(err)
+    if err is not None:
+        raise ValueError(err.split(": ", 1)[1])
+    ddir = ctx.broadcast_object(str(data.dir) if data is not None else None)
+    if data is None:
+        data = PreparedData(ddir)
+    cfg = with_vocab(cfg, data.vocab_size)
+    cfg = replace(cfg, data=replace(cfg.data, dir=str(data.dir)))
+    return cfg, data
+
+
+def train_lm(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool | None = None,
+             quiet: bool = False) -> TrainResult:
+    """Train (or resume) the language model of ``cfg`` in ``run_dir``; see the module docstring."""
+    run_dir = Path(run_dir)
+    tc = cfg.train
+    ctx = setup_distributed(tc.device)
+    try:
+        return _train(cfg, run_dir, resume, progress, quiet, ctx)
+    finally:
+        ctx.close()
+
+
+def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, quiet: bool,
+           ctx: DistContext) -> TrainResult:
+    tc = cfg.train
+    if tc.threads:
+        torch.set_num_threads(tc.threads)
+    ckpt_root = run_dir / "checkpoints"
+    start_ckpt = None
+    if resume:
+        start_ckpt = latest_checkpoint(ckpt_root)
+        if start_ckpt is None:
+            raise ValueError(f"cannot resume: {run_dir} has no checkpoint (checkpoints/latest.json)")
+    elif (ckpt_root / "latest.json").exists():
+        raise ValueError(f"run directory {run_dir} already holds a run; use --resume {run_dir} or another --out")
+    if tc.batch_size % (tc.grad_accum * ctx.world_size):
+        raise ValueError(f"train.batch_size={tc.batch_size} must be divisible by grad_accum * world size = "
+                         f"{tc.grad_accum * ctx.world_size}")
+
+    cfg, data = _prepare(cfg, ctx, verbose=ctx.is_main and not quiet)
+    tc = cfg.train
+    if ctx.is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if not resume:
+            for stale in ("metrics.jsonl", "summary.json"):  # left by a run killed before its first checkpoint
+                (run_dir / stale).unlink(missing_ok=True)
+            write_json_atomic(run_dir / "config.json", cfg.to_dict())
+            shutil.copyfile(data.dir / "tokenizer.json", run_dir / "tokenizer.json")
+    ctx.barrier()
+
+    train_ids = data.split("train")
+    val_windows = eval_windows(data.split("val"), tc.seq_len, tc.eval_windows)
+    if not val_windows:
+        raise ValueError("the validation split is empty; use a larger corpus or a larger data.val_fraction")
+
+    torch.manual_seed(tc.seed)  # identical initial weights on every rank and in every run
+    model = MixerModel(cfg.model).to(ctx.device)
+    num_params = model.num_params()
+    wrapped = wrap_model(model, ctx, tc.parallel)
+    optimizer = build_optimizer(wrapped, tc.lr, tc.weight_decay, (tc.beta1, tc.beta2), tc.eps)  # decay on matrices only
+
+    step, tokens_seen, position = 0, 0, DataPosition()
+    if start_ckpt is not None:
+        meta = load_training_state(start_ckpt, wrapped, optimizer, model)
+        step, tokens_seen = int(meta["step"]), int(meta["tokens"])
+        position = DataPosition.from_dict(meta["data_position"])
+        if ctx.is_main:
+            _truncate_metrics(run_dir / "metrics.jsonl", step)
+    batches = TokenBatches(train_ids, tc.seq_len, tc.batch_size, tc.seed, position)
+
+    if progress is None:
+        progress = sys.stderr.isatty()
+    log = RunLogger(run_dir, ctx.is_main, tc.max_steps, step, progress, tc.tensorboard, quiet)
+    try:
+        return _loop(cfg, run_dir, ctx, data, wrapped, optimizer, batches, val_windows, step, tokens_seen,
+                     num_params, log, resume)
+    finally:
+        log.close()
+
+
+def _loop(cfg: RunConfig, run_dir: Path, ctx: DistContext, data: PreparedData, wrapped: nn.Module,
+          optimizer: torch.optim.Optimizer, batches: TokenBatches, val_windows: list[Tensor], step: int,
+          tokens_seen: int, num_params: int, log: RunLogger, resumed: bool) -> TrainResult:
+    tc = cfg.train
+    ckpt_root = run_dir / "checkpoints"
+    micro = tc.batch_size // (tc.grad_accum * ctx.world_size)
+    eval_batch = max(micro, 1)
+    baseline = {}
+    if ctx.is_main:
+        baseline = bigram_baseline(train_ids=data.split("train"), windows=val_windows, vocab_size=data.vocab_size)
+        if not resumed:
+            log.record({"step": 0, "event": "baseline", **baseline})
+        layers = ",".join(cfg.model.layers)
+        log.say(f"model: {num_params:,} parameters, layers {layers}, d_model {cfg.model.d_model}, vocab "
+                f"{cfg.model.vocab_size}; {tc.max_steps} steps of {tc.batch_size} x {tc.seq_len} tokens"
+                f"{f' on {ctx.world_size} ranks ({tc.parallel})' if ctx.distributed else ''}")
+        log.say(f"baselines on validation: bigram ppl {baseline['bigram_ppl']:.2f}, unigram ppl "
+                f"{baseline['unigram_ppl']:.2f}")
+        if resumed:
+            log.say(f"resumed from step {step} ({tokens_seen:,} tokens)")
+    baseline = ctx.broadcast_object(baseline)
+
+    def checkpoint_meta() -> dict:
+        return {"tokens": tokens_seen, "data_position": batches.position.to_dict(),
+                "scheduler": {"kind": "warmup_cosine", "step": step, "peak_lr": tc.lr, "warmup_steps": tc.warmup_steps,
+                              "total_steps": tc.max_steps, "min_lr_ratio": tc.min_lr_ratio},
+                "config": cfg.to_dict(), "num_params": num_params}
+
+    last_val = None
+    wrapped.train()
+    window_t0, window_tokens = time.perf_counter(), 0
+    start_time = time.perf_counter()
+    tokens_per_step = tc.batch_size * tc.seq_len
+    while step < tc.max_steps:
+        lr = tc.lr * warmup_cosine(step, tc.max_steps, tc.warmup_steps, tc.min_lr_ratio)  # a function of the step alone
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+        batch = batches.next_batch()
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        for a in range(tc.grad_accum):
+            x = shard(batch, a, tc.grad_accum, ctx.rank, ctx.world_size).to(ctx.device)
+            last_micro = a == tc.grad_accum - 1
+            with _grad_sync(wrapped, enabled=last_micro), _autocast(ctx.device, tc.precision):
+                logits, _ = wrapped(x[:, :-1])
+            loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
+            (loss / tc.grad_accum).backward()
+            loss_sum += loss.detach().double().cpu()
+        max_norm = tc.grad_clip if tc.grad_clip > 0 else float("inf")
+        grad_norm = torch.nn.utils.clip_grad_norm_(wrapped.parameters(), max_norm)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        tokens_seen += tokens_per_step
+        window_tokens += tokens_per_step
+        loss_value = ctx.all_reduce_sum([float(loss_sum) / tc.grad_accum])[0] / ctx.world_size
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
+        now = time.perf_counter()
+        rec = {"step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm, "tokens": tokens_seen,
+               "elapsed_s": round(now - start_time, 3)}
+        if not math.isfinite(loss_value):
+            raise TrainingDiverged(f"training diverged at step {step} (loss {loss_value}); lower train.lr")
+        log.record(rec)
+        if step % tc.log_every == 0 or step == tc.max_steps:
+            tps = window_tokens / max(now - window_t0, 1e-9)
+            window_t0, window_tokens = now, 0
+            info = f"loss {loss_value:.3f}  lr {lr:.2e}  {tps:,.0f} tok/s"
+            log.advance(step, info)
+            if log._progress is None:
+                log.say(f"step {step}/{tc.max_steps}  {info}")
+        if step % tc.eval_every == 0 or step == tc.max_steps:
+            last_val = evaluate_windows(wrapped, val_windows, eval_batch, ctx.device, tc.precision, ctx)
+            log.record({"step": step, "split": "val", "val_loss": last_val["loss"], "val_ppl": last_val["ppl"]})
+            log.say(f"step {step}: val loss {last_val['loss']:.4f}, ppl {last_val['ppl']:.2f} "
+                    f"(bigram {baseline['bigram_ppl']:.2f})")
+        if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.max_steps:
+            save_checkpoint(ckpt_root, step, wrapped, optimizer, checkpoint_meta(), tc.keep_checkpoints, ctx.is_main)
+            ctx.barrier()
+    if last_val is None:  # nothing left to train (resumed at the end): report the checkpoint's quality
+        last_val = evaluate_windows(wrapped, val_windows, eval_batch, ctx.device, tc.precision, ctx)
+    seconds = time.perf_counter() - start_time
+    result = TrainResult(run_dir, step, last_val["loss"], last_val["ppl"], baseline["bigram_ppl"],
+                         baseline["unigram_ppl"], tokens_seen, seconds, num_params)
+    if ctx.is_main:
+        summary = {"steps": step, "val_loss": last_val["loss"], "val_ppl": last_val["ppl"],
+                   "bigram_ppl": baseline["bigram_ppl"], "unigram_ppl": baseline["unigram_ppl"],
+                   "num_params": num_params, "tokens": tokens_seen, "train_seconds_this_session": round(seconds, 1)}
+        write_json_atomic(run_dir / "summary.json", summary)
+        ratio = baseline["bigram_ppl"] / last_val["ppl"]
+        log.say(f"done: val ppl {last_val['ppl']:.2f} vs bigram {baseline['bigram_ppl']:.2f} "
+                f"({ratio:.2f}x lower), unigram {baseline['unigram_ppl']:.2f}; run directory {run_dir}")
+    return result
+
+
+@contextlib.contextmanager
+def _grad_sync(model: nn.Module, enabled: bool):
+    """Skip the gradient all-reduce on accumulation micro-steps before the last (DDP and FSDP)."""
+    if enabled:
+        yield
+        return
+    if hasattr(model, "no_sync"):  # DDP
+        with model.no_sync():
+            yield
+    elif hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            model.set_requires_gradient_sync(True)
+    else:
+        yield
+
+
+# ------------------------------------------------------------------------------------ loading runs
+@dataclass
+class LoadedRun:
+    config: RunConfig
+    model: MixerModel
+    tokenizer: object
+    checkpoint: Path
+    meta: dict
+
+
+def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
+    """The run's config, its model with the latest checkpoint's weights (verified), and its tokenizer."""
+    from tokenmix.data.tokenizer import load_tokenizer
+
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise FileNotFoundError(f"run directory '{run_dir}' does not exist")
+    cfg_path = run_dir / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"'{run_dir}' is not a run directory (no config.json)")
+    try:
+        cfg = RunConfig.from_dict(json.loads(cfg_path.read_text()))
+    except json.JSONDecodeError as e:
+        raise ValueError(f"'{cfg_path}' is not valid JSON ({e})") from None
+    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    if ckpt is None:
+        raise CheckpointError(f"run directory '{run_dir}' has no checkpoint yet")
+    model = MixerModel(cfg.model)
+    meta = load_model_weights(ckpt, model)
+    model.to(device).eval()
+    tok = load_tokenizer(run_dir / "tokenizer.json")
+    if tok.get_vocab_size() != cfg.model.vocab_size:
+        raise ValueError(f"'{run_dir}/tokenizer.json' has {tok.get_vocab_size()} tokens but the model "
+                         f"{cfg.model.vocab_size}")
+    return LoadedRun(cfg, model, tok, ckpt, meta)
+
+
+def evaluate_run(run_dir: str | Path, split: str = "test", max_windows: int = 0, batch_size: int = 8) -> dict:
+    """Perplexity and per-position loss of a run's latest checkpoint on a split of its data, with the
+    bigram and unigram baselines (counted on the train split) on the same tokens."""
+    run = load_run(run_dir)
+    data = prepare_data(run.config.data)  # reuses the run's prepared directory (re-made if it was deleted)
+    windows = eval_windows(data.split(split), run.config.train.seq_len, max_windows)
+    if not windows:
+        raise ValueError(f"the {split} split of {data.dir} is empty")
+    res = evaluate_windows(run.model, windows, batch_size, torch.device("cpu"), "fp32")
+    base = bigram_baseline(data.split("train"), windows, data.vocab_size)
+    return {"split": split, "step": run.meta["step"], "checkpoint": str(run.checkpoint), **res,
+            "bigram_ppl": base["bigram_ppl"], "unigram_ppl": base["unigram_ppl"]}

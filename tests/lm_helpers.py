@@ -1,0 +1,45 @@
+"""Shared helpers of the language-modelling tests: tiny runs in subprocesses, metrics reading."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+# every test run: the tiny preset, one thread (deterministic and fast on a shared machine)
+TINY = ["train.threads=1", "train.log_every=100", "train.eval_windows=2"]
+
+
+def lm_env(cache: Path) -> dict:
+    env = dict(os.environ)
+    env.update({"TOKENMIX_CACHE": str(cache), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    return env
+
+
+def tokenmix_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "tokenmix", *args]
+
+
+def run_tokenmix(args: list[str], cache: Path, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(tokenmix_cmd(*args), env=lm_env(cache), capture_output=True, text=True, timeout=timeout)
+
+
+def step_losses(run_dir: Path) -> dict[int, float]:
+    recs = [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    return {r["step"]: r["loss"] for r in recs if "loss" in r}
+
+
+def val_losses(run_dir: Path) -> dict[int, float]:
+    recs = [json.loads(l) for l in (Path(run_dir) / "metrics.jsonl").read_text().splitlines() if l.strip()]
+    return {r["step"]: r["val_loss"] for r in recs if "val_loss" in r}
+
+
+def one_thread():
+    """Generator for a fixture: tiny models run faster on one thread, and far faster on a loaded machine."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -1,0 +1,148 @@
+"""`tokenmix compare`: a tiny preset end to end (table, report, plots, resume), the structure columns,
+the paper's claims checked on a table, and bad input as one line with exit status 2."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from tokenmix.cli.main import main
+from tokenmix.models import ModelConfig
+from tokenmix.patterns import get_pattern, pattern_report
+from tokenmix.training.compare import qualitative_findings, structure_facts
+from tokenmix.training.presets import load_preset, preset_names
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+TINY_PRESET = '''
+from tokenmix.training.harness import RunConfig, TrainConfig
+
+DEFAULT_MIXERS = ("pow2", "first_order", "not_a_registered_mixer")
+TRAIN = TrainConfig(lr=1e-2, steps=4, batch_size=4, warmup_steps=1, train_examples=16, val_examples=4,
+                    test_examples=8, eval_every=2)
+TASKS = {TASKS}
+
+
+def {NAME}(extra_mixers=()):
+    mixers = ["pow2", "first_order", *extra_mixers]
+    return [RunConfig(label=m, task=t, task_args=a, seed=s, train=TRAIN,
+                      model=dict(d_model=8, n_heads=2, mlp=False, layers=[m]))
+            for s in (0, 1, 2) for t, a in TASKS.items() for m in mixers]
+'''
+GOOD_TASKS = {"copy": dict(vocab_size=6, seq_len=8, copy_len=3, offset=4),
+              "assoc_recall": dict(vocab_size=12, seq_len=8, num_kv_pairs=2),
+              "multi_hop": dict(vocab_size=12, seq_len=8, num_chains=1, hops=2)}
+
+
+def write_preset(tmp_path: Path, name: str = "tiny", tasks: dict | None = None) -> Path:
+    path = tmp_path / f"{name}.py"
+    path.write_text(TINY_PRESET.replace("{TASKS}", repr(tasks or GOOD_TASKS)).replace("{NAME}", name))
+    return path
+
+
+def test_compare_tiny_preset_end_to_end_and_resume(tmp_path, capsys):
+    preset = write_preset(tmp_path)
+    out = tmp_path / "run"
+    argv = ["compare", "--preset", str(preset), "--out", str(out), "--workers", "1", "--no-progress"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert "not_a_registered_mixer" in captured.err  # default row skipped with a note
+    table = captured.out
+    for needle in ("pow2", "first_order", "copy", "assoc_recall", "multi_hop", "O(log n)", "O(1)", "path@n"):
+        assert needle in table
+    assert "18 runs trained, 0 already finished" in table
+
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["rows"] == ["pow2", "first_order"] and summary["columns"] == list(GOOD_TASKS)
+    pow2 = summary["structure"]["pow2"]
+    assert pow2["cache_matches"] and pow2["shortest_path"] == str(int(pattern_report(get_pattern("pow2"), 8)["shortest_path_max"]))
+    assert summary["structure"]["first_order"]["shortest_path"] == "7"  # n - 1 hops at n = 8
+    assert {row["n_seeds"] for row in summary["summary"]} == {3}
+    report = (out / "report.md").read_text()
+    assert "## Next to the paper's Table 1" in report and "| pow2 | f(k) = 2^k |" in report
+    assert "92.63" in report and "not measured" in report  # the paper's pow2 copy; claims lacking rows
+    for png in ("accuracy_vs_cache.png", "accuracy_vs_cost.png"):
+        assert (out / png).read_bytes()[:8] == PNG_SIGNATURE
+    assert len((out / "results.csv").read_text().splitlines()) == 19
+
+    # second invocation: every run is finished, nothing is trained again
+    stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/result.json")}
+    assert main(argv) == 0
+    assert "0 runs trained, 18 already finished" in capsys.readouterr().out
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/result.json")} == stamps
+
+
+def test_structure_facts_measured_cache_equals_derived():
+    facts = structure_facts("pow2_ce", ModelConfig(vocab_size=10, d_model=8, n_heads=2, layers=("pow2_ce", "pow2_ce")), 24)
+    assert facts.cache_matches
+    assert facts.cache_positions_measured == 2 * get_pattern("pow2_ce").cache_size(24)
+    dense = structure_facts("dense_recurrence", ModelConfig(vocab_size=10, d_model=8, n_heads=2,
+                                                            layers=("dense_recurrence",)), 16)
+    assert dense.shortest_path == 1 and dense.cache_positions_measured == 15 and dense.time_complexity == "O(n)"
+
+
+def test_claims_are_checked_on_the_measured_cells():
+    def cell(acc):
+        return {"acc_mean": acc, "acc_std": 0.0}
+
+    cells = {("dense_recurrence", "multi_hop"): cell(0.9), ("attention", "multi_hop"): cell(0.4),
+             ("sq1", "copy"): cell(0.8), ("pow2", "copy"): cell(0.85), ("attention", "copy"): cell(0.99)}
+    verdicts = {f["claim"]: f["verdict"] for f in qualitative_findings(cells)}
+    assert verdicts["dense recurrence ≥ attention on multi-hop by a wide margin (≥ 20 points)"] == "holds"
+    assert verdicts["sq1 ≥ pow2 on copy"] == "does not hold"
+    assert verdicts["sq1 close to attention on copy (within 5 points)"] == "does not hold"
+    assert verdicts["diagonal SSM lowest on copy"] == "not measured"
+
+
+def test_presets_in_the_repository_build_valid_sweeps():
+    assert {"quick", "paper", "depth"} <= set(preset_names())
+    for name in ("quick", "depth"):
+        _, fn, module = load_preset(name)
+        configs = fn()
+        for cfg in configs[:: max(1, len(configs) // 10)]:
+            cfg.validate()
+        assert len({c.seed for c in configs}) >= 3
+    _, quick, _ = load_preset("quick")
+    labels = list(dict.fromkeys(c.label for c in quick(["first_order"])))
+    assert labels[-1] == "first_order" and "pow2" in labels and "sq1_ce" in labels
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--mixers", "no_such_mixer"], "unknown mixer 'no_such_mixer'"),
+    (["--preset", "no_such_preset"], "unknown preset 'no_such_preset'"),
+    (["--workers", "0"], "--workers must be >= 1"),
+    (["--device", "no_such_device"], "device 'no_such_device' is not usable"),
+])
+def test_bad_arguments_one_line_exit_2(tmp_path, capsys, extra, needle):
+    preset = write_preset(tmp_path)
+    out = tmp_path / "never"
+    argv = ["compare", "--preset", str(preset), "--out", str(out), "--no-progress", *extra]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0] and err[0].startswith("tokenmix compare: error:")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("tasks,needle", [
+    ({"assoc_recall": dict(vocab_size=12, seq_len=8, num_kv_pairs=3)}, "2*num_kv_pairs*num_passes + 2*num_kv_pairs"),
+    ({"assoc_recall": dict(vocab_size=8, seq_len=8, num_kv_pairs=1)}, "vocab_size > seq_len"),
+    ({"no_such_task": {}}, "unknown task 'no_such_task'"),
+])
+def test_impossible_task_sizes_one_line_exit_2(tmp_path, capsys, tasks, needle):
+    preset = write_preset(tmp_path, tasks=tasks)
+    out = tmp_path / "never"
+    assert main(["compare", "--preset", str(preset), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0]
+    assert not out.exists()
+
+
+def test_unwritable_output_dir_one_line_exit_2(tmp_path, capsys):
+    preset = write_preset(tmp_path)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    assert main(["compare", "--preset", str(preset), "--out", str(blocker / "run"), "--no-progress"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cannot write to output directory" in err[0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "tiny.py"]

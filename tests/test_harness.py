@@ -1,0 +1,178 @@
+"""The training harness: schedule and optimiser, a tiny run whose loss falls, resumable sweeps that
+skip finished runs, atomic files, and zoology's max-over-learning-rates summary."""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from tokenmix.models import MixerModel, ModelConfig
+from tokenmix.training import harness
+from tokenmix.training.harness import RunConfig, TrainConfig, prepare_output_dir, run_sweep, summarize, train_one
+from tokenmix.training.optim import build_optimizer, param_groups
+from tokenmix.training.schedule import warmup_cosine
+
+TINY_TRAIN = TrainConfig(lr=1e-2, steps=6, batch_size=8, warmup_steps=1, train_examples=32, val_examples=8,
+                         test_examples=16, eval_every=3)
+
+
+def tiny_run(mixer: str = "first_order", seed: int = 0, **train) -> RunConfig:
+    return RunConfig(label=mixer, task="copy", task_args=dict(vocab_size=6, seq_len=8, copy_len=3, offset=4),
+                     model=dict(d_model=8, n_heads=2, mlp=False, layers=[mixer]),
+                     train=replace(TINY_TRAIN, **train), seed=seed)
+
+
+@pytest.fixture(autouse=True)
+def _one_thread():
+    prev = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(prev)
+
+
+def test_warmup_cosine_shape():
+    assert warmup_cosine(0, 100, 10) == pytest.approx(0.1)
+    assert warmup_cosine(9, 100, 10) == pytest.approx(1.0)
+    assert warmup_cosine(10, 100, 10) == pytest.approx(1.0)
+    assert warmup_cosine(55, 100, 10, 0.1) == pytest.approx(0.1 + 0.9 * 0.5)  # halfway through the cosine
+    assert warmup_cosine(100, 100, 10, 0.1) == pytest.approx(0.1)
+    assert warmup_cosine(500, 100, 10, 0.1) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="total_steps"):
+        warmup_cosine(0, 0, 0)
+
+
+def test_weight_decay_only_on_matrices():
+    model = MixerModel(ModelConfig(vocab_size=10, d_model=8, layers=("pow2",), n_heads=2))
+    decay, no_decay = param_groups(model, 0.1)
+    assert all(p.dim() >= 2 for p in decay["params"]) and all(p.dim() < 2 for p in no_decay["params"])
+    n_unique = len({id(p) for p in model.parameters()})
+    assert len(decay["params"]) + len(no_decay["params"]) == n_unique  # tied embedding counted once
+    opt = build_optimizer(model, 1e-3, 0.1)
+    assert [g["weight_decay"] for g in opt.param_groups] == [0.1, 0.0]
+
+
+def test_tiny_training_run_loss_falls():
+    cfg = RunConfig(label="pow2", task="copy", task_args=dict(vocab_size=6, seq_len=12, copy_len=4, offset=4),
+                    model=dict(d_model=16, n_heads=2, mlp=False, layers=["pow2"]),
+                    train=TrainConfig(lr=1e-2, steps=120, batch_size=16, warmup_steps=5, train_examples=512,
+                                      val_examples=64, test_examples=64, eval_every=20, early_stop_acc=1.01))
+    res = train_one(cfg)
+    assert res["steps_done"] == 120 and res["stop_reason"] == "max_steps"
+    assert res["train_loss_first"] > math.log(6) - 0.3  # starts near chance over the symbols
+    assert res["train_loss_last"] < 0.6 * res["train_loss_first"]
+    curve = [c["loss"] for c in res["curve"]]
+    assert curve[-1] < curve[0]
+    assert res["test_acc"] > 0.5  # chance is 1/4
+    assert res["tokens_per_s"] > 0 and res["config"]["train"]["steps"] == 120
+
+
+def test_early_stop_and_progress_total():
+    seen = []
+    res = train_one(tiny_run(steps=30, eval_every=3, early_stop_acc=0.0), on_steps=seen.append)
+    assert res["stop_reason"] == "early_stop_acc" and res["steps_done"] == 3
+    assert sum(seen) == 30  # the skipped budget is reported so progress bars complete
+
+
+def test_run_id_tracks_the_resolved_config():
+    a, b = tiny_run(), tiny_run(lr=2e-2)
+    assert a.run_id != b.run_id and a.run_id == tiny_run().run_id
+    assert a.run_id.startswith("copy__first_order__d8__lr0.01__s0__")
+    assert RunConfig.from_dict(json.loads(json.dumps(a.to_dict()))).run_id == a.run_id
+    # defaults are resolved: spelling a default out does not change the id
+    explicit = replace(a, task_args={**a.task_args, "vocab_size": 6})
+    assert explicit.run_id == a.run_id
+
+
+def test_sweep_resumes_without_retraining(tmp_path, monkeypatch):
+    calls = []
+    real = harness.train_one
+
+    def counting(cfg, on_steps=None, device="cpu"):
+        calls.append(cfg.run_id)
+        return real(cfg, on_steps, device)
+
+    monkeypatch.setattr(harness, "train_one", counting)
+    configs = [tiny_run(m, s) for m in ("first_order", "pow2") for s in (0, 1)]
+    out = tmp_path / "sweep"
+    first = run_sweep(configs, out, progress=False)
+    assert first.trained == 4 and first.skipped == 0 and len(calls) == 4
+    mtimes = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/result.json")}
+    assert len(mtimes) == 4
+
+    second = run_sweep(configs, out, progress=False)
+    assert second.trained == 0 and second.skipped == 4 and len(calls) == 4  # no training at all
+    assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/result.json")} == mtimes
+    assert [r["test_acc"] for r in second.results] == [r["test_acc"] for r in first.results]
+
+    # a run killed before its result was written is redone, and only that one
+    victim = out / "runs" / configs[2].run_id / "result.json"
+    victim.unlink()
+    third = run_sweep(configs, out, progress=False)
+    assert third.trained == 1 and calls[-1] == configs[2].run_id
+
+    # files: resolved configs, per-run JSON + CSV, sweep-level results; no temporary files left
+    run_dir = out / "runs" / configs[0].run_id
+    assert json.loads((run_dir / "config.json").read_text()) == configs[0].to_dict()
+    assert (run_dir / "result.csv").read_text().splitlines()[0].startswith("run_id,label,task")
+    assert len(json.loads((out / "results.json").read_text())) == 4
+    assert len((out / "results.csv").read_text().splitlines()) == 5
+    assert len(json.loads((out / "sweep.json").read_text())) == 4
+    assert not [p for p in out.rglob("*") if p.name.endswith(".tmp")]
+
+
+def test_same_seed_same_result():
+    a, b = train_one(tiny_run()), train_one(tiny_run())
+    assert a["test_acc"] == b["test_acc"] and a["train_loss_last"] == b["train_loss_last"]
+
+
+def test_summary_takes_the_best_learning_rate_mean_over_seeds():
+    def r(lr, seed, acc):
+        return {"label": "m", "task": "copy", "column": "copy", "d_model": 8, "lr": lr, "seed": seed,
+                "test_acc": acc, "tokens_per_s": 1.0, "train_seconds": 1.0, "steps_done": 10}
+
+    results = [r(1e-3, 0, 0.5), r(1e-3, 1, 0.7), r(1e-3, 2, 0.6),
+               r(1e-2, 0, 0.9), r(1e-2, 1, 0.3), r(1e-2, 2, 0.3)]
+    (row,) = summarize(results)
+    assert row["best_lr"] == 1e-3 and row["acc_mean"] == pytest.approx(0.6)
+    assert row["acc_std"] == pytest.approx(0.1) and row["n_seeds"] == 3
+    assert row["acc_by_lr"] == {"0.001": pytest.approx(0.6), "0.01": pytest.approx(0.5)}
+
+
+def test_unwritable_output_dir_leaves_nothing(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="cannot write to output directory"):
+        prepare_output_dir(blocker / "sub" / "dir")
+    with pytest.raises(ValueError, match="cannot write to output directory"):
+        run_sweep([tiny_run()], blocker, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+    fresh = prepare_output_dir(tmp_path / "x" / "y")
+    assert fresh.is_dir() and not list(fresh.iterdir())
+
+
+def test_bad_runs_are_refused_before_anything_is_written(tmp_path):
+    bad = [
+        (replace(tiny_run(), model={"d_model": 8, "layers": ["nope"]}), "unknown mixer 'nope'"),
+        (replace(tiny_run(), task="nope"), "unknown task 'nope'"),
+        (replace(tiny_run(), task_args={"seq_len": 4, "copy_len": 3, "offset": 4}), "copy_len + offset <= seq_len"),
+        (replace(tiny_run(), seed=TINY_TRAIN.test_seed), "collides"),
+    ]
+    for cfg, needle in bad:
+        with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace("+", r"\+")):
+            run_sweep([tiny_run(seed=5), cfg], tmp_path / "out", progress=False)
+    with pytest.raises(ValueError, match="twice"):
+        run_sweep([tiny_run(), tiny_run()], tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists()
+
+
+def test_parallel_workers_match_in_process(tmp_path):
+    configs = [tiny_run("first_order", s) for s in (0, 1)]
+    serial = run_sweep(configs, tmp_path / "a", progress=False)
+    parallel = run_sweep(configs, tmp_path / "b", workers=2, threads=1, progress=False)
+    assert [r["test_acc"] for r in serial.results] == [r["test_acc"] for r in parallel.results]
+    assert [r["run_id"] for r in parallel.results] == [c.run_id for c in configs]
+    assert Path(tmp_path / "b" / "results.csv").is_file()

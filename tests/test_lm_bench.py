@@ -1,0 +1,49 @@
+"""`tokenmix bench lm` at toy size: models sized to equal parameter counts, JSON with ratios to attention."""
+from __future__ import annotations
+
+import argparse
+import json
+
+import pytest
+
+from lm_helpers import one_thread
+from tokenmix.models import MixerModel
+from tokenmix.training import bench_lm
+
+_one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
+
+
+def _args(*extra: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    bench_lm.add_arguments(parser)
+    return parser.parse_args(["--contexts", "16", "48", "--target-params", "6000", "--vocab-size", "64",
+                              "--batch-tokens", "96", "--train-steps", "1", "--decode-tokens", "3", *extra])
+
+
+def test_models_are_sized_to_the_same_parameter_count():
+    args = _args()
+    for mixer in ("attention", "pow2", "hlru"):
+        cfg, n = bench_lm.size_model(mixer, args)
+        assert MixerModel(cfg).num_params(exclude_embedding=True) == n
+        assert abs(n - 6000) / 6000 < 0.35, (mixer, cfg.d_model, n)
+
+
+def test_bench_lm_reports_json_with_ratios(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    assert bench_lm.run(_args("--mixers", "pow2", "--out", str(out))) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert json.loads(out.read_text()) == report
+    rows = {(r["mixer"], r["context"]): r for r in report["results"]}
+    assert set(rows) == {("attention", 16), ("attention", 48), ("pow2", 16), ("pow2", 48)}  # attention added as baseline
+    for r in rows.values():
+        assert r["train_tokens_per_s"] > 0 and r["decode_ms_per_token"] > 0
+        assert r["train_batch"] == 96 // r["context"]
+    ratio = report["ratios"]["48"]["pow2"]
+    expected = rows[("pow2", 48)]["train_tokens_per_s"] / rows[("attention", 48)]["train_tokens_per_s"]
+    assert ratio["train_vs_attention"] == pytest.approx(expected, abs=1e-3)
+    assert "meets_long_context_targets" in ratio and "within_1.5x_of_attention" in report["ratios"]["16"]["pow2"]
+
+
+def test_unknown_mixer_is_refused():
+    with pytest.raises(ValueError, match="unknown mixer"):
+        bench_lm.run(_args("--mixers", "attention,nope"))
