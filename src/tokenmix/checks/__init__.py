@@ -59,4 +59,4 @@ def load_all_crosschecks() -> None:
         importlib.import_module(f"tokenmix.checks.{mod}")
 
 
-CROSSCHECK_MODULES: list[str] = ["attention_family", "delta_family"]
+CROSSCHECK_MODULES: list[str] = ["attention_family", "delta_family", "linear_family"]

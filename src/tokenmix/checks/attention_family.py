@@ -11,7 +11,7 @@ Metric, stated in each label: max abs error. The attention references compute in
 those checks run in float32 at 1e-5; the formula references run in float64.
 
 The helpers ``identity_readout``, ``run_in_pieces``, ``max_abs_err`` and ``max_rel_err`` are
-shared with checks/delta_family.py.
+shared with checks/delta_family.py and checks/linear_family.py.
 """
 from __future__ import annotations
 
