@@ -31,7 +31,7 @@ from tokenmix.ops.pattern_solve import chunked_pattern_solve
 from tokenmix.patterns import Lattice, Pattern, TranslationInvariant, get_pattern
 
 COEFFICIENTS = ("softmax", "gate_softmax", "gate_l1")
-_SCORE_MATMUL_MIN_W = 48  # beyond this many neighbours, scores come from one q @ k^T matmul
+_GATHER_BLOCK_ELEMS = 1 << 22  # gathered neighbour keys per score block (bounds memory at O(T |N|) overall)
 
 
 @dataclass(frozen=True)
@@ -99,11 +99,17 @@ class StructuredRecurrence(Mixer):
         if self.gates is None:
             scale = 1.0 / math.sqrt(self.head_dim)
             s_self = (q * k).sum(-1) * scale  # [B, T, H]
-            if w >= _SCORE_MATMUL_MIN_W:
+            if 2 * w >= kbuf.shape[1]:
+                # (nearly) every earlier position is a neighbour: one q @ k^T matmul is cheapest
                 full = torch.einsum("bthk,bshk->bths", q, kbuf) * scale  # [B, T, H, P+T]
                 s_nb = full.gather(-1, idx.clamp(min=0)[None, :, None, :].expand(b, t, h, w))
             else:
-                s_nb = torch.einsum("bthk,btwhk->bthw", q, kbuf[:, idx.clamp(min=0)]) * scale
+                # sparse patterns: gather only the neighbours' keys, in query blocks so that the
+                # gathered [B, block, W, H, K] tensor stays bounded (never O(T^2))
+                block = max(1, _GATHER_BLOCK_ELEMS // max(1, b * w * h * q.shape[-1]))
+                s_nb = torch.cat([torch.einsum("bthk,btwhk->bthw", q[:, s : s + block],
+                                               kbuf[:, idx[s : s + block].clamp(min=0)])
+                                  for s in range(0, t, block)], 1) * scale
             logits = torch.cat([s_self[..., None], s_nb], -1)
             mode = "softmax"
         else:
