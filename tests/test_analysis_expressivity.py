@@ -254,3 +254,12 @@ def test_run_expressivity_writes_outputs(tmp_path):
     assert len(out["records"]) == 4
     with pytest.raises(ValueError, match="offset"):
         expressivity_table(("pow2",), (), (16,), offset=16)
+
+
+def test_operator_rows_too_large_are_skipped(monkeypatch):
+    from tokenmix.analysis import matrices
+
+    budget = 4 * matrices.operator_bytes(small_mixer("attention", d_model=16), 16)
+    monkeypatch.setattr(matrices, "MAX_OPERATOR_BYTES", budget)
+    records = expressivity_table((), ("attention",), (16, 64))
+    assert records[0]["path_max"] == 1 and "skipped" in records[1]["method"] and "path_max" not in records[1]

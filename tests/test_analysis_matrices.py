@@ -119,3 +119,15 @@ def test_trained_run_layer_inputs(tmp_path):
         text_layer_input(tmp_path, "hi", layer=2)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         text_layer_input(tmp_path / "missing", "hi", layer=0)
+
+
+def test_operators_too_large_for_memory_are_refused(tmp_path, monkeypatch):
+    from tokenmix.analysis import matrices
+    from tokenmix.analysis.matrices import build_analysis_mixer, operator_bytes
+
+    mixer = build_analysis_mixer("pow2", d_model=8, n_heads=2)
+    assert operator_bytes(mixer, 10) == 2 * 2 * 10 * 10 * 8  # A and B, two heads, float64
+    monkeypatch.setattr(matrices, "MAX_OPERATOR_BYTES", operator_bytes(mixer, 10))
+    analyze_registered("pow2", 10, tmp_path, d_model=8, n_heads=2, formats=("png",))
+    with pytest.raises(ValueError, match="GiB.*smaller --n"):
+        analyze_registered("pow2", 11, tmp_path, d_model=8, n_heads=2, formats=("png",))

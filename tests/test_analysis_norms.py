@@ -140,3 +140,12 @@ def test_run_norms_outputs(tmp_path):
     assert "| pow2 |" in (tmp_path / "norms.md").read_text()
     with pytest.raises(ValueError, match="limit"):
         run_norms(["pow2"], tmp_path, n=10**5)
+
+
+def test_run_norms_skips_operators_too_large(tmp_path, monkeypatch):
+    from tokenmix.analysis import matrices
+
+    monkeypatch.setattr(matrices, "MAX_OPERATOR_BYTES", 1000)
+    out = run_norms(["pow2"], tmp_path, n=16, gram_iters=4, d_model=8, formats=("png",))
+    assert out["summary"] == [] and out["skipped"][0]["mixer"] == "pow2"
+    assert "skipped pow2" in (tmp_path / "norms.md").read_text()

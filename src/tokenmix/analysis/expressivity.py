@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tokenmix.analysis import matrices
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
 from tokenmix.core.operator import MixOperator
 from tokenmix.core.registry import build_mixer, get_mixer_spec
@@ -391,7 +392,7 @@ def paper_expectation(key: str, n: int, offset: int, window: int | None = None) 
     if key == "sq1":
         return "path ≤ 4; congestion ≤ 4", lambda r: r["path_max"] <= 4 and r["congestion"] <= 4 \
             and r.get("congestion_worst", 0) <= 4
-    if key in ("first_order", "window:1"):
+    if key in ("first_order", "window:1", "diag_ssm"):  # the paper's "diagonal SSM" row
         return (f"path = n − 1 = {n - 1}; congestion = L = {offset}",
                 lambda r: r["path_max"] == n - 1 and r["congestion"] == offset)
     if key.startswith("window:"):
@@ -512,7 +513,7 @@ def expressivity_table(patterns: Sequence[str] = PAPER_PATTERNS, mixers: Sequenc
                         for p in patterns]
     for name in mixers:
         get_mixer_spec(name)
-        pat, mixer = mixer_pattern(name, seed)
+        pat, mixer = mixer_pattern(name, seed, d_model, n_heads)
         window = getattr(getattr(mixer, "config", None), "window", None)
         same = next((r for r in rows if pat is not None and r["pattern"] is not None
                      and r["pattern"].name == pat.name), None)
@@ -520,7 +521,7 @@ def expressivity_table(patterns: Sequence[str] = PAPER_PATTERNS, mixers: Sequenc
             same["mixers"].append(name)
             continue
         rows.append({"key": name, "source": "pattern" if pat is not None else "operator", "pattern": pat,
-                     "mixers": [name], "window": window})
+                     "mixers": [name], "window": window, "mixer": mixer})
     records = []
     for row in rows:
         key, pat = row["key"], row["pattern"]
@@ -533,9 +534,13 @@ def expressivity_table(patterns: Sequence[str] = PAPER_PATTERNS, mixers: Sequenc
             if pat is not None:
                 rec = pattern_metrics(pat, n, off, layers, path_limit)
                 rec["pattern"] = pat.name
-            elif n <= operator_limit:
+            # x4: the per-(head, channel) supports and distance matrices come on top of (A, B, R)
+            elif n <= operator_limit and 4 * matrices.operator_bytes(row["mixer"], n) <= matrices.MAX_OPERATOR_BYTES:
                 _, op = _mixer_operator(key, n, seed, d_model, n_heads)
                 rec = operator_metrics(op, key, off, layers, tol)
+            elif n <= operator_limit:
+                rec = {"n": n, "offset": off, "method": f"skipped: the operator (heads x state channels x n^2) "
+                       f"would exceed {matrices.MAX_OPERATOR_BYTES / 2**30:.0f} GiB; pattern rows still run"}
             else:
                 rec = {"n": n, "offset": off, "method": f"skipped: operator graphs are materialised only up to "
                        f"n = {operator_limit}; pattern rows still run"}

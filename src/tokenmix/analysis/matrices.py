@@ -31,6 +31,7 @@ from tokenmix.mixers.base import Mixer
 
 LOG_RANGE_DECADES = 12.0  # colour scale of log10|.|: the data's range, at most 12 decades below the max
 MAX_DRAWN_EDGES = 4000    # the dependency graph draws at most this many B-edges (dense B is a clique)
+MAX_OPERATOR_BYTES = 2 * 2**30  # a materialised (A, B, R) larger than this is refused
 
 
 def check_dense_length(n: int, what: str = "this analysis") -> None:
@@ -41,6 +42,28 @@ def check_dense_length(n: int, what: str = "this analysis") -> None:
         raise ValueError(
             f"n = {n} is too long to materialise densely for {what} (limit {MAX_DENSE_T}); the structured "
             f"metrics still run at this length: tokenmix analyze expressivity --n {n} / tokenmix analyze cost")
+
+
+def operator_bytes(mixer: Mixer, n: int, batch: int = 1) -> int:
+    """Bytes the materialised (A, B, R) of ``mixer`` take at length n, from a 2-token probe: the heads,
+    state channels and readout do not depend on n, the [T, T] blocks grow as n^2."""
+    p = next(mixer.parameters(), None)
+    dtype = p.dtype if p is not None else torch.float64
+    with torch.no_grad():
+        probe = mixer.materialize(torch.zeros(1, 2, mixer.d_model, dtype=dtype))
+    blocks = probe.A[0].numel() // 4  # heads x channels of one batch element
+    mats = 3 if probe.R is not None else 2
+    return mats * batch * blocks * n * n * probe.A.element_size()
+
+
+def check_operator_memory(mixer: Mixer, n: int, what: str = "this analysis", batch: int = 1) -> None:
+    """Refuse to materialise an operator larger than ``MAX_OPERATOR_BYTES`` (many heads x state channels)."""
+    need = operator_bytes(mixer, n, batch)
+    if need > MAX_OPERATOR_BYTES:
+        raise ValueError(
+            f"materialising {type(mixer).__name__} at n = {n} for {what} needs {need / 2**30:.1f} GiB "
+            f"(limit {MAX_OPERATOR_BYTES / 2**30:.0f} GiB: heads x state channels x n^2); use a smaller --n, "
+            f"or the structured metrics: tokenmix analyze expressivity / tokenmix analyze cost")
 
 
 def build_analysis_mixer(name: str, d_model: int = 64, n_heads: int = 2, seed: int = 0,
@@ -62,6 +85,7 @@ def random_input(mixer: Mixer, n: int, batch: int = 1, seed: int = 0) -> Tensor:
 def materialize_mixer(mixer: Mixer, x: Tensor) -> MixOperator:
     """The mixer's (A, B[, R]) operator for x [B, T, D], validated (causal)."""
     check_dense_length(x.shape[1], f"materialising {type(mixer).__name__}")
+    check_operator_memory(mixer, x.shape[1], "the matrix viewer", batch=x.shape[0])
     with torch.no_grad():
         op = mixer.materialize(x)
     return op.validate(atol=0.0)

@@ -278,17 +278,24 @@ def plot_norms(results: Sequence[dict], curves: dict | None, out_dir: Path,
 def run_norms(names: Sequence[str] | None, out_dir: Path, *, n: int = 128, gram_iters: int = 10, d_model: int = 64,
               n_heads: int = 2, seed: int = 0, formats: Sequence[str] = FIGURE_FORMATS, progress=None) -> dict:
     """Norms for each registered mixer (default: all) on a seeded random input; writes norms.json/.md + plot."""
-    from tokenmix.analysis.matrices import build_analysis_mixer, check_dense_length, random_input
+    from tokenmix.analysis.matrices import (build_analysis_mixer, check_dense_length, check_operator_memory,
+                                            random_input)
 
     check_dense_length(n, "operator norms")
     names = list(names) if names else mixer_names()
     for name in names:
         get_mixer_spec(name)
-    results, curves = [], None
+    results, curves, skipped = [], None, []
     for name in names:
         if progress is not None:
             progress(f"norms: {name}")
         mixer = build_analysis_mixer(name, d_model, n_heads, seed)
+        try:
+            # the estimators keep a few copies of (I - B)^{-1} and M: leave room for them
+            check_operator_memory(mixer, n, "operator norms", batch=3)
+        except ValueError as e:
+            skipped.append({"mixer": name, "why": str(e)})
+            continue
         with torch.no_grad():
             op = mixer.materialize(random_input(mixer, n, seed=seed)).validate()
         heads, timing = operator_norms(op, gram_iters, seed)
@@ -318,11 +325,13 @@ def run_norms(names: Sequence[str] | None, out_dir: Path, *, n: int = 128, gram_
     figures = plot_norms(results, curves, out_dir, formats)
     out = {"kind": "norms", "settings": {"n": n, "gram_iters": gram_iters, "d_model": d_model, "n_heads": n_heads,
                                          "seed": seed},
-           "summary": summary, "mixers": results, "convergence": curves, "figures": [p.name for p in figures]}
+           "summary": summary, "mixers": results, "skipped": skipped, "convergence": curves,
+           "figures": [p.name for p in figures]}
     write_json(Path(out_dir) / "norms.json", out)
     md = ["# Operator norms: Gram iteration vs SVD vs power iteration", "",
           f"Per mixer, worst head, n = {n}, {gram_iters} Gram steps; power iteration gets the Gram iteration's "
           "wall time, and separately its multiply-adds (a lower estimate either way). Neumann bound where ||B||₁, ||B||∞ < 1; Toeplitz bound where "
           "(I − B)⁻¹ is a causal convolution (fixed decay).", "", markdown_table(summary)]
+    md += [f"- skipped {s['mixer']}: {s['why']}" for s in skipped]
     (Path(out_dir) / "norms.md").write_text("\n".join(md))
     return out

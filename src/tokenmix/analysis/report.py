@@ -9,7 +9,8 @@ only the figures copied next to it (``figures/``).
 
 A preset name instead of a directory first runs that analysis preset into a fresh run directory
 (``runs/report-<preset>-<time>``), then reports it:
-    quick   a first look in about a minute on 2 cores: the paper's structures at small n
+    quick   a first look in a few minutes on 2 cores (about 2 CPU-minutes): the paper's structures at
+            small n, timings shown but not judged
     full    every registered mixer, timing over n = 1k..16k and the §4.2–4.3 table to n = 8192
 """
 from __future__ import annotations
