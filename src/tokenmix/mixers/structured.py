@@ -107,8 +107,9 @@ class StructuredRecurrence(Mixer):
                 # sparse patterns: gather only the neighbours' keys, in query blocks so that the
                 # gathered [B, block, W, H, K] tensor stays bounded (never O(T^2))
                 block = max(1, _GATHER_BLOCK_ELEMS // max(1, b * w * h * q.shape[-1]))
-                s_nb = torch.cat([torch.einsum("bthk,btwhk->bthw", q[:, s : s + block],
-                                               kbuf[:, idx[s : s + block].clamp(min=0)])
+                # (index_select: its backward is one index_add, much cheaper than advanced indexing's)
+                s_nb = torch.cat([torch.einsum("bthk,btwhk->bthw", q[:, s : s + block], kbuf.index_select(
+                    1, idx[s : s + block].clamp(min=0).reshape(-1)).view(b, min(block, t - s), w, h, q.shape[-1]))
                                   for s in range(0, t, block)], 1) * scale
             logits = torch.cat([s_self[..., None], s_nb], -1)
             mode = "softmax"
