@@ -17,6 +17,7 @@ the measured ``MixerState.peak_positions`` / ``peak_numel``.
 """
 from __future__ import annotations
 
+from abc import ABC, ABCMeta, abstractmethod
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
@@ -51,7 +52,7 @@ class MixerConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class MixerState:
+class MixerState(ABC):
     """Decode state of one mixer layer. Subclasses hold tensors; ``position`` counts tokens seen.
 
     ``peak_positions`` / ``peak_numel`` are *measured*: the recurrent mode calls ``observe()`` before
@@ -75,9 +76,9 @@ class MixerState:
         self.peak_positions, self.peak_numel = other.peak_positions, other.peak_numel
         return self
 
+    @abstractmethod
     def tensors(self) -> dict[str, Tensor]:
         """Named tensors of the state, in a canonical order (for comparisons and accounting)."""
-        raise NotImplementedError
 
     def numel_per_batch(self) -> int:
         return sum(t[0].numel() for t in self.tensors().values())
@@ -94,7 +95,7 @@ class MixerState:
             raise ValueError(f"state batch size {self.batch_size} does not match input batch size {batch_size}")
 
 
-class Mixer(nn.Module):
+class Mixer(nn.Module, metaclass=ABCMeta):
     """Base class: subclasses set ``modes``, ``time_complexity``, ``cache_complexity``."""
 
     config_cls: ClassVar[type] = MixerConfig
@@ -144,22 +145,25 @@ class Mixer(nn.Module):
             raise TypeError(f"input is {x.dtype} on {x.device} but the mixer's parameters are "
                             f"{p.dtype} on {p.device}")
 
-    def forward_dense(self, x: Tensor, state: MixerState | None) -> tuple[Tensor, MixerState]:
-        raise NotImplementedError
+    # Each mode m in ``modes`` is a method ``forward_m(x, state) -> (y, state)`` of the subclass.
 
+    @abstractmethod
     def init_state(self, batch_size: int, device: torch.device | str = "cpu",
                    dtype: torch.dtype = torch.float32) -> MixerState:
-        raise NotImplementedError
+        """The empty decode state for ``batch_size`` sequences."""
 
+    @abstractmethod
     def materialize(self, x: Tensor) -> MixOperator:
-        raise NotImplementedError
+        """(A, B[, R]) over the mixed values for x [B, T, D] (short T)."""
 
     # -- derived accounting
+    @abstractmethod
     def state_size(self, n: int) -> int:
-        raise NotImplementedError
+        """Peak scalars per batch element held by the decode state over an n-token decode."""
 
     def cache_positions(self, n: int) -> int:
         return 0
 
+    @abstractmethod
     def flops_per_token(self, n: int) -> int:
-        raise NotImplementedError
+        """Multiply-adds of the mixing for the last token of an n-token sequence."""
