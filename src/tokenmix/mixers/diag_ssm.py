@@ -28,27 +28,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.registry import register_mixer
-from tokenmix.mixers.base import MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
-from tokenmix.mixers.mamba2 import inverse_softplus_dt
+from tokenmix.mixers.mamba2 import SelectiveSSMConfig, inverse_softplus_dt
 
 
 @dataclass(frozen=True)
-class DiagSSMConfig(MixerConfig):
-    state_dim: int = 16    # N states per channel (d_state)
+class DiagSSMConfig(SelectiveSSMConfig):
     chunk_size: int = 4    # C of the chunked form: with V = 1 the O(T C N) intra-chunk work dominates, so small
-    d_skip: bool = True    # add D_d u_t to the output
-    dt_min: float = 1e-3   # initial softplus(dt_bias) range (log-uniform, as in Mamba)
-    dt_max: float = 1e-1
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.state_dim <= 0:
-            raise ValueError(f"state_dim must be > 0, got {self.state_dim}")
-        if self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
-        if not 0 < self.dt_min <= self.dt_max:
-            raise ValueError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
 
 
 @register_mixer("diag_ssm", DiagSSMConfig, family="state space model",

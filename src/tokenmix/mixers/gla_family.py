@@ -22,6 +22,7 @@ right-hand side), ``recurrent`` (token by token, ops/recurrent_gla.gla_step).
 """
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import NamedTuple
 
 import torch
@@ -89,8 +90,9 @@ class GatedLinearMixer(Mixer):
     value_dim: int
     has_decay: bool
 
+    @abstractmethod
     def _features(self, x: Tensor) -> LinearFeatures:
-        raise NotImplementedError
+        """q, k, v, log-decay (and skip term) of x [B, T, D], defined by each mixer."""
 
     def _output(self, o: Tensor, f: LinearFeatures) -> Tensor:
         """o [B, T, H, V] -> y [B, T, D]."""

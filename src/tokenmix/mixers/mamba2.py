@@ -32,7 +32,9 @@ from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
 
 
 @dataclass(frozen=True)
-class Mamba2Config(MixerConfig):
+class SelectiveSSMConfig(MixerConfig):
+    """Fields shared by the selective SSMs (mamba2, diag_ssm)."""
+
     state_dim: int = 16    # N, the state expansion (d_state)
     chunk_size: int = 64   # C of the chunked form
     d_skip: bool = True    # add D_h x_t to the output
@@ -47,6 +49,11 @@ class Mamba2Config(MixerConfig):
             raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
         if not 0 < self.dt_min <= self.dt_max:
             raise ValueError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+
+
+@dataclass(frozen=True)
+class Mamba2Config(SelectiveSSMConfig):
+    """Mamba-2 / SSD: the selective-SSM fields with their defaults."""
 
 
 def inverse_softplus_dt(n: int, dt_min: float, dt_max: float) -> Tensor:

@@ -11,6 +11,7 @@ Unknown task names and unknown or impossible fields raise ``ValueError`` naming 
 from __future__ import annotations
 
 import dataclasses
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -47,7 +48,7 @@ class TaskData:
 
 
 @dataclass(frozen=True)
-class TaskConfig:
+class TaskConfig(ABC):
     """Base of every task config. Subclasses are frozen dataclasses that check their sizes in
     ``__post_init__`` and implement ``vocab_size`` / ``seq_len`` (fields or properties) and
     ``_generate``."""
@@ -74,8 +75,9 @@ class TaskConfig:
                                f"{(num_examples, self.length)}")
         return data
 
+    @abstractmethod
     def _generate(self, num_examples: int, seed: int) -> TaskData:
-        raise NotImplementedError
+        """The task's generator (each task file documents it)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.name, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
