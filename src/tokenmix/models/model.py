@@ -1,6 +1,12 @@
-"""The one generic model: embedding -> L blocks [norm -> mixer -> residual (-> norm -> MLP -> residual)]
--> norm -> head. Any registered mixer per layer, so hybrids are a layer list such as
-``"pow2,pow2,attention,pow2"``.
+"""The one generic model: embedding (+ optional position embedding) -> L blocks
+[norm -> mixer -> residual (-> norm -> MLP -> residual)] -> norm -> head. Any registered mixer per
+layer, so hybrids are a layer list such as ``"pow2,pow2,attention,pow2"``.
+
+Positions: mixers with B = 0 (attention) see their inputs as a set, and even pattern recurrences
+only know *relative* order through their fixed offsets, so tasks such as copy at a fixed offset
+need position information in the input. ``positions`` adds it at the embedding (the same for every
+mixer, so comparisons stay fair): ``none``, ``learned`` (absolute, up to ``max_seq_len``) or
+``sinusoidal`` (fixed, any length). Decoding continues at the position held by the layer states.
 """
 from __future__ import annotations
 
@@ -48,6 +54,8 @@ class ModelConfig:
     mlp: bool = True
     mlp_ratio: int = 4
     tie_weights: bool = True
+    positions: str = "none"          # none | learned | sinusoidal  (added to the token embedding)
+    max_seq_len: int = 4096          # longest sequence with learned positions
     mixer_overrides: dict[str, dict] = field(default_factory=dict)  # mixer name -> config fields
 
     def __post_init__(self) -> None:
@@ -55,7 +63,22 @@ class ModelConfig:
                           ("mlp_ratio", self.mlp_ratio)):
             if val <= 0:
                 raise ValueError(f"model config: {name} must be > 0, got {val}")
+        if self.positions not in POSITIONS:
+            raise ValueError(f"model config: positions must be one of {POSITIONS}, got '{self.positions}'")
         object.__setattr__(self, "layers", parse_layers(self.layers))
+
+
+POSITIONS = ("none", "learned", "sinusoidal")
+
+
+def sinusoidal_positions(start: int, length: int, d: int, device=None, dtype=torch.float32) -> Tensor:
+    """Fixed sin/cos position codes (Vaswani et al. 2017) for positions start..start+length-1: [length, d]."""
+    pos = torch.arange(start, start + length, device=device, dtype=torch.float64)[:, None]
+    freq = torch.exp(torch.arange(0, d, 2, device=device, dtype=torch.float64) * (-math.log(10_000.0) / d))
+    out = torch.zeros(length, d, device=device, dtype=torch.float64)
+    out[:, 0::2] = torch.sin(pos * freq)
+    out[:, 1::2] = torch.cos(pos * freq[: d // 2])
+    return out.to(dtype)
 
 
 class MLP(nn.Module):
@@ -92,6 +115,7 @@ class MixerModel(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.positions == "learned" else None
         self.blocks = nn.ModuleList(Block(cfg, name) for name in cfg.layers)
         self.norm = nn.RMSNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -122,11 +146,23 @@ class MixerModel(nn.Module):
         if len(states) != len(self.blocks):
             raise ValueError(f"got {len(states)} layer states for {len(self.blocks)} layers")
         x = self.embed(idx)
+        if self.cfg.positions != "none":
+            x = x + self._position_codes(states, idx.shape[1], x)
         new_states = []
         for block, st in zip(self.blocks, states):
             x, st = block(x, st, mode)
             new_states.append(st)
         return self.head(self.norm(x)), new_states
+
+    def _position_codes(self, states: list[MixerState | None], t: int, x: Tensor) -> Tensor:
+        """[T, D] codes of the segment's positions, continuing after what the states have seen."""
+        start = next((s.position for s in states if s is not None), 0)
+        if self.pos_embed is None:
+            return sinusoidal_positions(start, t, self.cfg.d_model, x.device, x.dtype)
+        if start + t > self.cfg.max_seq_len:
+            raise ValueError(f"sequence reaches position {start + t} but the model's learned positions stop at "
+                             f"max_seq_len={self.cfg.max_seq_len}")
+        return self.pos_embed(torch.arange(start, start + t, device=x.device))
 
     def step(self, idx_t: Tensor, states: list[MixerState] | None) -> tuple[Tensor, list[MixerState]]:
         """Decode one token per sequence: idx_t [B] -> logits [B, vocab]."""
@@ -135,4 +171,6 @@ class MixerModel(nn.Module):
 
     def num_params(self, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
-        return n - self.embed.weight.numel() if exclude_embedding else n
+        if exclude_embedding:
+            n -= self.embed.weight.numel() + (self.pos_embed.weight.numel() if self.pos_embed is not None else 0)
+        return n
