@@ -10,6 +10,9 @@ A pattern reports, all derived from its definition:
                            column w is level slot w (gate-based coefficients index levels)
     needed(t)              positions j < t that some token t' >= t reads: exactly the decode cache
                            held while token t is processed
+    needed_from(t)         s if needed(t) is the contiguous range [s, t) (exact translation-invariant
+                           patterns), else None: lets a decode cache evict in O(1) without listing
+                           an O(n) set
     cache_size(n)          max over t < n of |needed(t)|: the peak decode cache of an n-token decode
     nnz(n)                 number of nonzeros of B for an n-token sequence
 """
@@ -36,6 +39,9 @@ class Pattern(ABC):
     @abstractmethod
     def needed(self, t: int) -> list[int]:
         """Sorted positions j < t read by some token t' >= t."""
+
+    def needed_from(self, t: int) -> int | None:
+        return None
 
     def neighbor_table(self, t0: int, t1: int) -> Tensor:
         if t0 < 0 or t1 <= t0:
