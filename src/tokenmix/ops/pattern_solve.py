@@ -24,9 +24,9 @@ The solve, chunk by chunk (C positions):
       dense [C, 2C] band block per chunk, used as a matmul against the previous chunk's outputs and
       a C x C unit-triangular solve;
     * reads at distance > C land in earlier chunks. A run whose reads are all at distance >= D
-      (D = C 2^i) contributes to a whole block of D rows at once -- every row of the block reads
-      rows before the block -- so it is added when the block starts: one slice operation per run
-      and block, O(T / D) operations for a level at distance ~D instead of one per chunk.
+      contributes to a whole block of ~D rows at once -- every row of the block reads rows before
+      the block -- so it is added when the block starts: one slice operation per run and block,
+      O(T / D) operations for a level at distance ~D instead of one per chunk.
 Backward is the transposed solve in reverse chunk order, G = (I - B)^{-T} dY, with the same
 schedule transposed (a block's contributions to earlier rows are scattered once all its rows have
 their G); then d alpha_t = G_t . x_t, d x_t = alpha_t G_t, d beta_{t,w} = G_t . y_{idx[t,w]} are
@@ -174,8 +174,8 @@ class PatternPlan:
         valid, near, run_far, left: [T, W] bool masks -- entries read at all; read at distance <= C
             (band); covered by a run and read at distance > C; not covered by any run.
         band_col: [T, W] long, column of a near entry in its chunk's [C, 2C] band block.
-        far_blocks: {block start row: pieces}, the distance > C part of the runs, each piece read
-            only rows before its block (see module docstring).
+        far_blocks: {chunk start s: pieces}, the distance > C part of the runs; a piece added at s
+            covers rows >= s and reads only positions before P + s (see module docstring).
         left_chunks: per chunk, (rows, cols, keys) of leftover entries at distance > C.
     """
 
@@ -185,30 +185,32 @@ class PatternPlan:
         tab = idx.detach().cpu().numpy().astype(np.int64)
         t, w = tab.shape
         self.t, self.w, self.p, self.chunk = t, w, prefix, chunk
-        rows = np.arange(t)[:, None]
-        valid = tab >= 0
-        dist = prefix + rows - tab
-        self.runs = [r for c in range(w) if (r := _fit_run(tab[:, c], c, prefix)) is not None]
+        # level-major [W, T] (contiguous per level slot) for the per-level work; masks go back to [T, W]
+        tab_l = np.ascontiguousarray(tab.T)
+        rows = np.arange(t)[None, :]
+        valid = tab_l >= 0
+        dist = prefix + rows - tab_l
+        self.runs = [r for c in range(w) if (r := _fit_run(tab_l[c], c, prefix)) is not None]
         in_run = np.zeros_like(valid)
         for r in self.runs:
-            in_run[r.row : r.row + r.length, r.col] = True
-        near = valid & (dist <= chunk)
-        run_far = valid & in_run & (dist > chunk)
+            in_run[r.col, r.row : r.row + r.length] = True
+        far = dist > chunk
+        near = valid & ~far
+        run_far = valid & in_run & far
         left = valid & ~in_run
-        self._np = {"valid": valid, "near": near, "run_far": run_far}
-        band_col = np.where(near, tab - prefix - (rows // chunk) * chunk + chunk, 0)
-        self.band_col = torch.from_numpy(band_col)
-        self.left = tuple(torch.from_numpy(a) for a in np.nonzero(left))  # (rows, cols)
-        self.left_keys = torch.from_numpy(tab[left])
+        self._np = {"valid": valid.T, "near": near.T, "run_far": run_far.T}  # [T, W] views
+        start = prefix + (rows // chunk) * chunk  # buffer position of each row's chunk start
+        self.band_col = torch.from_numpy(np.where(near, tab_l - start + chunk, 0).T)
+        self.left = tuple(torch.from_numpy(a) for a in np.nonzero(left.T))  # (rows, cols), sorted by row
+        self.left_keys = torch.from_numpy(tab[self.left[0].numpy(), self.left[1].numpy()])
         self.chunks = [(s, min(s + chunk, t)) for s in range(0, t, chunk)]
-        # does a chunk read inside itself / the previous chunk at all (skip empty solves and matmuls)
-        start = prefix + (rows // chunk) * chunk
-        inside_rows = (near & (tab >= start)).any(1)
-        prev_rows = (near & (tab < start)).any(1)
+        # does a chunk read inside itself / the previous chunk at all (skip empty matmuls)
+        inside_rows = (near & (tab_l >= start)).any(0)
+        prev_rows = (near & (tab_l < start)).any(0)
         self.has_inside = [bool(inside_rows[s:e].any()) for s, e in self.chunks]
         self.has_prev = [bool(prev_rows[s:e].any()) for s, e in self.chunks]
         self.far_blocks = self._schedule(run_far, dist)
-        r, c = np.nonzero(left & (dist > chunk))  # row-major: sorted by row, so chunks are contiguous
+        r, c = np.nonzero((left & far).T)  # sorted by row, so each chunk's entries are contiguous
         bounds = np.searchsorted(r, [s for s, _ in self.chunks] + [t])
         self.left_chunks: list[tuple[Tensor, Tensor, Tensor] | None] = []
         for ci in range(len(self.chunks)):
@@ -218,20 +220,27 @@ class PatternPlan:
         self._cache: dict = {}
 
     def _schedule(self, run_far: np.ndarray, dist: np.ndarray) -> dict[int, list[Piece]]:
+        # run_far, dist: [W, T]
+        """Cut the far part of every run into blocks, each added at a chunk start s: a block covers
+        rows >= s that read only positions < P + s, i.e. rows [cur, s + d_min) for a run whose far
+        reads are all at distance >= d_min. Lattice blocks end on a group boundary so the next one
+        is whole groups (one slice operation, no partial first group)."""
         blocks: dict[int, list[Piece]] = {}
         for r in self.runs:
             rr = slice(r.row, r.row + r.length)
-            far = run_far[rr, r.col]
+            far = run_far[r.col, rr]  # [W, T] layout
             if not far.any():
                 continue
-            # the largest block size D = C 2^i that this run's far reads all clear
-            d_min = int(dist[rr, r.col][far].min())
-            size = self.chunk << int(math.floor(math.log2(d_min / self.chunk)))
-            first = r.row + int(np.nonzero(far)[0][0])
-            for s in range((first // size) * size, self.t, size):
-                part = r.restrict(max(s, first), s + size)
-                if part is not None:
-                    blocks.setdefault(s, []).extend(part.pieces())
+            d_min = int(dist[r.col, rr][far].min())  # > C
+            cur, stop = r.row + int(np.nonzero(far)[0][0]), r.row + r.length
+            while cur < stop:
+                s = (cur // self.chunk) * self.chunk
+                end = min(stop, s + d_min)
+                if r.stride > 1 and end < stop:
+                    aligned = end - (end - r.row + r.phase) % r.stride
+                    end = aligned if aligned > cur else end
+                blocks.setdefault(s, []).extend(r.restrict(cur, end).pieces())
+                cur = end
         return blocks
 
     def mask(self, name: str, like: Tensor) -> Tensor:
@@ -360,6 +369,23 @@ def _band(beta: Tensor, plan: PatternPlan) -> Tensor:
     return band.scatter_add_(-1, col.expand(b, h, t, w), beta * plan.mask("near", beta))
 
 
+def _chunk_inverses(band: Tensor, plan: PatternPlan) -> Tensor:
+    """(I - B_cc)^{-1} of every chunk's own C x C block, one batched solve: [B, H, nC, C, C].
+
+    Applying the inverse is one matmul per chunk instead of a triangular solve; per-chunk solves
+    dominate the loop for sparse patterns. Equivalent up to rounding (unit lower triangular blocks
+    of bounded coefficients are well conditioned). Half precision is inverted in float32.
+    """
+    b, h, t, _ = band.shape
+    c, nc = plan.chunk, len(plan.chunks)
+    inside = band.new_zeros(b, h, nc * c, c)
+    inside[:, :, :t] = band[..., c:]
+    work = torch.float32 if band.dtype in (torch.bfloat16, torch.float16) else band.dtype
+    eye = torch.eye(c, dtype=work, device=band.device)
+    mats = eye - inside.to(work).view(b, h, nc, c, c)
+    return torch.linalg.solve_triangular(mats, eye.expand_as(mats), upper=False, unitriangular=True)
+
+
 class _PatternSolve(torch.autograd.Function):
     @staticmethod
     def forward(ctx, alpha, beta, x, y_prefix, plan):
@@ -367,6 +393,7 @@ class _PatternSolve(torch.autograd.Function):
         b, h, t, v = x.shape
         p, c = plan.p, plan.chunk
         band = _band(beta, plan)
+        inv = _chunk_inverses(band, plan)
         beta_far = (beta * plan.mask("run_far", beta)).permute(3, 0, 1, 2).contiguous()  # [W, B, H, T]
         buf = torch.cat([y_prefix, x.new_zeros(b, h, t, v)], 2)  # outputs by buffer position
         rhs = alpha[..., None] * x  # accumulates every contribution a row receives before its solve
@@ -387,9 +414,7 @@ class _PatternSolve(torch.autograd.Function):
             lo = max(0, p + s - c)
             if plan.has_prev[ci]:
                 r_c = r_c + band[:, :, s:e, lo - (p + s - c) : c] @ buf[:, :, lo : p + s]
-            if plan.has_inside[ci]:
-                r_c = solve_unit_lower(band[:, :, s:e, c : c + e - s], r_c)
-            buf[:, :, p + s : p + e] = r_c
+            buf[:, :, p + s : p + e] = (inv[:, :, ci, : e - s, : e - s] @ r_c.to(inv.dtype)).to(x.dtype)
         ctx.save_for_backward(alpha, beta, x, buf)
         ctx.plan = plan
         return buf[:, :, p:].clone()
@@ -401,14 +426,15 @@ class _PatternSolve(torch.autograd.Function):
         p, c = plan.p, plan.chunk
         b, h, t, v = x.shape
         band = _band(beta, plan)
+        inv_t = _chunk_inverses(band, plan).transpose(-1, -2)  # (I - B_cc)^{-T}
         beta_far = (beta * plan.mask("run_far", beta)).permute(3, 0, 1, 2).contiguous()
         gacc = gy.new_zeros(b, h, p + t, v)  # gradient reaching each buffer position from later reads
         g_all = gy.new_empty(b, h, t, v)  # G = (I - B)^{-T} dY
         for ci in reversed(range(len(plan.chunks))):
             s, e = plan.chunks[ci]
             g = gy[:, :, s:e] + gacc[:, :, p + s : p + e]
-            if plan.has_inside[ci]:
-                g = solve_unit_lower(band[:, :, s:e, c : c + e - s], g, transpose=True)
+            # (the transpose of a lower block's leading m x m inverse is the top-left of inv^T)
+            g = (inv_t[:, :, ci, : e - s, : e - s] @ g.to(inv_t.dtype)).to(gy.dtype)
             g_all[:, :, s:e] = g
             lo = max(0, p + s - c)
             if plan.has_prev[ci]:
@@ -424,7 +450,8 @@ class _PatternSolve(torch.autograd.Function):
                 if pc.g == 1:
                     gacc[:, :, pc.keys].addcmul_(bw[..., None], gr)
                 else:
-                    gacc[:, :, pc.keys] += (bw.reshape(b, h, pc.n, pc.g, 1) * gr.reshape(b, h, pc.n, pc.g, v)).sum(3)
+                    gacc[:, :, pc.keys] += torch.einsum("bhng,bhngv->bhnv", bw.reshape(b, h, pc.n, pc.g),
+                                                        gr.reshape(b, h, pc.n, pc.g, v))
         galpha = (g_all * x).sum(-1)
         gx = alpha[..., None] * g_all
         gbeta = gy.new_zeros(plan.w, b, h, t)

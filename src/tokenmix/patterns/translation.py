@@ -32,6 +32,8 @@ class TranslationInvariant(Pattern):
         max_levels: optional number of levels (f is only used for k < max_levels); None = unbounded.
     """
 
+    distinct_levels = True  # f strictly increasing: level k reads t - f(k), all different
+
     def __init__(self, f: Callable[[int], int], name: str, max_levels: int | None = None) -> None:
         if max_levels is not None and max_levels < 1:
             raise ValueError(f"pattern '{name}': number of levels must be >= 1, got {max_levels}")
