@@ -31,12 +31,14 @@ class _Storage:
         return self.positions.shape[0]
 
     @classmethod
-    def holding(cls, keys: Tensor, values: Tensor, positions: Tensor, capacity: int) -> "_Storage":
-        """New storage of ``capacity`` slots whose first entries are the given ones."""
-        b, n, h, k = keys.shape
-        store = cls(keys.new_zeros(b, capacity, h, k), values.new_zeros(b, capacity, h, values.shape[-1]),
-                    torch.zeros(capacity, dtype=torch.long), 0)
-        store.write(0, keys, values, positions)
+    def holding(cls, parts: list[tuple[Tensor, Tensor, Tensor]], capacity: int) -> "_Storage":
+        """New storage of ``capacity`` slots whose first entries are the (keys, values, positions) parts."""
+        keys, values, _ = parts[0]
+        b, _, h, k = keys.shape
+        store = cls(keys.new_empty(b, capacity, h, k), values.new_empty(b, capacity, h, values.shape[-1]),
+                    torch.empty(capacity, dtype=torch.long), 0)
+        for part in parts:
+            store.write(store.end, *part)
         return store
 
     def write(self, at: int, keys: Tensor, values: Tensor, positions: Tensor) -> None:
@@ -117,15 +119,18 @@ class PatternCache(MixerState):
             drop = self._size + min(n, keep_from - self.position)
         size = self._size + n - drop
         store, at = self._store, self._start + self._size
-        if store.end == at and at + n <= store.capacity:
+        if self._size == 0 and drop == 0:
+            # a first segment (a training forward, a prefill): its tensors become the storage as they
+            # are, no copy; the first append after it finds the storage full and doubles it
+            store, start = _Storage(keys, values, new_pos, n), 0
+        elif store.end == at and at + n <= store.capacity:
             store.write(at, keys, values, new_pos)  # the latest cache on this storage: append in place
             start = self._start + drop
         else:  # full, or an older cache being extended (a branch): fresh storage, doubled
             hold = slice(min(drop, self._size), self._size)
             new = slice(max(0, drop - self._size), n)
-            store = _Storage.holding(torch.cat([self.keys[:, hold], keys[:, new]], 1),
-                                     torch.cat([self.values[:, hold], values[:, new]], 1),
-                                     torch.cat([self.positions[hold], new_pos[new]]), max(_MIN_CAPACITY, 2 * size))
+            store = _Storage.holding([(self.keys[:, hold], self.values[:, hold], self.positions[hold]),
+                                      (keys[:, new], values[:, new], new_pos[new])], max(_MIN_CAPACITY, 2 * size))
             start = 0
         return PatternCache(self.owner, self.batch_size, new_position, store, start, size).carry_peaks(self)
 
@@ -133,6 +138,6 @@ class PatternCache(MixerState):
                 ) -> "PatternCache":
         all_pos = torch.cat([self.positions, new_pos])
         slot = torch.searchsorted(all_pos, torch.as_tensor(keep, dtype=torch.long))
-        store = _Storage.holding(torch.cat([self.keys, keys], 1)[:, slot], torch.cat([self.values, values], 1)[:, slot],
-                                 all_pos[slot], max(_MIN_CAPACITY, len(keep)))
+        store = _Storage.holding([(torch.cat([self.keys, keys], 1)[:, slot], torch.cat([self.values, values], 1)[:, slot],
+                                   all_pos[slot])], max(_MIN_CAPACITY, len(keep)))
         return PatternCache(self.owner, self.batch_size, new_position, store, 0, len(keep)).carry_peaks(self)

@@ -201,6 +201,7 @@ class PatternPlan:
         self._np = {"valid": valid.T, "near": near.T, "run_far": run_far.T}  # [T, W] views
         start = prefix + (rows // chunk) * chunk  # buffer position of each row's chunk start
         self.band_col = torch.from_numpy(np.where(near, tab_l - start + chunk, 0).T)
+        self.near_cols = torch.from_numpy(np.nonzero(near.any(1))[0])
         self.left = tuple(torch.from_numpy(a) for a in np.nonzero(left.T))  # (rows, cols), sorted by row
         self.left_keys = torch.from_numpy(tab[self.left[0].numpy(), self.left[1].numpy()])
         self.chunks = [(s, min(s + chunk, t)) for s in range(0, t, chunk)]
@@ -348,7 +349,9 @@ def pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan: PatternPlan | Non
     plan = plan if plan is not None else plan_pattern(idx, p)
     if (plan.t, plan.w, plan.p) != (t, idx.shape[1], p):
         raise ValueError(f"plan for T={plan.t}, W={plan.w}, P={plan.p} used with idx {tuple(idx.shape)}, P={p}")
-    return _PatternScores.apply(q, kbuf, plan)
+    # contiguous operands: the per-level slices are then dense blocks (strided q, e.g. a view of a
+    # fused qkv projection, makes every level's product several times slower)
+    return _PatternScores.apply(q.contiguous(), kbuf.contiguous(), plan)
 
 
 def pattern_scores_reference(q: Tensor, kbuf: Tensor, idx: Tensor) -> Tensor:
@@ -363,10 +366,20 @@ def pattern_scores_reference(q: Tensor, kbuf: Tensor, idx: Tensor) -> Tensor:
 def _band(beta: Tensor, plan: PatternPlan) -> Tensor:
     """[B, H, T, 2C]: row t's coefficients on buffer positions P + c C - C + j (c = t // C, the
     previous chunk then its own), from the entries read at distance <= C."""
-    b, h, t, w = beta.shape
+    b, h, t, _ = beta.shape
     band = beta.new_zeros(b, h, t, 2 * plan.chunk)
-    col = plan.on(plan.band_col, beta.device)
-    return band.scatter_add_(-1, col.expand(b, h, t, w), beta * plan.mask("near", beta))
+    cols = plan.on(plan.near_cols, beta.device)  # only the level slots with near entries (scatter is slow)
+    col = plan.on(plan.band_col, beta.device)[:, cols]
+    src = beta[..., cols] * plan.mask("near", beta)[:, cols]
+    return band.scatter_add_(-1, col.expand(b, h, t, len(cols)), src)
+
+
+def _level_major(beta: Tensor, mask: Tensor) -> Tensor:
+    """beta [B, H, T, W] * mask [T, W] as a contiguous [W, B, H, T] tensor (one pass): a level's
+    coefficients over a row range are then one dense slice."""
+    b, h, t, w = beta.shape
+    out = beta.new_empty(w, b, h, t)
+    return torch.mul(beta.permute(3, 0, 1, 2), mask.t()[:, None, None, :], out=out)
 
 
 def _chunk_inverses(band: Tensor, plan: PatternPlan) -> Tensor:
@@ -394,7 +407,7 @@ class _PatternSolve(torch.autograd.Function):
         p, c = plan.p, plan.chunk
         band = _band(beta, plan)
         inv = _chunk_inverses(band, plan)
-        beta_far = (beta * plan.mask("run_far", beta)).permute(3, 0, 1, 2).contiguous()  # [W, B, H, T]
+        beta_far = _level_major(beta, plan.mask("run_far", beta))  # [W, B, H, T]
         buf = torch.cat([y_prefix, x.new_zeros(b, h, t, v)], 2)  # outputs by buffer position
         rhs = alpha[..., None] * x  # accumulates every contribution a row receives before its solve
         for ci, (s, e) in enumerate(plan.chunks):
@@ -415,19 +428,18 @@ class _PatternSolve(torch.autograd.Function):
             if plan.has_prev[ci]:
                 r_c = r_c + band[:, :, s:e, lo - (p + s - c) : c] @ buf[:, :, lo : p + s]
             buf[:, :, p + s : p + e] = (inv[:, :, ci, : e - s, : e - s] @ r_c.to(inv.dtype)).to(x.dtype)
-        ctx.save_for_backward(alpha, beta, x, buf)
+        ctx.save_for_backward(alpha, beta, x, buf, band, inv)  # band and inv: O(T C), cheaper kept than rebuilt
         ctx.plan = plan
         return buf[:, :, p:].clone()
 
     @staticmethod
     def backward(ctx, gy):
-        alpha, beta, x, buf = ctx.saved_tensors
+        alpha, beta, x, buf, band, inv = ctx.saved_tensors
         plan = ctx.plan
         p, c = plan.p, plan.chunk
         b, h, t, v = x.shape
-        band = _band(beta, plan)
-        inv_t = _chunk_inverses(band, plan).transpose(-1, -2)  # (I - B_cc)^{-T}
-        beta_far = (beta * plan.mask("run_far", beta)).permute(3, 0, 1, 2).contiguous()
+        inv_t = inv.transpose(-1, -2)  # (I - B_cc)^{-T}
+        beta_far = _level_major(beta, plan.mask("run_far", beta))
         gacc = gy.new_zeros(b, h, p + t, v)  # gradient reaching each buffer position from later reads
         g_all = gy.new_empty(b, h, t, v)  # G = (I - B)^{-T} dY
         for ci in reversed(range(len(plan.chunks))):
@@ -450,8 +462,7 @@ class _PatternSolve(torch.autograd.Function):
                 if pc.g == 1:
                     gacc[:, :, pc.keys].addcmul_(bw[..., None], gr)
                 else:
-                    gacc[:, :, pc.keys] += torch.einsum("bhng,bhngv->bhnv", bw.reshape(b, h, pc.n, pc.g),
-                                                        gr.reshape(b, h, pc.n, pc.g, v))
+                    gacc[:, :, pc.keys] += (bw.view(b, h, pc.n, pc.g, 1) * gr.view(b, h, pc.n, pc.g, v)).sum(3)
         galpha = (g_all * x).sum(-1)
         gx = alpha[..., None] * g_all
         gbeta = gy.new_zeros(plan.w, b, h, t)
