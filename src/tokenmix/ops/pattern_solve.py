@@ -198,10 +198,13 @@ class PatternPlan:
         near = valid & ~far
         run_far = valid & in_run & far
         left = valid & ~in_run
-        self._np = {"valid": valid.T, "near": near.T, "run_far": run_far.T}  # [T, W] views
+        self._np = {"valid": valid.T, "run_far": run_far.T}  # [T, W] views
         start = prefix + (rows // chunk) * chunk  # buffer position of each row's chunk start
-        self.band_col = torch.from_numpy(np.where(near, tab_l - start + chunk, 0).T)
-        self.near_cols = torch.from_numpy(np.nonzero(near.any(1))[0])
+        # the band is scattered from the level slots that have near entries only (scatter is slow)
+        near_cols = np.nonzero(near.any(1))[0]
+        self.near_cols = torch.from_numpy(near_cols)
+        self.band_col = torch.from_numpy(np.ascontiguousarray(np.where(near, tab_l - start + chunk, 0)[near_cols].T))
+        self._np["near_compact"] = np.ascontiguousarray(near[near_cols].T)
         self.left = tuple(torch.from_numpy(a) for a in np.nonzero(left.T))  # (rows, cols), sorted by row
         self.left_keys = torch.from_numpy(tab[self.left[0].numpy(), self.left[1].numpy()])
         self.chunks = [(s, min(s + chunk, t)) for s in range(0, t, chunk)]
@@ -368,15 +371,15 @@ def _band(beta: Tensor, plan: PatternPlan) -> Tensor:
     previous chunk then its own), from the entries read at distance <= C."""
     b, h, t, _ = beta.shape
     band = beta.new_zeros(b, h, t, 2 * plan.chunk)
-    cols = plan.on(plan.near_cols, beta.device)  # only the level slots with near entries (scatter is slow)
-    col = plan.on(plan.band_col, beta.device)[:, cols]
-    src = beta[..., cols] * plan.mask("near", beta)[:, cols]
-    return band.scatter_add_(-1, col.expand(b, h, t, len(cols)), src)
+    col = plan.on(plan.band_col, beta.device)  # [T, Wn] over the near level slots
+    src = beta.index_select(-1, plan.on(plan.near_cols, beta.device)) * plan.mask("near_compact", beta)
+    return band.scatter_add_(-1, col.expand(b, h, t, col.shape[1]), src)
 
 
 def _level_major(beta: Tensor, mask: Tensor) -> Tensor:
-    """beta [B, H, T, W] * mask [T, W] as a contiguous [W, B, H, T] tensor (one pass): a level's
-    coefficients over a row range are then one dense slice."""
+    """beta [B, H, T, W] * mask [T, W] as a contiguous [W, B, H, T] tensor, in one pass: a level's
+    coefficients over a row range are then one dense slice (a strided beta[..., w] view makes every
+    far piece's multiply-add about twice as slow)."""
     b, h, t, w = beta.shape
     out = beta.new_empty(w, b, h, t)
     return torch.mul(beta.permute(3, 0, 1, 2), mask.t()[:, None, None, :], out=out)
@@ -408,7 +411,10 @@ class _PatternSolve(torch.autograd.Function):
         band = _band(beta, plan)
         inv = _chunk_inverses(band, plan)
         beta_far = _level_major(beta, plan.mask("run_far", beta))  # [W, B, H, T]
-        buf = torch.cat([y_prefix, x.new_zeros(b, h, t, v)], 2)  # outputs by buffer position
+        # outputs by buffer position; zeros, as a lattice piece may read a not-yet-solved position
+        # with a zero coefficient
+        buf = x.new_zeros(b, h, p + t, v)
+        buf[:, :, :p] = y_prefix
         rhs = alpha[..., None] * x  # accumulates every contribution a row receives before its solve
         for ci, (s, e) in enumerate(plan.chunks):
             for pc in plan.far_blocks.get(s, ()):
@@ -439,7 +445,7 @@ class _PatternSolve(torch.autograd.Function):
         p, c = plan.p, plan.chunk
         b, h, t, v = x.shape
         inv_t = inv.transpose(-1, -2)  # (I - B_cc)^{-T}
-        beta_far = _level_major(beta, plan.mask("run_far", beta))
+        beta_far = _level_major(beta, plan.mask("run_far", beta))  # [W, B, H, T]
         gacc = gy.new_zeros(b, h, p + t, v)  # gradient reaching each buffer position from later reads
         g_all = gy.new_empty(b, h, t, v)  # G = (I - B)^{-T} dY
         for ci in reversed(range(len(plan.chunks))):
