@@ -76,3 +76,16 @@ def test_gate_coefficients_long():
     y_c, _ = run(m, x, "chunked", [100, 40])
     y_r, _ = m(x, mode="recurrent")
     assert_close(y_c, y_r, FLOAT64_EXACT, "gate_softmax")
+
+
+def test_index_plan_is_reused_only_for_the_same_segment():
+    m = mixer("sq1_ce")
+    x = torch.randn(1, 50, 12, dtype=torch.float64)
+    _, s1 = m(x[:, :30])
+    idx_a, plan_a = m._table(s1, 20, x.device)
+    idx_b, plan_b = m._table(s1, 20, x.device)
+    assert plan_a is plan_b  # a training loop builds the plan once per length
+    _, s2 = m(x[:, :31])
+    assert m._table(s2, 20, x.device)[1] is not plan_a  # another start position, another table
+    fresh = mixer("sq1_ce")
+    assert torch.equal(fresh._table(s1, 20, x.device)[0], idx_a)

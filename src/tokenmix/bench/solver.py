@@ -2,8 +2,12 @@
 ``dense`` vs ``chunked`` modes per pattern, with torch SDPA causal attention as the baseline.
 
 Shapes: B = 1, H = 4, head dim 64 (d_model 256). The dense mode materialises [B, H, n, n]; it is run
-only up to ``MAX_DENSE_N``. The dense *pattern* (every j < t) in chunked mode needs O(n^2) scores,
-so it is skipped beyond ``MAX_DENSE_PATTERN_N``.
+only up to ``MAX_DENSE_N``. The dense *pattern* (every j < t) in chunked mode takes the matmul
+path (ops/pattern_solve.py ``chunked_window_softmax``): O(n C) memory but O(n^2) time, so it is
+skipped beyond ``MAX_DENSE_PATTERN_N`` to keep the run short.
+
+``peak_mb`` is the RSS growth of the case's process during the timed calls (fwd+bwd, best of
+``repeats`` after a warm-up), so it includes activations kept for backward.
 """
 from __future__ import annotations
 
@@ -62,6 +66,7 @@ def run(sizes: list[int] | None = None, patterns: list[str] | None = None, progr
 
 def summarize(results: list[dict]) -> dict:
     t = {(r["mixer"], r["mode"], r["n"]): r["time_s"] for r in results if "time_s" in r}
+    mem = {(r["mixer"], r["mode"], r["n"]): r["peak_mb"] for r in results if "peak_mb" in r}
     ns = sorted({r["n"] for r in results})
     summary: dict = {}
     for (mixer, mode, n), v in t.items():
@@ -71,6 +76,8 @@ def summarize(results: list[dict]) -> dict:
             entry[f"dense_over_chunked@{n}"] = round(t[(mixer, "dense", n)] / v, 2)
         if ("sdpa", "sdpa", n) in t:
             entry[f"over_sdpa@{n}"] = round(v / t[("sdpa", "sdpa", n)], 3)
+        if (mixer, mode, n) in mem:
+            entry[f"peak_mb@{n}"] = round(mem[(mixer, mode, n)], 1)
     for key, entry in summary.items():
         if f"time_s@{ns[0]}" in entry and f"time_s@{ns[-1]}" in entry and len(ns) > 1:
             entry[f"growth_{ns[-1]}/{ns[0]}"] = round(entry[f"time_s@{ns[-1]}"] / entry[f"time_s@{ns[0]}"], 2)

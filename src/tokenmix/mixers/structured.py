@@ -17,6 +17,7 @@ cache that evicts a position as soon as no later token reads it).
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -31,6 +32,7 @@ from tokenmix.ops.pattern_solve import PatternPlan, chunked_pattern_solve, chunk
 from tokenmix.patterns import Lattice, Pattern, TranslationInvariant, get_pattern
 
 COEFFICIENTS = ("softmax", "gate_softmax", "gate_l1")
+_PLANS_KEPT = 2  # index tables + plans kept per mixer (a plan of a 16k-token sq1 segment is ~20 MB)
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,7 @@ class StructuredRecurrence(Mixer):
         self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
         self.out = nn.Linear(h * k, d_model, bias=False)
         self.gates = nn.Linear(d_model, h * (config.max_levels + 1)) if config.coefficients != "softmax" else None
+        self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, idx, plan)
 
     @property
     def time_complexity(self) -> str:  # type: ignore[override]
@@ -127,6 +130,28 @@ class StructuredRecurrence(Mixer):
             return full.gather(-1, idx.clamp(min=0)[None, :, None, :].expand(b, t, h, w)) * (idx >= 0)[None, :, None, :]
         return pattern_scores(q, kbuf, idx, plan)
 
+    def _table(self, state: PatternCache, t: int, device) -> tuple[Tensor, PatternPlan]:
+        """Buffer indices idx [T, W] of the segment after ``state`` and their plan.
+
+        Both depend only on the segment and the cached positions, so the last few are kept: a
+        training loop builds them once per sequence length, not once per step.
+        """
+        t0, p = state.position, state.cached_positions()
+        key = (t0, t, p, str(device))
+        hit = self._plans.get(key)
+        if hit is not None and torch.equal(hit[0], state.positions):
+            self._plans.move_to_end(key)
+            return hit[1], hit[2]
+        tab = self.pattern.neighbor_table(t0, t0 + t)  # absolute positions
+        in_seg = tab >= t0
+        idx = torch.where(in_seg, tab - t0 + p, state.slots(torch.where(in_seg, torch.full_like(tab, -1), tab)))
+        plan = plan_pattern(idx, p, self.config.chunk_size)
+        idx = idx.to(device)
+        self._plans[key] = (state.positions.clone(), idx, plan)
+        while len(self._plans) > _PLANS_KEPT:
+            self._plans.popitem(last=False)
+        return idx, plan
+
     def _segment(self, x: Tensor, state: PatternCache | None):
         """Everything the chunked and dense modes share for a segment: projections, buffer indices,
         the table's plan, coefficients."""
@@ -134,13 +159,7 @@ class StructuredRecurrence(Mixer):
         q, k, v = self._project(x)
         if state is None:
             state = self.init_state(b, x.device, x.dtype)
-        t0 = state.position
-        p = state.cached_positions()
-        tab = self.pattern.neighbor_table(t0, t0 + t)  # absolute positions
-        in_seg = tab >= t0
-        idx = torch.where(in_seg, tab - t0 + p, state.slots(torch.where(in_seg, torch.full_like(tab, -1), tab)))
-        plan = plan_pattern(idx, p, self.config.chunk_size)
-        idx = idx.to(x.device)
+        idx, plan = self._table(state, t, x.device)
         kbuf = torch.cat([state.keys, k], 1)
         alpha, beta = self._coefficients(x, q, k, self._scores(q, kbuf, idx, plan), idx >= 0)
         return state, q, k, v, idx, plan, alpha, beta

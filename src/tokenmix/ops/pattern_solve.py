@@ -21,8 +21,9 @@ table and fast for the patterns that matter.
 
 The solve, chunk by chunk (C positions):
     * reads at distance <= C land in the chunk or the previous one: they are scattered into one
-      dense [C, 2C] band block per chunk, used as a matmul against the previous chunk's outputs and
-      a C x C unit-triangular solve;
+      dense [C, 2C] band block per chunk, used as a matmul against the previous chunk's outputs;
+      the chunk's own C x C unit lower triangular block is inverted for all chunks in one batched
+      solve before the loop, so a chunk costs two small matmuls (equal up to rounding);
     * reads at distance > C land in earlier chunks. A run whose reads are all at distance >= D
       contributes to a whole block of ~D rows at once -- every row of the block reads rows before
       the block -- so it is added when the block starts: one slice operation per run and block,
@@ -112,10 +113,6 @@ class Run:
         if n:  # partial last group
             out.append(Piece(self.col, row, 1, n, key, a))
         return out
-
-    def key_array(self) -> np.ndarray:
-        i = np.arange(self.length)
-        return self.key + self.stride * ((self.phase + i) // self.stride)
 
 
 def _fit_run(col: np.ndarray, w: int, prefix: int) -> Run | None:
