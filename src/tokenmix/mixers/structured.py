@@ -116,7 +116,7 @@ class StructuredRecurrence(Mixer):
         else:
             gt = torch.tanh(logits) * mask
             coef = gt / (gt.abs().sum(-1, keepdim=True) + 1e-6)
-        return coef[..., 0], coef[..., 1:] * valid[None, :, None, :]
+        return coef[..., 0], coef[..., 1:]  # exactly 0 at non-neighbours (masked before normalising)
 
     def _scores(self, q: Tensor, kbuf: Tensor, idx: Tensor, plan: PatternPlan) -> Tensor | None:
         """Neighbour scores [B, T, H, W] of a segment (None for gate-based coefficients)."""
