@@ -167,13 +167,16 @@ class PatternPlan:
     chunk size C; shared by ``pattern_scores`` and ``chunked_pattern_solve``.
 
     Attributes:
-        runs: one ``Run`` per level slot with a regular part.
-        valid, near, run_far, left: [T, W] bool masks -- entries read at all; read at distance <= C
-            (band); covered by a run and read at distance > C; not covered by any run.
-        band_col: [T, W] long, column of a near entry in its chunk's [C, 2C] band block.
+        runs: one ``Run`` per level slot with a regular part; ``pieces`` all their slice operations.
+        mask(name): [T, W] 0/1 masks -- "valid" (entries read at all), "run_far" (covered by a run
+            and read at distance > C); "near_compact" [T, Wn] (read at distance <= C, over the Wn
+            level slots ``near_cols`` that have such reads).
+        band_col: [T, Wn] long, column of a near entry in its chunk's [C, 2C] band block.
+        left, left_keys: (rows, cols) and buffer positions of the entries no run covers.
         far_blocks: {chunk start s: pieces}, the distance > C part of the runs; a piece added at s
             covers rows >= s and reads only positions before P + s (see module docstring).
         left_chunks: per chunk, (rows, cols, keys) of leftover entries at distance > C.
+        has_prev: per chunk, whether any row reads the previous chunk within distance C.
     """
 
     def __init__(self, idx: Tensor, prefix: int, chunk: int) -> None:
@@ -205,11 +208,10 @@ class PatternPlan:
         self.left = tuple(torch.from_numpy(a) for a in np.nonzero(left.T))  # (rows, cols), sorted by row
         self.left_keys = torch.from_numpy(tab[self.left[0].numpy(), self.left[1].numpy()])
         self.chunks = [(s, min(s + chunk, t)) for s in range(0, t, chunk)]
-        # does a chunk read inside itself / the previous chunk at all (skip empty matmuls)
-        inside_rows = (near & (tab_l >= start)).any(0)
+        # does a chunk read the previous chunk at all (skip empty matmuls, e.g. f:3**k)
         prev_rows = (near & (tab_l < start)).any(0)
-        self.has_inside = [bool(inside_rows[s:e].any()) for s, e in self.chunks]
         self.has_prev = [bool(prev_rows[s:e].any()) for s, e in self.chunks]
+        self.pieces = [pc for r in self.runs for pc in r.pieces()]
         self.far_blocks = self._schedule(run_far, dist)
         r, c = np.nonzero((left & far).T)  # sorted by row, so each chunk's entries are contiguous
         bounds = np.searchsorted(r, [s for s, _ in self.chunks] + [t])
@@ -221,11 +223,10 @@ class PatternPlan:
         self._cache: dict = {}
 
     def _schedule(self, run_far: np.ndarray, dist: np.ndarray) -> dict[int, list[Piece]]:
-        # run_far, dist: [W, T]
         """Cut the far part of every run into blocks, each added at a chunk start s: a block covers
         rows >= s that read only positions < P + s, i.e. rows [cur, s + d_min) for a run whose far
         reads are all at distance >= d_min. Lattice blocks end on a group boundary so the next one
-        is whole groups (one slice operation, no partial first group)."""
+        is whole groups (one slice operation, no partial first group). run_far, dist: [W, T]."""
         blocks: dict[int, list[Piece]] = {}
         for r in self.runs:
             rr = slice(r.row, r.row + r.length)
@@ -252,13 +253,11 @@ class PatternPlan:
         return self._cache[key]
 
     def on(self, t: Tensor, device: torch.device) -> Tensor:
+        """One of the plan's index tensors on ``device`` (cached)."""
         key = (id(t), device)
         if key not in self._cache:
             self._cache[key] = t.to(device)
         return self._cache[key]
-
-    def all_pieces(self) -> list[Piece]:
-        return [pc for r in self.runs for pc in r.pieces()]
 
 
 def _check_table(idx: Tensor, prefix: int, t: int) -> None:
@@ -286,7 +285,7 @@ class _PatternScores(torch.autograd.Function):
         # q [B, T, H, K], kbuf [B, P + T, H, K] -> scores [W, B, T, H] (level-major: contiguous writes)
         b, t, h, k = q.shape
         out = q.new_zeros(plan.w, b, t, h)
-        for pc in plan.all_pieces():
+        for pc in plan.pieces:
             kk = kbuf[:, pc.keys]  # [B, n, H, K], a strided view, no copy
             if pc.g == 1:
                 out[pc.col, :, pc.rows] = torch.linalg.vecdot(q[:, pc.rows], kk)
@@ -311,7 +310,7 @@ class _PatternScores(torch.autograd.Function):
         b, t, h, k = q.shape
         ds = (ds * plan.mask("valid", ds)[None, :, None, :]).permute(3, 0, 1, 2).contiguous()  # [W, B, T, H]
         dq, dk = torch.zeros_like(q), torch.zeros_like(kbuf)
-        for pc in plan.all_pieces():
+        for pc in plan.pieces:
             d = ds[pc.col, :, pc.rows]  # [B, n g, H]
             if pc.g == 1:
                 dq[:, pc.rows].addcmul_(d[..., None], kbuf[:, pc.keys])
@@ -469,7 +468,7 @@ class _PatternSolve(torch.autograd.Function):
         galpha = (g_all * x).sum(-1)
         gx = alpha[..., None] * g_all
         gbeta = gy.new_zeros(plan.w, b, h, t)
-        for pc in plan.all_pieces():
+        for pc in plan.pieces:
             ys = buf[:, :, pc.keys]
             if pc.g == 1:
                 gbeta[pc.col, :, :, pc.rows] = torch.linalg.vecdot(g_all[:, :, pc.rows], ys)
