@@ -54,6 +54,18 @@ class StructuredConfig(MixerConfig):
         get_pattern(self.pattern, self.cache_efficient)  # validate now, with a clear message
 
 
+class _LazyPlan:
+    """A segment's device index table and its ``PatternPlan``, the plan built on first use."""
+
+    def __init__(self, idx: Tensor, idx_cpu: Tensor, prefix: int, chunk: int) -> None:
+        self.idx, self._args, self._plan = idx, (idx_cpu, prefix, chunk), None
+
+    def get(self) -> PatternPlan:
+        if self._plan is None:
+            self._plan = plan_pattern(*self._args)
+        return self._plan
+
+
 def _complexities(p: Pattern) -> tuple[str, str]:
     if isinstance(p, Lattice):
         base = p.base.name
@@ -118,7 +130,7 @@ class StructuredRecurrence(Mixer):
             coef = gt / (gt.abs().sum(-1, keepdim=True) + 1e-6)
         return coef[..., 0], coef[..., 1:]  # exactly 0 at non-neighbours (masked before normalising)
 
-    def _scores(self, q: Tensor, kbuf: Tensor, idx: Tensor, plan: PatternPlan) -> Tensor | None:
+    def _scores(self, q: Tensor, kbuf: Tensor, idx: Tensor, plan: _LazyPlan) -> Tensor | None:
         """Neighbour scores [B, T, H, W] of a segment (None for gate-based coefficients)."""
         if self.gates is not None:
             return None
@@ -128,10 +140,11 @@ class StructuredRecurrence(Mixer):
             # (nearly) every earlier position is a neighbour: one q @ k^T matmul is cheapest
             full = torch.einsum("bthk,bshk->bths", q, kbuf)  # [B, T, H, P+T]
             return full.gather(-1, idx.clamp(min=0)[None, :, None, :].expand(b, t, h, w)) * (idx >= 0)[None, :, None, :]
-        return pattern_scores(q, kbuf, idx, plan)
+        return pattern_scores(q, kbuf, idx, plan.get())
 
-    def _table(self, state: PatternCache, t: int, device) -> tuple[Tensor, PatternPlan]:
-        """Buffer indices idx [T, W] of the segment after ``state`` and their plan.
+    def _table(self, state: PatternCache, t: int, device) -> tuple[Tensor, _LazyPlan]:
+        """Buffer indices idx [T, W] of the segment after ``state`` and their plan (built when a
+        fast kernel first asks for it; the dense mode of the dense pattern never does).
 
         Both depend only on the segment and the cached positions, so the last few are kept: a
         training loop builds them once per sequence length, not once per step.
@@ -141,16 +154,15 @@ class StructuredRecurrence(Mixer):
         hit = self._plans.get(key)
         if hit is not None and torch.equal(hit[0], state.positions):
             self._plans.move_to_end(key)
-            return hit[1], hit[2]
+            return hit[1].idx, hit[1]
         tab = self.pattern.neighbor_table(t0, t0 + t)  # absolute positions
         in_seg = tab >= t0
         idx = torch.where(in_seg, tab - t0 + p, state.slots(torch.where(in_seg, torch.full_like(tab, -1), tab)))
-        plan = plan_pattern(idx, p, self.config.chunk_size)
-        idx = idx.to(device)
-        self._plans[key] = (state.positions.clone(), idx, plan)
+        plan = _LazyPlan(idx.to(device), idx, p, self.config.chunk_size)
+        self._plans[key] = (state.positions.clone(), plan)
         while len(self._plans) > _PLANS_KEPT:
             self._plans.popitem(last=False)
-        return idx, plan
+        return plan.idx, plan
 
     def _segment(self, x: Tensor, state: PatternCache | None):
         """Everything the chunked and dense modes share for a segment: projections, buffer indices,
@@ -194,7 +206,7 @@ class StructuredRecurrence(Mixer):
                                        self.config.chunk_size, 1.0 / math.sqrt(self.head_dim))
             return self._finish(state, k, y, x.shape[1])
         state, q, k, v, idx, plan, alpha, beta = self._segment(x, state)
-        y = chunked_pattern_solve(alpha, beta, idx, v, state.values, self.config.chunk_size, plan=plan)
+        y = chunked_pattern_solve(alpha, beta, idx, v, state.values, self.config.chunk_size, plan=plan.get())
         return self._finish(state, k, y, x.shape[1])
 
     def forward_dense(self, x: Tensor, state: PatternCache | None):
