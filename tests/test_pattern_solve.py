@@ -119,6 +119,10 @@ def dense_reference(alpha, beta, idx, x, y_prefix):
     return solve_dense(MixOperator(torch.diag_embed(alpha.transpose(1, 2)), mix_b), x, offset=offset)
 
 
+def f64(g: torch.Generator, *shape: int, uniform: bool = False) -> torch.Tensor:
+    return (torch.rand if uniform else torch.randn)(*shape, dtype=torch.float64, generator=g)
+
+
 def _grads(out, inputs, w):
     return torch.autograd.grad((out * w).sum(), inputs, allow_unused=True)
 
@@ -132,17 +136,14 @@ def test_fast_solve_and_gradients_match_dense_reference(spec, t0, t, chunk):
     idx, p = buffer_table(spec, t0, t)
     g = torch.Generator().manual_seed(t0 * 1000 + t)
     b, h, v, w = 2, 3, 4, idx.shape[1]
-    args = [torch.rand(b, t, h, dtype=torch.float64, generator=g),
-            # signed coefficients of row sum ~1 at most (bounded outputs, like normalised ones)
-            torch.randn(b, t, h, w, dtype=torch.float64, generator=g) * 0.6 / max(1, w),
-            torch.randn(b, t, h, v, dtype=torch.float64, generator=g),
-            torch.randn(b, p, h, v, dtype=torch.float64, generator=g)]
+    # signed neighbour coefficients of row sum ~1 at most (bounded outputs, like normalised ones)
+    args = [f64(g, b, t, h, uniform=True), f64(g, b, t, h, w) * 0.6 / max(1, w), f64(g, b, t, h, v), f64(g, b, p, h, v)]
     fast = [a.clone().requires_grad_() for a in args]
     ref = [a.clone().requires_grad_() for a in args]
     y = chunked_pattern_solve(fast[0], fast[1], idx, fast[2], fast[3], chunk)
     y_ref = dense_reference(ref[0], ref[1], idx, ref[2], ref[3])
     assert_close(y, y_ref, FLOAT64_EXACT, f"{spec} output")
-    wy = torch.randn(y.shape, dtype=torch.float64, generator=g)
+    wy = f64(g, *y.shape)
     for name, gf, gr, a in zip(["alpha", "beta", "x", "y_prefix"], _grads(y, fast, wy), _grads(y_ref, ref, wy), args):
         gr = torch.zeros_like(a) if gr is None else gr
         assert_close(gf, gr * ((idx >= 0)[None, :, None, :] if name == "beta" else 1), FLOAT64_EXACT, f"{spec} d{name}")
@@ -151,9 +152,10 @@ def test_fast_solve_and_gradients_match_dense_reference(spec, t0, t, chunk):
 def test_recurrent_reference_matches_dense_reference():
     idx, p = buffer_table("sq1_ce", 30, 25)
     g = torch.Generator().manual_seed(3)
-    alpha, beta = torch.rand(1, 25, 2, dtype=torch.float64, generator=g), torch.randn(1, 25, 2, idx.shape[1], dtype=torch.float64, generator=g)
-    x, yp = torch.randn(1, 25, 2, 3, dtype=torch.float64, generator=g), torch.randn(1, p, 2, 3, dtype=torch.float64, generator=g)
-    assert_close(recurrent_pattern_solve(alpha, beta, idx, x, yp), dense_reference(alpha, beta, idx, x, yp), 1e-12, "refs")
+    alpha, beta = f64(g, 1, 25, 2, uniform=True), f64(g, 1, 25, 2, idx.shape[1])
+    x, yp = f64(g, 1, 25, 2, 3), f64(g, 1, p, 2, 3)
+    assert_close(recurrent_pattern_solve(alpha, beta, idx, x, yp), dense_reference(alpha, beta, idx, x, yp), 1e-12,
+                 "references")
 
 
 @pytest.mark.parametrize("spec", ["pow2", "sq1", "pow2_ce", "sq1_ce", "fenwick", "dense", "window:9"])
@@ -184,13 +186,12 @@ def test_plan_must_match_its_table():
 def test_pattern_scores_and_gradients_match_gathered_reference(spec, t0, t):
     idx, p = buffer_table(spec, t0, t)
     g = torch.Generator().manual_seed(t)
-    q = torch.randn(2, t, 3, 5, dtype=torch.float64, generator=g)
-    kbuf = torch.randn(2, p + t, 3, 5, dtype=torch.float64, generator=g)
+    q, kbuf = f64(g, 2, t, 3, 5), f64(g, 2, p + t, 3, 5)
     fast = [q.clone().requires_grad_(), kbuf.clone().requires_grad_()]
     ref = [q.clone().requires_grad_(), kbuf.clone().requires_grad_()]
     s, s_ref = pattern_scores(fast[0], fast[1], idx), pattern_scores_reference(ref[0], ref[1], idx)
     assert_close(s, s_ref, FLOAT64_EXACT, f"{spec} scores")
-    ws = torch.randn(s.shape, dtype=torch.float64, generator=g)
+    ws = f64(g, *s.shape)
     for name, gf, gr in zip(["q", "k"], _grads(s, fast, ws), _grads(s_ref, ref, ws)):
         assert_close(gf, gr, FLOAT64_EXACT, f"{spec} d{name}")
 
@@ -201,14 +202,13 @@ def test_window_softmax_matches_reference(p, t, window, chunk):
     """The matmul path for window/dense patterns: outputs and gradients of q, k (prefix
     included), x and the prefix outputs."""
     g = torch.Generator().manual_seed(p + t + window)
-    args = [torch.randn(2, t, 3, 5, dtype=torch.float64, generator=g), torch.randn(2, p + t, 3, 5, dtype=torch.float64, generator=g),
-            torch.randn(2, t, 3, 4, dtype=torch.float64, generator=g), torch.randn(2, p, 3, 4, dtype=torch.float64, generator=g)]
+    args = [f64(g, 2, t, 3, 5), f64(g, 2, p + t, 3, 5), f64(g, 2, t, 3, 4), f64(g, 2, p, 3, 4)]
     fast = [a.clone().requires_grad_() for a in args]
     ref = [a.clone().requires_grad_() for a in args]
     y = chunked_window_softmax(*fast, window, chunk)
     y_ref = window_softmax_reference(*ref, window)
     assert_close(y, y_ref, FLOAT64_EXACT, "output")
-    wy = torch.randn(y.shape, dtype=torch.float64, generator=g)
+    wy = f64(g, *y.shape)
     for name, gf, gr, a in zip(["q", "k", "x", "y_prefix"], _grads(y, fast, wy), _grads(y_ref, ref, wy), args):
         assert_close(gf, torch.zeros_like(a) if gr is None else gr, FLOAT64_EXACT, f"d{name}")
 
@@ -218,7 +218,8 @@ def test_window_softmax_gradcheck_and_bad_input():
     kbuf = torch.randn(1, 10, 2, 3, dtype=torch.float64, requires_grad=True)
     x = torch.randn(1, 7, 2, 2, dtype=torch.float64, requires_grad=True)
     yp = torch.randn(1, 3, 2, 2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda q, k, x, yp: chunked_window_softmax(q, k, x, yp, 4, 3), (args[0], kbuf, x, yp))
+    assert torch.autograd.gradcheck(lambda q, k, x, yp: chunked_window_softmax(q, k, x, yp, 4, 3),
+                                    (args[0], kbuf, x, yp))
     with pytest.raises(ValueError, match="window"):
         chunked_window_softmax(args[0], kbuf, x, yp, 0, 3)
     with pytest.raises(ValueError, match="chunk_size"):
@@ -232,7 +233,7 @@ def test_gradcheck_far_blocks(spec, chunk):
     """gradcheck through the blocked far levels (T = 20 spans several block sizes of C = 2..4)."""
     idx, p = buffer_table(spec, 6, 20)
     g = torch.Generator().manual_seed(1)
-    args = [torch.rand(1, 20, 1, dtype=torch.float64, generator=g), torch.randn(1, 20, 1, idx.shape[1], dtype=torch.float64, generator=g) * 0.3,
-            torch.randn(1, 20, 1, 2, dtype=torch.float64, generator=g), torch.randn(1, p, 1, 2, dtype=torch.float64, generator=g)]
+    args = [f64(g, 1, 20, 1, uniform=True), f64(g, 1, 20, 1, idx.shape[1]) * 0.3,
+            f64(g, 1, 20, 1, 2), f64(g, 1, p, 1, 2)]
     args = [a.requires_grad_() for a in args]
     assert torch.autograd.gradcheck(lambda a, b, x, yp: chunked_pattern_solve(a, b, idx, x, yp, chunk), args)

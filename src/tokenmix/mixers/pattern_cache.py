@@ -138,6 +138,6 @@ class PatternCache(MixerState):
                 ) -> "PatternCache":
         all_pos = torch.cat([self.positions, new_pos])
         slot = torch.searchsorted(all_pos, torch.as_tensor(keep, dtype=torch.long))
-        store = _Storage.holding([(torch.cat([self.keys, keys], 1)[:, slot], torch.cat([self.values, values], 1)[:, slot],
-                                   all_pos[slot])], max(_MIN_CAPACITY, len(keep)))
+        kept = (torch.cat([self.keys, keys], 1)[:, slot], torch.cat([self.values, values], 1)[:, slot], all_pos[slot])
+        store = _Storage.holding([kept], max(_MIN_CAPACITY, len(keep)))
         return PatternCache(self.owner, self.batch_size, new_position, store, 0, len(keep)).carry_peaks(self)

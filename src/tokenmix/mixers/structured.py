@@ -10,9 +10,12 @@ Coefficients, normalised over {t} ∪ N(t) so every y_t is a convex (or L1-bound
     gate_softmax / gate_l1 -- per-level gates from the input as in H-LRU: logits g_t in R^{L+1}
         (slot 0 = self, slot w+1 = level w), softmax, or tanh then L1 normalisation (signed).
 
-Modes: ``chunked`` (training default: chunked sparse triangular solve, ops/pattern_solve.py),
+Modes: ``chunked`` (training default: chunked sparse triangular solve, ops/pattern_solve.py, with
+neighbour scores from shifted / strided slices; patterns that read every one of the previous
+M >= C positions -- the dense pattern -- take the matmul path ``chunked_window_softmax``),
 ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token by token with a
-cache that evicts a position as soon as no later token reads it).
+cache that evicts a position as soon as no later token reads it; a step gathers only the
+|N(t)| neighbours and appends to preallocated storage, O(|N(t)| K) whatever the cache size).
 """
 from __future__ import annotations
 
@@ -21,14 +24,14 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.core.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig
 from tokenmix.mixers.pattern_cache import PatternCache
-from tokenmix.ops.pattern_solve import PatternPlan, chunked_pattern_solve, chunked_window_softmax, pattern_scores, plan_pattern
+from tokenmix.ops.pattern_solve import (PatternPlan, chunked_pattern_solve, chunked_window_softmax, pattern_scores,
+                                        plan_pattern)
 from tokenmix.patterns import Lattice, Pattern, TranslationInvariant, get_pattern
 
 COEFFICIENTS = ("softmax", "gate_softmax", "gate_l1")
@@ -89,7 +92,7 @@ class StructuredRecurrence(Mixer):
         self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
         self.out = nn.Linear(h * k, d_model, bias=False)
         self.gates = nn.Linear(d_model, h * (config.max_levels + 1)) if config.coefficients != "softmax" else None
-        self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, idx, plan)
+        self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, _LazyPlan)
 
     @property
     def time_complexity(self) -> str:  # type: ignore[override]
