@@ -16,8 +16,7 @@ the chunk. Then, for i, j in the chunk,
 
 Every chunk-level step is one batched matmul over all chunks at once ([N B H, C, .] rows, chunk-major
 so that chunk i's states are one contiguous block): intra scores, A @ V, the chunk writes and the
-reads q_in @ S. Only the carry S -> S' is sequential (T / C steps on [K, V] states; a cumulative sum
-when there is no decay).
+reads q_in @ S. Only the carry S -> S' is sequential (T / C small steps on [K, V] states).
 
 Intra-chunk scores, two exact forms chosen per chunk:
   * factored (fast): A = tril((q ⊙ exp(G)) (k ⊙ exp(-G))ᵀ), one matmul for any decay kind. Each
@@ -34,8 +33,9 @@ Intra-chunk scores, two exact forms chosen per chunk:
                    exp(G_m - G_j), both factors <= 1, so those scores are one matmul of decayed q and k.
                    Inside a base block the scores at each offset d = i - j are one elementwise pass
                    sum_c q_{i,c} k_{i-d,c} exp(G_{i,c} - G_{i-d,c}).
-Ordinary gates (GLA's logsigmoid / 16, Mamba-2's dt·A at initialisation, RetNet) keep every chunk on
-the factored form; only saturated gates reach the safe one.
+Ordinary gates (GLA's logsigmoid / 16, RetNet's fixed decays) keep every chunk on the factored form;
+only saturated gates reach the safe one, and a call with both kinds of chunks computes each row set
+with its own form (gathered, then scattered back).
 
 Backward (closed form; autograd through the loops would store a copy of every slice). With dO the
 output gradient and dS_T the final-state gradient:
