@@ -17,9 +17,10 @@ Row c of S_t is exactly the output z_t^{(c)} of recurrence c, which is how the d
 returns the final state.
 
 Modes: ``chunked`` (ops/chunked_gla.py through ``_mix_chunked``, which a member may route to a kernel
-of its own: Mamba-2 to ops/chunked_ssd.py, the diagonal SSM to ops/selective_scan.py), ``dense`` (the state view through core.operator.solve_dense,
-one G = 1 recurrence per (head, key channel) so that an initial state enters as the solver's known
-right-hand side), ``recurrent`` (token by token, ops/recurrent_gla.gla_step).
+of its own: Mamba-2 to ops/chunked_ssd.py, the diagonal SSM to ops/selective_scan.py), ``dense``
+(the state view through core.operator.solve_dense, one G = 1 recurrence per (head, key channel) so
+that an initial state enters as the solver's known right-hand side), ``recurrent`` (token by token,
+ops/recurrent_gla.gla_step).
 """
 from __future__ import annotations
 
