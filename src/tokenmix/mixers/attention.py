@@ -111,7 +111,7 @@ class SoftmaxAttention(Mixer):
     def _start(self, x: Tensor, state: KVCache | None):
         """Projections and the key/value buffers [B, P + T, H, K] (cache first) of a segment."""
         if state is None:
-            state = self.init_state(x.shape[0], x.device, x.dtype)
+            state = self.empty_state(x.shape[0], x.device, x.dtype)
         q, k, v = self._project(x)
         return state, q, torch.cat([state.keys, k], 1), torch.cat([state.values, v], 1)
 
@@ -124,7 +124,7 @@ class SoftmaxAttention(Mixer):
         keep = self._kept(state.position + y.shape[1])
         start = kbuf.shape[1] - keep
         new = KVCache(state.owner, state.batch_size, state.position + y.shape[1], kbuf[:, start:],
-                      vbuf[:, start:]).carry_peaks(state)
+                      vbuf[:, start:]).carry_over(state)
         return self.out(y.flatten(2)), new
 
     # ---------------------------------------------------------------- modes
@@ -154,7 +154,7 @@ class SoftmaxAttention(Mixer):
     def forward_recurrent(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
         """Token-by-token reference: append k_t, v_t to the cache, read it, evict beyond the window."""
         if state is None:
-            state = self.init_state(x.shape[0], x.device, x.dtype)
+            state = self.empty_state(x.shape[0], x.device, x.dtype)
         q, k, v = self._project(x)
         ys = []
         for s in range(x.shape[1]):
@@ -165,11 +165,11 @@ class SoftmaxAttention(Mixer):
             ys.append(torch.einsum("bhs,bshv->bhv", torch.softmax(scores, -1), values))
             keep = self._kept(state.position + 1)
             state = KVCache(state.owner, state.batch_size, state.position + 1, keys[:, keys.shape[1] - keep :],
-                            values[:, values.shape[1] - keep :]).carry_peaks(state)
+                            values[:, values.shape[1] - keep :]).carry_over(state)
         return self.out(torch.stack(ys, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> KVCache:
+    def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> KVCache:
         empty = torch.zeros(batch_size, 0, self.n_heads, self.head_dim, device=device, dtype=dtype)
         return KVCache(self.owner, batch_size, 0, empty, empty.clone())
 

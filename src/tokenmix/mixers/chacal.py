@@ -97,14 +97,14 @@ class ChainCausalAttention(Mixer):
     # ---------------------------------------------------------------- shared pieces
     def _start(self, x: Tensor, state: ChainCache | None):
         if state is None:
-            state = self.init_state(x.shape[0], x.device, x.dtype)
+            state = self.empty_state(x.shape[0], x.device, x.dtype)
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)  # [B, T, H, K]
         return state, q, torch.cat([state.keys, k], 1), torch.cat([state.values, v], 1)
 
     def _finish(self, state: ChainCache, kbuf: Tensor, vbuf: Tensor, y: Tensor) -> tuple[Tensor, ChainCache]:
         new = ChainCache(state.owner, state.batch_size, state.position + y.shape[1], kbuf, vbuf,
-                         torch.cat([state.outputs, y], 1)).carry_peaks(state)
+                         torch.cat([state.outputs, y], 1)).carry_over(state)
         return self.out(y.flatten(2)), new
 
     def _dense_ab(self, probs: Tensor, p: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -140,7 +140,7 @@ class ChainCausalAttention(Mixer):
     def forward_recurrent(self, x: Tensor, state: ChainCache | None) -> tuple[Tensor, ChainCache]:
         """Token-by-token reference: y_t reads the values and outputs of every cached position."""
         if state is None:
-            state = self.init_state(x.shape[0], x.device, x.dtype)
+            state = self.empty_state(x.shape[0], x.device, x.dtype)
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
         g = self.gamma[None, :, None]  # [1, H, 1]
@@ -156,11 +156,11 @@ class ChainCausalAttention(Mixer):
                        + g * torch.einsum("bhs,bshv->bhv", probs[..., :-1], state.outputs))
             ys.append(y_t)
             state = ChainCache(state.owner, state.batch_size, state.position + 1, keys, values,
-                               torch.cat([state.outputs, y_t[:, None]], 1)).carry_peaks(state)
+                               torch.cat([state.outputs, y_t[:, None]], 1)).carry_over(state)
         return self.out(torch.stack(ys, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> ChainCache:
+    def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> ChainCache:
         empty = torch.zeros(batch_size, 0, self.n_heads, self.head_dim, device=device, dtype=dtype)
         return ChainCache(self.owner, batch_size, 0, empty, empty.clone(), empty.clone())
 

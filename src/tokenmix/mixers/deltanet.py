@@ -92,7 +92,7 @@ class DeltaNet(Mixer):
     def _next_state(self, state: DeltaState | None, memory: Tensor, t: int, batch: int) -> DeltaState:
         pos = 0 if state is None else state.position
         new = DeltaState(self.owner, batch, pos + t, memory)
-        return new.carry_peaks(state) if state is not None else new
+        return new.carry_over(state) if state is not None else new
 
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: DeltaState | None) -> tuple[Tensor, DeltaState]:
@@ -128,7 +128,7 @@ class DeltaNet(Mixer):
 
     def forward_recurrent(self, x: Tensor, state: DeltaState | None) -> tuple[Tensor, DeltaState]:
         b, t, _ = x.shape
-        state = self.init_state(b, x.device, x.dtype) if state is None else state
+        state = self.empty_state(b, x.device, x.dtype) if state is None else state
         q, k, v, beta, g = self._project(x)
         outs = []
         for i in range(t):
@@ -140,8 +140,8 @@ class DeltaNet(Mixer):
         return self.out(torch.stack(outs, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device: torch.device | str = "cpu",
-                   dtype: torch.dtype = torch.float32) -> DeltaState:
+    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> DeltaState:
         memory = torch.zeros(batch_size, self.n_heads, self.head_dim, self.head_dim, device=device, dtype=dtype)
         return DeltaState(self.owner, batch_size, 0, memory)
 

@@ -105,7 +105,7 @@ class GatedLinearMixer(Mixer):
     def _next_state(self, state: MatrixState | None, memory: Tensor, t: int, batch: int) -> MatrixState:
         pos = 0 if state is None else state.position
         new = MatrixState(self.owner, batch, pos + t, memory)
-        return new.carry_peaks(state) if state is not None else new
+        return new.carry_over(state) if state is not None else new
 
     def _mix_chunked(self, f: LinearFeatures, s0: Tensor | None) -> tuple[Tensor, Tensor]:
         """The chunked mixing alone: o [B, T, H, V] and the final state [B, H, K, V] from the features."""
@@ -158,7 +158,7 @@ class GatedLinearMixer(Mixer):
 
     def forward_recurrent(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
         b, t, _ = x.shape
-        state = self.init_state(b, x.device, x.dtype) if state is None else state
+        state = self.empty_state(b, x.device, x.dtype) if state is None else state
         f = self._features(x)
         outs = []
         gs = [None] * t if f.g is None else f.g.unbind(1)  # unbind once (see recurrent_gla)
@@ -170,8 +170,8 @@ class GatedLinearMixer(Mixer):
         return self._output(torch.stack(outs, 1), f), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device: torch.device | str = "cpu",
-                   dtype: torch.dtype = torch.float32) -> MatrixState:
+    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> MatrixState:
         memory = torch.zeros(batch_size, self.state_heads, self.key_dim, self.value_dim, device=device, dtype=dtype)
         return MatrixState(self.owner, batch_size, 0, memory)
 

@@ -105,7 +105,7 @@ class HigherOrderLRU(Mixer):
 
     def _start(self, x: Tensor, state: LagState | None):
         if state is None:
-            state = self.init_state(x.shape[0], x.device, x.dtype)
+            state = self.empty_state(x.shape[0], x.device, x.dtype)
         return (state, *self._gates(x))
 
     def _lags(self, prefix: Tensor) -> Tensor:
@@ -120,7 +120,7 @@ class HigherOrderLRU(Mixer):
         feats = torch.stack([full[:, m - k : m - k + t] for k in range(m)], -1)  # [B, T, N, m]
         keep = min(state.position + t, m)
         new = LagState(state.owner, state.batch_size, state.position + t, full[:, full.shape[1] - keep :])
-        return self.out(feats.flatten(2)), new.carry_peaks(state)
+        return self.out(feats.flatten(2)), new.carry_over(state)
 
     def _dense_ab(self, beta: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor]:
         """A = diag(alpha), B with sub-diagonal k holding g_{t,k}: [B, N, T, T] each."""
@@ -174,11 +174,11 @@ class HigherOrderLRU(Mixer):
             keep = min(state.position + 1, m)
             window = torch.cat([lags, z_t[:, None]], 1)
             state = LagState(state.owner, state.batch_size, state.position + 1,
-                             window[:, window.shape[1] - keep :]).carry_peaks(state)
+                             window[:, window.shape[1] - keep :]).carry_over(state)
         return torch.stack(outs, 1), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> LagState:
+    def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> LagState:
         return LagState(self.owner, batch_size, 0, torch.zeros(batch_size, 0, self.channels, device=device,
                                                                dtype=dtype))
 

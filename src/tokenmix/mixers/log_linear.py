@@ -107,7 +107,7 @@ class LogLinearAttention(Mixer):
 
     def _next_state(self, state: FenwickState | None, levels: Tensor, position: int, batch: int) -> FenwickState:
         new = FenwickState(self.owner, batch, position, levels)
-        return new.carry_peaks(state) if state is not None else new
+        return new.carry_over(state) if state is not None else new
 
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
@@ -128,7 +128,7 @@ class LogLinearAttention(Mixer):
 
     def forward_recurrent(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
         b, t, _ = x.shape
-        state = self.init_state(b, x.device, x.dtype) if state is None else state
+        state = self.empty_state(b, x.device, x.dtype) if state is None else state
         q, k, v, g, lam = self._project(x, state.position)
         outs = []
         for i in range(t):
@@ -140,8 +140,8 @@ class LogLinearAttention(Mixer):
         return self.out(torch.stack(outs, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device: torch.device | str = "cpu",
-                   dtype: torch.dtype = torch.float32) -> FenwickState:
+    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> FenwickState:
         levels = torch.zeros(batch_size, self.n_heads, 0, self.head_dim, self.head_dim, device=device, dtype=dtype)
         return FenwickState(self.owner, batch_size, 0, levels)
 

@@ -173,7 +173,7 @@ class StructuredRecurrence(Mixer):
         b, t, _ = x.shape
         q, k, v = self._project(x)
         if state is None:
-            state = self.init_state(b, x.device, x.dtype)
+            state = self.empty_state(b, x.device, x.dtype)
         idx, plan = self._table(state, t, x.device)
         kbuf = torch.cat([state.keys, k], 1)
         alpha, beta = self._coefficients(x, q, k, self._scores(q, kbuf, idx, plan), idx >= 0)
@@ -203,7 +203,7 @@ class StructuredRecurrence(Mixer):
         if window is not None:
             # (nearly) dense: scores, softmax and the earlier-chunk contribution as matmuls, no index table
             if state is None:
-                state = self.init_state(x.shape[0], x.device, x.dtype)
+                state = self.empty_state(x.shape[0], x.device, x.dtype)
             q, k, v = self._project(x)
             y = chunked_window_softmax(q, torch.cat([state.keys, k], 1), v, state.values, window,
                                        self.config.chunk_size, 1.0 / math.sqrt(self.head_dim))
@@ -238,7 +238,7 @@ class StructuredRecurrence(Mixer):
         reads. A step gathers only the |N(t)| neighbours: O(|N(t)| K), whatever the cache size."""
         b, t, _ = x.shape
         if state is None:
-            state = self.init_state(b, x.device, x.dtype)
+            state = self.empty_state(b, x.device, x.dtype)
         q, k, v = self._project(x)
         ys = []
         for s in range(t):
@@ -257,7 +257,7 @@ class StructuredRecurrence(Mixer):
         return self.out(torch.stack(ys, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:
+    def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:
         return PatternCache.empty(self.owner, batch_size, self.n_heads, self.head_dim, self.head_dim, device, dtype)
 
     def materialize(self, x: Tensor) -> MixOperator:
