@@ -18,6 +18,12 @@ Modes: ``chunked`` (training default: the window:m pattern solved by
 ``ops.pattern_solve.chunked_pattern_solve`` with channels as heads of value dimension 1),
 ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token by token; the
 state is the last m outputs z per channel).
+
+Left padding (mixers/base.py), masked: a solo run reads zeros for the lags before its first token
+(gates normalised over all m + 1 slots, the readout's missing lags 0). Padding tokens get alpha = 0;
+as the padding leads, a padding state reads only earlier padding states, so every padding state is
+exactly z = 0: a real token reads the very same zeros as a solo run, and the cached lags hold what
+a solo run's zero padding holds.
 """
 from __future__ import annotations
 
@@ -106,7 +112,11 @@ class HigherOrderLRU(Mixer):
     def _start(self, x: Tensor, state: LagState | None):
         if state is None:
             state = self.empty_state(x.shape[0], x.device, x.dtype)
-        return (state, *self._gates(x))
+        v, beta, alpha = self._gates(x)
+        pad = state.padding(x.shape[1])  # [B, T]
+        if pad is not None:  # padding states z = 0 exactly (module docstring)
+            alpha = alpha.masked_fill(pad[..., None], 0.0)
+        return state, v, beta, alpha
 
     def _lags(self, prefix: Tensor) -> Tensor:
         """[B, m, N]: prefix states left-padded with zeros, index m - k = k positions back."""
