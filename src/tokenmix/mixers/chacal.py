@@ -23,6 +23,10 @@ matmuls against the [C, P + e] softmax rows, then one C x C triangular solve; a 
 recomputes each chunk's softmax rows from their saved log-sum-exp, so memory stays O(T (K + V))
 rather than O(T^2)), ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token
 by token with a cache of the key, value and output of every past position: O(n) per token).
+
+Left padding (mixers/base.py), masked: padding keys are masked out of P, which removes them from A
+and from B = gamma P alike (no real output reads a padding value or output); a padding query reads
+only itself (p_ii = 1, y_i = v_i: finite).
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.core.registry import register_mixer
-from tokenmix.mixers.attention import attention_probs
+from tokenmix.mixers.attention import attention_probs, mask_padding_keys
 from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
 from tokenmix.ops.chunked_chacal import chunked_chacal
 
@@ -119,13 +123,13 @@ class ChainCausalAttention(Mixer):
         state, q, kbuf, vbuf = self._start(x, state)
         qh, kh, vh = (z.transpose(1, 2) for z in (q, kbuf, vbuf))  # [B, H, ., K]
         y = chunked_chacal(qh / math.sqrt(self.head_dim), kh, vh, state.outputs.transpose(1, 2), self.gamma,
-                           self.config.chunk_size)
+                           self.config.chunk_size, state.padded_keys(state.cached_positions()))
         return self._finish(state, kbuf, vbuf, y.transpose(1, 2))
 
     def forward_dense(self, x: Tensor, state: ChainCache | None) -> tuple[Tensor, ChainCache]:
         state, q, kbuf, vbuf = self._start(x, state)
         p = state.cached_positions()
-        probs = attention_probs(q, kbuf, p, None)  # [B, H, T, P + T]
+        probs = attention_probs(q, kbuf, p, None, state.padded_keys(p))  # [B, H, T, P + T]
         d, mix_a, mix_b = self._dense_ab(probs, p)
         offset = None
         if p:
@@ -150,6 +154,7 @@ class ChainCausalAttention(Mixer):
             keys = torch.cat([state.keys, k[:, s : s + 1]], 1)  # [B, P + 1, H, K]
             values = torch.cat([state.values, v[:, s : s + 1]], 1)
             scores = torch.einsum("bhk,bshk->bhs", q[:, s], keys) / math.sqrt(self.head_dim)
+            scores = mask_padding_keys(scores, state.padded_keys(keys.shape[1] - 1))
             probs = torch.softmax(scores, -1)  # [B, H, P + 1]
             d = 1.0 / (1.0 - g * probs[..., -1:])
             y_t = d * ((1.0 - g) * torch.einsum("bhs,bshv->bhv", probs, values)
