@@ -22,6 +22,9 @@ Symbols: ``levels`` is the Fenwick state, level_scales = lambda, as in fla's nai
 
 Modes: ``chunked`` (level-wise chunks, ops/chunked_log_linear.py), ``dense`` (materialised A and
 core.operator.solve_dense), ``recurrent`` (token by token on the Fenwick states).
+
+Left padding (mixers/base.py) by row groups: the level map l(t, s) is not translation invariant, so
+each row needs its own clock; rows with equal padding run together, unpadded, on their own states.
 """
 from __future__ import annotations
 
@@ -73,6 +76,7 @@ class LogLinearAttention(Mixer):
     modes = ("chunked", "dense", "recurrent")
     time_complexity = "O(log n)"   # per token: one K x V read per Fenwick level
     cache_complexity = "O(log n)"  # bit_length(n) bucket states
+    pads_by_row_groups = True      # the Fenwick levels follow each row's own clock t - start
 
     def __init__(self, config: LogLinearConfig, d_model: int) -> None:
         super().__init__(config, d_model)
