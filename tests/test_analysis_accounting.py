@@ -82,23 +82,119 @@ def test_complexity_strings():
     assert fit_loglog_slope([2], [1.0]) is None
 
 
+def _fake_timing(whole_exponent: float, mixing_exponent: float | None = None, seconds: float | None = None):
+    """A stand-in for time_forward_backward: projections 1e-6 n, mixing 1e-7 n^mixing_exponent (or a
+    whole time 1e-6 n^whole_exponent with no projection split when mixing_exponent is None)."""
+    def timing(mixer, n, **kwargs):
+        if mixing_exponent is None:
+            t = seconds if seconds is not None else 1e-6 * n**whole_exponent
+            return {"n": n, "seconds": t, "median_seconds": t, "all_seconds": [t], "wall_seconds": t,
+                    "cpu_seconds": t}
+        proj, mix = 1e-6 * n, 1e-7 * n**mixing_exponent
+        return {"n": n, "seconds": proj + mix, "median_seconds": proj + mix, "all_seconds": [proj + mix],
+                "wall_seconds": proj + mix, "cpu_seconds": proj + mix, "projection_seconds": proj,
+                "mixing_seconds": mix}
+    return timing
+
+
 @pytest.mark.parametrize("name,exponent,flagged", [("first_order", 1.0, False), ("first_order", 1.2, True),
                                                    ("dense_recurrence", 1.5, False), ("dense_recurrence", 2.0, False),
                                                    ("dense_recurrence", 0.8, True), ("dense_recurrence", 2.2, True)])
-def test_time_flag_follows_the_fitted_slope(monkeypatch, name, exponent, flagged):
-    """A measured slope must lie between the projections' 1 and the mixing's derived slope (± 0.15)."""
-    def fake_timing(mixer, n, **kwargs):
-        t = 1e-6 * n**exponent
-        return {"n": n, "seconds": t, "median_seconds": t, "all_seconds": [t], "mode": "chunked"}
-
-    monkeypatch.setattr(accounting, "time_forward_backward", fake_timing)
+def test_whole_time_flag_follows_the_fitted_slope(monkeypatch, name, exponent, flagged):
+    """A whole-mixer slope must lie between the projections' 1 and the mixing's derived slope (± 0.15)."""
+    monkeypatch.setattr(accounting, "time_forward_backward", _fake_timing(exponent))
     res = account_mixer(name, cache_ns=(), time_ns=(256, 512, 1024), d_model=8, n_heads=2, threads=1)
     assert res["slope"]["measured"] == pytest.approx(exponent)
+    assert res["slope"]["measured_mixing"] is None  # no projection split measured
     assert abs(res["slope"]["derived_mixing"] - (1.0 if name == "first_order" else 2.0)) < 0.02
-    assert any(f.startswith("time") for f in res["flags"]) == flagged
+    assert any(f.startswith("whole") for f in res["flags"]) == flagged
+    assert not [f for f in res["flags"] if f.startswith("mixing")]
     unjudged = account_mixer(name, cache_ns=(), time_ns=(256, 512, 1024), d_model=8, n_heads=2,
                              judge_time=False)
     assert unjudged["slope"]["measured"] == pytest.approx(exponent) and not unjudged["flags"]
+
+
+@pytest.mark.parametrize("name,mixing_exponent,flagged", [
+    ("dense_recurrence", 2.0, False), ("dense_recurrence", 1.9, False), ("dense_recurrence", 1.7, True),
+    ("pow2", 1.11, False), ("pow2", 1.3, True), ("first_order", 1.0, False), ("first_order", 1.25, True),
+    ("sq1", 1.5, False), ("sq1", 1.75, True)])
+def test_mixing_time_flag_against_theory(monkeypatch, name, mixing_exponent, flagged):
+    """The mixing time (whole minus projections) is judged against the stated complexity's slope, even
+    when the projections pull the whole slope into the projection-aware band."""
+    monkeypatch.setattr(accounting, "time_forward_backward", _fake_timing(0.0, mixing_exponent))
+    ns = (1024, 2048, 4096, 8192, 16384)
+    if name == "dense_recurrence":
+        ns = (256, 512, 1024)  # dense flops_per_token costs O(t) per call
+    res = account_mixer(name, cache_ns=(), time_ns=ns, d_model=8, n_heads=2)
+    s = res["slope"]
+    assert s["measured_mixing"] == pytest.approx(mixing_exponent)
+    assert s["theory"] == pytest.approx(s["stated"])
+    expected = {"dense_recurrence": 2.0, "first_order": 1.0, "pow2": 1.12, "sq1": 1.5}[name]
+    assert abs(s["theory"] - expected) < 0.01
+    assert any(f.startswith("mixing: fitted") for f in res["flags"]) == flagged, res["flags"]
+    row = accounting.accounting_rows([res])[0]
+    assert row["theory slope"] == s["theory"] and row["mixing slope"] == s["measured_mixing"]
+    assert row["whole slope"] == s["measured"] and (row["flags"] == "ok") == (not res["flags"])
+
+
+def test_mixing_below_projection_noise_is_flagged(monkeypatch):
+    """A length where whole - projections <= 0 cannot enter the log-log fit; it is named, not dropped silently."""
+    def timing(mixer, n, **kwargs):
+        proj, mix = 1e-6 * n, (1e-7 * n if n > 256 else -1e-9)
+        return {"n": n, "seconds": proj + mix, "median_seconds": proj + mix, "all_seconds": [proj + mix],
+                "wall_seconds": proj + mix, "cpu_seconds": proj + mix, "projection_seconds": proj,
+                "mixing_seconds": mix}
+
+    monkeypatch.setattr(accounting, "time_forward_backward", timing)
+    res = account_mixer("first_order", cache_ns=(), time_ns=(256, 512, 1024, 2048), d_model=8, n_heads=2)
+    assert res["slope"]["mixing_points"] == 3 and res["slope"]["measured_mixing"] == pytest.approx(1.0)
+    assert "mixing: not above the projections' time at n = [256]" in res["flags"]
+
+
+def test_projection_calls_are_the_weight_matrices():
+    """The replay covers exactly the leaf modules holding weight matrices, called with the shapes the
+    forward used; mixer-level tables (diag_ssm's A_log [D_in, N]) are mixing, not projections."""
+    m = build_mixer("diag_ssm", 16, n_heads=2)
+    mods = accounting.projection_modules(m)
+    assert {id(x) for x in mods} == {id(m.in_proj), id(m.dt_proj), id(m.bc_proj), id(m.out)}
+    assert m.A_log.dim() == 2 and all(m.A_log is not p for x in mods for p in x.parameters())
+    a = build_mixer("attention", 16, n_heads=2)
+    x = torch.randn(3, 11, 16, requires_grad=True)
+    calls = accounting.record_projection_calls(a, x)
+    assert [(c.module, c.shape, c.requires_grad) for c in calls] == [(a.qkv, (3, 11, 16), True),
+                                                                     (a.out, (3, 11, 16), True)]
+    assert not any(h for mod in (a.qkv, a.out) for h in mod._forward_pre_hooks.values())  # hooks removed
+    fn, setup = accounting.projection_replay(calls)
+    fn()
+    assert a.qkv.weight.grad is not None and a.out.weight.grad is not None
+    setup()
+    assert a.qkv.weight.grad is None and a.out.weight.grad is None
+
+
+@pytest.mark.parametrize("clock", ["cpu", "user", "wall"])
+def test_time_forward_backward_reports_every_clock(clock):
+    m = build_mixer("pow2", 16, n_heads=2)
+    r = accounting.time_forward_backward(m, 40, repeats=2, clock=clock)
+    assert r["clock"] == clock and r["seconds"] == r[f"{clock}_seconds"] == min(r["all_seconds"])
+    assert len(r["all_seconds"]) == len(r["projection_all_seconds"]) == 2
+    # the user/system split of getrusage is tick-sampled, so a short call can read 0 user seconds
+    assert r["projection_seconds"] == min(r["projection_all_seconds"]) >= 0
+    assert r["wall_seconds"] > 0 and r["cpu_seconds"] > 0 and 0 <= r["sys_share"] <= 1
+    assert r["mixing_seconds"] == pytest.approx(r["seconds"] - r["projection_seconds"])
+    assert r["mixing_user_seconds"] == pytest.approx(r["user_seconds"] - r["projection_user_seconds"])
+    assert all(p.grad is None for p in m.parameters())  # timing leaves no gradients behind
+    with pytest.raises(ValueError, match="clock must be one of"):
+        accounting.time_forward_backward(m, 8, clock="gpu")
+
+
+def test_time_repeats_counts_calls_and_runs_setup_outside():
+    from tokenmix.bench.worker import time_call, time_repeats
+
+    log = []
+    out = time_repeats(lambda: log.append("call"), 3, warmup=2, setup=lambda: log.append("setup"))
+    assert log == ["setup", "call"] * 5
+    assert all(len(out[k]) == 3 and min(out[k]) >= 0 for k in ("wall", "cpu", "user", "sys"))
+    assert time_call(lambda: None, 2) >= 0
 
 
 def test_cache_mismatch_is_flagged(monkeypatch):
@@ -110,10 +206,7 @@ def test_cache_mismatch_is_flagged(monkeypatch):
 
 
 def test_budget_skips_longer_runs(monkeypatch):
-    def slow_timing(mixer, n, **kwargs):
-        return {"n": n, "seconds": 10.0, "median_seconds": 10.0, "all_seconds": [10.0], "mode": "chunked"}
-
-    monkeypatch.setattr(accounting, "time_forward_backward", slow_timing)
+    monkeypatch.setattr(accounting, "time_forward_backward", _fake_timing(0.0, seconds=10.0))
     res = account_mixer("first_order", cache_ns=(), time_ns=(64, 128), d_model=8, n_heads=2, time_budget_s=15)
     assert [r["n"] for r in res["time"]] == [64]
     assert res["skipped"] == [{"what": "time", "n": 128, "why": "predicted > 15 s budget"}]
