@@ -48,6 +48,8 @@ SLOPE_TOLERANCE = 0.15
 # cpu: process CPU time (user + system), which time-slicing by other processes does not inflate;
 # user: its user part (the computation without the kernel's page-fault handling); wall: wall time
 CLOCKS = ("cpu", "user", "wall")
+MAX_REPEATS = 25  # timed repeats per length at most (see time_forward_backward's min_total_s)
+SYS_SHARE_NOTE = 0.1  # a mixing flag names the page faults when system time reaches this share of CPU time
 TRAINING_FLOPS_FACTOR = 3  # forward + backward of a linear map ~ 3 forwards
 EXACT_SUM_POSITIONS = 2048  # training FLOPs are summed exactly over this many positions, sampled beyond
 
@@ -235,13 +237,22 @@ def projection_replay(calls: Sequence[ProjectionCall], seed: int = 0):
     return fn, setup
 
 
+def _share(sys_s: float, user_s: float) -> float:
+    """System part of a call's CPU time, both parts from the same getrusage reading (so <= 1)."""
+    return sys_s / (sys_s + user_s) if sys_s + user_s > 0 else 0.0
+
+
 def time_forward_backward(mixer: Mixer, n: int, batch: int = 1, repeats: int = 3, warmup: int = 1,
-                          seed: int = 0, clock: str = "cpu", projections: bool = True) -> dict:
+                          seed: int = 0, clock: str = "cpu", projections: bool = True,
+                          min_total_s: float = 0.0) -> dict:
     """Forward (training mode) + backward of sum(y) at length n, and of its projections alone.
 
     Each repeat times the whole mixer, then (``projections``) a replay of its projection calls
     (:func:`projection_replay`, recorded during the first warm-up), back to back so both see the
-    same load. Per clock the fastest repeat is kept (other processes only ever add time):
+    same load. At least ``repeats`` repeats run, more (up to ``MAX_REPEATS``) while the whole
+    mixer's timed calls add up to less than ``min_total_s`` on ``clock``: the fastest of many
+    cheap calls is a steadier estimate on a loaded machine, and long calls need few.
+    Per clock the fastest repeat is kept (other processes only ever add time):
     ``seconds`` / ``projection_seconds`` on ``clock`` (see ``CLOCKS``), and ``wall_seconds``,
     ``cpu_seconds``, ``user_seconds`` (+ ``projection_user_seconds``) beside them. ``sys_share`` is
     the system part of the fastest call's CPU time (page faults of freshly mapped buffers).
@@ -282,26 +293,30 @@ def time_forward_backward(mixer: Mixer, n: int, batch: int = 1, repeats: int = 3
     keys = ("wall", "cpu", "user", "sys")
     whole_t: dict[str, list[float]] = {k: [] for k in keys}
     proj_t: dict[str, list[float]] = {k: [] for k in keys}
-    for r in range(warmup + repeats):
+    r = 0
+    while r < warmup + repeats or (sum(whole_t[clock]) < min_total_s and r < warmup + MAX_REPEATS):
         w = time_repeats(whole, 1, warmup=0, setup=setup_whole)
         pr = time_repeats(proj[0], 1, warmup=0, setup=proj[1]) if proj is not None else None
-        if r < warmup:
+        r += 1
+        if r <= warmup:
             continue
         for k in keys:
             whole_t[k] += w[k]
             if pr is not None:
                 proj_t[k] += pr[k]
     mixer.zero_grad(set_to_none=True)
-    fastest = min(range(repeats), key=lambda i: whole_t["cpu"][i])
+    # the user/system split is tick-sampled: take both parts from the fastest call on the exact
+    # CPU total (the minimum of the sampled user times alone would be biased low)
+    fastest = min(range(len(whole_t["cpu"])), key=lambda i: whole_t["cpu"][i])
     out = {"n": n, "clock": clock, "seconds": min(whole_t[clock]), "median_seconds": statistics.median(whole_t[clock]),
            "all_seconds": whole_t[clock], "wall_seconds": min(whole_t["wall"]), "cpu_seconds": min(whole_t["cpu"]),
-           "user_seconds": min(whole_t["user"]),
-           "sys_share": whole_t["sys"][fastest] / whole_t["cpu"][fastest] if whole_t["cpu"][fastest] > 0 else 0.0,
+           "user_seconds": whole_t["user"][fastest],
+           "sys_share": _share(whole_t["sys"][fastest], whole_t["user"][fastest]),
            "mode": mixer.modes[0], "threads": torch.get_num_threads()}
     if proj is not None:
         out["projection_seconds"] = min(proj_t[clock])
         out["projection_all_seconds"] = proj_t[clock]
-        out["projection_user_seconds"] = min(proj_t["user"])
+        out["projection_user_seconds"] = proj_t["user"][min(range(len(proj_t["cpu"])), key=lambda i: proj_t["cpu"][i])]
         out["mixing_seconds"] = out["seconds"] - out["projection_seconds"]
         out["mixing_user_seconds"] = out["user_seconds"] - out["projection_user_seconds"]
     return out
@@ -319,7 +334,7 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
                   d_model: int = 256, n_heads: int = 4, batch: int = 1, repeats: int = 3,
                   time_budget_s: float = 30.0, decode_budget_s: float = 30.0, seed: int = 0,
                   judge_time: bool = True, threads: int | None = None, clock: str = "cpu",
-                  mixer: Mixer | None = None) -> dict:
+                  min_time_s: float = 0.0, mixer: Mixer | None = None) -> dict:
     """Derived vs measured cache (every n of ``cache_ns``) and time (``time_ns``) of one mixer.
 
     Time is judged twice. The *mixing* time (whole minus the replayed projections, see
@@ -334,7 +349,8 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
     per-call overheads dominate and no FLOP count predicts the time). ``threads`` sets torch's
     intra-op threads for the timing (restored afterwards); ``clock`` is one of ``CLOCKS``: "cpu"
     (process CPU time, the steady one on a shared machine; use one thread, or spin-waits are
-    counted), "user" or "wall".
+    counted), "user" or "wall". ``min_time_s``: cheap lengths are repeated until their timed calls
+    add up to this many seconds (see :func:`time_forward_backward`).
     """
     spec = get_mixer_spec(name)
     if mixer is None:
@@ -372,7 +388,8 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
         torch.set_num_threads(threads)
     result["threads"] = torch.get_num_threads()
     try:
-        _time_lengths(mixer, sorted(time_ns), result, derived, predicted, batch, repeats, seed, time_budget_s, clock)
+        _time_lengths(mixer, sorted(time_ns), result, derived, predicted, batch, repeats, seed, time_budget_s, clock,
+                      min_time_s)
     finally:
         torch.set_num_threads(threads_before)
     tn = [r["n"] for r in result["time"]]
@@ -407,8 +424,15 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
             result["flags"].append(f"mixing: not above the projections' time at n = {bad}")
         if s["measured_mixing"] is not None and len(mixing_pts) >= 3 \
                 and abs(s["measured_mixing"] - s["theory"]) > SLOPE_TOLERANCE:
+            why = ""
+            sys_max = max((r.get("sys_share", 0.0) for r in result["time"]), default=0.0)
+            user = s["measured_mixing_user"]
+            if clock == "cpu" and sys_max >= SYS_SHARE_NOTE and user is not None:
+                # say when the departure is the kernel's page faults rather than the computation
+                why = (f"; system time up to {sys_max:.0%} of the CPU time (page faults of freshly mapped "
+                       f"buffers), mixing slope on user time {user:.2f}")
             result["flags"].append(f"mixing: fitted slope {s['measured_mixing']:.2f}, theory {s['theory']:.2f} "
-                                   f"(±{SLOPE_TOLERANCE})")
+                                   f"(±{SLOPE_TOLERANCE}){why}")
     if judge_time and enough and s["measured"] is not None and band is not None \
             and not band[0] <= s["measured"] <= band[1]:
         result["flags"].append(f"whole: fitted slope {s['measured']:.2f} outside [{band[0]:.2f}, {band[1]:.2f}] "
@@ -421,17 +445,20 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
 
 
 def _time_lengths(mixer: Mixer, ns: Sequence[int], result: dict, derived: dict, predicted, batch: int,
-                  repeats: int, seed: int, budget_s: float, clock: str) -> None:
+                  repeats: int, seed: int, budget_s: float, clock: str, min_time_s: float) -> None:
     """Time each n in order, skipping lengths whose predicted time exceeds the budget."""
     last = None
     for n in ns:
         if last is not None and predicted(last[0], last[1], n) > budget_s:
             result["skipped"].append({"what": "time", "n": n, "why": f"predicted > {budget_s:g} s budget"})
             continue
-        meas = time_forward_backward(mixer, n, batch=batch, repeats=repeats, seed=seed, clock=clock)
+        meas = time_forward_backward(mixer, n, batch=batch, repeats=repeats, seed=seed, clock=clock,
+                                     min_total_s=min_time_s)
+        row_repeats = len(meas["all_seconds"])
         d = derived[n]
         row = {k: v for k, v in meas.items() if k not in ("mode", "threads", "clock")}
         row["load_1min"] = os.getloadavg()[0]  # other processes' demand while this length was timed
+        row["repeats"] = row_repeats
         if "mixing_seconds" in meas:
             row["mixing_share"] = meas["mixing_seconds"] / meas["seconds"]
         row.update({"derived_training_flops": d["training_flops"], "derived_mixing_flops": d["training_mixing_flops"],
@@ -441,10 +468,11 @@ def _time_lengths(mixer: Mixer, ns: Sequence[int], result: dict, derived: dict, 
         last = (n, meas["seconds"])
 
 
-def _slope_cell(value: float | None, judged: bool) -> float | str | None:
-    if value is None or judged:
-        return value
-    return f"{value:.3g} (not judged)"
+def _slope_cell(value: float | None, judged: bool = True) -> float | str | None:
+    """A slope for the table: 2 decimals (the tolerance is 0.15), marked when it is not judged."""
+    if value is None:
+        return None
+    return round(value, 2) if judged else f"{value:.2f} (not judged)"
 
 
 def accounting_rows(results: Sequence[dict]) -> list[dict]:
@@ -462,14 +490,14 @@ def accounting_rows(results: Sequence[dict]) -> list[dict]:
         share = [t["mixing_share"] for t in times if "mixing_share" in t]
         rows.append({
             "mixer": r["mixer"], "time/token": r["time_complexity"], "cache": r["cache_complexity"],
-            "theory slope": s.get("theory"),
+            "theory slope": _slope_cell(s.get("theory")),
             "mixing slope": _slope_cell(s.get("measured_mixing"), judged),
             "whole slope": _slope_cell(s["measured"], judged),
             "whole band": f"{s['band'][0]:.2f}–{s['band'][1]:.2f}" if s.get("band") else "—",
-            "FLOPs slope": s["derived"],
+            "FLOPs slope": _slope_cell(s["derived"]),
             "mixing share": f"{share[0]:.2f}→{share[-1]:.2f}" if share else "—",
-            "mixing slope (user)": _slope_cell(s.get("measured_mixing_user"), False),
-            "sys share@max n": times[-1].get("sys_share") if times else None,
+            "mixing slope (user)": _slope_cell(s.get("measured_mixing_user")),  # a diagnostic, never judged
+            "sys share@max n": round(times[-1]["sys_share"], 2) if times and "sys_share" in times[-1] else None,
             "time n": f"{s['n_range'][0]}–{s['n_range'][1]}" if s["n_range"] else "—",
             "cache n": ",".join(str(c["n"]) for c in r["cache"]) or "—",
             "cache match": all(c["match"] for c in r["cache"]) if r["cache"] else None,
