@@ -82,6 +82,31 @@ def test_complexity_strings():
     assert fit_loglog_slope([2], [1.0]) is None
 
 
+def _patch_timing(monkeypatch, timing, log: list | None = None):
+    """Stand ``timing(mixer, n) -> measurement`` in for LengthTimer (no real timing); ``log`` collects
+    (n, mixer) per timed call, in call order."""
+    class FakeTimer:
+        def __init__(self, mixer, n, **kwargs):
+            self.n, self.mixer, self.calls, self._r = n, mixer, 0, timing(mixer, n)
+
+        def once(self):
+            self.calls += 1
+            if log is not None:
+                log.append((self.n, self.mixer))
+
+        def done(self, repeats, min_total_s=0.0):
+            return self.calls >= repeats
+
+        @property
+        def best(self):
+            return self._r["seconds"]
+
+        def result(self):
+            return dict(self._r, all_seconds=[self._r["seconds"]] * self.calls)
+
+    monkeypatch.setattr(accounting, "LengthTimer", FakeTimer)
+
+
 def _fake_timing(whole_exponent: float, mixing_exponent: float | None = None, seconds: float | None = None):
     """A stand-in for time_forward_backward: projections 1e-6 n, mixing 1e-7 n^mixing_exponent (or a
     whole time 1e-6 n^whole_exponent with no projection split when mixing_exponent is None)."""
@@ -102,7 +127,7 @@ def _fake_timing(whole_exponent: float, mixing_exponent: float | None = None, se
                                                    ("dense_recurrence", 0.8, True), ("dense_recurrence", 2.2, True)])
 def test_whole_time_flag_follows_the_fitted_slope(monkeypatch, name, exponent, flagged):
     """A whole-mixer slope must lie between the projections' 1 and the mixing's derived slope (± 0.15)."""
-    monkeypatch.setattr(accounting, "time_forward_backward", _fake_timing(exponent))
+    _patch_timing(monkeypatch, _fake_timing(exponent))
     res = account_mixer(name, cache_ns=(), time_ns=(256, 512, 1024), d_model=8, n_heads=2, threads=1)
     assert res["slope"]["measured"] == pytest.approx(exponent)
     assert res["slope"]["measured_mixing"] is None  # no projection split measured
@@ -121,7 +146,7 @@ def test_whole_time_flag_follows_the_fitted_slope(monkeypatch, name, exponent, f
 def test_mixing_time_flag_against_theory(monkeypatch, name, mixing_exponent, flagged):
     """The mixing time (whole minus projections) is judged against the stated complexity's slope, even
     when the projections pull the whole slope into the projection-aware band."""
-    monkeypatch.setattr(accounting, "time_forward_backward", _fake_timing(0.0, mixing_exponent))
+    _patch_timing(monkeypatch, _fake_timing(0.0, mixing_exponent))
     ns = (1024, 2048, 4096, 8192, 16384)
     if name == "dense_recurrence":
         ns = (256, 512, 1024)  # dense flops_per_token costs O(t) per call
@@ -149,7 +174,7 @@ def test_mixing_flag_names_page_faults(monkeypatch):
                 "projection_seconds": proj, "projection_user_seconds": proj, "mixing_seconds": cpu - proj,
                 "mixing_user_seconds": user}
 
-    monkeypatch.setattr(accounting, "time_forward_backward", timing)
+    _patch_timing(monkeypatch, timing)
     res = account_mixer("first_order", cache_ns=(), time_ns=(1024, 4096, 16384), d_model=8, n_heads=2)
     assert res["slope"]["measured_mixing_user"] == pytest.approx(1.0)
     flag = next(f for f in res["flags"] if f.startswith("mixing: fitted"))
@@ -164,7 +189,7 @@ def test_mixing_below_projection_noise_is_flagged(monkeypatch):
                 "wall_seconds": proj + mix, "cpu_seconds": proj + mix, "projection_seconds": proj,
                 "mixing_seconds": mix}
 
-    monkeypatch.setattr(accounting, "time_forward_backward", timing)
+    _patch_timing(monkeypatch, timing)
     res = account_mixer("first_order", cache_ns=(), time_ns=(256, 512, 1024, 2048), d_model=8, n_heads=2)
     assert res["slope"]["mixing_points"] == 3 and res["slope"]["measured_mixing"] == pytest.approx(1.0)
     assert "mixing: not above the projections' time at n = [256]" in res["flags"]
@@ -228,7 +253,7 @@ def test_cache_mismatch_is_flagged(monkeypatch):
 
 
 def test_budget_skips_longer_runs(monkeypatch):
-    monkeypatch.setattr(accounting, "time_forward_backward", _fake_timing(0.0, seconds=10.0))
+    _patch_timing(monkeypatch, _fake_timing(0.0, seconds=10.0))
     res = account_mixer("first_order", cache_ns=(), time_ns=(64, 128), d_model=8, n_heads=2, time_budget_s=15)
     assert [r["n"] for r in res["time"]] == [64]
     assert res["skipped"] == [{"what": "time", "n": 128, "why": "predicted > 15 s budget"}]
@@ -248,3 +273,110 @@ def test_run_accounting_writes_table_and_plots(tmp_path):
     assert out["figures"] == ["cache.png", "time.png"]
     with pytest.raises(ValueError, match="unknown mixer 'nope'"):
         run_accounting(["nope"], tmp_path)
+
+
+def test_lengths_are_timed_in_turns_on_their_own_copies(monkeypatch):
+    """After one pass in increasing n (which decides the budget), the lengths take turns, one timed call
+    each per round, so every length sees the same load; each times its own copy of the mixer."""
+    log: list = []
+    _patch_timing(monkeypatch, _fake_timing(0.0, 1.0), log)
+    m = build_mixer("first_order", 8, n_heads=2)
+    res = account_mixer("first_order", cache_ns=(), time_ns=(64, 16, 32), repeats=3, mixer=m)
+    assert [n for n, _ in log] == [16, 32, 64] * 3
+    copies = {n: mixer for n, mixer in log}
+    assert len({id(c) for c in copies.values()}) == 3 and all(c is not m for c in copies.values())
+    for c in copies.values():  # the same weights as the mixer accounted
+        assert all(torch.equal(a, b) for a, b in zip(c.parameters(), m.parameters()))
+    assert [r["repeats"] for r in res["time"]] == [3, 3, 3]
+    assert all(r["load_1min_range"][0] <= r["load_1min"] <= r["load_1min_range"][1] for r in res["time"])
+
+
+def _overhead_timing(mixer, n, **kwargs):
+    """Projections 1e-6 n; mixing 1e-9 n^2 plus a per-tile cost 1e-6 n, which bends the full-range
+    slope below 2 while the n^2 term dominates at long n."""
+    proj, mix = 1e-6 * n, 1e-9 * n**2 + 1e-6 * n  # full-range slope 1.78, from 4096 on 1.89
+    return {"n": n, "seconds": proj + mix, "median_seconds": proj + mix, "all_seconds": [proj + mix],
+            "wall_seconds": proj + mix, "cpu_seconds": proj + mix, "projection_seconds": proj, "mixing_seconds": mix}
+
+
+def test_slopes_judged_from_the_asymptote_start(monkeypatch):
+    """A kernel listed in ASYMPTOTE_FROM is judged on the lengths from its start on, the full-range slope
+    is kept beside; an explicit fit_from does the same; too few lengths past the start fall back to all."""
+    _patch_timing(monkeypatch, _overhead_timing)
+    start = 4096
+    monkeypatch.setitem(accounting.ASYMPTOTE_FROM, "attention", (start, "tiles"))
+    monkeypatch.delitem(accounting.ASYMPTOTE_FROM, "dense_recurrence", raising=False)
+    ns = (1024, 2048, 4096, 8192, 16384)
+    full = account_mixer("attention", cache_ns=(), time_ns=ns, d_model=8, n_heads=2, fit_from=1)
+    assert full["slope"]["measured_mixing"] < 1.8 and any(f.startswith("mixing: fitted") for f in full["flags"])
+    res = account_mixer("attention", cache_ns=(), time_ns=ns, d_model=8, n_heads=2)
+    s = res["slope"]
+    assert s["fit_why"] == "tiles" and s["fit_from"] == start and s["n_range"] == [start, 16384] and s["n_range_full"] == [1024, 16384]
+    assert s["measured_mixing"] > 1.85 and s["theory"] == pytest.approx(2.0)
+    assert s["measured_mixing_full"] == pytest.approx(full["slope"]["measured_mixing"])
+    assert not res["flags"], res["flags"]
+    row = accounting.accounting_rows([res])[0]
+    assert row["fit n"] == f"{start}–16384" and row["full-range mixing slope"].startswith(
+        f"{s['measured_mixing_full']:.2f} over 1024–16384")
+    # the same bend on a mixer without an entry is judged over the whole range, and flagged
+    plain = account_mixer("dense_recurrence", cache_ns=(), time_ns=(256, 512, 1024), d_model=8, n_heads=2)
+    assert plain["slope"]["fit_from"] is None and accounting.accounting_rows([plain])[0]["full-range mixing slope"] == "same"
+    short = account_mixer("attention", cache_ns=(), time_ns=(1024, 2048, 4096, 8192), d_model=8, n_heads=2)
+    assert short["slope"]["fit_from"] is None and short["slope"]["n_range"] == [1024, 8192]
+    assert "fewer than 3 timed lengths" in short["slope"]["fit_why"]
+
+
+def test_length_timer_times_one_call_at_a_time():
+    m = build_mixer("first_order", 16, n_heads=2)
+    t = accounting.LengthTimer(m, 24, clock="cpu")
+    assert t.calls == 0 and t.best == math.inf and not t.done(1)
+    with pytest.raises(RuntimeError, match="no timed call"):
+        t.result()
+    t.once()
+    t.once()
+    assert t.calls == 2 and t.done(2) and not t.done(3) and not t.done(2, min_total_s=1e9)
+    r = t.result()
+    assert r["n"] == 24 and len(r["all_seconds"]) == len(r["projection_all_seconds"]) == 2
+    assert r["seconds"] == t.best > 0
+    assert all(p.grad is None for p in m.parameters())  # every call releases its gradients
+    with pytest.raises(ValueError, match="clock must be one of"):
+        accounting.LengthTimer(m, 8, clock="gpu")
+
+
+def test_keep_freed_memory_is_scoped_and_recorded(monkeypatch):
+    """Timing keeps freed memory in the process (glibc) and says so; the allocator's defaults come back
+    afterwards; --return-memory (keep_memory=False) leaves the allocator alone."""
+    calls = []
+
+    class FakeLibc:
+        def mallopt(self, param, value):
+            calls.append((param, value))
+            return 1
+
+        def malloc_trim(self, pad):
+            calls.append(("trim", pad))
+            return 1
+
+    import ctypes
+
+    monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLibc())
+    K = accounting.keep_freed_memory
+    with K() as kept:
+        assert kept.active and calls == [(K._M_MMAP_MAX, 0), (K._M_TRIM_THRESHOLD, 2**31 - 1)]
+    assert calls[2:] == [(K._M_MMAP_MAX, K._DEFAULT_MMAP_MAX), (K._M_TRIM_THRESHOLD, K._DEFAULT_TRIM), ("trim", 0)]
+    calls.clear()
+    with K(enabled=False) as off:
+        assert not off.active
+    assert calls == []
+    _patch_timing(monkeypatch, _fake_timing(0.0, 1.0))
+    res = account_mixer("first_order", cache_ns=(), time_ns=(16, 32), d_model=8, n_heads=2)
+    assert res["memory_kept"] is True
+    assert account_mixer("first_order", cache_ns=(), time_ns=(16, 32), d_model=8, n_heads=2,
+                         keep_memory=False)["memory_kept"] is False
+
+    def no_libc(name):
+        raise OSError("not glibc")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_libc)
+    with K() as other:
+        assert not other.active

@@ -14,8 +14,10 @@ Measured:
                     ``state.peak_numel`` (the recurrent mode observes the state before every token)
     time            forward + backward of the training mode at several n, and a replay of the same
                     projection calls alone (the weight matrices' forward + backward on inputs of the
-                    recorded shapes); the fastest of the repeats (other processes only ever add
-                    time), on process CPU time by default; log-log slopes fitted by least squares
+                    recorded shapes); the lengths take turns (one call each per round, each on its
+                    own copy of the mixer), so all see the same load; the fastest of the repeats
+                    (other processes only ever add time), on process CPU time by default; log-log
+                    slopes fitted by least squares, from ``ASYMPTOTE_FROM`` on for kernels listed there
 
 A mixer's time is projections (slope 1) plus mixing (the stated complexity: n x per-token growth,
 e.g. slope 1.12 for O(log n) per token over 1k–16k). The whole time mixes the two in proportions
@@ -28,6 +30,7 @@ measured cache differs from its derivation (any n).
 """
 from __future__ import annotations
 
+import copy
 import math
 import os
 import re
@@ -52,6 +55,10 @@ MAX_REPEATS = 25  # timed repeats per length at most (see time_forward_backward'
 SYS_SHARE_NOTE = 0.1  # a mixing flag names the page faults when system time reaches this share of CPU time
 TRAINING_FLOPS_FACTOR = 3  # forward + backward of a linear map ~ 3 forwards
 EXACT_SUM_POSITIONS = 2048  # training FLOPs are summed exactly over this many positions, sampled beyond
+# Kernels that reach their stated asymptote only past some length: the slopes are judged on the
+# timed lengths from there on (at least 3 of them, else on all), the full-range slopes are reported
+# beside. Each entry gives the measurement that puts the start there, so it is not a fitted choice.
+ASYMPTOTE_FROM: dict[str, tuple[int, str]] = {}
 
 
 # ----------------------------------------------------------------------------- derived
@@ -242,10 +249,153 @@ def _share(sys_s: float, user_s: float) -> float:
     return sys_s / (sys_s + user_s) if sys_s + user_s > 0 else 0.0
 
 
+class keep_freed_memory:
+    """Context manager: freed memory stays in the process while timing (glibc: large blocks from the
+    heap instead of mmap, no trimming), as a caching allocator keeps it; elsewhere a no-op.
+
+    Why: by default glibc serves every block above its mmap threshold (32 MB at most) with a fresh
+    mapping and unmaps it on free, so each call of a long sequence faults its buffers in again,
+    zero-filled. That cost grows with the buffer sizes, not with the computation (system time,
+    plus the first-touch misses it causes in user time): kth_order at n = 16k took 1.09 s of CPU
+    time per forward + backward that way and 0.65 s with the memory kept. ``active`` says whether
+    it applied. On exit the defaults come back and the heap is trimmed.
+    """
+
+    _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)
+    _DEFAULT_TRIM, _DEFAULT_MMAP_MAX = 128 * 1024, 65536
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled, self.active, self._libc = enabled, False, None
+
+    def __enter__(self) -> "keep_freed_memory":
+        if not self.enabled:
+            return self
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL("libc.so.6")
+            self.active = bool(libc.mallopt(self._M_MMAP_MAX, 0)) and bool(libc.mallopt(self._M_TRIM_THRESHOLD,
+                                                                                          2**31 - 1))
+            self._libc = libc
+        except (OSError, AttributeError):  # not glibc: the allocator is left as it is
+            self.active = False
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._libc is not None:
+            self._libc.mallopt(self._M_MMAP_MAX, self._DEFAULT_MMAP_MAX)
+            self._libc.mallopt(self._M_TRIM_THRESHOLD, self._DEFAULT_TRIM)
+            self._libc.malloc_trim(0)
+            self._libc = None
+
+
+class LengthTimer:
+    """Forward (training mode) + backward of sum(y) at one length n, and of its projections alone,
+    one timed call at a time, so that several lengths can be timed in turns under the same load.
+
+    Construction runs the warm-up (the first warm-up call records the projection calls for the
+    replay, :func:`projection_replay`). Each :meth:`once` times the whole mixer, then the replay,
+    back to back so both see the same load; gradients are cleared outside the timing.
+    :meth:`result` keeps the fastest call per clock (other processes only ever add time); see
+    :func:`time_forward_backward` for its fields.
+    """
+
+    def __init__(self, mixer: Mixer, n: int, batch: int = 1, warmup: int = 1, seed: int = 0,
+                 clock: str = "cpu", projections: bool = True) -> None:
+        if clock not in CLOCKS:
+            raise ValueError(f"clock must be one of {CLOCKS}, got '{clock}'")
+        self.mixer, self.n, self.clock = mixer, n, clock
+        p = next(mixer.parameters(), None)
+        dtype = p.dtype if p is not None else torch.float32
+        gen = torch.Generator().manual_seed(seed)
+        self._x0 = torch.randn(batch, n, mixer.d_model, generator=gen, dtype=dtype)  # [B, n, D]
+        self._box: dict[str, Tensor] = {}
+        self._proj = None
+        if projections:
+            self._setup_whole()
+            with _ProjectionRecorder(mixer) as calls:
+                if warmup > 0:  # the first warm-up call records the projections: no extra forward
+                    self._whole()
+                else:
+                    mixer(self._box["x"])
+            warmup = max(warmup - 1, 0)
+            self._proj = projection_replay(calls, seed=seed)
+            self._proj[1]()
+            self._proj[0]()  # the replay's own warm-up (cheap: projections only)
+        keys = ("wall", "cpu", "user", "sys")
+        self.whole_t: dict[str, list[float]] = {k: [] for k in keys}
+        self.proj_t: dict[str, list[float]] = {k: [] for k in keys}
+        for _ in range(warmup):
+            self.once(record=False)
+
+    def _setup_whole(self) -> None:
+        self.mixer.zero_grad(set_to_none=True)
+        self._box["x"] = self._x0.clone().requires_grad_()
+
+    def _whole(self) -> None:
+        y, _ = self.mixer(self._box["x"])
+        y.sum().backward()
+
+    def once(self, record: bool = True) -> None:
+        """One timed call of the whole mixer, then one of the projection replay."""
+        from tokenmix.bench.worker import time_repeats
+
+        w = time_repeats(self._whole, 1, warmup=0, setup=self._setup_whole)
+        pr = time_repeats(self._proj[0], 1, warmup=0, setup=self._proj[1]) if self._proj is not None else None
+        # release this length's gradients now: lengths timed in turns would otherwise all hold theirs
+        self.mixer.zero_grad(set_to_none=True)
+        self._box.pop("x", None)
+        if self._proj is not None:
+            self._proj[1]()
+        if record:
+            for k in self.whole_t:
+                self.whole_t[k] += w[k]
+                if pr is not None:
+                    self.proj_t[k] += pr[k]
+
+    @property
+    def calls(self) -> int:
+        return len(self.whole_t["cpu"])
+
+    @property
+    def best(self) -> float:
+        """The fastest timed call so far on the clock (inf before the first)."""
+        return min(self.whole_t[self.clock], default=math.inf)
+
+    def done(self, repeats: int, min_total_s: float = 0.0) -> bool:
+        """At least ``repeats`` timed calls, and (up to ``MAX_REPEATS``) ``min_total_s`` on the clock."""
+        if self.calls < repeats:
+            return False
+        return self.calls >= MAX_REPEATS or sum(self.whole_t[self.clock]) >= min_total_s
+
+    def result(self) -> dict:
+        whole_t, proj_t, clock = self.whole_t, self.proj_t, self.clock
+        if not whole_t["cpu"]:
+            raise RuntimeError(f"n={self.n}: no timed call yet")
+        # the user/system split is tick-sampled: take both parts from the fastest call on the exact
+        # CPU total (the minimum of the sampled user times alone would be biased low)
+        fastest = min(range(len(whole_t["cpu"])), key=lambda i: whole_t["cpu"][i])
+        out = {"n": self.n, "clock": clock, "seconds": min(whole_t[clock]),
+               "median_seconds": statistics.median(whole_t[clock]), "all_seconds": whole_t[clock],
+               "wall_seconds": min(whole_t["wall"]), "cpu_seconds": min(whole_t["cpu"]),
+               "user_seconds": whole_t["user"][fastest],
+               "sys_share": _share(whole_t["sys"][fastest], whole_t["user"][fastest]),
+               "mode": self.mixer.modes[0], "threads": torch.get_num_threads()}
+        if self._proj is not None:
+            pf = min(range(len(proj_t["cpu"])), key=lambda i: proj_t["cpu"][i])
+            out["projection_seconds"] = min(proj_t[clock])
+            out["projection_all_seconds"] = proj_t[clock]
+            out["projection_user_seconds"] = proj_t["user"][pf]
+            out["mixing_seconds"] = out["seconds"] - out["projection_seconds"]
+            out["mixing_user_seconds"] = out["user_seconds"] - out["projection_user_seconds"]
+        return out
+
+
 def time_forward_backward(mixer: Mixer, n: int, batch: int = 1, repeats: int = 3, warmup: int = 1,
                           seed: int = 0, clock: str = "cpu", projections: bool = True,
                           min_total_s: float = 0.0) -> dict:
-    """Forward (training mode) + backward of sum(y) at length n, and of its projections alone.
+    """Forward (training mode) + backward of sum(y) at length n, and of its projections alone
+    (one :class:`LengthTimer` run to completion).
 
     Each repeat times the whole mixer, then (``projections``) a replay of its projection calls
     (:func:`projection_replay`, recorded during the first warm-up), back to back so both see the
@@ -260,66 +410,10 @@ def time_forward_backward(mixer: Mixer, n: int, batch: int = 1, repeats: int = 3
     matrix (scores, gates, the solve or scan, layout copies), which is what the stated complexity
     describes; it can come out <= 0 when the mixing is within the noise of the projections.
     """
-    from tokenmix.bench.worker import time_repeats
-
-    if clock not in CLOCKS:
-        raise ValueError(f"clock must be one of {CLOCKS}, got '{clock}'")
-    p = next(mixer.parameters(), None)
-    dtype = p.dtype if p is not None else torch.float32
-    gen = torch.Generator().manual_seed(seed)
-    x0 = torch.randn(batch, n, mixer.d_model, generator=gen, dtype=dtype)
-    box: dict[str, Tensor] = {}
-
-    def setup_whole() -> None:
-        mixer.zero_grad(set_to_none=True)
-        box["x"] = x0.clone().requires_grad_()
-
-    def whole() -> None:
-        y, _ = mixer(box["x"])
-        y.sum().backward()
-
-    proj = None
-    if projections:
-        setup_whole()
-        with _ProjectionRecorder(mixer) as calls:
-            if warmup > 0:  # the first warm-up call records the projections: no extra forward
-                whole()
-            else:
-                mixer(box["x"])
-        warmup = max(warmup - 1, 0)
-        proj = projection_replay(calls, seed=seed)
-        proj[1]()
-        proj[0]()  # the replay's own warm-up (cheap: projections only)
-    keys = ("wall", "cpu", "user", "sys")
-    whole_t: dict[str, list[float]] = {k: [] for k in keys}
-    proj_t: dict[str, list[float]] = {k: [] for k in keys}
-    r = 0
-    while r < warmup + repeats or (sum(whole_t[clock]) < min_total_s and r < warmup + MAX_REPEATS):
-        w = time_repeats(whole, 1, warmup=0, setup=setup_whole)
-        pr = time_repeats(proj[0], 1, warmup=0, setup=proj[1]) if proj is not None else None
-        r += 1
-        if r <= warmup:
-            continue
-        for k in keys:
-            whole_t[k] += w[k]
-            if pr is not None:
-                proj_t[k] += pr[k]
-    mixer.zero_grad(set_to_none=True)
-    # the user/system split is tick-sampled: take both parts from the fastest call on the exact
-    # CPU total (the minimum of the sampled user times alone would be biased low)
-    fastest = min(range(len(whole_t["cpu"])), key=lambda i: whole_t["cpu"][i])
-    out = {"n": n, "clock": clock, "seconds": min(whole_t[clock]), "median_seconds": statistics.median(whole_t[clock]),
-           "all_seconds": whole_t[clock], "wall_seconds": min(whole_t["wall"]), "cpu_seconds": min(whole_t["cpu"]),
-           "user_seconds": whole_t["user"][fastest],
-           "sys_share": _share(whole_t["sys"][fastest], whole_t["user"][fastest]),
-           "mode": mixer.modes[0], "threads": torch.get_num_threads()}
-    if proj is not None:
-        out["projection_seconds"] = min(proj_t[clock])
-        out["projection_all_seconds"] = proj_t[clock]
-        out["projection_user_seconds"] = proj_t["user"][min(range(len(proj_t["cpu"])), key=lambda i: proj_t["cpu"][i])]
-        out["mixing_seconds"] = out["seconds"] - out["projection_seconds"]
-        out["mixing_user_seconds"] = out["user_seconds"] - out["projection_user_seconds"]
-    return out
+    timer = LengthTimer(mixer, n, batch=batch, warmup=warmup, seed=seed, clock=clock, projections=projections)
+    while not timer.done(repeats, min_total_s):
+        timer.once()
+    return timer.result()
 
 
 def slope_band(derived_mixing: float | None) -> tuple[float, float] | None:
@@ -329,12 +423,36 @@ def slope_band(derived_mixing: float | None) -> tuple[float, float] | None:
     return min(1.0, derived_mixing) - SLOPE_TOLERANCE, max(1.0, derived_mixing) + SLOPE_TOLERANCE
 
 
+def _slopes(rows: Sequence[dict], complexity: str) -> dict:
+    """Log-log slopes over the timed rows: measured whole / mixing (CPU and user time), derived
+    FLOPs (whole and mixing), the stated complexity's, and the theory judged against (the stated
+    one, or the derived mixing FLOPs' where the string does not parse)."""
+    tn = [r["n"] for r in rows]
+    mixing_pts = [(r["n"], r["mixing_seconds"]) for r in rows if r.get("mixing_seconds", 0) > 0]
+    user_pts = [(r["n"], r["mixing_user_seconds"]) for r in rows if "mixing_user_seconds" in r]
+    stated = stated_slope(complexity, tn) if len(tn) >= 2 else None
+    derived_mixing = fit_loglog_slope(tn, [r["derived_mixing_flops"] for r in rows])
+    return {
+        "measured": fit_loglog_slope(tn, [r["seconds"] for r in rows]),
+        "measured_mixing": fit_loglog_slope([p[0] for p in mixing_pts], [p[1] for p in mixing_pts]),
+        "mixing_points": len(mixing_pts),
+        # diagnostic: the mixing on user CPU time, without the kernel's page-fault handling
+        "measured_mixing_user": fit_loglog_slope([p[0] for p in user_pts], [p[1] for p in user_pts]),
+        "derived": fit_loglog_slope(tn, [r["derived_training_flops"] for r in rows]),
+        "derived_mixing": derived_mixing,
+        "stated": stated,
+        "theory": stated if stated is not None else derived_mixing,
+        "n_range": [min(tn), max(tn)] if tn else None,
+    }
+
+
 # ----------------------------------------------------------------------------- per mixer
 def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns: Sequence[int] = (),
                   d_model: int = 256, n_heads: int = 4, batch: int = 1, repeats: int = 3,
                   time_budget_s: float = 30.0, decode_budget_s: float = 30.0, seed: int = 0,
                   judge_time: bool = True, threads: int | None = None, clock: str = "cpu",
-                  min_time_s: float = 0.0, mixer: Mixer | None = None) -> dict:
+                  min_time_s: float = 0.0, fit_from: int | None = None, keep_memory: bool = True,
+                  mixer: Mixer | None = None) -> dict:
     """Derived vs measured cache (every n of ``cache_ns``) and time (``time_ns``) of one mixer.
 
     Time is judged twice. The *mixing* time (whole minus the replayed projections, see
@@ -350,7 +468,11 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
     intra-op threads for the timing (restored afterwards); ``clock`` is one of ``CLOCKS``: "cpu"
     (process CPU time, the steady one on a shared machine; use one thread, or spin-waits are
     counted), "user" or "wall". ``min_time_s``: cheap lengths are repeated until their timed calls
-    add up to this many seconds (see :func:`time_forward_backward`).
+    add up to this many seconds (see :func:`time_forward_backward`). ``fit_from``: judge the slopes
+    on the timed lengths >= this one (default: the mixer's ``ASYMPTOTE_FROM`` entry, else all); the
+    full-range slopes are kept beside (``measured_full``, ``measured_mixing_full``).
+    ``keep_memory``: time with freed memory kept in the process (:class:`keep_freed_memory`), so
+    the page faults of buffers mapped afresh on every call do not enter the slopes.
     """
     spec = get_mixer_spec(name)
     if mixer is None:
@@ -388,54 +510,52 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
         torch.set_num_threads(threads)
     result["threads"] = torch.get_num_threads()
     try:
-        _time_lengths(mixer, sorted(time_ns), result, derived, predicted, batch, repeats, seed, time_budget_s, clock,
-                      min_time_s)
+        with keep_freed_memory(keep_memory) as kept:
+            _time_lengths(mixer, sorted(time_ns), result, derived, predicted, batch, repeats, seed, time_budget_s,
+                          clock, min_time_s)
+        result["memory_kept"] = kept.active
     finally:
         torch.set_num_threads(threads_before)
-    tn = [r["n"] for r in result["time"]]
-    mixing_pts = [(r["n"], r["mixing_seconds"]) for r in result["time"] if r.get("mixing_seconds", 0) > 0]
-    stated = stated_slope(mixer.time_complexity, tn) if len(tn) >= 2 else None
-    derived_mixing = fit_loglog_slope(tn, [r["derived_mixing_flops"] for r in result["time"]])
-    result["slope"] = {
-        "measured": fit_loglog_slope(tn, [r["seconds"] for r in result["time"]]),
-        "measured_mixing": fit_loglog_slope([p[0] for p in mixing_pts], [p[1] for p in mixing_pts]),
-        "mixing_points": len(mixing_pts),
-        # diagnostic: the mixing on user CPU time, without the kernel's page-fault handling
-        "measured_mixing_user": fit_loglog_slope([r["n"] for r in result["time"] if "mixing_user_seconds" in r],
-                                                 [r["mixing_user_seconds"] for r in result["time"]
-                                                  if "mixing_user_seconds" in r]),
-        "derived": fit_loglog_slope(tn, [r["derived_training_flops"] for r in result["time"]]),
-        "derived_mixing": derived_mixing,
-        "stated": stated,
-        "theory": stated if stated is not None else derived_mixing,
-        "judged": judge_time,
-        "n_range": [min(tn), max(tn)] if tn else None,
-    }
+    fit_n, fit_why = (fit_from, "given") if fit_from is not None else ASYMPTOTE_FROM.get(name, (None, None))
+    rows = result["time"]
+    fit = [r for r in rows if fit_n is None or r["n"] >= fit_n]
+    if fit_n is not None and len(fit) < 3:  # too few lengths past the asymptote's start: fit them all
+        fit, fit_why = rows, f"fewer than 3 timed lengths >= {fit_n}: fitted over all ({fit_why})"
+        fit_n = None
+    result["slope"] = _slopes(fit, mixer.time_complexity)
+    full = _slopes(rows, mixer.time_complexity)
+    s = result["slope"]
+    s.update({"judged": judge_time, "fit_from": fit_n, "fit_why": fit_why,
+              # the whole range, reported beside the judged fit (the same when no asymptote start applies)
+              "measured_full": full["measured"], "measured_mixing_full": full["measured_mixing"],
+              "theory_full": full["theory"], "n_range_full": full["n_range"]})
+    tn = [r["n"] for r in fit]
+    mixing_pts = [r for r in fit if r.get("mixing_seconds", 0) > 0]
     if any(not r["match"] for r in result["cache"]):
         bad = [r["n"] for r in result["cache"] if not r["match"]]
         result["flags"].append(f"cache: measured differs from derived at n = {bad}")
-    s = result["slope"]
+    over = f" over n >= {fit_n}" if fit_n is not None else ""
     band = slope_band(s["derived_mixing"])
     s["band"] = list(band) if band is not None else None
     enough = len(tn) >= 3
     if judge_time and enough and s["theory"] is not None:
-        bad = [r["n"] for r in result["time"] if "mixing_seconds" in r and not r["mixing_seconds"] > 0]
+        bad = [r["n"] for r in rows if "mixing_seconds" in r and not r["mixing_seconds"] > 0]
         if bad:
             result["flags"].append(f"mixing: not above the projections' time at n = {bad}")
         if s["measured_mixing"] is not None and len(mixing_pts) >= 3 \
                 and abs(s["measured_mixing"] - s["theory"]) > SLOPE_TOLERANCE:
             why = ""
-            sys_max = max((r.get("sys_share", 0.0) for r in result["time"]), default=0.0)
+            sys_max = max((r.get("sys_share", 0.0) for r in fit), default=0.0)
             user = s["measured_mixing_user"]
             if clock == "cpu" and sys_max >= SYS_SHARE_NOTE and user is not None:
                 # say when the departure is the kernel's page faults rather than the computation
                 why = (f"; system time up to {sys_max:.0%} of the CPU time (page faults of freshly mapped "
                        f"buffers), mixing slope on user time {user:.2f}")
-            result["flags"].append(f"mixing: fitted slope {s['measured_mixing']:.2f}, theory {s['theory']:.2f} "
-                                   f"(±{SLOPE_TOLERANCE}){why}")
+            result["flags"].append(f"mixing: fitted slope {s['measured_mixing']:.2f}{over}, theory "
+                                   f"{s['theory']:.2f} (±{SLOPE_TOLERANCE}){why}")
     if judge_time and enough and s["measured"] is not None and band is not None \
             and not band[0] <= s["measured"] <= band[1]:
-        result["flags"].append(f"whole: fitted slope {s['measured']:.2f} outside [{band[0]:.2f}, {band[1]:.2f}] "
+        result["flags"].append(f"whole: fitted slope {s['measured']:.2f}{over} outside [{band[0]:.2f}, {band[1]:.2f}] "
                                f"(projections 1, mixing {s['derived_mixing']:.2f}, ±{SLOPE_TOLERANCE})")
     if judge_time and s["stated"] is not None and s["derived_mixing"] is not None \
             and abs(s["stated"] - s["derived_mixing"]) > SLOPE_TOLERANCE:
@@ -446,26 +566,46 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
 
 def _time_lengths(mixer: Mixer, ns: Sequence[int], result: dict, derived: dict, predicted, batch: int,
                   repeats: int, seed: int, budget_s: float, clock: str, min_time_s: float) -> None:
-    """Time each n in order, skipping lengths whose predicted time exceeds the budget."""
+    """Time the lengths ns in turns, skipping those whose predicted time exceeds the budget.
+
+    First every length in increasing order gets its warm-up and one timed call, which decides from
+    the previous length whether the next is attempted; then the lengths take turns, one timed call
+    each per round, until each has its repeats (and ``min_time_s``). Timed in turns, every length
+    sees the same mix of load over the run, so a busy minute on the shared machine cannot bend the
+    slope by slowing one end of the range only. Each length times its own copy of the mixer (same
+    weights): mixers keep per-shape state (the structured mixer's pattern plans, a few shapes at
+    most), which a training run at one length builds once, and which lengths in turns would
+    otherwise rebuild on every call.
+    """
+    timers: list[LengthTimer] = []
     last = None
     for n in ns:
         if last is not None and predicted(last[0], last[1], n) > budget_s:
             result["skipped"].append({"what": "time", "n": n, "why": f"predicted > {budget_s:g} s budget"})
             continue
-        meas = time_forward_backward(mixer, n, batch=batch, repeats=repeats, seed=seed, clock=clock,
-                                     min_total_s=min_time_s)
-        row_repeats = len(meas["all_seconds"])
-        d = derived[n]
+        timer = LengthTimer(copy.deepcopy(mixer), n, batch=batch, seed=seed, clock=clock)
+        timer.once()
+        timers.append(timer)
+        # the budget is on the timing clock: with CPU time the lengths attempted do not depend on the load
+        last = (n, timer.best)
+    loads: dict[int, list[float]] = {t.n: [os.getloadavg()[0]] for t in timers}
+    while pending := [t for t in timers if not t.done(repeats, min_time_s)]:
+        for t in pending:
+            t.once()
+            loads[t.n].append(os.getloadavg()[0])
+    for t in timers:
+        meas = t.result()
+        d = derived[t.n]
         row = {k: v for k, v in meas.items() if k not in ("mode", "threads", "clock")}
-        row["load_1min"] = os.getloadavg()[0]  # other processes' demand while this length was timed
-        row["repeats"] = row_repeats
+        # other processes' demand while this length was timed (1-min average, sampled after each call)
+        row["load_1min"] = statistics.mean(loads[t.n])
+        row["load_1min_range"] = [min(loads[t.n]), max(loads[t.n])]
+        row["repeats"] = len(meas["all_seconds"])
         if "mixing_seconds" in meas:
             row["mixing_share"] = meas["mixing_seconds"] / meas["seconds"]
         row.update({"derived_training_flops": d["training_flops"], "derived_mixing_flops": d["training_mixing_flops"],
                     "derived_flops_per_token": d["flops_per_token"]})
         result["time"].append(row)
-        # the budget is on the timing clock: with CPU time the lengths attempted do not depend on the load
-        last = (n, meas["seconds"])
 
 
 def _slope_cell(value: float | None, judged: bool = True) -> float | str | None:
@@ -479,6 +619,8 @@ def accounting_rows(results: Sequence[dict]) -> list[dict]:
     """One summary row per mixer for the flag table: complexity, theory slope, measured slopes, flags.
 
     ``mixing share`` is the mixing's fraction of the whole time at the shortest and longest timed n;
+    ``fit n`` the lengths the slopes are fitted and judged over (from ``ASYMPTOTE_FROM`` on where a
+    kernel has an entry; the full-range mixing slope is then shown beside);
     ``mixing slope (user)`` the mixing slope on user CPU time and ``sys share@max n`` the system
     part of the CPU time at the longest n, which tell page-fault costs from the computation's own.
     """
@@ -498,7 +640,12 @@ def accounting_rows(results: Sequence[dict]) -> list[dict]:
             "mixing share": f"{share[0]:.2f}→{share[-1]:.2f}" if share else "—",
             "mixing slope (user)": _slope_cell(s.get("measured_mixing_user")),  # a diagnostic, never judged
             "sys share@max n": round(times[-1]["sys_share"], 2) if times and "sys_share" in times[-1] else None,
-            "time n": f"{s['n_range'][0]}–{s['n_range'][1]}" if s["n_range"] else "—",
+            "fit n": f"{s['n_range'][0]}–{s['n_range'][1]}" if s["n_range"] else "—",
+            # the whole timed range, when the judged fit starts later (ASYMPTOTE_FROM)
+            "full-range mixing slope": (f"{s['measured_mixing_full']:.2f} over {s['n_range_full'][0]}–"
+                                        f"{s['n_range_full'][1]} (theory {s['theory_full']:.2f})"
+                                        if s.get("fit_from") is not None and s.get("measured_mixing_full") is not None
+                                        and s.get("theory_full") is not None else "same"),
             "cache n": ",".join(str(c["n"]) for c in r["cache"]) or "—",
             "cache match": all(c["match"] for c in r["cache"]) if r["cache"] else None,
             "entries@max n": r["cache"][-1]["measured_positions"] if r["cache"] else None,
@@ -596,22 +743,33 @@ def _write_accounting(results: list[dict], out_dir: Path, settings: dict, figure
            "settings": {k: v for k, v in settings.items() if k != "mixer"},
            "threads": threads[0] if len(threads) == 1 else threads, "clock": "/".join(clocks),
            "load_1min_range": [min(loads), max(loads)] if loads else None, "cpus": os.cpu_count(),
+           "memory_kept": sorted({r.get("memory_kept", False) for r in results if r["time"]}),
            "summary": rows, "mixers": results, "figures": [p.name for p in figures]}
     write_json(Path(out_dir) / "cost.json", out)
     load = f"1-min load {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} CPUs" if loads else "no timing"
+    kept = {r.get("memory_kept", False) for r in results if r["time"]}
+    memory = ("freed memory kept in the process (no page faults of buffers mapped afresh per call)" if kept == {True}
+              else "freed memory returned to the OS (page faults of fresh buffers included)" if kept == {False}
+              else "freed memory kept for some mixers only")
     md = ["# Cost and cache accounting: derived vs measured", "",
           "Cache: decode n tokens with `step`, compare the measured `peak_positions` / `peak_numel` with the "
           "derived `cache_positions(n)` / `state_size(n)` (bytes at float32). Time: forward + backward of "
           "the training mode, and a replay of the same projection calls alone; the fastest of the repeats "
           f"on the {'/'.join(clocks)} clock ('cpu' = process CPU time, which time-slicing by other "
-          "processes does not inflate). *Mixing* = whole minus projections. The theory slope is that of "
-          "n x the stated per-token complexity over the timed n; the mixing slope must be within "
+          "processes does not inflate); the lengths are timed in turns, so each sees the same load. *Mixing* = "
+          "whole minus projections. The theory slope is that of n x the stated per-token complexity over "
+          "the fitted n (`fit n`); the mixing slope must be within "
           f"±{SLOPE_TOLERANCE} of it, the whole slope within the projection-aware band (between the "
           f"projections' 1 and the derived mixing slope, ±{SLOPE_TOLERANCE}). The FLOPs slope is the "
           "derived prediction of the whole slope (projections and mixing weighted by multiply-adds, not "
           "by how fast each runs). A slope marked 'not judged' comes from short lengths where fixed "
-          f"per-call overheads dominate. {'/'.join(map(str, threads))} torch thread(s), {load}.", "",
+          f"per-call overheads dominate. {'/'.join(map(str, threads))} torch thread(s), {load}, {memory}.", "",
           markdown_table(rows)]
+    starts = [f"- **{r['mixer']}** judged over n >= {r['slope']['fit_from']}: {r['slope']['fit_why']}."
+              for r in results if r["slope"].get("fit_from") is not None]
+    if starts:
+        md += ["", "Slopes judged from a later length on (the kernel reaches its asymptote there; the "
+               "full-range mixing slope is in the table):", *starts]
     if not complete:
         md.insert(2, "_Partial: the run is still going or was interrupted._\n")
     tmp = Path(out_dir) / "cost.md.tmp"

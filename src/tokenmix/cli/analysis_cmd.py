@@ -82,6 +82,9 @@ def register(sub) -> None:
     p.add_argument("--clock", default="cpu",
                    help="cpu: process CPU time (user + system; steady on a shared machine), user: its user "
                         "part, wall: wall time")
+    p.add_argument("--return-memory", action="store_true",
+                   help="time with the allocator's defaults (large buffers returned to the OS on free and "
+                        "faulted in again on the next call) instead of keeping freed memory in the process")
     p.add_argument("--seed", type=int, default=0)
     _common(p, "png")
     p.set_defaults(func=run_cost)
@@ -191,7 +194,8 @@ def run_cost(args) -> int:
     res = run_accounting(names, out_dir, formats=formats, progress=_progress(args), cache_ns=args.cache_n,
                          time_ns=args.time_n, d_model=args.d_model, n_heads=args.heads, batch=args.batch,
                          repeats=args.repeats, time_budget_s=args.time_budget, decode_budget_s=args.decode_budget,
-                         threads=args.threads, clock=args.clock, min_time_s=args.min_time, seed=args.seed)
+                         threads=args.threads, clock=args.clock, min_time_s=args.min_time,
+                         keep_memory=not args.return_memory, seed=args.seed)
     return _finish(args, out_dir, res["summary"], {"summary": res["summary"], "threads": res["threads"]})
 
 
