@@ -380,3 +380,15 @@ def test_keep_freed_memory_is_scoped_and_recorded(monkeypatch):
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
     with K() as other:
         assert not other.active
+
+
+def test_asymptote_starts_leave_three_default_lengths():
+    """Every ASYMPTOTE_FROM entry names a registered mixer, gives its reason, and leaves at least 3 of the
+    default timed lengths (1k..16k) to judge, so the judged fit is never a 2-point line."""
+    from tokenmix.core.registry import mixer_names
+
+    default_ns = (1024, 2048, 4096, 8192, 16384)
+    assert "attention" in accounting.ASYMPTOTE_FROM
+    for name, (start, why) in accounting.ASYMPTOTE_FROM.items():
+        assert name in mixer_names() and len(why) > 40
+        assert sum(n >= start for n in default_ns) >= 3, name
