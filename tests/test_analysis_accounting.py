@@ -276,18 +276,20 @@ def test_run_accounting_writes_table_and_plots(tmp_path):
 
 
 def test_lengths_are_timed_in_turns_on_their_own_copies(monkeypatch):
-    """After one pass in increasing n (which decides the budget), the lengths take turns, one timed call
-    each per round, so every length sees the same load; each times its own copy of the mixer."""
+    """After one pass in increasing n (which decides the budget), the lengths take turns, TURN_CALLS
+    timed calls back to back each per round, so every length sees the same load; each times its own
+    copy of the mixer."""
     log: list = []
     _patch_timing(monkeypatch, _fake_timing(0.0, 1.0), log)
+    monkeypatch.setattr(accounting, "TURN_CALLS", 2)
     m = build_mixer("first_order", 8, n_heads=2)
-    res = account_mixer("first_order", cache_ns=(), time_ns=(64, 16, 32), repeats=3, mixer=m)
-    assert [n for n, _ in log] == [16, 32, 64] * 3
+    res = account_mixer("first_order", cache_ns=(), time_ns=(64, 16, 32), repeats=4, mixer=m)
+    assert [n for n, _ in log] == [16, 32, 64] + [16, 16, 32, 32, 64, 64] + [16, 32, 64]
     copies = {n: mixer for n, mixer in log}
     assert len({id(c) for c in copies.values()}) == 3 and all(c is not m for c in copies.values())
     for c in copies.values():  # the same weights as the mixer accounted
         assert all(torch.equal(a, b) for a, b in zip(c.parameters(), m.parameters()))
-    assert [r["repeats"] for r in res["time"]] == [3, 3, 3]
+    assert [r["repeats"] for r in res["time"]] == [4, 4, 4]
     assert all(r["load_1min_range"][0] <= r["load_1min"] <= r["load_1min_range"][1] for r in res["time"])
 
 

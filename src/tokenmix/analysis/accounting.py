@@ -14,8 +14,8 @@ Measured:
                     ``state.peak_numel`` (the recurrent mode observes the state before every token)
     time            forward + backward of the training mode at several n, and a replay of the same
                     projection calls alone (the weight matrices' forward + backward on inputs of the
-                    recorded shapes); the lengths take turns (one call each per round, each on its
-                    own copy of the mixer), so all see the same load; the fastest of the repeats
+                    recorded shapes); the lengths take turns (two calls back to back each per
+                    round, each on its own copy of the mixer), so all see the same load; the fastest of the repeats
                     (other processes only ever add time), on process CPU time by default; log-log
                     slopes fitted by least squares, from ``ASYMPTOTE_FROM`` on for kernels listed there
 
@@ -52,6 +52,7 @@ SLOPE_TOLERANCE = 0.15
 # user: its user part (the computation without the kernel's page-fault handling); wall: wall time
 CLOCKS = ("cpu", "user", "wall")
 MAX_REPEATS = 25  # timed repeats per length at most (see time_forward_backward's min_total_s)
+TURN_CALLS = 2  # timed calls of one length per turn (see _time_lengths)
 SYS_SHARE_NOTE = 0.1  # a mixing flag names the page faults when system time reaches this share of CPU time
 TRAINING_FLOPS_FACTOR = 3  # forward + backward of a linear map ~ 3 forwards
 EXACT_SUM_POSITIONS = 2048  # training FLOPs are summed exactly over this many positions, sampled beyond
@@ -576,8 +577,8 @@ def _time_lengths(mixer: Mixer, ns: Sequence[int], result: dict, derived: dict, 
     """Time the lengths ns in turns, skipping those whose predicted time exceeds the budget.
 
     First every length in increasing order gets its warm-up and one timed call, which decides from
-    the previous length whether the next is attempted; then the lengths take turns, one timed call
-    each per round, until each has its repeats (and ``min_time_s``). Timed in turns, every length
+    the previous length whether the next is attempted; then the lengths take turns, ``TURN_CALLS``
+    timed calls back to back each per round, until each has its repeats (and ``min_time_s``). Timed in turns, every length
     sees the same mix of load over the run, so a busy minute on the shared machine cannot bend the
     slope by slowing one end of the range only. Each length times its own copy of the mixer (same
     weights): mixers keep per-shape state (the structured mixer's pattern plans, a few shapes at
@@ -598,8 +599,14 @@ def _time_lengths(mixer: Mixer, ns: Sequence[int], result: dict, derived: dict, 
     loads: dict[int, list[float]] = {t.n: [os.getloadavg()[0]] for t in timers}
     while pending := [t for t in timers if not t.done(repeats, min_time_s)]:
         for t in pending:
-            t.once()
-            loads[t.n].append(os.getloadavg()[0])
+            # TURN_CALLS back to back: after another length's call the heap's free blocks are cut to
+            # other sizes, and the first call may grow it (fresh pages, faults); the next one reuses
+            # the blocks of the same shapes, as every call of a training run at one length does
+            for _ in range(TURN_CALLS):
+                if t.done(repeats, min_time_s):
+                    break
+                t.once()
+                loads[t.n].append(os.getloadavg()[0])
     for t in timers:
         meas = t.result()
         d = derived[t.n]
