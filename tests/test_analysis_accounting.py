@@ -301,7 +301,7 @@ def _overhead_timing(mixer, n, **kwargs):
             "wall_seconds": proj + mix, "cpu_seconds": proj + mix, "projection_seconds": proj, "mixing_seconds": mix}
 
 
-def test_slopes_judged_from_the_asymptote_start(monkeypatch):
+def test_slopes_judged_from_the_asymptote_start(monkeypatch, tmp_path):
     """A kernel listed in ASYMPTOTE_FROM is judged on the lengths from its start on, the full-range slope
     is kept beside; an explicit fit_from does the same; too few lengths past the start fall back to all."""
     _patch_timing(monkeypatch, _overhead_timing)
@@ -320,6 +320,8 @@ def test_slopes_judged_from_the_asymptote_start(monkeypatch):
     row = accounting.accounting_rows([res])[0]
     assert row["fit n"] == f"{start}–16384" and row["full-range mixing slope"].startswith(
         f"{s['measured_mixing_full']:.2f} over 1024–16384")
+    accounting._write_accounting([res], tmp_path, {}, [], complete=True)
+    assert f"\n\n- **attention** judged over n >= {start}: tiles.\n" in (tmp_path / "cost.md").read_text() + "\n"
     # the same bend on a mixer without an entry is judged over the whole range, and flagged
     plain = account_mixer("dense_recurrence", cache_ns=(), time_ns=(256, 512, 1024), d_model=8, n_heads=2)
     assert plain["slope"]["fit_from"] is None and accounting.accounting_rows([plain])[0]["full-range mixing slope"] == "same"

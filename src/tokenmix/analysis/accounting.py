@@ -783,7 +783,9 @@ def _write_accounting(results: list[dict], out_dir: Path, settings: dict, figure
               for r in results if r["slope"].get("fit_from") is not None]
     if starts:
         md += ["", "Slopes judged from a later length on (the kernel reaches its asymptote there; the "
-               "full-range mixing slope is in the table):", *starts]
+               "full-range mixing slope is in the table):"]
+        for line in starts:  # one paragraph each (the report's Markdown subset has no lists)
+            md += ["", line]
     if not complete:
         md.insert(2, "_Partial: the run is still going or was interrupted._\n")
     tmp = Path(out_dir) / "cost.md.tmp"
