@@ -156,6 +156,8 @@ def test_bad_input_exits_2(capsys, tmp_path):
            "tokenmix analyze expressivity --n 5000")
     _fails(["analyze", "norms", "--mixers", "pow2", "--n", "5000"], capsys, "limit 4096")
     _fails(["analyze", "cost", "--mixers", "pow2,nope"], capsys, "unknown mixer 'nope'")
+    _fails(["analyze", "cost", "--mixers", "pow2", "--clock", "gpu"], capsys, "--clock must be one of cpu, user, wall")
+    _fails(["analyze", "cost", "--threads", "0"], capsys, "--threads values must be >= 1")
     _fails(["analyze", "matrix", "--run", str(tmp_path / "gone"), "--text", "hi"], capsys, "does not exist")
     _fails(["analyze", "matrix"], capsys, "--mixer")
     _fails(["analyze", "expressivity", "--patterns", "nope"], capsys, "unknown pattern")

@@ -48,7 +48,8 @@ PRESETS: dict[str, dict] = {
     "full": {
         "matrix": {"mixers": None, "n": 128, "d_model": 64, "n_heads": 2},
         "cost": {"mixers": None, "cache_ns": (64, 256, 1024), "time_ns": (1024, 2048, 4096, 8192, 16384),
-                 "d_model": 256, "n_heads": 4, "repeats": 3, "time_budget_s": 60.0, "decode_budget_s": 120.0},
+                 "d_model": 256, "n_heads": 4, "repeats": 3, "time_budget_s": 60.0, "decode_budget_s": 120.0,
+                 "threads": 1, "clock": "cpu", "min_time_s": 2.0},  # as `tokenmix analyze cost` by default
         "expressivity": {"ns": (256, 512, 1024, 2048, 4096, 8192), "all_mixers": True},
         "norms": {"mixers": None, "n": 256, "gram_iters": 10, "d_model": 64, "n_heads": 2},
     },

@@ -1,6 +1,12 @@
 """Run one benchmark case in a fresh process: ``python -m tokenmix.bench.worker '<json case>'``.
 
-Prints one JSON line: the case's measurements plus ``peak_mb`` (RSS growth during the timed work).
+Prints one JSON line: the case's measurements plus ``time_s`` (best wall time of a call), ``cpu_s``
+(best process CPU time of a call, unless the case measures its own) and ``peak_mb`` (RSS growth
+during the timed work).
+
+Process CPU time counts every thread of the process but not the time other processes hold the
+cores, so on a shared machine it is the steadier clock; with one torch thread it is the work itself
+(with several it also counts the threads' spin-waits).
 """
 from __future__ import annotations
 
@@ -23,15 +29,38 @@ def _peak_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def time_repeats(fn: Callable[[], None], repeats: int, warmup: int = 1,
+                 setup: Callable[[], None] | None = None) -> dict[str, list[float]]:
+    """Seconds of each of ``repeats`` calls of fn(), after ``warmup`` untimed calls, on four clocks.
+
+    ``setup()`` runs before every call, outside the timing (e.g. clearing gradients).
+    Returns {"wall", "cpu", "user", "sys": [...]}, one entry per timed call, in call order: wall
+    time, process CPU time (user + system, ``time.process_time``), and its user and system parts
+    (``getrusage``; system time is mostly the kernel zero-filling freshly mapped pages, i.e. the
+    allocator handing large buffers back to the OS and faulting them in again on the next call).
+    Linux splits the exact CPU total into user and system by tick samples, so the split of a call
+    much shorter than a second is coarse; the total is not.
+    """
+    out: dict[str, list[float]] = {"wall": [], "cpu": [], "user": [], "sys": []}
+    for r in range(warmup + repeats):
+        if setup is not None:
+            setup()
+        ru0 = resource.getrusage(resource.RUSAGE_SELF)
+        t, c = time.perf_counter(), time.process_time()
+        fn()
+        dt, dc = time.perf_counter() - t, time.process_time() - c
+        ru1 = resource.getrusage(resource.RUSAGE_SELF)
+        if r >= warmup:
+            out["wall"].append(dt)
+            out["cpu"].append(dc)
+            out["user"].append(ru1.ru_utime - ru0.ru_utime)
+            out["sys"].append(ru1.ru_stime - ru0.ru_stime)
+    return out
+
+
 def time_call(fn: Callable[[], None], repeats: int) -> float:
     """Best-of-``repeats`` wall time of fn() after one warm-up call."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
+    return min(time_repeats(fn, repeats)["wall"])
 
 
 def run_case(case: dict) -> dict:
@@ -45,8 +74,10 @@ def run_case(case: dict) -> dict:
     torch.manual_seed(0)
     fn, extra = prep(case)
     base = _rss_mb()
-    t = time_call(fn, case.get("repeats", 2))
-    return {**case, **extra, "time_s": t, "peak_mb": max(0.0, _peak_mb() - base)}
+    times = time_repeats(fn, case.get("repeats", 2))
+    # a case that measures its own CPU time (around its core work only) keeps it
+    return {"cpu_s": min(times["cpu"]), **case, **extra, "time_s": min(times["wall"]),
+            "peak_mb": max(0.0, _peak_mb() - base)}
 
 
 def run_in_subprocess(case: dict, timeout: float = 600) -> dict:

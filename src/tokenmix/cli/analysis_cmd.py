@@ -66,13 +66,25 @@ def register(sub) -> None:
     p.add_argument("--d-model", type=int, default=256, help="model width of the timed mixers")
     p.add_argument("--heads", type=int, default=4, help="heads (head dim = d_model / heads)")
     p.add_argument("--batch", type=int, default=1, help="batch size of the timed forward+backward")
-    p.add_argument("--repeats", type=int, default=3, help="timed repeats per n (median), after one warm-up")
-    p.add_argument("--time-budget", type=float, default=30.0,
-                   help="seconds one forward+backward may take (predicted from the previous n via the derived "
-                        "FLOPs); longer lengths are skipped and listed")
+    p.add_argument("--repeats", type=int, default=3,
+                   help="timed repeats per n at least (the fastest counts), after one warm-up")
+    p.add_argument("--min-time", type=float, default=2.0,
+                   help="repeat a length (up to 25 times) until its timed calls add up to this many seconds")
+    p.add_argument("--time-budget", type=float, default=60.0,
+                   help="seconds (on --clock) one forward+backward may take, predicted from the previous n via "
+                        "the derived FLOPs; longer lengths are skipped and listed")
     p.add_argument("--decode-budget", type=float, default=30.0,
                    help="seconds one n-token decode may take (predicted likewise); longer ones are skipped")
-    p.add_argument("--threads", type=int, default=None, help="torch threads for the timing (default: unchanged)")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch threads for the timing (with --clock cpu, more threads also count their "
+                        "spin-waits)")
+    # validated in run_cost rather than by argparse choices: bad input prints one line
+    p.add_argument("--clock", default="cpu",
+                   help="cpu: process CPU time (user + system; steady on a shared machine), user: its user "
+                        "part, wall: wall time")
+    p.add_argument("--return-memory", action="store_true",
+                   help="time with the allocator's defaults (large buffers returned to the OS on free and "
+                        "faulted in again on the next call) instead of keeping freed memory in the process")
     p.add_argument("--seed", type=int, default=0)
     _common(p, "png")
     p.set_defaults(func=run_cost)
@@ -161,11 +173,17 @@ def run_cost(args) -> int:
     from tokenmix.analysis.accounting import run_accounting
     from tokenmix.analysis.outputs import check_formats, prepare_out_dir
 
+    from tokenmix.analysis.accounting import CLOCKS
+
     formats = check_formats(args.formats.split(","))
+    if args.clock not in CLOCKS:
+        raise UsageError(f"--clock must be one of {', '.join(CLOCKS)}, got '{args.clock}'")
     _positive(args.cache_n, "--cache-n")
+    if not args.min_time >= 0:
+        raise UsageError(f"--min-time must be >= 0, got {args.min_time}")
     _positive(args.time_n, "--time-n", 2)
     for flag, v in (("--d-model", args.d_model), ("--heads", args.heads), ("--batch", args.batch),
-                    ("--repeats", args.repeats), ("--threads", args.threads or 1)):
+                    ("--repeats", args.repeats), ("--threads", args.threads)):
         _positive([v], flag)
     names = _names(args.mixers, "mixers")
     from tokenmix.core.registry import get_mixer_spec
@@ -176,7 +194,8 @@ def run_cost(args) -> int:
     res = run_accounting(names, out_dir, formats=formats, progress=_progress(args), cache_ns=args.cache_n,
                          time_ns=args.time_n, d_model=args.d_model, n_heads=args.heads, batch=args.batch,
                          repeats=args.repeats, time_budget_s=args.time_budget, decode_budget_s=args.decode_budget,
-                         threads=args.threads, seed=args.seed)
+                         threads=args.threads, clock=args.clock, min_time_s=args.min_time,
+                         keep_memory=not args.return_memory, seed=args.seed)
     return _finish(args, out_dir, res["summary"], {"summary": res["summary"], "threads": res["threads"]})
 
 
