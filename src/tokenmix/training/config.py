@@ -18,7 +18,7 @@ from tokenmix.data.prepare import DataConfig
 from tokenmix.models import ModelConfig
 
 PARALLEL = ("ddp", "fsdp")
-PRECISIONS = ("fp32", "bf16")
+PRECISIONS = ("fp32", "bf16", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 
 
@@ -36,9 +36,11 @@ class TrainConfig:
     beta2: float = 0.95
     eps: float = 1e-8
     grad_clip: float = 1.0        # max global grad norm; 0 disables clipping
-    precision: str = "fp32"       # fp32 | bf16 (autocast; on CPU too)
+    precision: str = "fp32"       # fp32 | bf16 (autocast; on CPU too) | auto (bf16 where matmuls have native
+                                  # bf16: CUDA, or a CPU with AMX-BF16/AVX512-BF16; else fp32); resolved at start
     eval_every: int = 100         # steps between validation passes (and one at the end)
-    eval_windows: int = 32        # validation windows per pass; 0 = the whole split
+    eval_windows: int = 32        # validation windows per periodic pass; 0 = the whole split
+    final_eval_windows: int = 0   # validation windows of the final pass (and its baselines); 0 = the whole split
     checkpoint_every: int = 100   # steps between checkpoints (and one at the end); 0 = only at the end
     keep_checkpoints: int = 2
     log_every: int = 10           # steps between console lines (metrics.jsonl gets every step)
@@ -52,7 +54,7 @@ class TrainConfig:
         for name in ("seq_len", "batch_size", "grad_accum", "max_steps", "eval_every", "log_every", "keep_checkpoints"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"train.{name} must be > 0, got {getattr(self, name)}")
-        for name in ("warmup_steps", "eval_windows", "checkpoint_every", "threads", "grad_clip", "weight_decay"):
+        for name in ("warmup_steps", "eval_windows", "final_eval_windows", "checkpoint_every", "threads", "grad_clip", "weight_decay"):
             if getattr(self, name) < 0:
                 raise ValueError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.lr <= 0:
