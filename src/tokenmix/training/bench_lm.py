@@ -174,10 +174,14 @@ def _ratios(results: list[dict], contexts: list[int]) -> dict:
                      "train_vs_attention_cpu": round(r["train_tokens_per_cpu_s"] / base["train_tokens_per_cpu_s"], 3),
                      "decode_speedup_vs_attention_cpu": round(base["decode_cpu_ms_per_token"]
                                                               / r["decode_cpu_ms_per_token"], 3)}
+            train_cpu, decode_cpu = entry["train_vs_attention_cpu"], entry["decode_speedup_vs_attention_cpu"]
             if t == long_t and long_t != short_t:
                 entry["meets_long_context_targets"] = train >= TRAIN_TARGET_AT_LONG and decode >= DECODE_TARGET_AT_LONG
+                entry["meets_long_context_targets_cpu"] = (train_cpu >= TRAIN_TARGET_AT_LONG
+                                                           and decode_cpu >= DECODE_TARGET_AT_LONG)
             if t == short_t:
                 entry["within_1.5x_of_attention"] = 1 / WITHIN_AT_SHORT <= train and 1 / WITHIN_AT_SHORT <= decode
+                entry["within_1.5x_of_attention_cpu"] = 1 / WITHIN_AT_SHORT <= train_cpu and 1 / WITHIN_AT_SHORT <= decode_cpu
             per[r["mixer"]] = entry
         out[str(t)] = per
     return out
