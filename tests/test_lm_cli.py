@@ -176,7 +176,7 @@ def test_summary_reports_the_whole_validation_split_against_the_bigram(trained_r
     assert summary["val_bits_per_char"] == pytest.approx(nats / (data.meta["splits"]["val"]["chars"] * math.log(2)))
     final = [json.loads(l) for l in (trained_run / "metrics.jsonl").read_text().splitlines() if '"final"' in l]
     assert len(final) == 1 and final[0]["final_val_ppl"] == pytest.approx(summary["val_ppl"])
-    assert summary["precision"] == cfg["train"]["precision"] == "fp32" and summary["cpu_seconds_this_session"] > 0
+    assert summary["precision"] == cfg["train"]["precision"] == "fp32" and summary["process_cpu_seconds"] > 0
 
 
 def test_precision_auto_resolves_by_cpu_flags(tmp_path, corpus_file, capsys, monkeypatch):

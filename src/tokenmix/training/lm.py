@@ -9,6 +9,12 @@ A run directory holds ``config.json`` (the resolved RunConfig), ``tokenizer.json
 ``metrics.jsonl`` (one JSON object per optimizer step, plus validation and baseline records),
 ``checkpoints/`` (see checkpoint.py), ``summary.json`` and, when tensorboard is installed, ``tb/``.
 
+Validation: periodic passes score ``train.eval_windows`` windows spread over the split; the final
+pass (the number in summary.json and the closing line) scores ``train.final_eval_windows`` (all of
+the split by default), next to the bigram and unigram baselines counted on the train split and
+scored on exactly the same targets, and in bits per character of the split (so runs with different
+vocabularies compare). ``train.precision=auto`` is resolved once, before config.json is written.
+
 Exact resume: the model, AdamW state, RNG state, the data position and the step are restored; the
 learning rate is a function of the step; nothing else carries state. On CPU a resumed run computes
 bit for bit what the uninterrupted run computes. Under ``torchrun`` every rank computes its share
@@ -291,17 +297,18 @@ def _prepare(cfg: RunConfig, ctx: DistContext, verbose: bool) -> tuple[RunConfig
 def train_lm(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool | None = None,
              quiet: bool = False) -> TrainResult:
     """Train (or resume) the language model of ``cfg`` in ``run_dir``; see the module docstring."""
+    session_t0 = time.perf_counter()
     run_dir = Path(run_dir)
     tc = cfg.train
     ctx = setup_distributed(tc.device)
     try:
-        return _train(cfg, run_dir, resume, progress, quiet, ctx)
+        return _train(cfg, run_dir, resume, progress, quiet, ctx, session_t0)
     finally:
         ctx.close()
 
 
 def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, quiet: bool,
-           ctx: DistContext) -> TrainResult:
+           ctx: DistContext, session_t0: float) -> TrainResult:
     tc = cfg.train
     if tc.threads:
         torch.set_num_threads(tc.threads)
@@ -358,7 +365,7 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, q
     log.say(precision_note)
     try:
         return _loop(cfg, run_dir, ctx, data, wrapped, optimizer, batches, val_windows, final_windows, step,
-                     tokens_seen, num_params, log, resume)
+                     tokens_seen, num_params, log, resume, session_t0)
     finally:
         log.close()
 
@@ -366,7 +373,7 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, q
 def _loop(cfg: RunConfig, run_dir: Path, ctx: DistContext, data: PreparedData, wrapped: nn.Module,
           optimizer: torch.optim.Optimizer, batches: TokenBatches, val_windows: list[Tensor],
           final_windows: list[Tensor], step: int, tokens_seen: int, num_params: int, log: RunLogger,
-          resumed: bool) -> TrainResult:
+          resumed: bool, session_t0: float) -> TrainResult:
     tc = cfg.train
     ckpt_root = run_dir / "checkpoints"
     micro = tc.batch_size // (tc.grad_accum * ctx.world_size)
@@ -400,7 +407,7 @@ def _loop(cfg: RunConfig, run_dir: Path, ctx: DistContext, data: PreparedData, w
     last_val, last_val_step = None, -1
     wrapped.train()
     window_t0, window_tokens = time.perf_counter(), 0
-    start_time, start_cpu = time.perf_counter(), time.process_time()
+    start_time = time.perf_counter()
     tokens_per_step = tc.batch_size * tc.seq_len
     while step < tc.max_steps:
         lr = tc.lr * warmup_cosine(step, tc.max_steps, tc.warmup_steps, tc.min_lr_ratio)  # a function of the step alone
@@ -452,7 +459,9 @@ def _loop(cfg: RunConfig, run_dir: Path, ctx: DistContext, data: PreparedData, w
         final = last_val
     else:
         final = evaluate_windows(wrapped, final_windows, eval_batch, ctx.device, tc.precision, ctx)
-    seconds, cpu_seconds = time.perf_counter() - start_time, time.process_time() - start_cpu
+    now = time.perf_counter()
+    # wall from the call (data preparation included), CPU of the whole process (all threads, imports included)
+    seconds, session_seconds, cpu_seconds = now - start_time, now - session_t0, time.process_time()
     result = TrainResult(run_dir, step, final["loss"], final["ppl"], final_baseline["bigram_ppl"],
                          final_baseline["unigram_ppl"], tokens_seen, seconds, num_params)
     if ctx.is_main:
@@ -465,13 +474,14 @@ def _loop(cfg: RunConfig, run_dir: Path, ctx: DistContext, data: PreparedData, w
                    "bigram_ratio": final_baseline["bigram_ppl"] / final["ppl"], "val_bits_per_char": bpc,
                    "num_params": num_params, "tokens": tokens_seen, "precision": tc.precision,
                    "train_seconds_this_session": round(seconds, 1),
-                   "cpu_seconds_this_session": round(cpu_seconds, 1)}
+                   "wall_seconds_this_session": round(session_seconds, 1),
+                   "process_cpu_seconds": round(cpu_seconds, 1)}
         write_json_atomic(run_dir / "summary.json", summary)
         ratio = final_baseline["bigram_ppl"] / final["ppl"]
         log.say(f"done: val ppl {final['ppl']:.2f} vs bigram {final_baseline['bigram_ppl']:.2f} ({ratio:.2f}x lower), "
                 f"unigram {final_baseline['unigram_ppl']:.2f}, on {final['tokens']:,} validation tokens"
-                f"{f' ({bpc:.3f} bits/char)' if bpc else ''}; {seconds:.0f} s wall, {cpu_seconds:.0f} s CPU "
-                f"(this process); run directory {run_dir}")
+                f"{f' ({bpc:.3f} bits/char)' if bpc else ''}; {session_seconds:.0f} s wall, {cpu_seconds:.0f} s CPU "
+                f"(this process, all threads); run directory {run_dir}")
     return result
 
 
