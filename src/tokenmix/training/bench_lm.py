@@ -4,23 +4,26 @@ For each mixer, a model of ``--layers`` layers of that mixer alone is sized (by 
 same non-embedding parameter count as every other; attention is the baseline. At each context T:
 
     train   tokens/s of forward + backward + AdamW steps on batches of max(1, batch_tokens // T)
-            sequences of length T (after one untimed warm-up step)
+            sequences of length T (after one untimed warm-up step; the median of the timed steps)
     decode  prefill T - n tokens in the default mode, then time n single-token ``model.step``
-            calls: the per-token cost at the end of the context, where attention reads T cached
-            keys per layer and a bounded-cache mixer reads only what its pattern/state holds
+            calls one by one (batch 1; the median token): the per-token cost at the end of the
+            context, where attention reads T cached keys per layer and a bounded-cache mixer reads
+            only what its pattern/state holds
 
 Output is JSON (stdout, and ``--out FILE``), with ratios against attention and the issue's targets:
 at T = 4096 a mixer should train at >= 1.5x attention's tokens/s and decode >= 3x faster per token;
 at T = 512 it should be within 1.5x of attention. Timings are wall clock on whatever machine runs
 it: on a shared machine repeat runs vary, so read the ratios, measured in one process back to back.
 Each timing is also taken in process CPU time (``*_cpu`` ratios), which a busy machine disturbs less
-than wall clock (with ``--threads 1`` it is the work done; with more threads it includes spin-waits).
+than wall clock (with ``--threads 1`` it is the work done; with more threads it includes spin-waits);
+medians of individually timed steps keep one preempted step from moving a number.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import platform
+import statistics
 import time
 from pathlib import Path
 
@@ -48,8 +51,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="small by default: the embedding and head cost the same for every mixer and "
                              "would only dilute the differences between mixers")
     parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per training step")
-    parser.add_argument("--train-steps", type=int, default=3, help="timed training steps")
-    parser.add_argument("--decode-tokens", type=int, default=16, help="timed decode steps at the end of the context")
+    parser.add_argument("--train-steps", type=int, default=5, help="timed training steps (the median is reported)")
+    parser.add_argument("--decode-tokens", type=int, default=32,
+                        help="timed decode steps at the end of the context (the median is reported)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="also write the JSON here")
@@ -88,12 +92,14 @@ def _time_training(model: MixerModel, t: int, args) -> dict:
         opt.zero_grad(set_to_none=True)
 
     one_step()  # warm-up: allocator, pattern tables, lazy inits
-    t0, c0 = time.perf_counter(), time.process_time()
+    walls, cpus = [], []
     for _ in range(args.train_steps):
+        t0, c0 = time.perf_counter(), time.process_time()
         one_step()
-    dt, dc = time.perf_counter() - t0, time.process_time() - c0
-    return {"train_batch": b, "train_step_s": dt / args.train_steps, "train_tokens_per_s": b * t * args.train_steps / dt,
-            "train_tokens_per_cpu_s": b * t * args.train_steps / dc}
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    dt, dc = statistics.median(walls), statistics.median(cpus)
+    return {"train_batch": b, "train_step_s": dt, "train_tokens_per_s": b * t / dt, "train_tokens_per_cpu_s": b * t / dc}
 
 
 @torch.no_grad()
@@ -107,12 +113,15 @@ def _time_decode(model: MixerModel, t: int, args) -> dict:
     prefill_s = time.perf_counter() - t0
     model.step(ids[:, t - n], states)  # warm-up; a state may be updated in place, so prefill again
     _, states = model(ids[:, : t - n])
-    t0, c0 = time.perf_counter(), time.process_time()
+    walls, cpus = [], []
     for i in range(t - n, t):
+        t0, c0 = time.perf_counter(), time.process_time()
         _, states = model.step(ids[:, i], states)
-    dt, dc = time.perf_counter() - t0, time.process_time() - c0
-    return {"prefill_tokens": t - n, "prefill_s": prefill_s, "decode_ms_per_token": 1000 * dt / n,
-            "decode_tokens_per_s": n / dt, "decode_cpu_ms_per_token": 1000 * dc / n}
+        walls.append(time.perf_counter() - t0)
+        cpus.append(time.process_time() - c0)
+    dt, dc = statistics.median(walls), statistics.median(cpus)
+    return {"prefill_tokens": t - n, "prefill_s": prefill_s, "decode_ms_per_token": 1000 * dt,
+            "decode_tokens_per_s": 1 / dt, "decode_cpu_ms_per_token": 1000 * dc}
 
 
 def run(args) -> int:
