@@ -174,6 +174,8 @@ def test_summary_reports_the_whole_validation_split_against_the_bigram(trained_r
     assert summary["bigram_ratio"] == pytest.approx(summary["bigram_ppl"] / summary["val_ppl"])
     nats = summary["val_loss"] * summary["val_tokens"]
     assert summary["val_bits_per_char"] == pytest.approx(nats / (data.meta["splits"]["val"]["chars"] * math.log(2)))
+    bigram_nats = math.log(summary["bigram_ppl"]) * summary["val_tokens"]  # the bigram on the same targets
+    assert summary["bigram_bits_per_char"] == pytest.approx(bigram_nats / (data.meta["splits"]["val"]["chars"] * math.log(2)))
     final = [json.loads(l) for l in (trained_run / "metrics.jsonl").read_text().splitlines() if '"final"' in l]
     assert len(final) == 1 and final[0]["final_val_ppl"] == pytest.approx(summary["val_ppl"])
     assert summary["precision"] == cfg["train"]["precision"] == "fp32" and summary["process_cpu_seconds"] > 0
