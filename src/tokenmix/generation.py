@@ -5,12 +5,12 @@
 2. Decode: one token at a time with ``model.step`` on those states; each mixer's cache stays as
    large as its own accounting says (``cache_positions`` / ``state_size``), not O(n) for all.
 
-Batches of prompts of different lengths: mixer states carry one scalar position per layer and
-pattern mixers read absolute positions (N(t) depends on t), so a left-padded batch cannot be made
-exact generically -- padding would shift every position or leak into the recurrences. Prompts are
-therefore grouped by length and each group runs as one batch; the result equals generating every
-prompt on its own. Prompts of equal length share a batch, so the common case (one prompt, or a
-batch of equal-length prompts) loses nothing.
+Batches of prompts of different lengths run as one left-padded batch: ``left_pad`` puts each
+prompt at the end of a [B, T] row and ``model.init_states(B, start=start)`` tells every layer how
+many leading positions of each row are padding. Every mixer then ignores them exactly (no key,
+state write or pattern neighbour comes from a pad; position-dependent patterns and position codes
+count from each row's first real token, see mixers/base.py), so each row's logits equal that prompt
+run alone, and the decode steps the whole batch together.
 
 Sampling is per sequence: row i of a request uses its own generator seeded with ``seed + i``, so a
 prompt's continuation does not depend on which other prompts it was batched with.
@@ -24,6 +24,7 @@ import torch
 from torch import Tensor
 
 from tokenmix.mixers.base import MixerState
+from tokenmix.models import left_pad
 
 
 @dataclass(frozen=True)
@@ -91,18 +92,21 @@ def check_fits(model, prompt_len: int, max_new_tokens: int) -> None:
 
 
 @torch.no_grad()
-def prefill(model, ids: Tensor) -> tuple[Tensor, list[MixerState]]:
-    """Run the prompt ids [B, T] in each mixer's default mode; returns (logits [B, T, V], states)."""
-    return model(ids)
+def prefill(model, ids: Tensor, states: list[MixerState] | None = None) -> tuple[Tensor, list[MixerState]]:
+    """Run the prompt ids [B, T] in each mixer's default mode (on ``states``, e.g. those of a
+    left-padded batch); returns (logits [B, T, V], states)."""
+    return model(ids, states)
 
 
 @torch.no_grad()
 def generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] | None = None,
-                   on_token: Callable[[int, int], None] | None = None) -> Tensor:
-    """Continue equal-length prompts [B, T] (T >= 1) by up to ``cfg.max_new_tokens`` tokens.
+                   on_token: Callable[[int, int], None] | None = None, start: Tensor | None = None) -> Tensor:
+    """Continue prompts [B, T] (T >= 1) by up to ``cfg.max_new_tokens`` tokens.
 
-    Returns the new ids [B, n] (n <= max_new_tokens; rows that hit ``stop_token`` are padded with it).
-    ``on_token(row, token_id)`` is called as each token is chosen (streaming).
+    ``start`` [B]: leading padding tokens of each row of a left-padded batch (``left_pad``); None
+    when every row is a whole prompt. Returns the new ids [B, n] (n <= max_new_tokens; rows that
+    hit ``stop_token`` are padded with it). ``on_token(row, token_id)`` is called as each token is
+    chosen (streaming).
     """
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise ValueError(f"prompt ids must be [B, T] with T >= 1, got {tuple(prompt.shape)}")
@@ -113,7 +117,8 @@ def generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] 
     out: list[Tensor] = []
     if cfg.max_new_tokens == 0:
         return prompt.new_zeros(b, 0)
-    logits, states = prefill(model, prompt)
+    states = model.init_states(b, start=start) if start is not None else None
+    logits, states = prefill(model, prompt, states)
     next_logits = logits[:, -1]
     done = torch.zeros(b, dtype=torch.bool, device=prompt.device)
     for i in range(cfg.max_new_tokens):
@@ -136,10 +141,10 @@ def generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] 
 
 def generate(model, prompts: list[list[int]], cfg: SamplingConfig, device: torch.device | str = "cpu",
              on_token: Callable[[int, int], None] | None = None) -> list[list[int]]:
-    """Continue prompts of any lengths exactly: equal-length prompts are batched together.
+    """Continue prompts of any lengths as one left-padded batch; each equals its prompt run alone.
 
-    Prompt i samples with seed ``cfg.seed + i``, whichever group it lands in. ``on_token(i, id)``
-    streams tokens with the index of the prompt they belong to.
+    Prompt i samples with seed ``cfg.seed + i``. ``on_token(i, id)`` streams tokens with the index
+    of the prompt they belong to.
     """
     if not prompts:
         return []
@@ -147,20 +152,12 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, device: torch
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty; give at least one token")
         check_fits(model, len(p), cfg.max_new_tokens)
-    groups: dict[int, list[int]] = {}
-    for i, p in enumerate(prompts):
-        groups.setdefault(len(p), []).append(i)
-    results: list[list[int]] = [[] for _ in prompts]
-    for length in sorted(groups):
-        members = groups[length]
-        ids = torch.tensor([prompts[i] for i in members], dtype=torch.long, device=device)
-        stream = None
-        if on_token is not None:
-            stream = (lambda members: lambda row, tok: on_token(members[row], tok))(members)
-        new = generate_batch(model, ids, cfg, seeds=[cfg.seed + i for i in members], on_token=stream)
-        for row, i in enumerate(members):
-            seq = new[row].tolist()
-            if cfg.stop_token is not None and cfg.stop_token in seq:
-                seq = seq[: seq.index(cfg.stop_token) + 1]
-            results[i] = seq
+    ids, start = left_pad(prompts, pad_id=0, device=device)
+    new = generate_batch(model, ids, cfg, seeds=[cfg.seed + i for i in range(len(prompts))], on_token=on_token,
+                         start=start if bool(start.any()) else None)
+    results = []
+    for seq in new.tolist():
+        if cfg.stop_token is not None and cfg.stop_token in seq:
+            seq = seq[: seq.index(cfg.stop_token) + 1]
+        results.append(seq)
     return results

@@ -13,6 +13,10 @@ prefix the causal mask is passed explicitly because the queries are offset from 
 right-hand side), ``recurrent`` (token by token with a KV cache holding the key and value of every
 past position, oldest first).
 
+Left padding (mixers/base.py), masked: padding keys are masked out of every softmax row (they stay
+in the cache, masked, for as long as the cache holds them); a padding query reads only its own key,
+so its softmax row is never empty (no NaN) and reads no real key either.
+
 The KV cache and the shared pieces here are reused by local (sliding-window) attention.
 """
 from __future__ import annotations
@@ -54,20 +58,40 @@ class KVCache(MixerState):
         return int(self.keys.shape[1])
 
 
-def allowed_keys(p: int, t: int, window: int | None, device: torch.device | str = "cpu") -> Tensor:
-    """Boolean [T, P + T] mask: query i of the segment (buffer position P + i) may read buffer key j.
+def allowed_keys(p: int, t: int, window: int | None, device: torch.device | str = "cpu",
+                 key_start: Tensor | None = None) -> Tensor:
+    """Boolean mask: query i of the segment (buffer position P + i) may read buffer key j.
 
-    Causal (j <= P + i) and, with a window w, within the last w positions (P + i - j < w).
+    Causal (j <= P + i) and, with a window w, within the last w positions (P + i - j < w). With
+    ``key_start`` [B] (leading padding keys of each row's buffer, ``MixerState.padded_keys``) also
+    not padding: j >= key_start[b], or j = P + i (a padding query reads only itself).
+
+    Returns:
+        [T, P + T], or [B, 1, T, P + T] with key_start (broadcasts over heads).
     """
     rows = torch.arange(t, device=device)[:, None] + p
     cols = torch.arange(p + t, device=device)[None, :]
     mask = cols <= rows
     if window is not None:
         mask = mask & (rows - cols < window)
+    if key_start is not None:
+        real = cols >= key_start[:, None]  # [B, P + T]
+        mask = (mask & (real[:, None, :] | (cols == rows)))[:, None]
     return mask
 
 
-def attention_probs(q: Tensor, kbuf: Tensor, p: int, window: int | None) -> Tensor:
+def mask_padding_keys(scores: Tensor, key_start: Tensor | None) -> Tensor:
+    """Scores [B, H, S] of one decoded token over a buffer of S keys (its own last), padding keys
+    (buffer positions < key_start[b]) set to -inf; the own key always stays. None: unchanged."""
+    if key_start is None:
+        return scores
+    cols = torch.arange(scores.shape[-1], device=scores.device)
+    real = (cols[None, :] >= key_start[:, None]) | (cols == scores.shape[-1] - 1)  # [B, S]
+    return scores.masked_fill(~real[:, None, :], float("-inf"))
+
+
+def attention_probs(q: Tensor, kbuf: Tensor, p: int, window: int | None, key_start: Tensor | None = None
+                    ) -> Tensor:
     """Softmax weights of the segment queries over the buffer keys.
 
     Args:
@@ -75,11 +99,12 @@ def attention_probs(q: Tensor, kbuf: Tensor, p: int, window: int | None) -> Tens
         kbuf: [B, P + T, H, K] cached keys followed by the segment keys.
         p: number of cached positions P.
         window: None for full causal attention, else the window w.
+        key_start: [B] leading padding keys of each row's buffer, or None (see ``allowed_keys``).
     Returns:
         probs: [B, H, T, P + T]; exactly zero outside the allowed keys.
     """
     scores = torch.einsum("bthk,bshk->bhts", q, kbuf) / math.sqrt(q.shape[-1])
-    mask = allowed_keys(p, q.shape[1], window, q.device)
+    mask = allowed_keys(p, q.shape[1], window, q.device, key_start)
     return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
 
 
@@ -111,7 +136,7 @@ class SoftmaxAttention(Mixer):
     def _start(self, x: Tensor, state: KVCache | None):
         """Projections and the key/value buffers [B, P + T, H, K] (cache first) of a segment."""
         if state is None:
-            state = self.init_state(x.shape[0], x.device, x.dtype)
+            state = self.empty_state(x.shape[0], x.device, x.dtype)
         q, k, v = self._project(x)
         return state, q, torch.cat([state.keys, k], 1), torch.cat([state.values, v], 1)
 
@@ -124,26 +149,28 @@ class SoftmaxAttention(Mixer):
         keep = self._kept(state.position + y.shape[1])
         start = kbuf.shape[1] - keep
         new = KVCache(state.owner, state.batch_size, state.position + y.shape[1], kbuf[:, start:],
-                      vbuf[:, start:]).carry_peaks(state)
+                      vbuf[:, start:]).carry_over(state)
         return self.out(y.flatten(2)), new
 
     # ---------------------------------------------------------------- modes
     def forward_sdpa(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
         state, q, kbuf, vbuf = self._start(x, state)
         p, t = state.cached_positions(), x.shape[1]
+        key_start = state.padded_keys(p)
         qh, kh, vh = (z.transpose(1, 2) for z in (q, kbuf, vbuf))  # [B, H, ., K]
-        if p == 0 and self.window is None:
+        if p == 0 and self.window is None and key_start is None:
             y = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
         else:
             # is_causal aligns the mask to the top-left corner, which is wrong once the queries are
-            # offset by P cached keys: pass the causal (and window) mask explicitly.
-            y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=allowed_keys(p, t, self.window, x.device))
+            # offset by P cached keys: pass the causal (and window, padding) mask explicitly.
+            mask = allowed_keys(p, t, self.window, x.device, key_start)
+            y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
         return self._finish(state, kbuf, vbuf, y.transpose(1, 2))
 
     def forward_dense(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
         state, q, kbuf, vbuf = self._start(x, state)
         p = state.cached_positions()
-        probs = attention_probs(q, kbuf, p, self.window)  # [B, H, T, P + T]
+        probs = attention_probs(q, kbuf, p, self.window, state.padded_keys(p))  # [B, H, T, P + T]
         mix_a = probs[..., p:]
         # cached positions are not part of the segment's operator: their values enter as a known
         # right-hand side, read through the prefix columns of the softmax
@@ -154,7 +181,7 @@ class SoftmaxAttention(Mixer):
     def forward_recurrent(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
         """Token-by-token reference: append k_t, v_t to the cache, read it, evict beyond the window."""
         if state is None:
-            state = self.init_state(x.shape[0], x.device, x.dtype)
+            state = self.empty_state(x.shape[0], x.device, x.dtype)
         q, k, v = self._project(x)
         ys = []
         for s in range(x.shape[1]):
@@ -162,14 +189,15 @@ class SoftmaxAttention(Mixer):
             keys = torch.cat([state.keys, k[:, s : s + 1]], 1)  # [B, P + 1, H, K]
             values = torch.cat([state.values, v[:, s : s + 1]], 1)
             scores = torch.einsum("bhk,bshk->bhs", q[:, s], keys) / math.sqrt(self.head_dim)
+            scores = mask_padding_keys(scores, state.padded_keys(keys.shape[1] - 1))
             ys.append(torch.einsum("bhs,bshv->bhv", torch.softmax(scores, -1), values))
             keep = self._kept(state.position + 1)
             state = KVCache(state.owner, state.batch_size, state.position + 1, keys[:, keys.shape[1] - keep :],
-                            values[:, values.shape[1] - keep :]).carry_peaks(state)
+                            values[:, values.shape[1] - keep :]).carry_over(state)
         return self.out(torch.stack(ys, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> KVCache:
+    def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> KVCache:
         empty = torch.zeros(batch_size, 0, self.n_heads, self.head_dim, device=device, dtype=dtype)
         return KVCache(self.owner, batch_size, 0, empty, empty.clone())
 

@@ -3,7 +3,7 @@
     forward(x, state=None, mode=None) -> (y, state)   x, y: [B, T, D]
     step(x_t, state) -> (y_t, state)                  x_t, y_t: [B, D]  (one decoded token)
     materialize(x) -> MixOperator                     A, B (, R) over the values, for short T
-    init_state(batch_size, device, dtype) -> MixerState
+    init_state(batch_size, device, dtype, start=None) -> MixerState   (start: left padding, below)
 
 ``modes`` lists the exact computation modes; the first is the training default. Every mode accepts
 an initial state and returns the final state, so a long sequence can be fed in uneven pieces
@@ -14,14 +14,33 @@ Accounting is derived, never measured here. Over an n-token decode, while token 
 ``state_size(n)`` = the most scalars it holds per batch element, ``flops_per_token(n)`` = the
 multiply-adds of the mixing for the last token. Tests and ``tokenmix analyze`` compare them with
 the measured ``MixerState.peak_positions`` / ``peak_numel``.
+
+Left-padded batches. ``init_state(..., start=start)`` with ``start`` [B] long, the number of leading
+padding positions of each row, returns a state that carries it; every forward / step with it (in any
+mode) treats positions t < start[b] of row b as padding. No real output (t >= start[b]) depends on
+a padding input, and everything position-dependent runs on the row's own clock t - start[b], so a
+row's real outputs and its decode continuation equal what the row gives alone, unpadded. Padding
+outputs are finite; their values are otherwise unspecified. The first segment fed to a padded state
+(the prefill) must contain every row's whole padding (start[b] <= T); later segments are all real.
+Two mechanisms, chosen by the mixer (``pads_by_row_groups``):
+    masked  -- the batch stays one computation: padding keys / neighbours are masked out of every
+               read and normalisation, padding tokens of recurrences are inert (no write, identity
+               transition); the state keeps the row starts for the masks of later reads.
+    grouped -- for arithmetic that depends on the absolute clock of a row (lattice neighbour sets,
+               Fenwick levels): rows with the same start run together as an unpadded batch on their
+               own state, started after their padding (``RowGroupState``). Exact and batched within
+               a group; a batch with G distinct starts costs G calls per segment.
+A state with ``start`` None (or all zeros) is the ordinary unpadded state: that path is unchanged.
 """
 from __future__ import annotations
 
 from abc import ABC, ABCMeta, abstractmethod
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator
@@ -66,15 +85,37 @@ class MixerState(ABC):
     owner: str  # identifies the mixer configuration that produced it
     peak_positions: int = 0
     peak_numel: int = 0
+    start: Tensor | None = None  # [B] long on the state's device: leading padding positions per row
+    max_start: int = 0           # max(start) as a Python int: the checks below need no device sync
+    min_start: int = 0           # min(start) as a Python int (the model's position-range check)
 
     def observe(self) -> None:
         self.peak_positions = max(self.peak_positions, self.cached_positions())
         self.peak_numel = max(self.peak_numel, self.numel_per_batch())
 
-    def carry_peaks(self, other: "MixerState") -> "MixerState":
-        """Copy the measured peaks of ``other`` (the state this one replaces); returns self."""
+    def carry_over(self, other: "MixerState") -> "MixerState":
+        """Inherit what outlives one update from ``other`` (the state this one replaces): the
+        measured peaks and the row padding. Returns self."""
         self.peak_positions, self.peak_numel = other.peak_positions, other.peak_numel
+        self.start, self.max_start, self.min_start = other.start, other.max_start, other.min_start
         return self
+
+    def padding(self, t: int) -> Tensor | None:
+        """[B, t] bool, True at the padding positions of the next t-token segment; None if it has none
+        (always after the prefill, and for unpadded states)."""
+        if self.start is None or self.position >= self.max_start:
+            return None
+        pos = self.position + torch.arange(t, device=self.start.device)
+        return pos[None, :] < self.start[:, None]
+
+    def padded_keys(self, p: int) -> Tensor | None:
+        """Leading padding positions per row, [B] long, of a buffer holding the p positions just
+        before ``position`` followed by the next segment (a KV cache or a window); None if no
+        buffered position is padding."""
+        first = self.position - p
+        if self.start is None or self.max_start <= first:
+            return None
+        return (self.start - first).clamp(min=0)
 
     @abstractmethod
     def tensors(self) -> dict[str, Tensor]:
@@ -95,6 +136,99 @@ class MixerState(ABC):
             raise ValueError(f"state batch size {self.batch_size} does not match input batch size {batch_size}")
 
 
+def padding_start(start: Tensor | Sequence[int] | None, batch_size: int, device: torch.device | str = "cpu"
+                  ) -> Tensor | None:
+    """Validate a left-padding ``start`` (leading padding positions per row, [B] integers).
+
+    Returns it as a long tensor on ``device``, or None when no row is padded (start None or all 0),
+    so that an unpadded batch takes the ordinary path.
+    """
+    if start is None:
+        return None
+    start = torch.as_tensor(start)
+    if start.dtype == torch.bool or start.is_floating_point() or start.is_complex():
+        raise ValueError(f"start (leading padding positions per row) must be integers, got dtype {start.dtype}")
+    if tuple(start.shape) != (batch_size,):
+        raise ValueError(f"start (leading padding positions per row) must have shape [batch_size] = "
+                         f"[{batch_size}], got {tuple(start.shape)}")
+    if batch_size and bool((start < 0).any()):
+        row = int(torch.nonzero(start < 0)[0, 0])
+        raise ValueError(f"start (leading padding positions per row) must be >= 0, got {int(start[row])} "
+                         f"for row {row}")
+    if batch_size == 0 or not bool(start.any()):
+        return None
+    return start.to(device=device, dtype=torch.long)
+
+
+class RowGroupState(MixerState):
+    """Decode state of a left-padded batch for a mixer that pads by row groups.
+
+    Rows with the same start form a group that runs as an ordinary unpadded batch on its own state,
+    beginning after its padding; the outputs of its padding positions are 0. Per row, the state is
+    exactly the group's, so the cache and state sizes are the group's (the largest over groups).
+
+    Attributes:
+        groups: list of (s, rows [n] long, state or None before the group's first real token).
+        position: tokens seen by the padded batch (padding included); start: [B] long.
+    """
+
+    def __init__(self, owner: str, batch_size: int, position: int, start: Tensor, max_start: int,
+                 groups: list[tuple[int, Tensor, MixerState | None]], inverse: Tensor) -> None:
+        self.owner, self.batch_size, self.position = owner, batch_size, position
+        self.start, self.max_start, self.min_start = start, max_start, groups[0][0]
+        self.groups, self._inverse = groups, inverse  # inverse: rows in group order -> batch order
+
+    @classmethod
+    def create(cls, owner: str, start: Tensor) -> "RowGroupState":
+        values = sorted(set(start.tolist()))
+        groups = [(s, torch.nonzero(start == s)[:, 0], None) for s in values]
+        order = torch.cat([rows for _, rows, _ in groups])
+        return cls(owner, start.shape[0], 0, start, values[-1], groups, torch.argsort(order))
+
+    def _subs(self) -> list[MixerState]:
+        return [sub for _, _, sub in self.groups if sub is not None]
+
+    @property
+    def peak_positions(self) -> int:  # type: ignore[override]
+        return max((sub.peak_positions for sub in self._subs()), default=0)
+
+    @property
+    def peak_numel(self) -> int:  # type: ignore[override]
+        return max((sub.peak_numel for sub in self._subs()), default=0)
+
+    def observe(self) -> None:
+        """Nothing to do: each group's own state is observed by the mode that updates it."""
+
+    def tensors(self) -> dict[str, Tensor]:
+        return {f"{name}@start={s}": t for s, _, sub in self.groups if sub is not None
+                for name, t in sub.tensors().items()}
+
+    def numel_per_batch(self) -> int:
+        return max((sub.numel_per_batch() for sub in self._subs()), default=0)
+
+    def cached_positions(self) -> int:
+        return max((sub.cached_positions() for sub in self._subs()), default=0)
+
+    def run(self, mixer: "Mixer", x: Tensor, mode: str) -> tuple[Tensor, "RowGroupState"]:
+        """Mode ``mode`` of ``mixer`` on x [B, T, D], group by group -> (y [B, T, D], next state)."""
+        t = x.shape[1]
+        fn = getattr(mixer, f"forward_{mode}")
+        outs, groups = [], []
+        for s, rows, sub in self.groups:
+            skip = min(max(s - self.position, 0), t)  # the group's padding positions in this segment
+            xg = x if len(self.groups) == 1 else x.index_select(0, rows)
+            if skip < t:
+                y, sub = fn(xg[:, skip:], sub)
+                y = F.pad(y, (0, 0, skip, 0))
+            else:  # the whole segment is padding for this group (start = T at the prefill)
+                y = x.new_zeros(xg.shape[0], t, mixer.d_model)
+            outs.append(y)
+            groups.append((s, rows, sub))
+        y = outs[0] if len(outs) == 1 else torch.cat(outs).index_select(0, self._inverse)
+        return y, RowGroupState(self.owner, self.batch_size, self.position + t, self.start, self.max_start, groups,
+                                self._inverse)
+
+
 class Mixer(nn.Module, metaclass=ABCMeta):
     """Base class: subclasses set ``modes``, ``time_complexity``, ``cache_complexity``."""
 
@@ -102,6 +236,8 @@ class Mixer(nn.Module, metaclass=ABCMeta):
     modes: ClassVar[tuple[str, ...]] = ("dense",)
     time_complexity: ClassVar[str] = "?"
     cache_complexity: ClassVar[str] = "?"
+    #: left padding by row groups (``RowGroupState``) instead of masks inside the modes (module docstring)
+    pads_by_row_groups: ClassVar[bool] = False
 
     def __init__(self, config: MixerConfig, d_model: int) -> None:
         super().__init__()
@@ -126,6 +262,13 @@ class Mixer(nn.Module, metaclass=ABCMeta):
         self._check_input(x)
         if state is not None:
             state.check(self.owner, x.shape[0])
+            if state.position == 0 and state.max_start > x.shape[1]:
+                row = int(torch.argmax(state.start))
+                raise ValueError(f"start (leading padding positions per row) is {state.max_start} for row {row} "
+                                 f"but the first segment has only {x.shape[1]} positions: the prefill must "
+                                 "contain every row's whole padding")
+            if isinstance(state, RowGroupState):
+                return state.run(self, x, mode)
         return getattr(self, f"forward_{mode}")(x, state)
 
     def step(self, x_t: Tensor, state: MixerState | None) -> tuple[Tensor, MixerState]:
@@ -147,10 +290,27 @@ class Mixer(nn.Module, metaclass=ABCMeta):
 
     # Each mode m in ``modes`` is a method ``forward_m(x, state) -> (y, state)`` of the subclass.
 
+    def init_state(self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
+                   start: Tensor | Sequence[int] | None = None) -> MixerState:
+        """The decode state before the first token of ``batch_size`` sequences.
+
+        Args:
+            start: [B] integers, the leading padding positions of each row of a left-padded batch
+                (module docstring); None or all zeros = no padding.
+        """
+        start = padding_start(start, batch_size, device)
+        if start is None:
+            return self.empty_state(batch_size, device, dtype)
+        if self.pads_by_row_groups:
+            return RowGroupState.create(self.owner, start)
+        state = self.empty_state(batch_size, device, dtype)
+        state.start, state.max_start, state.min_start = start, int(start.max()), int(start.min())
+        return state
+
     @abstractmethod
-    def init_state(self, batch_size: int, device: torch.device | str = "cpu",
-                   dtype: torch.dtype = torch.float32) -> MixerState:
-        """The empty decode state for ``batch_size`` sequences."""
+    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> MixerState:
+        """The empty unpadded decode state for ``batch_size`` sequences (what ``init_state`` builds on)."""
 
     @abstractmethod
     def materialize(self, x: Tensor) -> MixOperator:

@@ -23,6 +23,10 @@ matmuls against the [C, P + e] softmax rows, then one C x C triangular solve; a 
 recomputes each chunk's softmax rows from their saved log-sum-exp, so memory stays O(T (K + V))
 rather than O(T^2)), ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token
 by token with a cache of the key, value and output of every past position: O(n) per token).
+
+Left padding (mixers/base.py), masked: padding keys are masked out of P, which removes them from A
+and from B = gamma P alike (no real output reads a padding value or output); a padding query reads
+only itself (p_ii = 1, y_i = v_i: finite).
 """
 from __future__ import annotations
 
@@ -34,7 +38,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.core.registry import register_mixer
-from tokenmix.mixers.attention import attention_probs
+from tokenmix.mixers.attention import attention_probs, mask_padding_keys
 from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
 from tokenmix.ops.chunked_chacal import chunked_chacal
 
@@ -97,14 +101,14 @@ class ChainCausalAttention(Mixer):
     # ---------------------------------------------------------------- shared pieces
     def _start(self, x: Tensor, state: ChainCache | None):
         if state is None:
-            state = self.init_state(x.shape[0], x.device, x.dtype)
+            state = self.empty_state(x.shape[0], x.device, x.dtype)
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)  # [B, T, H, K]
         return state, q, torch.cat([state.keys, k], 1), torch.cat([state.values, v], 1)
 
     def _finish(self, state: ChainCache, kbuf: Tensor, vbuf: Tensor, y: Tensor) -> tuple[Tensor, ChainCache]:
         new = ChainCache(state.owner, state.batch_size, state.position + y.shape[1], kbuf, vbuf,
-                         torch.cat([state.outputs, y], 1)).carry_peaks(state)
+                         torch.cat([state.outputs, y], 1)).carry_over(state)
         return self.out(y.flatten(2)), new
 
     def _dense_ab(self, probs: Tensor, p: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -119,13 +123,13 @@ class ChainCausalAttention(Mixer):
         state, q, kbuf, vbuf = self._start(x, state)
         qh, kh, vh = (z.transpose(1, 2) for z in (q, kbuf, vbuf))  # [B, H, ., K]
         y = chunked_chacal(qh / math.sqrt(self.head_dim), kh, vh, state.outputs.transpose(1, 2), self.gamma,
-                           self.config.chunk_size)
+                           self.config.chunk_size, state.padded_keys(state.cached_positions()))
         return self._finish(state, kbuf, vbuf, y.transpose(1, 2))
 
     def forward_dense(self, x: Tensor, state: ChainCache | None) -> tuple[Tensor, ChainCache]:
         state, q, kbuf, vbuf = self._start(x, state)
         p = state.cached_positions()
-        probs = attention_probs(q, kbuf, p, None)  # [B, H, T, P + T]
+        probs = attention_probs(q, kbuf, p, None, state.padded_keys(p))  # [B, H, T, P + T]
         d, mix_a, mix_b = self._dense_ab(probs, p)
         offset = None
         if p:
@@ -140,7 +144,7 @@ class ChainCausalAttention(Mixer):
     def forward_recurrent(self, x: Tensor, state: ChainCache | None) -> tuple[Tensor, ChainCache]:
         """Token-by-token reference: y_t reads the values and outputs of every cached position."""
         if state is None:
-            state = self.init_state(x.shape[0], x.device, x.dtype)
+            state = self.empty_state(x.shape[0], x.device, x.dtype)
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
         g = self.gamma[None, :, None]  # [1, H, 1]
@@ -150,17 +154,18 @@ class ChainCausalAttention(Mixer):
             keys = torch.cat([state.keys, k[:, s : s + 1]], 1)  # [B, P + 1, H, K]
             values = torch.cat([state.values, v[:, s : s + 1]], 1)
             scores = torch.einsum("bhk,bshk->bhs", q[:, s], keys) / math.sqrt(self.head_dim)
+            scores = mask_padding_keys(scores, state.padded_keys(keys.shape[1] - 1))
             probs = torch.softmax(scores, -1)  # [B, H, P + 1]
             d = 1.0 / (1.0 - g * probs[..., -1:])
             y_t = d * ((1.0 - g) * torch.einsum("bhs,bshv->bhv", probs, values)
                        + g * torch.einsum("bhs,bshv->bhv", probs[..., :-1], state.outputs))
             ys.append(y_t)
             state = ChainCache(state.owner, state.batch_size, state.position + 1, keys, values,
-                               torch.cat([state.outputs, y_t[:, None]], 1)).carry_peaks(state)
+                               torch.cat([state.outputs, y_t[:, None]], 1)).carry_over(state)
         return self.out(torch.stack(ys, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> ChainCache:
+    def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> ChainCache:
         empty = torch.zeros(batch_size, 0, self.n_heads, self.head_dim, device=device, dtype=dtype)
         return ChainCache(self.owner, batch_size, 0, empty, empty.clone(), empty.clone())
 

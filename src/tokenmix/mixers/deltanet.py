@@ -23,6 +23,11 @@ Symbols: q, k, v, beta as in the papers; S is fla's ``h`` / ``initial_state`` ([
 
 Modes: ``chunked`` (UT-transform chunkwise form, ops/chunked_delta.py), ``dense`` (materialised
 A, B, R and core.operator.solve_dense), ``recurrent`` (token by token, ops.chunked_delta.delta_rule_step).
+
+Left padding (mixers/base.py), masked: a padding token gets beta = 0 (no write: u_t = 0, and the
+transition I - beta k kᵀ is the identity) and, in the gated variant, g = 0 (no decay, which also
+keeps padding decays out of the cumulative G), so the state is exactly untouched and the first real
+token meets the zero state of a solo run.
 """
 from __future__ import annotations
 
@@ -89,14 +94,24 @@ class DeltaNet(Mixer):
             beta = 2 * beta
         return F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, beta, self._log_decay(x)
 
+    def _segment(self, x: Tensor, state: DeltaState | None
+                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+        """``_project`` of a segment, its padding tokens (if any) inert: beta = 0, g = 0."""
+        q, k, v, beta, g = self._project(x)
+        pad = None if state is None else state.padding(x.shape[1])  # [B, T]
+        if pad is not None:
+            beta = beta.masked_fill(pad[..., None], 0.0)
+            g = None if g is None else g.masked_fill(pad[..., None], 0.0)
+        return q, k, v, beta, g
+
     def _next_state(self, state: DeltaState | None, memory: Tensor, t: int, batch: int) -> DeltaState:
         pos = 0 if state is None else state.position
         new = DeltaState(self.owner, batch, pos + t, memory)
-        return new.carry_peaks(state) if state is not None else new
+        return new.carry_over(state) if state is not None else new
 
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: DeltaState | None) -> tuple[Tensor, DeltaState]:
-        q, k, v, beta, g = self._project(x)
+        q, k, v, beta, g = self._segment(x, state)
         s0 = None if state is None else state.memory
         o, s = chunked_delta_rule(q, k, v, beta, g, self.scale, s0, self.config.chunk_size)
         return self.out(o.flatten(2)), self._next_state(state, s, x.shape[1], x.shape[0])
@@ -104,7 +119,7 @@ class DeltaNet(Mixer):
     def forward_dense(self, x: Tensor, state: DeltaState | None) -> tuple[Tensor, DeltaState]:
         """U = (I - B)^{-1} (A V + offset) through the reference solver, then O = R U (+ S_0 readout)."""
         b, t, _ = x.shape
-        q, k, v, beta, g = self._project(x)
+        q, k, v, beta, g = self._segment(x, state)
         mix_a, mix_b, readout, decay = delta_rule_operator(q, k, beta, g, self.scale)
         decay_t = decay.transpose(1, 2)  # [B, T, H]: exp(G_t), the weight of S_0 at token t
         s0 = None if state is None else state.memory
@@ -128,8 +143,8 @@ class DeltaNet(Mixer):
 
     def forward_recurrent(self, x: Tensor, state: DeltaState | None) -> tuple[Tensor, DeltaState]:
         b, t, _ = x.shape
-        state = self.init_state(b, x.device, x.dtype) if state is None else state
-        q, k, v, beta, g = self._project(x)
+        state = self.empty_state(b, x.device, x.dtype) if state is None else state
+        q, k, v, beta, g = self._segment(x, state)
         outs = []
         for i in range(t):
             state.observe()
@@ -140,8 +155,8 @@ class DeltaNet(Mixer):
         return self.out(torch.stack(outs, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device: torch.device | str = "cpu",
-                   dtype: torch.dtype = torch.float32) -> DeltaState:
+    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> DeltaState:
         memory = torch.zeros(batch_size, self.n_heads, self.head_dim, self.head_dim, device=device, dtype=dtype)
         return DeltaState(self.owner, batch_size, 0, memory)
 

@@ -69,6 +69,11 @@ class DiagSSM(GatedLinearMixer):
 
     def forward_chunked(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
         u, delta, a, bs, cs = self._scan_inputs(x)
+        pad = None if state is None else state.padding(x.shape[1])
+        if pad is not None:
+            # Delta = 0 is the inert token of the scan (decay exp(0 A) = 1, input Delta u B = 0), the
+            # same as the family's v = 0, g = 0 (both are Delta times something)
+            delta = delta.masked_fill(pad[..., None], 0.0)
         s0 = None if state is None else state.memory[..., 0]            # [B, D_in, N]
         y, h = selective_scan(delta * u, delta, a, bs, cs, s0, self.config.chunk_size)
         if self.D is not None:

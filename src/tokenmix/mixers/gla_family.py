@@ -21,6 +21,13 @@ of its own: Mamba-2 to ops/chunked_ssd.py, the diagonal SSM to ops/selective_sca
 (the state view through core.operator.solve_dense, one G = 1 recurrence per (head, key channel) so
 that an initial state enters as the solver's known right-hand side), ``recurrent`` (token by token,
 ops/recurrent_gla.gla_step).
+
+Left padding (mixers/base.py), masked: a padding token is made inert before any mode sees it --
+value 0 (no write k vᵀ) and log decay 0 (identity transition) -- so the state is exactly untouched
+and the first real token meets the zero state of a solo run. (The state is still zero during the
+leading padding, so v = 0 alone would do; g = 0 keeps arbitrary padding decays out of the chunked
+forms' cumulative log decays, where they would cancel in G_t - G_j only up to rounding. The
+diagonal SSM's own chunked scan does both with Delta = 0.)
 """
 from __future__ import annotations
 
@@ -102,10 +109,21 @@ class GatedLinearMixer(Mixer):
             o = o + f.skip
         return self.out(o.flatten(2))
 
+    def _segment_features(self, x: Tensor, state: MatrixState | None) -> LinearFeatures:
+        """``_features`` of a segment, its padding tokens (if any) inert: v = 0, g = 0."""
+        f = self._features(x)
+        pad = None if state is None else state.padding(x.shape[1])  # [B, T]
+        if pad is None:
+            return f
+        g = f.g
+        if g is not None:
+            g = g.masked_fill(pad[:, :, None] if g.dim() == 3 else pad[:, :, None, None], 0.0)
+        return f._replace(v=f.v.masked_fill(pad[:, :, None, None], 0.0), g=g)
+
     def _next_state(self, state: MatrixState | None, memory: Tensor, t: int, batch: int) -> MatrixState:
         pos = 0 if state is None else state.position
         new = MatrixState(self.owner, batch, pos + t, memory)
-        return new.carry_peaks(state) if state is not None else new
+        return new.carry_over(state) if state is not None else new
 
     def _mix_chunked(self, f: LinearFeatures, s0: Tensor | None) -> tuple[Tensor, Tensor]:
         """The chunked mixing alone: o [B, T, H, V] and the final state [B, H, K, V] from the features."""
@@ -127,7 +145,7 @@ class GatedLinearMixer(Mixer):
 
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
-        f = self._features(x)
+        f = self._segment_features(x, state)
         s0 = None if state is None else state.memory
         o, s = self._mix_chunked(f, s0)
         return self._output(o, f), self._next_state(state, s, x.shape[1], x.shape[0])
@@ -139,7 +157,7 @@ class GatedLinearMixer(Mixer):
         initial state enters as the known right-hand side exp(g_0) S_0 of row 0, and S_T = Z_{T-1}.
         """
         b, t, _ = x.shape
-        f = self._features(x)
+        f = self._segment_features(x, state)
         op = state_view_operator(f)
         h, dk, dv = self.state_heads, self.key_dim, self.value_dim
         folded = MixOperator(op.A.flatten(1, 2), op.B.flatten(1, 2))       # [B, H*K, T, T]
@@ -158,8 +176,8 @@ class GatedLinearMixer(Mixer):
 
     def forward_recurrent(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
         b, t, _ = x.shape
-        state = self.init_state(b, x.device, x.dtype) if state is None else state
-        f = self._features(x)
+        state = self.empty_state(b, x.device, x.dtype) if state is None else state
+        f = self._segment_features(x, state)
         outs = []
         gs = [None] * t if f.g is None else f.g.unbind(1)  # unbind once (see recurrent_gla)
         for q_t, k_t, v_t, g_t in zip(f.q.unbind(1), f.k.unbind(1), f.v.unbind(1), gs):
@@ -170,8 +188,8 @@ class GatedLinearMixer(Mixer):
         return self._output(torch.stack(outs, 1), f), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device: torch.device | str = "cpu",
-                   dtype: torch.dtype = torch.float32) -> MatrixState:
+    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> MatrixState:
         memory = torch.zeros(batch_size, self.state_heads, self.key_dim, self.value_dim, device=device, dtype=dtype)
         return MatrixState(self.owner, batch_size, 0, memory)
 

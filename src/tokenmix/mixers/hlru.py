@@ -18,6 +18,12 @@ Modes: ``chunked`` (training default: the window:m pattern solved by
 ``ops.pattern_solve.chunked_pattern_solve`` with channels as heads of value dimension 1),
 ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token by token; the
 state is the last m outputs z per channel).
+
+Left padding (mixers/base.py), masked: a solo run reads zeros for the lags before its first token
+(gates normalised over all m + 1 slots, the readout's missing lags 0). Padding tokens get alpha = 0;
+as the padding leads, a padding state reads only earlier padding states, so every padding state is
+exactly z = 0: a real token reads the very same zeros as a solo run, and the cached lags hold what
+a solo run's zero padding holds.
 """
 from __future__ import annotations
 
@@ -105,8 +111,12 @@ class HigherOrderLRU(Mixer):
 
     def _start(self, x: Tensor, state: LagState | None):
         if state is None:
-            state = self.init_state(x.shape[0], x.device, x.dtype)
-        return (state, *self._gates(x))
+            state = self.empty_state(x.shape[0], x.device, x.dtype)
+        v, beta, alpha = self._gates(x)
+        pad = state.padding(x.shape[1])  # [B, T]
+        if pad is not None:  # padding states z = 0 exactly (module docstring)
+            alpha = alpha.masked_fill(pad[..., None], 0.0)
+        return state, v, beta, alpha
 
     def _lags(self, prefix: Tensor) -> Tensor:
         """[B, m, N]: prefix states left-padded with zeros, index m - k = k positions back."""
@@ -120,7 +130,7 @@ class HigherOrderLRU(Mixer):
         feats = torch.stack([full[:, m - k : m - k + t] for k in range(m)], -1)  # [B, T, N, m]
         keep = min(state.position + t, m)
         new = LagState(state.owner, state.batch_size, state.position + t, full[:, full.shape[1] - keep :])
-        return self.out(feats.flatten(2)), new.carry_peaks(state)
+        return self.out(feats.flatten(2)), new.carry_over(state)
 
     def _dense_ab(self, beta: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor]:
         """A = diag(alpha), B with sub-diagonal k holding g_{t,k}: [B, N, T, T] each."""
@@ -174,11 +184,11 @@ class HigherOrderLRU(Mixer):
             keep = min(state.position + 1, m)
             window = torch.cat([lags, z_t[:, None]], 1)
             state = LagState(state.owner, state.batch_size, state.position + 1,
-                             window[:, window.shape[1] - keep :]).carry_peaks(state)
+                             window[:, window.shape[1] - keep :]).carry_over(state)
         return torch.stack(outs, 1), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> LagState:
+    def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> LagState:
         return LagState(self.owner, batch_size, 0, torch.zeros(batch_size, 0, self.channels, device=device,
                                                                dtype=dtype))
 

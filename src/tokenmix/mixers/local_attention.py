@@ -11,6 +11,9 @@ Modes: ``banded`` (training default: blocks of w queries each read a 2w-key slab
 block and their own, through one fused ``scaled_dot_product_attention`` call with a banded mask;
 memory O(T w), never O(T^2)), ``dense`` (reference solver on the materialised banded A),
 ``recurrent`` (token by token with a w - 1 position KV cache).
+
+Left padding (mixers/base.py), masked as in full attention (mixers/attention.py): padding keys are
+masked out of the band until they leave the window; a padding query reads only its own key.
 """
 from __future__ import annotations
 
@@ -35,13 +38,15 @@ class LocalAttentionConfig(MixerConfig):
             raise ValueError(f"window must be > 0, got {self.window}")
 
 
-def banded_attention(q: Tensor, kbuf: Tensor, vbuf: Tensor, window: int) -> Tensor:
+def banded_attention(q: Tensor, kbuf: Tensor, vbuf: Tensor, window: int, key_start: Tensor | None = None
+                     ) -> Tensor:
     """Sliding-window attention of the segment queries, by blocks of w queries.
 
     Args:
         q: [B, T, H, K] segment queries.
         kbuf, vbuf: [B, P + T, H, K] / [B, P + T, H, V], the P <= w - 1 cached positions then the segment.
         window: w.
+        key_start: [B] leading padding keys of each row's buffer, or None (``attention.allowed_keys``).
     Returns:
         y: [B, T, H, V].
 
@@ -57,7 +62,7 @@ def banded_attention(q: Tensor, kbuf: Tensor, vbuf: Tensor, window: int) -> Tens
     if t <= w:
         # a single block: the [T, P + T] band mask is already O(T w), and padding a short segment
         # to a whole [w, 2w] block would waste work when w is large
-        mask = allowed_keys(p, t, w, q.device)
+        mask = allowed_keys(p, t, w, q.device, key_start)
         y = F.scaled_dot_product_attention(q.transpose(1, 2), kbuf.transpose(1, 2), vbuf.transpose(1, 2),
                                            attn_mask=mask)
         return y.transpose(1, 2)
@@ -73,9 +78,15 @@ def banded_attention(q: Tensor, kbuf: Tensor, vbuf: Tensor, window: int) -> Tens
     r = torch.arange(w, device=q.device)[:, None]
     j = torch.arange(2 * w, device=q.device)[None, :]
     band = (j > r) & (j <= r + w)  # [w, 2w]: the w positions ending at the query itself
-    real = (torch.arange(nb, device=q.device)[:, None] * w + j) >= left  # [nb, 2w]: not left padding
-    mask = (band[None] & real[:, None, :])[:, None]  # [nb, 1, w, 2w]
-    mask = mask.expand(b, nb, 1, w, 2 * w).reshape(b * nb, 1, w, 2 * w)
+    buf_pos = torch.arange(nb, device=q.device)[:, None] * w + j - left  # [nb, 2w]: buffer position of slab key j
+    mask = (band[None] & (buf_pos >= 0)[:, None, :])[:, None]  # [nb, 1, w, 2w]: no slab padding
+    if key_start is None:
+        mask = mask.expand(b, nb, 1, w, 2 * w).reshape(b * nb, 1, w, 2 * w)
+    else:
+        # row padding: key j of block c is padding if its buffer position is < key_start[b], unless it
+        # is the query's own key (slab column w + r for query r)
+        real = (buf_pos[None] >= key_start[:, None, None])[:, :, None, :] | (j == r + w)  # [B, nb, w, 2w]
+        mask = (mask[None, :, 0] & real)[:, :, None].reshape(b * nb, 1, w, 2 * w)
     y = F.scaled_dot_product_attention(qb, slabs(kbuf), slabs(vbuf), attn_mask=mask)  # [B * nb, H, w, V]
     return y.view(b, nb, h, w, dv).transpose(2, 3).reshape(b, nb * w, h, dv)[:, :t]
 
@@ -95,7 +106,8 @@ class LocalAttention(SoftmaxAttention):
 
     def forward_banded(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
         state, q, kbuf, vbuf = self._start(x, state)
-        return self._finish(state, kbuf, vbuf, banded_attention(q, kbuf, vbuf, self.window))
+        key_start = state.padded_keys(state.cached_positions())
+        return self._finish(state, kbuf, vbuf, banded_attention(q, kbuf, vbuf, self.window, key_start))
 
 
 register_mixer("local_attention", LocalAttentionConfig, family="attention",

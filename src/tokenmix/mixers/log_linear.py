@@ -22,6 +22,9 @@ Symbols: ``levels`` is the Fenwick state, level_scales = lambda, as in fla's nai
 
 Modes: ``chunked`` (level-wise chunks, ops/chunked_log_linear.py), ``dense`` (materialised A and
 core.operator.solve_dense), ``recurrent`` (token by token on the Fenwick states).
+
+Left padding (mixers/base.py) by row groups: the level map l(t, s) is not translation invariant, so
+each row needs its own clock; rows with equal padding run together, unpadded, on their own states.
 """
 from __future__ import annotations
 
@@ -73,6 +76,7 @@ class LogLinearAttention(Mixer):
     modes = ("chunked", "dense", "recurrent")
     time_complexity = "O(log n)"   # per token: one K x V read per Fenwick level
     cache_complexity = "O(log n)"  # bit_length(n) bucket states
+    pads_by_row_groups = True      # the Fenwick levels follow each row's own clock t - start
 
     def __init__(self, config: LogLinearConfig, d_model: int) -> None:
         super().__init__(config, d_model)
@@ -107,7 +111,7 @@ class LogLinearAttention(Mixer):
 
     def _next_state(self, state: FenwickState | None, levels: Tensor, position: int, batch: int) -> FenwickState:
         new = FenwickState(self.owner, batch, position, levels)
-        return new.carry_peaks(state) if state is not None else new
+        return new.carry_over(state) if state is not None else new
 
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
@@ -128,7 +132,7 @@ class LogLinearAttention(Mixer):
 
     def forward_recurrent(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
         b, t, _ = x.shape
-        state = self.init_state(b, x.device, x.dtype) if state is None else state
+        state = self.empty_state(b, x.device, x.dtype) if state is None else state
         q, k, v, g, lam = self._project(x, state.position)
         outs = []
         for i in range(t):
@@ -140,8 +144,8 @@ class LogLinearAttention(Mixer):
         return self.out(torch.stack(outs, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device: torch.device | str = "cpu",
-                   dtype: torch.dtype = torch.float32) -> FenwickState:
+    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> FenwickState:
         levels = torch.zeros(batch_size, self.n_heads, 0, self.head_dim, self.head_dim, device=device, dtype=dtype)
         return FenwickState(self.owner, batch_size, 0, levels)
 

@@ -132,7 +132,7 @@ class PatternCache(MixerState):
             store = _Storage.holding([(self.keys[:, hold], self.values[:, hold], self.positions[hold]),
                                       (keys[:, new], values[:, new], new_pos[new])], max(_MIN_CAPACITY, 2 * size))
             start = 0
-        return PatternCache(self.owner, self.batch_size, new_position, store, start, size).carry_peaks(self)
+        return PatternCache(self.owner, self.batch_size, new_position, store, start, size).carry_over(self)
 
     def _select(self, keys: Tensor, values: Tensor, new_pos: Tensor, new_position: int, keep: list[int]
                 ) -> "PatternCache":
@@ -140,4 +140,4 @@ class PatternCache(MixerState):
         slot = torch.searchsorted(all_pos, torch.as_tensor(keep, dtype=torch.long))
         kept = (torch.cat([self.keys, keys], 1)[:, slot], torch.cat([self.values, values], 1)[:, slot], all_pos[slot])
         store = _Storage.holding([kept], max(_MIN_CAPACITY, len(keep)))
-        return PatternCache(self.owner, self.batch_size, new_position, store, 0, len(keep)).carry_peaks(self)
+        return PatternCache(self.owner, self.batch_size, new_position, store, 0, len(keep)).carry_over(self)

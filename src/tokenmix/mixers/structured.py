@@ -16,6 +16,13 @@ M >= C positions -- the dense pattern -- take the matmul path ``chunked_window_s
 ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token by token with a
 cache that evicts a position as soon as no later token reads it; a step gathers only the
 |N(t)| neighbours and appends to preallocated storage, O(|N(t)| K) whatever the cache size).
+
+Left padding (mixers/base.py). A solo run excludes the nonexistent neighbours of t < f(k) from the
+normalisation. Translation-invariant patterns (N(t) = {t - f(k)}: every row of a padded batch reads
+the same absolute positions) keep the batch's shared index table and mask, per row, the neighbours
+j < start[b] exactly like nonexistent ones (t - start[b] < f(k) <=> t - f(k) < start[b]); the
+matmul path masks the padding keys. The lattice and other patterns whose neighbour sets depend on
+the row's own clock pad by row groups (``RowGroupState``: rows of equal start run together).
 """
 from __future__ import annotations
 
@@ -58,15 +65,28 @@ class StructuredConfig(MixerConfig):
 
 
 class _LazyPlan:
-    """A segment's device index table and its ``PatternPlan``, the plan built on first use."""
+    """A segment's device index table and its ``PatternPlan``, the plan built on first use; the
+    table in absolute positions ``absolute`` [T, W] (CPU, -1 = none) serves left-padded batches."""
 
-    def __init__(self, idx: Tensor, idx_cpu: Tensor, prefix: int, chunk: int) -> None:
+    def __init__(self, idx: Tensor, idx_cpu: Tensor, absolute: Tensor, prefix: int, chunk: int) -> None:
         self.idx, self._args, self._plan = idx, (idx_cpu, prefix, chunk), None
+        self.absolute, self._lowest, self._absolute_dev = absolute, None, None  # the last two on first use
 
     def get(self) -> PatternPlan:
         if self._plan is None:
             self._plan = plan_pattern(*self._args)
         return self._plan
+
+    def padded_valid(self, start: Tensor, max_start: int) -> Tensor | None:
+        """[B, T, W] bool: the entries that read a real position of their row (>= start[b]); None
+        if the table reads no position below ``max_start`` (then the shared idx >= 0 is exact)."""
+        if self._absolute_dev is None:
+            read = self.absolute[self.absolute >= 0]
+            self._lowest = int(read.min()) if read.numel() else None  # None: reads nothing
+            self._absolute_dev = self.absolute.to(self.idx.device)
+        if self._lowest is None or self._lowest >= max_start:
+            return None
+        return self._absolute_dev[None] >= start[:, None, None]
 
 
 def _complexities(p: Pattern) -> tuple[str, str]:
@@ -95,6 +115,11 @@ class StructuredRecurrence(Mixer):
         self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, _LazyPlan)
 
     @property
+    def pads_by_row_groups(self) -> bool:  # type: ignore[override]
+        """Lattice (and other non translation-invariant) neighbour sets follow each row's own clock."""
+        return not isinstance(self.pattern, TranslationInvariant)
+
+    @property
     def time_complexity(self) -> str:  # type: ignore[override]
         return _complexities(self.pattern)[0]
 
@@ -111,7 +136,8 @@ class StructuredRecurrence(Mixer):
     def _coefficients(self, x: Tensor, q: Tensor, k: Tensor, s_nb: Tensor | None, valid: Tensor
                       ) -> tuple[Tensor, Tensor]:
         """alpha [B, T, H], beta [B, T, H, W] from the neighbour scores s_nb [B, T, H, W] (q_t . k_j,
-        unscaled; unused by the gate-based coefficients); valid [T, W] marks the neighbours."""
+        unscaled; unused by the gate-based coefficients); valid [T, W] (or [B, T, W] per row, for a
+        left-padded batch) marks the neighbours."""
         b, t, h, _ = q.shape
         w = valid.shape[1]
         if self.gates is None:
@@ -125,7 +151,8 @@ class StructuredRecurrence(Mixer):
             g = self.gates(x).view(b, t, h, self.config.max_levels + 1)
             logits = g[..., : w + 1]
             mode = "softmax" if self.config.coefficients == "gate_softmax" else "l1"
-        mask = torch.cat([valid.new_ones(valid.shape[0], 1), valid], 1)[None, :, None, :]  # [1, T, 1, W+1]
+        mask = torch.cat([valid.new_ones(*valid.shape[:-1], 1), valid], -1)  # [(B,) T, W + 1], slot 0 = self
+        mask = mask[None, :, None, :] if mask.dim() == 2 else mask[:, :, None, :]  # [1 or B, T, 1, W + 1]
         if mode == "softmax":
             coef = torch.softmax(logits.masked_fill(~mask, float("-inf")), -1)
         else:
@@ -161,7 +188,7 @@ class StructuredRecurrence(Mixer):
         tab = self.pattern.neighbor_table(t0, t0 + t)  # absolute positions
         in_seg = tab >= t0
         idx = torch.where(in_seg, tab - t0 + p, state.slots(torch.where(in_seg, torch.full_like(tab, -1), tab)))
-        plan = _LazyPlan(idx.to(device), idx, p, self.config.chunk_size)
+        plan = _LazyPlan(idx.to(device), idx, tab, p, self.config.chunk_size)
         self._plans[key] = (state.positions.clone(), plan)
         while len(self._plans) > _PLANS_KEPT:
             self._plans.popitem(last=False)
@@ -173,10 +200,13 @@ class StructuredRecurrence(Mixer):
         b, t, _ = x.shape
         q, k, v = self._project(x)
         if state is None:
-            state = self.init_state(b, x.device, x.dtype)
+            state = self.empty_state(b, x.device, x.dtype)
         idx, plan = self._table(state, t, x.device)
         kbuf = torch.cat([state.keys, k], 1)
-        alpha, beta = self._coefficients(x, q, k, self._scores(q, kbuf, idx, plan), idx >= 0)
+        # left padding: per row, the neighbours before the row's start do not exist
+        valid = None if state.start is None else plan.padded_valid(state.start, state.max_start)  # [B, T, W]
+        valid = idx >= 0 if valid is None else valid
+        alpha, beta = self._coefficients(x, q, k, self._scores(q, kbuf, idx, plan), valid)
         return state, q, k, v, idx, plan, alpha, beta
 
     def _finish(self, state: PatternCache, k: Tensor, y: Tensor, t: int) -> tuple[Tensor, PatternCache]:
@@ -203,10 +233,12 @@ class StructuredRecurrence(Mixer):
         if window is not None:
             # (nearly) dense: scores, softmax and the earlier-chunk contribution as matmuls, no index table
             if state is None:
-                state = self.init_state(x.shape[0], x.device, x.dtype)
+                state = self.empty_state(x.shape[0], x.device, x.dtype)
             q, k, v = self._project(x)
+            # the cache of a window pattern is the positions just before the segment, contiguous
+            key_start = state.padded_keys(state.cached_positions())
             y = chunked_window_softmax(q, torch.cat([state.keys, k], 1), v, state.values, window,
-                                       self.config.chunk_size, 1.0 / math.sqrt(self.head_dim))
+                                       self.config.chunk_size, 1.0 / math.sqrt(self.head_dim), key_start)
             return self._finish(state, k, y, x.shape[1])
         state, q, k, v, idx, plan, alpha, beta = self._segment(x, state)
         y = chunked_pattern_solve(alpha, beta, idx, v, state.values, self.config.chunk_size, plan=plan.get())
@@ -238,26 +270,29 @@ class StructuredRecurrence(Mixer):
         reads. A step gathers only the |N(t)| neighbours: O(|N(t)| K), whatever the cache size."""
         b, t, _ = x.shape
         if state is None:
-            state = self.init_state(b, x.device, x.dtype)
+            state = self.empty_state(b, x.device, x.dtype)
         q, k, v = self._project(x)
         ys = []
         for s in range(t):
             state.observe()
             pos = state.position
-            slot = state.slots(self.pattern.neighbor_table(pos, pos + 1)[0]).to(x.device)  # [W], -1 = none
+            nb = self.pattern.neighbor_table(pos, pos + 1)[0]  # [W] absolute, -1 = none
+            slot = state.slots(nb).to(x.device)
             valid = slot >= 0
+            if state.start is not None and bool((nb >= 0).any()) and int(nb[nb >= 0].min()) < state.max_start:
+                valid = nb.to(x.device)[None, :] >= state.start[:, None]  # [B, W]: no padding neighbours
             k_nb = state.keys.index_select(1, slot.clamp(min=0))  # [B, W, H, K]
             y_nb = state.values.index_select(1, slot.clamp(min=0))  # [B, W, H, V]
-            s_nb = torch.einsum("bhk,bwhk->bhw", q[:, s], k_nb) * valid[None, None, :]
+            s_nb = torch.einsum("bhk,bwhk->bhw", q[:, s], k_nb) * (valid[None] if valid.dim() == 1 else valid[:, None])
             alpha, beta = self._coefficients(x[:, s : s + 1], q[:, s : s + 1], k[:, s : s + 1],
-                                             s_nb[:, None] if self.gates is None else None, valid[None])
+                                             s_nb[:, None] if self.gates is None else None, valid[..., None, :])
             y_t = alpha[:, 0, :, None] * v[:, s] + torch.einsum("bhw,bwhv->bhv", beta[:, 0], y_nb)
             ys.append(y_t)
             state = self._extend(state, k[:, s : s + 1], y_t[:, None], pos + 1)
         return self.out(torch.stack(ys, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def init_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:
+    def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:
         return PatternCache.empty(self.owner, batch_size, self.n_heads, self.head_dim, self.head_dim, device, dtype)
 
     def materialize(self, x: Tensor) -> MixOperator:

@@ -1,3 +1,3 @@
-from tokenmix.models.model import MixerModel, ModelConfig, parse_layers
+from tokenmix.models.model import MixerModel, ModelConfig, left_pad, parse_layers
 
-__all__ = ["MixerModel", "ModelConfig", "parse_layers"]
+__all__ = ["MixerModel", "ModelConfig", "left_pad", "parse_layers"]

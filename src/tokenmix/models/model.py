@@ -7,10 +7,22 @@ only know *relative* order through their fixed offsets, so tasks such as copy at
 need position information in the input. ``positions`` adds it at the embedding (the same for every
 mixer, so comparisons stay fair): ``none``, ``learned`` (absolute, up to ``max_seq_len``) or
 ``sinusoidal`` (fixed, any length). Decoding continues at the position held by the layer states.
+
+Left-padded batches (prompts of different lengths in one batch): ``init_states(B, start=start)``
+with start[b] the number of padding tokens in front of row b gives states that make every layer
+ignore the padding (mixers/base.py); position codes then count from each row's first real token
+(t - start[b]; padding positions get code 0). Every real logit, and the decode after the prompt,
+equals that row run alone::
+
+    ids, start = left_pad(prompts, pad_id=0)                  # [B, T], [B]
+    states = model.init_states(len(prompts), start=start)
+    logits, states = model(ids, states)                       # prefill: logits[:, -1] is each row's next-token
+    next_logits, states = model.step(next_ids, states)        # decode, one token per row
 """
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -18,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.registry import build_mixer, get_mixer_spec
-from tokenmix.mixers.base import MixerState
+from tokenmix.mixers.base import MixerState, padding_start
 
 
 def parse_layers(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -71,14 +83,37 @@ class ModelConfig:
 POSITIONS = ("none", "learned", "sinusoidal")
 
 
-def sinusoidal_positions(start: int, length: int, d: int, device=None, dtype=torch.float32) -> Tensor:
-    """Fixed sin/cos position codes (Vaswani et al. 2017) for positions start..start+length-1: [length, d]."""
-    pos = torch.arange(start, start + length, device=device, dtype=torch.float64)[:, None]
-    freq = torch.exp(torch.arange(0, d, 2, device=device, dtype=torch.float64) * (-math.log(10_000.0) / d))
-    out = torch.zeros(length, d, device=device, dtype=torch.float64)
-    out[:, 0::2] = torch.sin(pos * freq)
-    out[:, 1::2] = torch.cos(pos * freq[: d // 2])
+def sinusoidal_codes(pos: Tensor, d: int, dtype=torch.float32) -> Tensor:
+    """Fixed sin/cos position codes (Vaswani et al. 2017) of integer positions pos [...]: [..., d]."""
+    pos = pos.to(torch.float64)[..., None]
+    freq = torch.exp(torch.arange(0, d, 2, device=pos.device, dtype=torch.float64) * (-math.log(10_000.0) / d))
+    out = pos.new_zeros(*pos.shape[:-1], d)
+    out[..., 0::2] = torch.sin(pos * freq)
+    out[..., 1::2] = torch.cos(pos * freq[: d // 2])
     return out.to(dtype)
+
+
+def sinusoidal_positions(start: int, length: int, d: int, device=None, dtype=torch.float32) -> Tensor:
+    """Sinusoidal codes for positions start..start+length-1: [length, d]."""
+    return sinusoidal_codes(torch.arange(start, start + length, device=device), d, dtype)
+
+
+def left_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0, device: torch.device | str = "cpu"
+             ) -> tuple[Tensor, Tensor]:
+    """Token id lists of any lengths -> (ids [B, T] left-padded with ``pad_id``, start [B] long).
+
+    start[b] = T - len(sequences[b]), the padding in front of row b: what ``MixerModel.init_states``
+    takes. The padding id's value never reaches a real logit.
+    """
+    if not sequences:
+        raise ValueError("left_pad: no sequences")
+    t = max(len(s) for s in sequences)
+    ids = torch.full((len(sequences), t), pad_id, dtype=torch.long)
+    for b, s in enumerate(sequences):
+        if len(s):
+            ids[b, t - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
+    start = torch.tensor([t - len(s) for s in sequences], dtype=torch.long)
+    return ids.to(device), start.to(device)
 
 
 class MLP(nn.Module):
@@ -136,6 +171,21 @@ class MixerModel(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
+    def init_states(self, batch_size: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                    start: Tensor | Sequence[int] | None = None) -> list[MixerState]:
+        """One empty decode state per layer (device and dtype default to the model's parameters).
+
+        Args:
+            start: [B] integers, the leading padding tokens of each row of a left-padded batch
+                (``left_pad``); None or all zeros = no padding. The first forward with these states
+                (the prefill) must contain every row's whole padding.
+        """
+        p = next(self.parameters())
+        device = p.device if device is None else device
+        dtype = p.dtype if dtype is None else dtype
+        start = padding_start(start, batch_size, device)  # validated once, with the message naming it
+        return [block.mixer.init_state(batch_size, device, dtype, start) for block in self.blocks]
+
     def forward(self, idx: Tensor, states: list[MixerState] | None = None, mode: str | None = None
                 ) -> tuple[Tensor, list[MixerState]]:
         if idx.dim() != 2:
@@ -155,14 +205,21 @@ class MixerModel(nn.Module):
         return self.head(self.norm(x)), new_states
 
     def _position_codes(self, states: list[MixerState | None], t: int, x: Tensor) -> Tensor:
-        """[T, D] codes of the segment's positions, continuing after what the states have seen."""
-        start = next((s.position for s in states if s is not None), 0)
+        """[T, D] codes of the segment's positions, continuing after what the states have seen;
+        [B, T, D] for a left-padded batch, whose rows count from their own first real token."""
+        state = next((s for s in states if s is not None), None)
+        first = 0 if state is None else state.position
+        pos = torch.arange(first, first + t, device=x.device)  # [T]
+        padded = state is not None and state.start is not None
+        if padded:
+            pos = (pos[None, :] - state.start[:, None]).clamp(min=0)  # [B, T], padding at 0
         if self.pos_embed is None:
-            return sinusoidal_positions(start, t, self.cfg.d_model, x.device, x.dtype)
-        if start + t > self.cfg.max_seq_len:
-            raise ValueError(f"sequence reaches position {start + t} but the model's learned positions stop at "
+            return sinusoidal_codes(pos, self.cfg.d_model, x.dtype)
+        last = first + t - (state.min_start if padded else 0)  # one past the largest position coded
+        if last > self.cfg.max_seq_len:
+            raise ValueError(f"sequence reaches position {last} but the model's learned positions stop at "
                              f"max_seq_len={self.cfg.max_seq_len}")
-        return self.pos_embed(torch.arange(start, start + t, device=x.device))
+        return self.pos_embed(pos)
 
     def step(self, idx_t: Tensor, states: list[MixerState] | None) -> tuple[Tensor, list[MixerState]]:
         """Decode one token per sequence: idx_t [B] -> logits [B, vocab]."""

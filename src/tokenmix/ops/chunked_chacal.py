@@ -31,31 +31,51 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 
-def _chunk_probs(q_c: Tensor, keys: Tensor, e: int, lse: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def _padding_mask(key_start: Tensor | None, e: int, c: int) -> Tensor | None:
+    """[B, 1, c, e + c] bool, True at the padding keys of a chunk's rows (own key excepted), or None.
+
+    key_start [B]: leading padding keys of each row's buffer (left-padded batches, mixers/base.py).
+    """
+    if key_start is None:
+        return None
+    cols = torch.arange(e + c, device=key_start.device)
+    own = cols[None, :] == e + torch.arange(c, device=key_start.device)[:, None]  # [c, e + c]
+    return ((cols[None, None, :] < key_start[:, None, None]) & ~own)[:, None]
+
+
+def _chunk_probs(q_c: Tensor, keys: Tensor, e: int, lse: Tensor | None = None, pad: Tensor | None = None
+                 ) -> tuple[Tensor, Tensor]:
     """Softmax rows of a chunk of c queries over keys[: e + c], the chunk's own future masked.
 
     q_c: [B, H, c, K] (already scaled); keys: [B, H, >= e + c, K]; lse: the rows' log-sum-exp [B, H, c]
-    when known (the backward), else computed. Returns P [B, H, c, e + c] and lse.
+    when known (the backward), else computed; pad: ``_padding_mask`` of the chunk, keys masked like
+    the future. Returns P [B, H, c, e + c] and lse.
 
     Exponents are clamped at 1 + log(smallest normal float) before exp: the CPU exp takes a slow path of
     15-45x for results at or below the smallest normal (saturated scores put most of a row there), and
     the clamp only replaces results below e · (smallest normal) (3.2e-38 in float32, 6e-308 in float64)
-    by that value. The chunk's future positions are zeroed after the exp, so causality stays exact.
+    by that value. The chunk's future positions (and padding keys) are zeroed after the exp, so
+    causality (and the independence of real rows from padding) stays exact.
     """
     c = q_c.shape[2]
     s = q_c @ keys[:, :, : e + c].transpose(-1, -2)
     future = torch.ones(c, c, dtype=torch.bool, device=q_c.device).triu(1)
     s[..., e:].masked_fill_(future, float("-inf"))  # only the chunk's own block has future positions
+    if pad is not None:
+        s.masked_fill_(pad, float("-inf"))
     floor = math.log(torch.finfo(s.dtype).tiny) + 1.0
     if lse is None:
         m = s.amax(-1, keepdim=True)
         p = s.sub_(m).clamp_(min=floor).exp_()
-        p[..., e:].masked_fill_(future, 0.0)
+    else:
+        p = s.sub_(lse[..., None]).clamp_(min=floor).exp_()
+    p[..., e:].masked_fill_(future, 0.0)
+    if pad is not None:
+        p.masked_fill_(pad, 0.0)
+    if lse is None:
         z = p.sum(-1, keepdim=True)
         lse = (m + z.log())[..., 0]
         return p.div_(z), lse
-    p = s.sub_(lse[..., None]).clamp_(min=floor).exp_()
-    p[..., e:].masked_fill_(future, 0.0)
     return p, lse
 
 
@@ -66,7 +86,7 @@ def _flat(x: Tensor) -> Tensor:
 
 class _ChainChunked(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, keys, values, y_prefix, gamma, chunk):
+    def forward(ctx, q, keys, values, y_prefix, gamma, chunk, key_start):
         b, h, t, _ = q.shape
         p = y_prefix.shape[2]
         g = gamma.view(1, h, 1, 1)
@@ -78,7 +98,7 @@ class _ChainChunked(torch.autograd.Function):
         for s in range(0, t, chunk):
             c = min(chunk, t - s)
             e = p + s
-            probs, lse[:, :, s : s + c] = _chunk_probs(q[:, :, s : s + c], keys, e)
+            probs, lse[:, :, s : s + c] = _chunk_probs(q[:, :, s : s + c], keys, e, pad=_padding_mask(key_start, e, c))
             inner = probs[..., e:]                          # [B, H, c, c], lower triangular
             v_c = values[:, :, e : e + c]
             rhs = (1 - g) * (inner @ v_c)
@@ -89,7 +109,7 @@ class _ChainChunked(torch.autograd.Function):
             y[:, :, s : s + c] = y_c
             torch.add((1 - g) * v_c, g * y_c, out=w[:, :, e : e + c])
         ctx.save_for_backward(q, keys, values, y_prefix, gamma, w, y, lse)
-        ctx.chunk = chunk
+        ctx.chunk, ctx.key_start = chunk, key_start
         return y
 
     @staticmethod
@@ -111,7 +131,7 @@ class _ChainChunked(torch.autograd.Function):
             dy_c = dy[:, :, s : s + c] + g * dw_c
             y_minus_v = y_c - v_c
             dgamma += (dw_c * y_minus_v).sum((-2, -1))
-            probs, _ = _chunk_probs(q_c, keys, e, lse[:, :, s : s + c])
+            probs, _ = _chunk_probs(q_c, keys, e, lse[:, :, s : s + c], _padding_mask(ctx.key_start, e, c))
             inner = probs[..., e:]
             m = torch.eye(c, dtype=q.dtype, device=q.device) - g * inner
             gr = torch.linalg.solve_triangular(m.transpose(-1, -2), dy_c, upper=True)   # G [B, H, c, V]
@@ -130,11 +150,11 @@ class _ChainChunked(torch.autograd.Function):
             dv[:, :, :p] = (1 - g) * dw_p
             dy_prefix = g * dw_p
             dgamma += (dw_p * (y_prefix - values[:, :, :p])).sum((-2, -1))
-        return dq, dk, dv, dy_prefix, dgamma.sum(0), None
+        return dq, dk, dv, dy_prefix, dgamma.sum(0), None, None
 
 
 def chunked_chacal(q: Tensor, keys: Tensor, values: Tensor, y_prefix: Tensor, gamma: Tensor,
-                   chunk_size: int = 64) -> Tensor:
+                   chunk_size: int = 64, key_start: Tensor | None = None) -> Tensor:
     """ChaCAL outputs of T new positions after P cached ones, chunk by chunk (head-first layout).
 
     Args:
@@ -144,6 +164,8 @@ def chunked_chacal(q: Tensor, keys: Tensor, values: Tensor, y_prefix: Tensor, ga
         y_prefix: [B, H, P, V] outputs of the cached positions.
         gamma: [H] path discount per head, in [0, 1).
         chunk_size: C, queries per block of the forward substitution.
+        key_start: [B] long, leading padding positions of each row's buffer (left-padded batches):
+            masked out of every softmax row but the padding query's own, or None.
     Returns:
         y: [B, H, T, V], solving y_i = sum_{j <= i} p_ij ((1 - gamma) v_j + gamma y_j).
 
@@ -159,4 +181,4 @@ def chunked_chacal(q: Tensor, keys: Tensor, values: Tensor, y_prefix: Tensor, ga
     if keys.shape[:3] != (b, h, p + t) or values.shape[:3] != (b, h, p + t) or y_prefix.shape[:2] != (b, h):
         raise ValueError(f"expected keys, values [B, H, P + T, .] and y_prefix [B, H, P, V]; got q {tuple(q.shape)}, "
                          f"keys {tuple(keys.shape)}, values {tuple(values.shape)}, y_prefix {tuple(y_prefix.shape)}")
-    return _ChainChunked.apply(q, keys, values, y_prefix, gamma, int(chunk_size))
+    return _ChainChunked.apply(q, keys, values, y_prefix, gamma, int(chunk_size), key_start)

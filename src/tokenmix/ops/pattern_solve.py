@@ -535,18 +535,23 @@ def recurrent_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor,
 
 
 # ---------------------------------------------------------------- (nearly) dense patterns: matmuls
-def _window_scores(q_c: Tensor, kwin: Tensor, s: int, p: int, lo: int, window: int, scale: float) -> Tensor:
+def _window_scores(q_c: Tensor, kwin: Tensor, s: int, p: int, lo: int, window: int, scale: float,
+                   key_start: Tensor | None = None) -> Tensor:
     """Masked scores of rows s.. of the segment against buffer positions lo..: [B, H, C, L], -inf
-    outside {t - window, ..., t} (the row's own position included: its self score)."""
+    outside {t - window, ..., t} (the row's own position included: its self score) and, with
+    ``key_start`` [B], at the padding positions < key_start[b] other than the row's own."""
     sc = (q_c @ kwin.transpose(-1, -2)) * scale
     own = p + s + torch.arange(q_c.shape[2], device=q_c.device)[:, None]  # buffer position of each row
     pos = lo + torch.arange(kwin.shape[2], device=q_c.device)[None, :]
-    return sc.masked_fill_((pos > own) | (pos < own - window), float("-inf"))
+    out = (pos > own) | (pos < own - window)  # [C, L]
+    if key_start is not None:
+        out = out | ((pos[None] < key_start[:, None, None]) & (pos != own))[:, None]  # [B, 1, C, L]
+    return sc.masked_fill_(out, float("-inf"))
 
 
 class _WindowSoftmaxSolve(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, kbuf, x, y_prefix, window, chunk, scale):
+    def forward(ctx, q, kbuf, x, y_prefix, window, chunk, scale, key_start):
         # head-first: q [B,H,T,K], kbuf [B,H,P+T,K], x [B,H,T,V], y_prefix [B,H,P,V]
         b, h, t, v = x.shape
         p = y_prefix.shape[2]
@@ -555,7 +560,7 @@ class _WindowSoftmaxSolve(torch.autograd.Function):
         for s in range(0, t, chunk):
             e = min(s + chunk, t)
             lo = max(0, p + s - window)
-            sc = _window_scores(q[:, :, s:e], kbuf[:, :, lo : p + e], s, p, lo, window, scale)
+            sc = _window_scores(q[:, :, s:e], kbuf[:, :, lo : p + e], s, p, lo, window, scale, key_start)
             lse[:, :, s:e] = torch.logsumexp(sc, -1)
             coef = torch.exp(sc - lse[:, :, s:e, None])  # softmax over {t} ∪ N(t): [B, H, C, L]
             inside = coef[..., p + s - lo :]  # the chunk's own C x C block; its diagonal is alpha
@@ -564,13 +569,13 @@ class _WindowSoftmaxSolve(torch.autograd.Function):
             rhs = alpha[..., None] * x[:, :, s:e] + coef[..., : p + s - lo] @ buf[:, :, lo : p + s]
             buf[:, :, p + s : p + e] = solve_unit_lower(inside, rhs)
         ctx.save_for_backward(q, kbuf, x, buf, lse)
-        ctx.window, ctx.chunk, ctx.scale = window, chunk, scale
+        ctx.window, ctx.chunk, ctx.scale, ctx.key_start = window, chunk, scale, key_start
         return buf[:, :, p:].clone()
 
     @staticmethod
     def backward(ctx, gy):
         q, kbuf, x, buf, lse = ctx.saved_tensors
-        window, chunk, scale = ctx.window, ctx.chunk, ctx.scale
+        window, chunk, scale, key_start = ctx.window, ctx.chunk, ctx.scale, ctx.key_start
         b, h, t, v = x.shape
         p = buf.shape[2] - t
         gacc = gy.new_zeros(b, h, p + t, v)
@@ -579,7 +584,8 @@ class _WindowSoftmaxSolve(torch.autograd.Function):
             e = min(s + chunk, t)
             lo = max(0, p + s - window)
             kwin = kbuf[:, :, lo : p + e]
-            coef = torch.exp(_window_scores(q[:, :, s:e], kwin, s, p, lo, window, scale) - lse[:, :, s:e, None])
+            coef = torch.exp(_window_scores(q[:, :, s:e], kwin, s, p, lo, window, scale, key_start)
+                             - lse[:, :, s:e, None])
             inside = coef[..., p + s - lo :]
             alpha = inside.diagonal(dim1=-2, dim2=-1).clone()
             inside.diagonal(dim1=-2, dim2=-1).zero_()
@@ -593,11 +599,12 @@ class _WindowSoftmaxSolve(torch.autograd.Function):
             dsc = coef * (dcoef - (coef * dcoef).sum(-1, keepdim=True)) * scale
             dq[:, :, s:e] = dsc @ kwin
             dk[:, :, lo : p + e] += dsc.transpose(-1, -2) @ q[:, :, s:e]
-        return dq, dk, dx, gacc[:, :, :p], None, None, None
+        return dq, dk, dx, gacc[:, :, :p], None, None, None, None
 
 
 def chunked_window_softmax(q: Tensor, kbuf: Tensor, x: Tensor, y_prefix: Tensor | None, window: int,
-                           chunk_size: int = 64, scale: float | None = None) -> Tensor:
+                           chunk_size: int = 64, scale: float | None = None, key_start: Tensor | None = None
+                           ) -> Tensor:
     """The structured recurrence with softmax coefficients on a window pattern, as matmuls.
 
     Every position t reads the previous ``window`` positions (all of them for the dense pattern:
@@ -615,6 +622,8 @@ def chunked_window_softmax(q: Tensor, kbuf: Tensor, x: Tensor, y_prefix: Tensor 
         window: M >= 1, the number of previous positions each row reads.
         chunk_size: C.
         scale: score scale, 1 / sqrt(K) if None.
+        key_start: [B] long, leading padding positions of each row's buffer (left-padded batches):
+            excluded from every row's neighbours but a padding row's own self term; or None.
     Returns:
         y: [B, T, H, V].
     """
@@ -631,7 +640,7 @@ def chunked_window_softmax(q: Tensor, kbuf: Tensor, x: Tensor, y_prefix: Tensor 
                          f"y_prefix {tuple(y_prefix.shape)}")
     scale = 1.0 / math.sqrt(k) if scale is None else scale
     y = _WindowSoftmaxSolve.apply(q.transpose(1, 2), kbuf.transpose(1, 2), x.transpose(1, 2),
-                                  y_prefix.transpose(1, 2), window, chunk_size, scale)
+                                  y_prefix.transpose(1, 2), window, chunk_size, scale, key_start)
     return y.transpose(1, 2)
 
 
