@@ -47,3 +47,12 @@ def test_bench_lm_reports_json_with_ratios(tmp_path, capsys):
 def test_unknown_mixer_is_refused():
     with pytest.raises(ValueError, match="unknown mixer"):
         bench_lm.run(_args("--mixers", "attention,nope"))
+
+
+def test_mixers_take_turns_with_the_first_rotating():
+    calls: list[tuple[str, int]] = []
+    fns = {m: (lambda i, m=m: calls.append((m, i))) for m in ("attention", "pow2", "mamba2")}
+    timings = bench_lm._round_robin(fns, range(10, 13))
+    assert calls == [("attention", 10), ("pow2", 10), ("mamba2", 10), ("pow2", 11), ("mamba2", 11),
+                     ("attention", 11), ("mamba2", 12), ("attention", 12), ("pow2", 12)]
+    assert set(timings) == set(fns) and all(w >= 0 and c >= 0 for w, c in timings.values())

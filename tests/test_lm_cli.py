@@ -145,3 +145,78 @@ def test_bf16_autocast_trains_close_to_fp32(tmp_path, corpus_file, capsys, monke
     fp32, bf16 = first_losses["fp32"], first_losses["bf16"]
     assert fp32 != bf16  # autocast really ran the matmuls in bfloat16
     assert max(abs(a - b) for a, b in zip(fp32, bf16)) < 0.05
+
+
+def test_generate_refuses_prompts_past_learned_positions(tmp_path, corpus_file, capsys, monkeypatch):
+    monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "learned"
+    rc, _, err = run_cli(["train", "lm", "--corpus", str(corpus_file), "--preset", "tiny", "--out", str(out), "--quiet",
+                          "--set", "train.max_steps=2", "train.eval_windows=1", "model.positions=learned",
+                          "model.max_seq_len=32"], capsys)
+    assert rc == 0, err
+    rc, text, err = run_cli(["generate", "--run", str(out), "--prompt", "KING.", "--max-new-tokens", "100"], capsys)
+    assert rc == 0, err  # capped to the 32 learned positions, with a note
+    assert "capped" in err
+    assert_one_line_error(run_cli(["generate", "--run", str(out), "--prompt", "to be or not to be " * 10], capsys),
+                          "prompt is", "at most 31 tokens", "max_seq_len=32")
+    assert_one_line_error(run_cli(["generate", "--run", str(out), "--prompt", "KING.", "--max-context", "64"], capsys),
+                          "--max-context 64", "max_seq_len=32")
+
+
+def test_summary_reports_the_whole_validation_split_against_the_bigram(trained_run):
+    from tokenmix.data.prepare import PreparedData
+
+    cfg = json.loads((trained_run / "config.json").read_text())
+    data = PreparedData(cfg["data"]["dir"])
+    summary = json.loads((trained_run / "summary.json").read_text())
+    val_tokens = len(data.split("val"))
+    assert summary["val_tokens"] == val_tokens - 1  # every target of the split, not the periodic sample
+    assert summary["bigram_ratio"] == pytest.approx(summary["bigram_ppl"] / summary["val_ppl"])
+    nats = summary["val_loss"] * summary["val_tokens"]
+    assert summary["val_bits_per_char"] == pytest.approx(nats / (data.meta["splits"]["val"]["chars"] * math.log(2)))
+    bigram_nats = math.log(summary["bigram_ppl"]) * summary["val_tokens"]  # the bigram on the same targets
+    assert summary["bigram_bits_per_char"] == pytest.approx(bigram_nats / (data.meta["splits"]["val"]["chars"] * math.log(2)))
+    final = [json.loads(l) for l in (trained_run / "metrics.jsonl").read_text().splitlines() if '"final"' in l]
+    assert len(final) == 1 and final[0]["final_val_ppl"] == pytest.approx(summary["val_ppl"])
+    assert summary["precision"] == cfg["train"]["precision"] == "fp32" and summary["process_cpu_seconds"] > 0
+
+
+def test_precision_auto_resolves_by_cpu_flags(tmp_path, corpus_file, capsys, monkeypatch):
+    import torch
+
+    from tokenmix.training import lm
+
+    assert lm.resolve_precision("auto", torch.device("cpu"))[0] == ("bf16" if lm.native_bf16(torch.device("cpu"))[0]
+                                                                  else "fp32")
+    monkeypatch.setattr(lm, "native_bf16", lambda device: (False, "no native bf16 here"))
+    assert lm.resolve_precision("auto", torch.device("cpu")) == ("fp32", "precision fp32 (no native bf16 here)")
+    assert "much slower" in lm.resolve_precision("bf16", torch.device("cpu"))[1]
+    monkeypatch.setattr(lm, "native_bf16", lambda device: (True, "AMX"))
+    assert lm.resolve_precision("auto", torch.device("cpu"))[0] == "bf16"
+    monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "auto"
+    rc, text, err = run_cli(["train", "lm", "--corpus", str(corpus_file), "--preset", "tiny", "--out", str(out),
+                             "--no-progress", "--set", "train.max_steps=1", "train.eval_windows=1",
+                             "train.precision=auto"], capsys)
+    assert rc == 0, err
+    assert "precision bf16 autocast (AMX)" in text
+    assert json.loads((out / "config.json").read_text())["train"]["precision"] == "bf16"  # what ran, not "auto"
+
+
+def test_tensorboard_events_when_installed(tmp_path, corpus_file, capsys, monkeypatch):
+    import importlib.util
+
+    monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "tb_run"
+    rc, _, err = run_cli(["train", "lm", "--corpus", str(corpus_file), "--preset", "tiny", "--out", str(out), "--quiet",
+                          "--set", "train.max_steps=2", "train.eval_windows=1", "train.tensorboard=true"], capsys)
+    assert rc == 0, err
+    if importlib.util.find_spec("tensorboard") is None:  # optional: the run still works, and writes no tb/
+        assert not (out / "tb").exists()
+        return
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(out / "tb"))
+    acc.Reload()
+    assert [e.step for e in acc.Scalars("loss")] == [1, 2]
+    assert acc.Scalars("final_val_ppl")[0].value > 1

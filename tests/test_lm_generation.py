@@ -104,3 +104,21 @@ def test_stop_token_ends_a_sequence():
     stop = free[2]
     cut = generate(model, prompt, SamplingConfig(max_new_tokens=8, temperature=0.0, stop_token=stop))[0]
     assert cut == free[: free.index(stop) + 1]
+
+
+def test_learned_positions_refuse_a_request_past_max_seq_len():
+    torch.manual_seed(0)
+    model = MixerModel(ModelConfig(vocab_size=VOCAB, d_model=16, layers=("pow2", "attention"), n_heads=2,
+                                   positions="learned", max_seq_len=12)).eval()
+    fits = generate(model, [[1, 2, 3]], SamplingConfig(max_new_tokens=9, temperature=0.0))[0]
+    assert len(fits) == 9  # 3 + 9 = 12 positions: exactly the table
+    calls = []
+    with pytest.raises(ValueError, match=r"learned positions \(max_seq_len=12\)"):
+        generate(model, [[1, 2, 3]], SamplingConfig(max_new_tokens=10), on_token=lambda i, t: calls.append(t))
+    assert calls == []  # refused before any token was produced
+    with pytest.raises(ValueError, match="max_seq_len=12"):
+        generate_batch(model, torch.ones(1, 13, dtype=torch.long), SamplingConfig(max_new_tokens=0))
+    # sinusoidal codes have no table to run off: the same request is fine
+    sin = MixerModel(ModelConfig(vocab_size=VOCAB, d_model=16, layers=("pow2",), n_heads=2, positions="sinusoidal",
+                                 max_seq_len=12)).eval()
+    assert len(generate(sin, [[1, 2, 3]], SamplingConfig(max_new_tokens=20, temperature=0.0))[0]) == 20

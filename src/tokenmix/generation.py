@@ -72,6 +72,25 @@ def sample_next(logits: Tensor, cfg: SamplingConfig, generators: list[torch.Gene
                         for i in range(probs.shape[0])]).to(logits.device)
 
 
+def position_limit(model) -> int | None:
+    """Longest sequence (prompt + continuation) the model can place, or None when unbounded.
+
+    Learned absolute positions end at ``max_seq_len``; sinusoidal codes and position-free models go on.
+    """
+    cfg = getattr(model, "cfg", None)
+    if cfg is not None and getattr(cfg, "positions", "none") == "learned":
+        return int(cfg.max_seq_len)
+    return None
+
+
+def check_fits(model, prompt_len: int, max_new_tokens: int) -> None:
+    """Refuse, before any work, a request that would run past the model's learned positions."""
+    limit = position_limit(model)
+    if limit is not None and prompt_len + max_new_tokens > limit:
+        raise ValueError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds this model's learned "
+                         f"positions (max_seq_len={limit}); shorten the prompt or ask for fewer tokens")
+
+
 @torch.no_grad()
 def prefill(model, ids: Tensor, states: list[MixerState] | None = None) -> tuple[Tensor, list[MixerState]]:
     """Run the prompt ids [B, T] in each mixer's default mode (on ``states``, e.g. those of a
@@ -92,6 +111,7 @@ def generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] 
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise ValueError(f"prompt ids must be [B, T] with T >= 1, got {tuple(prompt.shape)}")
     b = prompt.shape[0]
+    check_fits(model, prompt.shape[1], cfg.max_new_tokens)
     seeds = seeds if seeds is not None else [cfg.seed + i for i in range(b)]
     generators = [torch.Generator().manual_seed(s) for s in seeds]
     out: list[Tensor] = []
@@ -131,6 +151,7 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, device: torch
     for i, p in enumerate(prompts):
         if len(p) == 0:
             raise ValueError(f"prompt {i} is empty; give at least one token")
+        check_fits(model, len(p), cfg.max_new_tokens)
     ids, start = left_pad(prompts, pad_id=0, device=device)
     new = generate_batch(model, ids, cfg, seeds=[cfg.seed + i for i in range(len(prompts))], on_token=on_token,
                          start=start if bool(start.any()) else None)

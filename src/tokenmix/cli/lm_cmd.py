@@ -165,7 +165,7 @@ def run_eval(args) -> int:
 
 def run_generate(args) -> int:
     from tokenmix.data.tokenizer import separator_id
-    from tokenmix.generation import SamplingConfig, generate
+    from tokenmix.generation import SamplingConfig, generate, position_limit
     from tokenmix.training.lm import load_run
 
     run = load_run(args.run)
@@ -173,13 +173,18 @@ def run_generate(args) -> int:
     max_context = args.max_context if args.max_context is not None else run.config.train.seq_len
     if max_context < 2:
         raise UsageError(f"--max-context must be >= 2, got {max_context}")
+    limit = position_limit(run.model)
+    if limit is not None and max_context > limit:
+        raise UsageError(f"--max-context {max_context} exceeds this model's learned positions (max_seq_len={limit})")
     texts = args.prompt if args.prompt else [""]
     prompts = []
     for text in texts:
         ids = tok.encode(text, add_special_tokens=False).ids if text else [separator_id(tok)]
         if len(ids) >= max_context:
+            why = (f"the model's learned positions stop at max_seq_len={limit}" if limit is not None and max_context == limit
+                   else f"context {max_context}: the training length train.seq_len, or --max-context")
             raise UsageError(f"prompt is {len(ids)} tokens; this model allows prompts of at most {max_context - 1} "
-                             f"tokens (context {max_context}: the training length train.seq_len, or --max-context)")
+                             f"tokens ({why})")
         prompts.append(ids)
     room = max_context - max(len(p) for p in prompts)
     n_new = min(args.max_new_tokens, room)

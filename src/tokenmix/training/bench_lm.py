@@ -4,23 +4,31 @@ For each mixer, a model of ``--layers`` layers of that mixer alone is sized (by 
 same non-embedding parameter count as every other; attention is the baseline. At each context T:
 
     train   tokens/s of forward + backward + AdamW steps on batches of max(1, batch_tokens // T)
-            sequences of length T (after one untimed warm-up step)
+            sequences of length T (after one untimed warm-up step; the median of the timed steps)
     decode  prefill T - n tokens in the default mode, then time n single-token ``model.step``
-            calls: the per-token cost at the end of the context, where attention reads T cached
-            keys per layer and a bounded-cache mixer reads only what its pattern/state holds
+            calls one by one (batch 1; the median token): the per-token cost at the end of the
+            context, where attention reads T cached keys per layer and a bounded-cache mixer reads
+            only what its pattern/state holds
 
 Output is JSON (stdout, and ``--out FILE``), with ratios against attention and the issue's targets:
 at T = 4096 a mixer should train at >= 1.5x attention's tokens/s and decode >= 3x faster per token;
 at T = 512 it should be within 1.5x of attention. Timings are wall clock on whatever machine runs
 it: on a shared machine repeat runs vary, so read the ratios, measured in one process back to back.
+Each timing is also taken in process CPU time (``*_cpu`` ratios), which a busy machine disturbs less
+than wall clock (with ``--threads 1`` it is the work done; with more threads it includes spin-waits);
+medians of individually timed steps keep one preempted step from moving a number, and the mixers take
+turns step by step (training steps, then decode tokens, the first mixer rotating), so a burst of load
+from other processes falls on all of them alike instead of on whichever mixer was running.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import platform
+import statistics
 import time
 from pathlib import Path
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -46,8 +54,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="small by default: the embedding and head cost the same for every mixer and "
                              "would only dilute the differences between mixers")
     parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per training step")
-    parser.add_argument("--train-steps", type=int, default=3, help="timed training steps")
-    parser.add_argument("--decode-tokens", type=int, default=16, help="timed decode steps at the end of the context")
+    parser.add_argument("--train-steps", type=int, default=5, help="timed training steps (the median is reported)")
+    parser.add_argument("--decode-tokens", type=int, default=32,
+                        help="timed decode steps at the end of the context (the median is reported)")
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=None, help="also write the JSON here")
@@ -72,43 +81,89 @@ def size_model(mixer: str, args) -> tuple[ModelConfig, int]:
     return _layers_config(mixer, best[0], args), best[1]
 
 
-def _time_training(model: MixerModel, t: int, args) -> dict:
+def _train_stepper(model: MixerModel, t: int, args) -> tuple[int, Callable[[], None]]:
+    """(batch size, one forward + backward + AdamW step on a fresh random batch [b, t + 1])."""
     b = max(1, args.batch_tokens // t)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
     g = torch.Generator().manual_seed(args.seed)
-    model.train()
 
     def one_step() -> None:
+        model.train()
         x = torch.randint(0, args.vocab_size, (b, t + 1), generator=g)
         logits, _ = model(x[:, :-1])
         F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
 
-    one_step()  # warm-up: allocator, pattern tables, lazy inits
-    t0 = time.perf_counter()
-    for _ in range(args.train_steps):
-        one_step()
-    dt = time.perf_counter() - t0
-    return {"train_batch": b, "train_step_s": dt / args.train_steps, "train_tokens_per_s": b * t * args.train_steps / dt}
+    return b, one_step
 
 
-@torch.no_grad()
-def _time_decode(model: MixerModel, t: int, args) -> dict:
+def _decode_stepper(model: MixerModel, t: int, args) -> tuple[int, float, Callable[[int], None]]:
+    """Prefill t - n tokens (batch 1), then a function decoding token i (t - n <= i < t) on the cache.
+
+    Returns (prefill length, prefill seconds, step function).
+    """
     n = min(args.decode_tokens, t - 1)
     model.eval()
     g = torch.Generator().manual_seed(args.seed + 1)
     ids = torch.randint(0, args.vocab_size, (1, t), generator=g)
-    t0 = time.perf_counter()
-    _, states = model(ids[:, : t - n])
-    prefill_s = time.perf_counter() - t0
-    model.step(ids[:, t - n], states)  # warm-up; a state may be updated in place, so prefill again
-    _, states = model(ids[:, : t - n])
-    t0 = time.perf_counter()
-    for i in range(t - n, t):
-        _, states = model.step(ids[:, i], states)
-    dt = time.perf_counter() - t0
-    return {"prefill_s": prefill_s, "decode_ms_per_token": 1000 * dt / n, "decode_tokens_per_s": n / dt}
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        _, states = model(ids[:, : t - n])
+        prefill_s = time.perf_counter() - t0
+        model.step(ids[:, t - n], states)  # warm-up; a state may be updated in place, so prefill again
+        _, states = model(ids[:, : t - n])
+    holder = [states]
+
+    @torch.no_grad()
+    def step(i: int) -> None:
+        _, holder[0] = model.step(ids[:, i], holder[0])
+
+    return t - n, prefill_s, step
+
+
+def _timed(fn: Callable[[], None]) -> tuple[float, float]:
+    t0, c0 = time.perf_counter(), time.process_time()
+    fn()
+    return time.perf_counter() - t0, time.process_time() - c0
+
+
+def _round_robin(calls: dict[str, Callable[[int], None]], indices: range) -> dict[str, tuple[float, float]]:
+    """Median (wall, CPU) seconds per call of each function, the functions taking turns at every index
+    (the first one rotating), so every mixer is timed under the same moment-to-moment load."""
+    names = list(calls)
+    walls: dict[str, list[float]] = {m: [] for m in names}
+    cpus: dict[str, list[float]] = {m: [] for m in names}
+    for k, i in enumerate(indices):
+        for m in names[k % len(names):] + names[: k % len(names)]:
+            w, c = _timed(lambda: calls[m](i))
+            walls[m].append(w)
+            cpus[m].append(c)
+    return {m: (statistics.median(walls[m]), statistics.median(cpus[m])) for m in names}
+
+
+def _time_context(models: dict[str, MixerModel], t: int, args) -> dict[str, dict]:
+    """Training and decode timings of every model at context t, each step of one mixer next to the others'."""
+    out: dict[str, dict] = {m: {} for m in models}
+    trainers = {}
+    for m, model in models.items():
+        b, one_step = _train_stepper(model, t, args)
+        one_step()  # warm-up: allocator, pattern tables, lazy inits
+        trainers[m] = lambda _i, f=one_step: f()
+        out[m]["train_batch"] = b
+    for m, (dt, dc) in _round_robin(trainers, range(args.train_steps)).items():
+        b = out[m]["train_batch"]
+        out[m].update({"train_step_s": dt, "train_tokens_per_s": b * t / dt, "train_tokens_per_cpu_s": b * t / dc})
+    decoders = {}
+    for m, model in models.items():
+        prefill, prefill_s, step = _decode_stepper(model, t, args)
+        decoders[m] = step
+        out[m].update({"prefill_tokens": prefill, "prefill_s": prefill_s})
+    prefill = next(iter(out.values()))["prefill_tokens"]
+    for m, (dt, dc) in _round_robin(decoders, range(prefill, t)).items():
+        out[m].update({"decode_ms_per_token": 1000 * dt, "decode_tokens_per_s": 1 / dt,
+                       "decode_cpu_ms_per_token": 1000 * dc})
+    return out
 
 
 def run(args) -> int:
@@ -130,16 +185,16 @@ def run(args) -> int:
         if t < 2:
             raise ValueError(f"--contexts must be >= 2, got {t}")
     torch.manual_seed(args.seed)
+    sized = {m: size_model(m, args) for m in mixers}
+    models = {m: MixerModel(cfg) for m, (cfg, _) in sized.items()}
     results = []
-    for mixer in mixers:
-        cfg, n_params = size_model(mixer, args)
-        model = MixerModel(cfg)
-        for t in args.contexts:
-            row = {"mixer": mixer, "context": t, "d_model": cfg.d_model, "layers": args.layers,
-                   "params_non_embedding": n_params}
-            row.update(_time_training(model, t, args))
-            row.update(_time_decode(model, t, args))
-            results.append(row)
+    for t in args.contexts:
+        timings = _time_context(models, t, args)
+        for m in mixers:
+            cfg, n_params = sized[m]
+            results.append({"mixer": m, "context": t, "d_model": cfg.d_model, "layers": args.layers,
+                            "params_non_embedding": n_params, **timings[m]})
+    results.sort(key=lambda r: (mixers.index(r["mixer"]), r["context"]))
     report = {"benchmark": "lm", "torch": torch.__version__, "threads": torch.get_num_threads(),
               "machine": platform.processor() or platform.machine(),
               "config": {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)},
@@ -165,11 +220,19 @@ def _ratios(results: list[dict], contexts: list[int]) -> dict:
                 continue
             train = r["train_tokens_per_s"] / base["train_tokens_per_s"]
             decode = base["decode_ms_per_token"] / r["decode_ms_per_token"]
-            entry = {"train_vs_attention": round(train, 3), "decode_speedup_vs_attention": round(decode, 3)}
+            entry = {"train_vs_attention": round(train, 3), "decode_speedup_vs_attention": round(decode, 3),
+                     # the same ratios in process CPU time: steadier than wall clock on a shared machine
+                     "train_vs_attention_cpu": round(r["train_tokens_per_cpu_s"] / base["train_tokens_per_cpu_s"], 3),
+                     "decode_speedup_vs_attention_cpu": round(base["decode_cpu_ms_per_token"]
+                                                              / r["decode_cpu_ms_per_token"], 3)}
+            train_cpu, decode_cpu = entry["train_vs_attention_cpu"], entry["decode_speedup_vs_attention_cpu"]
             if t == long_t and long_t != short_t:
                 entry["meets_long_context_targets"] = train >= TRAIN_TARGET_AT_LONG and decode >= DECODE_TARGET_AT_LONG
+                entry["meets_long_context_targets_cpu"] = (train_cpu >= TRAIN_TARGET_AT_LONG
+                                                           and decode_cpu >= DECODE_TARGET_AT_LONG)
             if t == short_t:
                 entry["within_1.5x_of_attention"] = 1 / WITHIN_AT_SHORT <= train and 1 / WITHIN_AT_SHORT <= decode
+                entry["within_1.5x_of_attention_cpu"] = 1 / WITHIN_AT_SHORT <= train_cpu and 1 / WITHIN_AT_SHORT <= decode_cpu
             per[r["mixer"]] = entry
         out[str(t)] = per
     return out

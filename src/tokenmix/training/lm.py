@@ -9,6 +9,12 @@ A run directory holds ``config.json`` (the resolved RunConfig), ``tokenizer.json
 ``metrics.jsonl`` (one JSON object per optimizer step, plus validation and baseline records),
 ``checkpoints/`` (see checkpoint.py), ``summary.json`` and, when tensorboard is installed, ``tb/``.
 
+Validation: periodic passes score ``train.eval_windows`` windows spread over the split; the final
+pass (the number in summary.json and the closing line) scores ``train.final_eval_windows`` (all of
+the split by default), next to the bigram and unigram baselines counted on the train split and
+scored on exactly the same targets, and in bits per character of the split (so runs with different
+vocabularies compare). ``train.precision=auto`` is resolved once, before config.json is written.
+
 Exact resume: the model, AdamW state, RNG state, the data position and the step are restored; the
 learning rate is a function of the step; nothing else carries state. On CPU a resumed run computes
 bit for bit what the uninterrupted run computes. Under ``torchrun`` every rank computes its share
@@ -41,7 +47,9 @@ from tokenmix.training.distributed import DistContext, setup_distributed, wrap_m
 from tokenmix.training.optim import build_optimizer
 from tokenmix.training.schedule import warmup_cosine
 
-BIGRAM_SMOOTHING_GRID = (0.01, 0.1, 1.0, 10.0, 100.0)
+# interpolation weights tried for the bigram; the best one on Shakespeare is 100-300 (a grid that stops at
+# the edge would leave the baseline weaker than it can be)
+BIGRAM_SMOOTHING_GRID = (0.01, 0.1, 1.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0)
 
 
 class TrainingDiverged(ValueError):
@@ -94,6 +102,43 @@ def bigram_baseline(train_ids: np.ndarray, windows: list[Tensor], vocab_size: in
     uni_nll = float(-np.log(p_uni[nxt]).mean())
     return {"bigram_ppl": math.exp(best[1]), "bigram_loss": best[1], "bigram_smoothing": best[0],
             "unigram_ppl": math.exp(uni_nll), "unigram_loss": uni_nll, "tokens": int(len(nxt))}
+
+
+# ------------------------------------------------------------------------------------ precision
+def native_bf16(device: torch.device) -> tuple[bool, str]:
+    """Whether bf16 matmuls run natively (fast) on ``device``, and why.
+
+    On CPU only AMX-BF16 or AVX512-BF16 make bf16 autocast pay off (about 2.6x faster matmuls on a
+    Sapphire Rapids core); without them oneDNN emulates bf16 and a matmul runs one to two orders of
+    magnitude *slower* than fp32 (measured on an AVX2-only EPYC: 1 GFLOP/s against 50). The CPU flags
+    decide, not a timing, so every rank and every resume reach the same answer.
+    """
+    if device.type == "cuda":
+        ok = torch.cuda.is_bf16_supported()
+        return ok, "this GPU supports bf16" if ok else "this GPU has no bf16 support"
+    flags: set[str] = set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    flags = set(line.split(":", 1)[1].split())
+                    break
+    except OSError:
+        pass
+    found = sorted(flags & {"amx_bf16", "avx512_bf16"})
+    if found:
+        return True, f"this CPU has {', '.join(found)}"
+    return False, "this CPU has no native bf16 matmul (no AMX-BF16 or AVX512-BF16)"
+
+
+def resolve_precision(requested: str, device: torch.device) -> tuple[str, str]:
+    """``train.precision`` as it will run (``auto`` -> bf16 or fp32) and a line saying why."""
+    ok, why = native_bf16(device)
+    if requested == "auto":
+        return ("bf16", f"precision bf16 autocast ({why})") if ok else ("fp32", f"precision fp32 ({why})")
+    if requested == "bf16" and not ok:
+        return "bf16", f"precision bf16 as requested, but {why}: expect it to be much slower than fp32"
+    return requested, f"precision {requested}"
 
 
 # ------------------------------------------------------------------------------------ evaluation
@@ -254,17 +299,18 @@ def _prepare(cfg: RunConfig, ctx: DistContext, verbose: bool) -> tuple[RunConfig
 def train_lm(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool | None = None,
              quiet: bool = False) -> TrainResult:
     """Train (or resume) the language model of ``cfg`` in ``run_dir``; see the module docstring."""
+    session_t0 = time.perf_counter()
     run_dir = Path(run_dir)
     tc = cfg.train
     ctx = setup_distributed(tc.device)
     try:
-        return _train(cfg, run_dir, resume, progress, quiet, ctx)
+        return _train(cfg, run_dir, resume, progress, quiet, ctx, session_t0)
     finally:
         ctx.close()
 
 
 def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, quiet: bool,
-           ctx: DistContext) -> TrainResult:
+           ctx: DistContext, session_t0: float) -> TrainResult:
     tc = cfg.train
     if tc.threads:
         torch.set_num_threads(tc.threads)
@@ -281,6 +327,8 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, q
                          f"{tc.grad_accum * ctx.world_size}")
 
     cfg, data = _prepare(cfg, ctx, verbose=ctx.is_main and not quiet)
+    precision, precision_note = resolve_precision(cfg.train.precision, ctx.device)
+    cfg = replace(cfg, train=replace(cfg.train, precision=precision))  # config.json holds what ran
     tc = cfg.train
     if ctx.is_main:
         run_dir.mkdir(parents=True, exist_ok=True)
@@ -293,6 +341,8 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, q
 
     train_ids = data.split("train")
     val_windows = eval_windows(data.split("val"), tc.seq_len, tc.eval_windows)
+    final_windows = (val_windows if tc.final_eval_windows == tc.eval_windows
+                     else eval_windows(data.split("val"), tc.seq_len, tc.final_eval_windows))
     if not val_windows:
         raise ValueError("the validation split is empty; use a larger corpus or a larger data.val_fraction")
 
@@ -314,34 +364,41 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, q
     if progress is None:
         progress = sys.stderr.isatty()
     log = RunLogger(run_dir, ctx.is_main, tc.max_steps, step, progress, tc.tensorboard, quiet)
+    log.say(precision_note)
     try:
-        return _loop(cfg, run_dir, ctx, data, wrapped, optimizer, batches, val_windows, step, tokens_seen,
-                     num_params, log, resume)
+        return _loop(cfg, run_dir, ctx, data, wrapped, optimizer, batches, val_windows, final_windows, step,
+                     tokens_seen, num_params, log, resume, session_t0)
     finally:
         log.close()
 
 
 def _loop(cfg: RunConfig, run_dir: Path, ctx: DistContext, data: PreparedData, wrapped: nn.Module,
-          optimizer: torch.optim.Optimizer, batches: TokenBatches, val_windows: list[Tensor], step: int,
-          tokens_seen: int, num_params: int, log: RunLogger, resumed: bool) -> TrainResult:
+          optimizer: torch.optim.Optimizer, batches: TokenBatches, val_windows: list[Tensor],
+          final_windows: list[Tensor], step: int, tokens_seen: int, num_params: int, log: RunLogger,
+          resumed: bool, session_t0: float) -> TrainResult:
     tc = cfg.train
     ckpt_root = run_dir / "checkpoints"
     micro = tc.batch_size // (tc.grad_accum * ctx.world_size)
     eval_batch = max(micro, 1)
-    baseline = {}
+    baseline = final_baseline = {}
     if ctx.is_main:
         baseline = bigram_baseline(train_ids=data.split("train"), windows=val_windows, vocab_size=data.vocab_size)
+        final_baseline = baseline if final_windows is val_windows else \
+            bigram_baseline(train_ids=data.split("train"), windows=final_windows, vocab_size=data.vocab_size)
         if not resumed:
             log.record({"step": 0, "event": "baseline", **baseline})
+            if final_windows is not val_windows:
+                log.record({"step": 0, "event": "final_baseline", **final_baseline})
         layers = ",".join(cfg.model.layers)
         log.say(f"model: {num_params:,} parameters, layers {layers}, d_model {cfg.model.d_model}, vocab "
-                f"{cfg.model.vocab_size}; {tc.max_steps} steps of {tc.batch_size} x {tc.seq_len} tokens"
+                f"{cfg.model.vocab_size}, positions {cfg.model.positions}; {tc.max_steps} steps of "
+                f"{tc.batch_size} x {tc.seq_len} tokens"
                 f"{f' on {ctx.world_size} ranks ({tc.parallel})' if ctx.distributed else ''}")
-        log.say(f"baselines on validation: bigram ppl {baseline['bigram_ppl']:.2f}, unigram ppl "
-                f"{baseline['unigram_ppl']:.2f}")
+        log.say(f"baselines on validation ({baseline['tokens']:,} tokens): bigram ppl {baseline['bigram_ppl']:.2f}, "
+                f"unigram ppl {baseline['unigram_ppl']:.2f}")
         if resumed:
             log.say(f"resumed from step {step} ({tokens_seen:,} tokens)")
-    baseline = ctx.broadcast_object(baseline)
+    baseline, final_baseline = ctx.broadcast_object((baseline, final_baseline))
 
     def checkpoint_meta() -> dict:
         return {"tokens": tokens_seen, "data_position": batches.position.to_dict(),
@@ -349,7 +406,7 @@ def _loop(cfg: RunConfig, run_dir: Path, ctx: DistContext, data: PreparedData, w
                               "total_steps": tc.max_steps, "min_lr_ratio": tc.min_lr_ratio},
                 "config": cfg.to_dict(), "num_params": num_params}
 
-    last_val = None
+    last_val, last_val_step = None, -1
     wrapped.train()
     window_t0, window_tokens = time.perf_counter(), 0
     start_time = time.perf_counter()
@@ -391,27 +448,56 @@ def _loop(cfg: RunConfig, run_dir: Path, ctx: DistContext, data: PreparedData, w
             if log._progress is None:
                 log.say(f"step {step}/{tc.max_steps}  {info}")
         if step % tc.eval_every == 0 or step == tc.max_steps:
-            last_val = evaluate_windows(wrapped, val_windows, eval_batch, ctx.device, tc.precision, ctx)
+            last_val, last_val_step = evaluate_windows(wrapped, val_windows, eval_batch, ctx.device, tc.precision,
+                                                       ctx), step
             log.record({"step": step, "split": "val", "val_loss": last_val["loss"], "val_ppl": last_val["ppl"]})
             log.say(f"step {step}: val loss {last_val['loss']:.4f}, ppl {last_val['ppl']:.2f} "
                     f"(bigram {baseline['bigram_ppl']:.2f})")
         if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.max_steps:
             save_checkpoint(ckpt_root, step, wrapped, optimizer, checkpoint_meta(), tc.keep_checkpoints, ctx.is_main)
             ctx.barrier()
-    if last_val is None:  # nothing left to train (resumed at the end): report the checkpoint's quality
-        last_val = evaluate_windows(wrapped, val_windows, eval_batch, ctx.device, tc.precision, ctx)
-    seconds = time.perf_counter() - start_time
-    result = TrainResult(run_dir, step, last_val["loss"], last_val["ppl"], baseline["bigram_ppl"],
-                         baseline["unigram_ppl"], tokens_seen, seconds, num_params)
+    # the reported number: the final weights on the final windows (the whole validation split by default)
+    if final_windows is val_windows and last_val_step == step:
+        final = last_val
+    else:
+        final = evaluate_windows(wrapped, final_windows, eval_batch, ctx.device, tc.precision, ctx)
+    now = time.perf_counter()
+    # wall from the call (data preparation included), CPU of the whole process (all threads, imports included)
+    seconds, session_seconds, cpu_seconds = now - start_time, now - session_t0, time.process_time()
+    result = TrainResult(run_dir, step, final["loss"], final["ppl"], final_baseline["bigram_ppl"],
+                         final_baseline["unigram_ppl"], tokens_seen, seconds, num_params)
     if ctx.is_main:
-        summary = {"steps": step, "val_loss": last_val["loss"], "val_ppl": last_val["ppl"],
-                   "bigram_ppl": baseline["bigram_ppl"], "unigram_ppl": baseline["unigram_ppl"],
-                   "num_params": num_params, "tokens": tokens_seen, "train_seconds_this_session": round(seconds, 1)}
+        bpc = _bits_per_char(final, data)
+        bigram_bpc = _bits_per_char({"loss": final_baseline.get("bigram_loss", math.nan),
+                                     "tokens": final_baseline["tokens"]}, data)
+        log.record({"step": step, "event": "final", "split": "val", "final_val_loss": final["loss"],
+                    "final_val_ppl": final["ppl"], "final_val_tokens": final["tokens"],
+                    "final_bigram_ppl": final_baseline["bigram_ppl"], **({"bits_per_char": bpc} if bpc else {}),
+                    **({"bigram_bits_per_char": bigram_bpc} if bigram_bpc else {})})
+        summary = {"steps": step, "val_loss": final["loss"], "val_ppl": final["ppl"], "val_tokens": final["tokens"],
+                   "bigram_ppl": final_baseline["bigram_ppl"], "unigram_ppl": final_baseline["unigram_ppl"],
+                   "bigram_ratio": final_baseline["bigram_ppl"] / final["ppl"], "val_bits_per_char": bpc,
+                   "bigram_bits_per_char": bigram_bpc,
+                   "num_params": num_params, "tokens": tokens_seen, "precision": tc.precision,
+                   "train_seconds_this_session": round(seconds, 1),
+                   "wall_seconds_this_session": round(session_seconds, 1),
+                   "process_cpu_seconds": round(cpu_seconds, 1)}
         write_json_atomic(run_dir / "summary.json", summary)
-        ratio = baseline["bigram_ppl"] / last_val["ppl"]
-        log.say(f"done: val ppl {last_val['ppl']:.2f} vs bigram {baseline['bigram_ppl']:.2f} "
-                f"({ratio:.2f}x lower), unigram {baseline['unigram_ppl']:.2f}; run directory {run_dir}")
+        ratio = final_baseline["bigram_ppl"] / final["ppl"]
+        log.say(f"done: val ppl {final['ppl']:.2f} vs bigram {final_baseline['bigram_ppl']:.2f} ({ratio:.2f}x lower), "
+                f"unigram {final_baseline['unigram_ppl']:.2f}, on {final['tokens']:,} validation tokens"
+                f"{f' ({bpc:.3f} bits/char, bigram {bigram_bpc:.3f})' if bpc and bigram_bpc else ''}; {session_seconds:.0f} s wall, {cpu_seconds:.0f} s CPU "
+                f"(this process, all threads); run directory {run_dir}")
     return result
+
+
+def _bits_per_char(res: dict, data: PreparedData) -> float | None:
+    """Total validation loss over the split's characters, in bits (comparable across vocabularies);
+    None unless ``res`` scored every token of the split (all but the first)."""
+    chars = data.meta.get("splits", {}).get("val", {}).get("chars")
+    if not chars or not res["tokens"] or res["tokens"] != len(data.split("val")) - 1:
+        return None
+    return res["loss"] * res["tokens"] / (chars * math.log(2))
 
 
 @contextlib.contextmanager
