@@ -30,7 +30,8 @@ from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.core.registry import register_mixer
-from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
+from tokenmix.mixers.base import Mixer, MixerConfig
+from tokenmix.mixers.pattern_cache import PatternCache
 
 
 @dataclass(frozen=True)
@@ -38,24 +39,25 @@ class AttentionConfig(MixerConfig):
     """Softmax attention has no fields beyond the shared ones (heads, head dimension)."""
 
 
-class KVCache(MixerState):
-    """Keys and values of the cached past positions, oldest first.
+class KVCache(PatternCache):
+    """Keys and values of the cached past positions, oldest first, in storage that grows by doubling
+    (``PatternCache``): a decode step appends its key and value in place, O(H K), instead of
+    re-copying the whole O(n) cache, and a window's eviction only advances a start offset.
 
-    Attributes:
+    Attributes (views of the held entries):
         keys: [B, P, H, K].
         values: [B, P, H, V].
         position: number of tokens seen so far (the cache holds positions position - P .. position - 1).
     """
 
-    def __init__(self, owner: str, batch_size: int, position: int, keys: Tensor, values: Tensor) -> None:
-        self.owner, self.batch_size, self.position = owner, batch_size, position
-        self.keys, self.values = keys, values
+    def appended(self, keys: Tensor, values: Tensor) -> "KVCache":
+        """This cache with the next segment's keys [B, T, H, K] and values [B, T, H, V] after its
+        own, nothing evicted: ``.keys`` / ``.values`` are the [B, P + T, .] buffers the segment reads."""
+        return self.extend(keys, values, self.position + keys.shape[1], keep_from=0)
 
-    def tensors(self) -> dict[str, Tensor]:
-        return {"keys": self.keys, "values": self.values}
-
-    def cached_positions(self) -> int:
-        return int(self.keys.shape[1])
+    def keeping(self, keep: int) -> "KVCache":
+        """The cache holding only its last ``keep`` positions (a window's eviction)."""
+        return self.extend(self.keys[:, :0], self.values[:, :0], self.position, keep_from=self.position - keep)
 
 
 def allowed_keys(p: int, t: int, window: int | None, device: torch.device | str = "cpu",
@@ -133,28 +135,26 @@ class SoftmaxAttention(Mixer):
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
         return q, k, v  # each [B, T, H, K]
 
-    def _start(self, x: Tensor, state: KVCache | None):
-        """Projections and the key/value buffers [B, P + T, H, K] (cache first) of a segment."""
+    def _start(self, x: Tensor, state: KVCache | None) -> tuple[KVCache, Tensor, KVCache]:
+        """Projections of a segment: (state, q [B, T, H, K], the cache with the segment appended,
+        whose keys / values [B, P + T, H, .] are the buffers the segment reads, cache first)."""
         if state is None:
             state = self.empty_state(x.shape[0], x.device, x.dtype)
         q, k, v = self._project(x)
-        return state, q, torch.cat([state.keys, k], 1), torch.cat([state.values, v], 1)
+        return state, q, state.appended(k, v)
 
     def _kept(self, total: int) -> int:
         """Past positions the cache keeps once ``total`` positions have been seen."""
         return total if self.window is None else min(total, self.window - 1)
 
-    def _finish(self, state: KVCache, kbuf: Tensor, vbuf: Tensor, y: Tensor) -> tuple[Tensor, KVCache]:
-        """Output projection of y [B, T, H, V] and the next cache (the last positions of the buffers)."""
-        keep = self._kept(state.position + y.shape[1])
-        start = kbuf.shape[1] - keep
-        new = KVCache(state.owner, state.batch_size, state.position + y.shape[1], kbuf[:, start:],
-                      vbuf[:, start:]).carry_over(state)
-        return self.out(y.flatten(2)), new
+    def _finish(self, grown: KVCache, y: Tensor) -> tuple[Tensor, KVCache]:
+        """Output projection of y [B, T, H, V] and the next cache (the last positions of ``grown``)."""
+        return self.out(y.flatten(2)), grown.keeping(self._kept(grown.position))
 
     # ---------------------------------------------------------------- modes
     def forward_sdpa(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
-        state, q, kbuf, vbuf = self._start(x, state)
+        state, q, grown = self._start(x, state)
+        kbuf, vbuf = grown.keys, grown.values
         p, t = state.cached_positions(), x.shape[1]
         key_start = state.padded_keys(p)
         qh, kh, vh = (z.transpose(1, 2) for z in (q, kbuf, vbuf))  # [B, H, ., K]
@@ -165,10 +165,11 @@ class SoftmaxAttention(Mixer):
             # offset by P cached keys: pass the causal (and window, padding) mask explicitly.
             mask = allowed_keys(p, t, self.window, x.device, key_start)
             y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
-        return self._finish(state, kbuf, vbuf, y.transpose(1, 2))
+        return self._finish(grown, y.transpose(1, 2))
 
     def forward_dense(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
-        state, q, kbuf, vbuf = self._start(x, state)
+        state, q, grown = self._start(x, state)
+        kbuf, vbuf = grown.keys, grown.values
         p = state.cached_positions()
         probs = attention_probs(q, kbuf, p, self.window, state.padded_keys(p))  # [B, H, T, P + T]
         mix_a = probs[..., p:]
@@ -176,30 +177,27 @@ class SoftmaxAttention(Mixer):
         # right-hand side, read through the prefix columns of the softmax
         offset = torch.einsum("bhts,bshv->bthv", probs[..., :p], vbuf[:, :p]) if p else None
         y = solve_dense(MixOperator(mix_a, torch.zeros_like(mix_a)), vbuf[:, p:], offset=offset)
-        return self._finish(state, kbuf, vbuf, y)
+        return self._finish(grown, y)
 
     def forward_recurrent(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
-        """Token-by-token reference: append k_t, v_t to the cache, read it, evict beyond the window."""
+        """Token by token: append k_t, v_t to the cache (in place), read it, evict beyond the window."""
         if state is None:
             state = self.empty_state(x.shape[0], x.device, x.dtype)
         q, k, v = self._project(x)
         ys = []
         for s in range(x.shape[1]):
             state.observe()
-            keys = torch.cat([state.keys, k[:, s : s + 1]], 1)  # [B, P + 1, H, K]
-            values = torch.cat([state.values, v[:, s : s + 1]], 1)
+            grown = state.appended(k[:, s : s + 1], v[:, s : s + 1])
+            keys, values = grown.keys, grown.values  # [B, P + 1, H, K]
             scores = torch.einsum("bhk,bshk->bhs", q[:, s], keys) / math.sqrt(self.head_dim)
             scores = mask_padding_keys(scores, state.padded_keys(keys.shape[1] - 1))
             ys.append(torch.einsum("bhs,bshv->bhv", torch.softmax(scores, -1), values))
-            keep = self._kept(state.position + 1)
-            state = KVCache(state.owner, state.batch_size, state.position + 1, keys[:, keys.shape[1] - keep :],
-                            values[:, values.shape[1] - keep :]).carry_over(state)
+            state = grown.keeping(self._kept(grown.position))
         return self.out(torch.stack(ys, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> KVCache:
-        empty = torch.zeros(batch_size, 0, self.n_heads, self.head_dim, device=device, dtype=dtype)
-        return KVCache(self.owner, batch_size, 0, empty, empty.clone())
+        return KVCache.empty(self.owner, batch_size, self.n_heads, self.head_dim, self.head_dim, device, dtype)
 
     def materialize(self, x: Tensor) -> MixOperator:
         q, k, _ = self._project(x)

@@ -105,9 +105,9 @@ class LocalAttention(SoftmaxAttention):
         return self.config.window
 
     def forward_banded(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
-        state, q, kbuf, vbuf = self._start(x, state)
+        state, q, grown = self._start(x, state)
         key_start = state.padded_keys(state.cached_positions())
-        return self._finish(state, kbuf, vbuf, banded_attention(q, kbuf, vbuf, self.window, key_start))
+        return self._finish(grown, banded_attention(q, grown.keys, grown.values, self.window, key_start))
 
 
 register_mixer("local_attention", LocalAttentionConfig, family="attention",

@@ -8,7 +8,8 @@ keep exactly the needed positions in fresh storage each step, O(|cache|).
 
 Each call returns a new ``PatternCache``; several may share one storage. A cache appends in place
 only if it is the latest one on its storage (nothing was written after its entries); extending an
-older one (a branch) copies its entries first, so every cache returned stays valid.
+older one (a branch) copies its entries first, so every cache returned stays valid; so does an
+append that autograd records (training through states), whose inputs a backward may still need.
 """
 from __future__ import annotations
 
@@ -18,6 +19,12 @@ from torch import Tensor
 from tokenmix.mixers.base import MixerState
 
 _MIN_CAPACITY = 16
+
+
+def _records_grad(keys: Tensor, values: Tensor, store: "_Storage") -> bool:
+    """Whether an append would be recorded by autograd: then it goes to fresh storage, since the
+    held views may be saved for a backward that an in-place write would invalidate."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (keys, values, store.keys, store.values))
 
 
 class _Storage:
@@ -123,7 +130,7 @@ class PatternCache(MixerState):
             # a first segment (a training forward, a prefill): its tensors become the storage as they
             # are, no copy; the first append after it finds the storage full and doubles it
             store, start = _Storage(keys, values, new_pos, n), 0
-        elif store.end == at and at + n <= store.capacity:
+        elif store.end == at and at + n <= store.capacity and not _records_grad(keys, values, store):
             store.write(at, keys, values, new_pos)  # the latest cache on this storage: append in place
             start = self._start + drop
         else:  # full, or an older cache being extended (a branch): fresh storage, doubled
@@ -132,7 +139,7 @@ class PatternCache(MixerState):
             store = _Storage.holding([(self.keys[:, hold], self.values[:, hold], self.positions[hold]),
                                       (keys[:, new], values[:, new], new_pos[new])], max(_MIN_CAPACITY, 2 * size))
             start = 0
-        return PatternCache(self.owner, self.batch_size, new_position, store, start, size).carry_over(self)
+        return type(self)(self.owner, self.batch_size, new_position, store, start, size).carry_over(self)
 
     def _select(self, keys: Tensor, values: Tensor, new_pos: Tensor, new_position: int, keep: list[int]
                 ) -> "PatternCache":
@@ -140,4 +147,4 @@ class PatternCache(MixerState):
         slot = torch.searchsorted(all_pos, torch.as_tensor(keep, dtype=torch.long))
         kept = (torch.cat([self.keys, keys], 1)[:, slot], torch.cat([self.values, values], 1)[:, slot], all_pos[slot])
         store = _Storage.holding([kept], max(_MIN_CAPACITY, len(keep)))
-        return PatternCache(self.owner, self.batch_size, new_position, store, 0, len(keep)).carry_over(self)
+        return type(self)(self.owner, self.batch_size, new_position, store, 0, len(keep)).carry_over(self)
