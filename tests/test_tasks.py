@@ -200,3 +200,42 @@ def test_masked_accuracy_counts_answer_positions_only():
     logits = torch.zeros(1, 4, 3)
     logits[0, :, 2] = 1.0  # predicts 2 everywhere
     assert masked_accuracy(logits, labels) == (1, 2)
+
+
+def _guess_accuracy(task, data, candidates_of, rng) -> float:
+    """Accuracy of a guesser that picks uniformly among ``candidates_of(x)`` at every answer position."""
+    correct = total = 0
+    for x, y in zip(data.inputs.tolist(), data.labels.tolist()):
+        cands = candidates_of(x)
+        for lab in y:
+            if lab != IGNORE_INDEX:
+                correct += int(cands[rng.integers(len(cands))] == lab)
+                total += 1
+    return correct / total
+
+
+def test_guessing_baselines_are_what_a_guesser_scores():
+    """The baselines compare reports as 'guessing levels' are the accuracy of the guessers they name."""
+    rng = np.random.default_rng(0)
+    mqar = make_task("assoc_recall", vocab_size=64, seq_len=32, num_kv_pairs=4, random_non_queries=False)
+    d = mqar.build(2000, seed=0)
+    in_context = _guess_accuracy(mqar, d, lambda x: x[1:8:2], rng)  # one of the 4 values shown
+    assert abs(in_context - mqar.baselines()["a value of the context"]) < 0.02
+    uniform = _guess_accuracy(mqar, d, lambda x: list(range(32, 64)), rng)
+    assert abs(uniform - mqar.baselines()["uniform value"]) < 0.01
+
+    hop = make_task("multi_hop", vocab_size=64, seq_len=32, num_chains=3, hops=2)
+    d = hop.build(2000, seed=0)
+
+    def chain_ends(x):  # values of the context that are never a key: no lookup needed to find them
+        keys, vals = x[0:12:2], x[1:12:2]
+        return [v for v in vals if v not in keys]
+
+    assert abs(_guess_accuracy(hop, d, chain_ends, rng) - hop.baselines()["a chain end of the context"]) < 0.02
+
+    copy = make_task("copy", vocab_size=16, seq_len=32, copy_len=12, offset=20)
+    d = copy.build(1000, seed=0)
+    assert abs(_guess_accuracy(copy, d, lambda x: list(range(2, 16)), rng) - copy.baselines()["uniform symbol"]) < 0.01
+    for name in SMALL:
+        task = make_task(name, **SMALL[name])
+        assert task.baselines() and all(0 < v <= 1 for v in task.baselines().values())

@@ -79,6 +79,12 @@ class TaskConfig(ABC):
     def _generate(self, num_examples: int, seed: int) -> TaskData:
         """The task's generator (each task file documents it)."""
 
+    @abstractmethod
+    def baselines(self) -> dict[str, float]:
+        """Expected accuracy of guessers that read no binding: uniform over the possible answers, and
+        (where the task has one) a guess among the candidates that the context shows. A model at one
+        of these levels has learned what an answer looks like, not how to find it."""
+
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.name, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
 

@@ -87,6 +87,9 @@ class EntityTrackingConfig(TaskConfig):
     def ask(self, box: int) -> int:
         return self.ask_base + box
 
+    def baselines(self) -> dict[str, float]:
+        return {"uniform object": 1 / self.num_objects, "an object of the context": 1 / self.num_chains}
+
     def _generate(self, num_examples: int, seed: int) -> TaskData:
         rng = np.random.default_rng(seed)
         c, n = self.num_chains, self.num_changes
