@@ -190,3 +190,23 @@ def test_parallel_workers_match_in_process(tmp_path):
     assert [r["test_acc"] for r in serial.results] == [r["test_acc"] for r in parallel.results]
     assert [r["run_id"] for r in parallel.results] == [c.run_id for c in configs]
     assert Path(tmp_path / "b" / "results.csv").is_file()
+
+
+def test_evaluate_counts_only_the_scored_answers():
+    """Shallow questions are trained on but accuracy counts only the score_mask positions."""
+    from tokenmix.tasks import TaskData
+
+    model = MixerModel(ModelConfig(vocab_size=6, d_model=8, n_heads=2, mlp=False, layers=("first_order",)))
+    inputs = torch.randint(0, 6, (4, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        pred = model(inputs)[0].argmax(-1)
+    labels = torch.full((4, 5), -100)
+    labels[:, 1] = pred[:, 1]          # answered right
+    labels[:, 3] = (pred[:, 3] + 1) % 6  # answered wrong
+    every = TaskData(inputs, labels)
+    deep = TaskData(inputs, labels, score_mask=labels.ne(-100) & (torch.arange(5) == 3))
+    assert harness.evaluate(model, every) == pytest.approx(0.5)
+    assert harness.evaluate(model, deep) == 0.0
+    assert harness.evaluate(model, deep, batch_size=3) == 0.0  # sliced batches keep their masks
+    with pytest.raises(ValueError, match="without an answer"):
+        TaskData(inputs, labels, score_mask=torch.ones(4, 5, dtype=torch.bool))

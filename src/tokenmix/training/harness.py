@@ -244,15 +244,16 @@ def dataset(task: TaskConfig, num_examples: int, seed: int) -> TaskData:
 
 @torch.no_grad()
 def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str | None = None) -> float:
-    """Accuracy over the answer positions of ``data`` (labels != −100)."""
+    """Accuracy over the scored answer positions of ``data`` (labels != −100, within ``score_mask``)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     correct = total = 0
     for i in range(0, len(data), batch_size):
-        logits, _ = model(data.inputs[i : i + batch_size].to(device), mode=mode)
+        part = data[i : i + batch_size]
+        logits, _ = model(part.inputs.to(device), mode=mode)
         logits = logits.cpu()
-        c, n = masked_accuracy(logits, data.labels[i : i + batch_size])
+        c, n = masked_accuracy(logits, part.labels, part.scored)
         correct, total = correct + c, total + n
     model.train(was_training)
     return correct / max(total, 1)
