@@ -128,9 +128,20 @@ def test_presets_in_the_repository_build_valid_sweeps():
         for cfg in configs[:: max(1, len(configs) // 10)]:
             cfg.validate()
         assert len({c.seed for c in configs}) >= 3
-    _, quick, _ = load_preset("quick")
-    labels = list(dict.fromkeys(c.label for c in quick(["first_order"])))
-    assert labels[-1] == "first_order" and "pow2" in labels and "sq1_ce" in labels
+    _, quick, module = load_preset("quick")
+    configs = quick(["diag_ssm"])
+    labels = list(dict.fromkeys(c.label for c in configs))
+    assert labels[-1] == "diag_ssm" and "pow2" in labels and "sq1_ce" in labels and "first_order" in labels
+    # one recipe for every row: the window-2 shift, then the row's mixer; local attention keeps its window
+    for c in configs:
+        mcfg = c.model_config()
+        if c.label == "local_attention":
+            assert mcfg.layers == ("local_attention",) * 2 and mcfg.mixer_overrides["local_attention"]["window"] == 8
+        else:
+            assert mcfg.layers == ("local_attention", c.label)
+            assert mcfg.mixer_overrides["local_attention"] == {"window": module.SHIFT_WINDOW}
+        assert (mcfg.d_model, mcfg.n_heads, mcfg.positions, mcfg.tie_weights) == (32, 1, "learned", False)
+    assert len({c.train.lr for c in configs}) >= 2  # a real max over learning rates
 
 
 @pytest.mark.parametrize("extra,needle", [

@@ -104,8 +104,9 @@ def run(args) -> int:
         "trained": outcome.trained, "skipped": outcome.skipped, "workers": workers, "threads": threads,
         "rows": labels, "columns": columns, "baselines": baselines,
         "structure": {k: v.to_dict() for k, v in facts.items()}, "summary": summary,
-        "findings": (compare.qualitative_findings(cells, baselines, lrs)
-                     if any(c in compare.PAPER_TASKS for c in columns) else []),
+        "findings": ((compare.qualitative_findings(cells, baselines, lrs)
+                      if any(c in compare.PAPER_TASKS for c in columns) else [])
+                     + compare.depth_findings(cells, configs, lrs)),
     })
     console.print(f"{outcome.trained} runs trained, {outcome.skipped} already finished; {stats.describe()}")
     console.print(f"report: {out / 'report.md'}  plots: {', '.join(str(p) for p in plots) or '(none)'}  "
