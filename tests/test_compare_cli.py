@@ -182,3 +182,36 @@ def test_unwritable_output_dir_one_line_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "cannot write to output directory" in err[0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "tiny.py"]
+
+
+def test_depth_claim_is_checked_per_number_of_changes():
+    from tokenmix.training.compare import depth_findings
+    from tokenmix.training.harness import RunConfig
+
+    def run(label, layers, n):
+        return RunConfig(label=label, task="entity_tracking", column=f"n={n}",
+                         task_args=dict(num_changes=n, num_chains=2, num_boxes=2 * (n + 1), ask_all_boxes=True,
+                                        score_deepest=True),
+                         model=dict(d_model=8, n_heads=1, mlp=False, layers=layers))
+
+    configs = [run(lab, lay, n) for n in (3, 7) for lab, lay in
+               (("dense_recurrence x1", ["dense_recurrence"]), ("attention x1", ["attention"]),
+                ("attention x2", ["attention"] * 2), ("attention x3", ["attention"] * 3))]
+
+    def cell(acc):
+        return {"acc_mean": acc, "acc_std": 0.01, "n_seeds": 3}
+
+    cells = {("dense_recurrence x1", "n=3"): cell(1.0), ("attention x1", "n=3"): cell(0.5),
+             ("attention x2", "n=3"): cell(0.95), ("attention x3", "n=3"): cell(0.97),
+             ("dense_recurrence x1", "n=7"): cell(0.6), ("attention x1", "n=7"): cell(0.5),
+             ("attention x2", "n=7"): cell(0.55), ("attention x3", "n=7"): cell(0.52)}
+    found = {f["claim"]: f["verdict"] for f in depth_findings(cells, configs)}
+    assert found["n=3: a one-layer dense recurrence / ChaCAL solves 3 state changes (≥ 90 %)"] == "holds"
+    assert found["n=3: attention with fewer than ceil(log2(3 + 1)) = 2 layers fails "
+                 "(≥ 20 points below dense_recurrence x1)"] == "holds"
+    assert found["n=3: fewest attention layers reaching 90 % (lower bound 2)"] == "2 layers"
+    assert found["n=7: a one-layer dense recurrence / ChaCAL solves 7 state changes (≥ 90 %)"] == "does not hold"
+    # 0.5 and 0.55 are not 20 points below the 0.6 of the one-layer recurrence
+    assert found["n=7: attention with fewer than ceil(log2(7 + 1)) = 3 layers fails "
+                 "(≥ 20 points below dense_recurrence x1)"] == "does not hold"
+    assert found["n=7: fewest attention layers reaching 90 % (lower bound 3)"] == "none of 1..3"
