@@ -4,7 +4,8 @@
   gradients of its hand-written backward) for no / per-head / per-key decay, for chunk sizes that
   are 1, odd, not powers of two, or longer than the sequence, with an initial state;
 - decays so strong that exp(-G) overflows float64 (a factored exp(G_i) exp(-G_j) form gives NaN)
-  stay exact;
+  stay exact, whether every chunk takes the safe form or only some (mixed with factored chunks in
+  one call), and both forms are what the op picks for ordinary and for saturated gates;
 - every mixer's ``materialize`` (A_c = diag(k_c), B_c = decay shift, R_c = diag(q_c)·scale, G = K axis)
   has M = sum_c R_c (I - B_c)^{-1} A_c equal to the token view scale · Q Kᵀ ⊙ decay, and
   solve_dense(op, values) + output projection is the mixer's output.
@@ -77,6 +78,42 @@ def test_decays_beyond_exp_overflow_stay_exact(kind):
     o_ref, s_ref = recurrent_gla(q, k, v, g, 0.7, s0)
     assert_close(o, o_ref, 1e-12, f"{kind} output")
     assert_close(s, s_ref, 1e-12, f"{kind} final state")
+
+
+@pytest.mark.parametrize("kind", ["per_head", "per_key"])
+def test_factored_and_safe_chunks_mixed_in_one_call(kind):
+    """One chunk of each sequence saturates (-400 per token) while the others stay mild: the op splits
+    the chunks between its factored and its safe form and must still equal the token loop, gradients
+    included (any NaN from a factored form on a saturated chunk would show here)."""
+    torch.manual_seed(0)
+    q, k, v, g, s0 = _inputs(kind, t=45)
+    g = g.clone()
+    g[:, 8:12] = -400.0  # chunk 1 (chunk size 8) of both sequences
+    g[1, 30] = -500.0    # and chunk 3 of the second only
+    leaves = [z.requires_grad_() for z in (q, k, v, g, s0)]
+    w_o, w_s = torch.randn(2, 45, 2, 3, dtype=DT), torch.randn(2, 2, 5, 3, dtype=DT)
+    results = []
+    for run in (lambda: chunked_gla(q, k, v, g, 0.7, s0, 8), lambda: recurrent_gla(q, k, v, g, 0.7, s0)):
+        o, s = run()
+        grads = torch.autograd.grad((o * w_o).sum() + (s * w_s).sum(), leaves)
+        results.append((o, s, grads))
+    (o, s, grads), (o_ref, s_ref, grads_ref) = results
+    assert_close(o, o_ref, 1e-11, f"{kind} mixed output")
+    assert_close(s, s_ref, 1e-12, f"{kind} mixed final state")
+    for name, gr, gr_ref in zip("qkvgs", grads, grads_ref):
+        assert_close(gr, gr_ref, 1e-11, f"{kind} mixed d{name}")
+
+
+@pytest.mark.parametrize("strength,expect_safe", [(1.0, 0), (400.0, 8)])
+def test_chunk_form_follows_the_decay_span(strength, expect_safe):
+    """Ordinary gates keep every chunk on the factored form; saturated ones send them to the safe form."""
+    from tokenmix.ops.chunked_gla import _split_rows, _to_rows
+
+    torch.manual_seed(0)
+    g = F.logsigmoid(torch.randn(2, 32, 2, 5, dtype=DT)) * strength
+    fast, safe = _split_rows(_to_rows(g, 2, 16).cumsum_(1))
+    n_safe = 8 if safe is None else safe.numel()
+    assert n_safe == expect_safe
 
 
 def test_invalid_arguments_are_refused():

@@ -155,3 +155,42 @@ def test_bad_sizes():
     with pytest.raises(ValueError, match="levels"):
         TranslationInvariant(lambda k: k + 1, "x", max_levels=0)
     assert parse_f("k**2+1")(3) == 10
+
+
+@settings(max_examples=40, deadline=None)
+@given(fvals=increasing_f, n=st.integers(1, 200), levels=st.one_of(st.none(), st.integers(1, 6)))
+def test_needed_from_is_the_contiguous_needed_set(fvals, n, levels):
+    """Exact patterns evict in O(1): needed(t) is the range [needed_from(t), t)."""
+    p = TranslationInvariant(lambda k: fvals[k] if k < len(fvals) else fvals[-1] + 1000 * k, "f", max_levels=levels)
+    for t in range(n):
+        start = p.needed_from(t)
+        assert p.needed(t) == list(range(start, t))
+        later = {j for s in range(t, n + 40) for j in p.neighbors(s) if j < t}
+        assert later <= set(range(start, t))  # nothing a later token reads is evicted
+
+
+def test_needed_from_only_for_contiguous_caches():
+    assert get_pattern("pow2").needed_from(50) == 0
+    assert get_pattern("window:4").needed_from(50) == 46
+    assert get_pattern("pow2_ce").needed_from(50) is None  # the lattice keeps scattered positions
+    assert get_pattern("fenwick").needed_from(50) is None
+
+
+def test_window_detection():
+    assert get_pattern("dense").window(100) == 99
+    assert get_pattern("f:k+1").window(10) == 9
+    assert get_pattern("window:7").window(100) == 7
+    assert get_pattern("window:7").window(4) == 3
+    assert get_pattern("first_order").window(100) == 1
+    assert get_pattern("pow2").window(100) is None  # distances 1, 2, 4: not contiguous
+    assert get_pattern("pow2").window(3) == 2  # ... until the third level exists
+    assert get_pattern("sq1").window(100) is None
+
+
+@pytest.mark.parametrize("spec", ["pow2", "sq1", "window:5", "f:3**k", "dense"])
+def test_translation_invariant_tables_have_distinct_levels(spec):
+    """Deduplication is skipped for exact patterns: check its premise, every row's reads differ."""
+    table = get_pattern(spec).neighbor_table(0, 300).numpy()
+    for row in table:
+        reads = row[row >= 0]
+        assert len(set(reads.tolist())) == len(reads)

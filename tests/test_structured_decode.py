@@ -81,3 +81,53 @@ def test_16k_float32_extreme_coefficients_stay_finite(name, coef):
     y.square().mean().backward()
     assert torch.isfinite(y).all() and torch.isfinite(x.grad).all()
     assert all(torch.isfinite(p.grad).all() for p in m.parameters())
+
+
+@torch.no_grad()
+def test_exact_pattern_decode_step_appends_in_place():
+    """A decode step of an exact pattern (O(n) cache) must not copy the cache: after the first
+    step doubles the prefill's storage, later steps append into the same storage."""
+    m = build_mixer("pow2", 8, n_heads=2)
+    _, state = m(torch.randn(1, 2000, 8))
+    _, state = m.step(torch.randn(1, 8), state)
+    store = state._store
+    assert store.capacity >= 2 * 2000
+    for _ in range(100):
+        _, state = m.step(torch.randn(1, 8), state)
+        assert state._store is store
+    assert state.positions.tolist() == list(range(2101))
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", ["pow2", "sq1", "kth_order", "first_order"])
+def test_decode_storage_grows_geometrically(name):
+    """From an empty cache, N steps reallocate O(log N) times (exact) or every ~capacity / 2 steps
+    with an O(window) copy (windows): O(1) amortised per step."""
+    m = build_mixer(name, 8, n_heads=2)
+    state, stores, n = None, set(), 600
+    for t in range(n):
+        _, state = m.step(torch.randn(1, 8), state)
+        stores.add(id(state._store))
+        assert state.positions.tolist() == m.pattern.needed(t + 1)
+    limit = 2 * math.log2(n) if m.pattern.max_levels is None else n / 4
+    assert len(stores) <= limit, f"{name}: {len(stores)} storages for {n} steps"
+
+
+@torch.no_grad()
+@pytest.mark.parametrize("name", ["pow2", "pow2_ce", "kth_order"])
+def test_branching_from_an_older_state(name):
+    """Extending a state that was already extended (beam search, retries) copies first: both
+    branches equal independent runs, and the older branch is left intact."""
+    m = build_mixer(name, 8, n_heads=2).double()
+    x = torch.randn(1, 40, 8, dtype=torch.float64)
+    a, b = torch.randn(1, 8, dtype=torch.float64), torch.randn(1, 8, dtype=torch.float64)
+    _, s0 = m(x)
+    ya, sa = m.step(a, s0)
+    kept = sa.values.clone()
+    yb, sb = m.step(b, s0)  # branch from s0 again
+    assert torch.equal(sa.values, kept)
+    ya2, _ = m.step(a, sa)
+    ref, _ = m(torch.cat([x, a[:, None], b[:, None]], 1)[:, [*range(40), 41]], mode="recurrent")
+    assert torch.allclose(yb, ref[:, -1], atol=1e-12)
+    ref_a, _ = m(torch.cat([x, a[:, None], a[:, None]], 1), mode="recurrent")
+    assert torch.allclose(ya2, ref_a[:, -1], atol=1e-12)

@@ -2,10 +2,18 @@
 ``dense`` vs ``chunked`` modes per pattern, with torch SDPA causal attention as the baseline.
 
 Shapes: B = 1, H = 4, head dim 64 (d_model 256). The dense mode materialises [B, H, n, n]; it is run
-only up to ``MAX_DENSE_N``. The dense *pattern* (every j < t) in chunked mode needs O(n^2) scores,
-so it is skipped beyond ``MAX_DENSE_PATTERN_N``.
+only up to ``MAX_DENSE_N``. The dense *pattern* (every j < t) in chunked mode takes the matmul
+path (ops/pattern_solve.py ``chunked_window_softmax``): O(n C) memory but O(n^2) time, so it is
+skipped beyond ``MAX_DENSE_PATTERN_N`` to keep the run short.
+
+``time_s`` is the best wall time of a fwd+bwd call (``repeats`` calls after a warm-up), ``cpu_s`` the
+best process CPU time of a call (all threads; on a shared machine it is the steadier of the two,
+since time-slicing by other processes inflates wall time), ``peak_mb`` the RSS growth of the
+case's process during the timed calls (activations kept for backward included).
 """
 from __future__ import annotations
+
+import time
 
 import torch
 import torch.nn.functional as F
@@ -18,25 +26,36 @@ MAX_DENSE_N = 4096
 MAX_DENSE_PATTERN_N = 4096
 
 
+def _with_cpu_time(work, extra: dict):
+    """fn() running ``work`` and keeping the best process CPU time of a call in extra["cpu_s"] (the
+    worker merges ``extra`` into the result after timing)."""
+
+    def fn():
+        c = time.process_time()
+        work()
+        extra["cpu_s"] = min(extra.get("cpu_s", float("inf")), time.process_time() - c)
+    return fn, extra
+
+
 def prepare_solver_case(case: dict):
     n, h, hd = case["n"], case["heads"], case["head_dim"]
     if case["mixer"] == "sdpa":
         q, k, v = (torch.randn(1, h, n, hd, requires_grad=True) for _ in range(3))
 
-        def fn():
+        def work():
             F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
-        return fn, {}
+        return _with_cpu_time(work, {})
     from tokenmix.core import build_mixer
     m = build_mixer(case["mixer"], h * hd, n_heads=h, chunk_size=case.get("chunk_size", 64))
     x = torch.randn(1, n, h * hd, requires_grad=True)
 
-    def fn():
+    def work():
         y, _ = m(x, mode=case["mode"])
         y.sum().backward()
-    return fn, {}
+    return _with_cpu_time(work, {})
 
 
-def cases(sizes: list[int], patterns: list[str], heads: int = 4, head_dim: int = 64, repeats: int = 2) -> list[dict]:
+def cases(sizes: list[int], patterns: list[str], heads: int = 4, head_dim: int = 64, repeats: int = 3) -> list[dict]:
     out = []
     for n in sizes:
         base = {"kind": "solver", "n": n, "heads": heads, "head_dim": head_dim, "repeats": repeats}
@@ -62,16 +81,26 @@ def run(sizes: list[int] | None = None, patterns: list[str] | None = None, progr
 
 def summarize(results: list[dict]) -> dict:
     t = {(r["mixer"], r["mode"], r["n"]): r["time_s"] for r in results if "time_s" in r}
+    cpu = {(r["mixer"], r["mode"], r["n"]): r["cpu_s"] for r in results if "cpu_s" in r}
+    mem = {(r["mixer"], r["mode"], r["n"]): r["peak_mb"] for r in results if "peak_mb" in r}
     ns = sorted({r["n"] for r in results})
     summary: dict = {}
     for (mixer, mode, n), v in t.items():
         entry = summary.setdefault(f"{mixer}/{mode}", {})
         entry[f"time_s@{n}"] = round(v, 4)
+        if (mixer, mode, n) in cpu:
+            entry[f"cpu_s@{n}"] = round(cpu[(mixer, mode, n)], 4)
         if (mixer, "dense", n) in t and mode == "chunked":
             entry[f"dense_over_chunked@{n}"] = round(t[(mixer, "dense", n)] / v, 2)
+            if (mixer, "dense", n) in cpu and (mixer, mode, n) in cpu:
+                entry[f"dense_over_chunked_cpu@{n}"] = round(cpu[(mixer, "dense", n)] / cpu[(mixer, mode, n)], 2)
         if ("sdpa", "sdpa", n) in t:
             entry[f"over_sdpa@{n}"] = round(v / t[("sdpa", "sdpa", n)], 3)
+        if (mixer, mode, n) in mem:
+            entry[f"peak_mb@{n}"] = round(mem[(mixer, mode, n)], 1)
     for key, entry in summary.items():
         if f"time_s@{ns[0]}" in entry and f"time_s@{ns[-1]}" in entry and len(ns) > 1:
             entry[f"growth_{ns[-1]}/{ns[0]}"] = round(entry[f"time_s@{ns[-1]}"] / entry[f"time_s@{ns[0]}"], 2)
+        if f"cpu_s@{ns[0]}" in entry and f"cpu_s@{ns[-1]}" in entry and len(ns) > 1:
+            entry[f"growth_cpu_{ns[-1]}/{ns[0]}"] = round(entry[f"cpu_s@{ns[-1]}"] / entry[f"cpu_s@{ns[0]}"], 2)
     return summary

@@ -17,12 +17,12 @@ Since gamma < 1 and p_ii <= 1, d_i <= 1 / (1 - gamma). gamma = sigmoid(theta_h) 
 theta initialised from the config's gamma (a gamma of 0 starts at a tiny positive value so it can
 still be learned).
 
-Modes: ``chunked`` (training default: block forward substitution over chunks of C queries; the
-right-hand side of a chunk, A V plus B times the outputs of earlier chunks, is two matmuls against
-the [C, P + e] softmax rows, then one C x C unit-triangular solve; each chunk is recomputed in the
-backward pass instead of stored, so memory stays O(T C) rather than O(T^2)), ``dense`` (materialise
-A, B and call the reference solver), ``recurrent`` (token by token with a cache of the key, value
-and output of every past position: O(n) per token).
+Modes: ``chunked`` (training default, ops/chunked_chacal.py: block forward substitution over chunks
+of C queries; the right-hand side of a chunk, A V plus B times the outputs of earlier chunks, is
+matmuls against the [C, P + e] softmax rows, then one C x C triangular solve; a hand-written backward
+recomputes each chunk's softmax rows from their saved log-sum-exp, so memory stays O(T (K + V))
+rather than O(T^2)), ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token
+by token with a cache of the key, value and output of every past position: O(n) per token).
 """
 from __future__ import annotations
 
@@ -31,12 +31,12 @@ from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
-from torch.utils.checkpoint import checkpoint
 
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.core.registry import register_mixer
 from tokenmix.mixers.attention import attention_probs
 from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
+from tokenmix.ops.chunked_chacal import chunked_chacal
 
 _GAMMA_FLOOR = 1e-9  # gamma = 0 would put theta at -inf, where sigmoid has zero gradient
 
@@ -71,37 +71,6 @@ class ChainCache(MixerState):
 
     def cached_positions(self) -> int:
         return int(self.keys.shape[1])
-
-
-def _chain_chunk(q_c: Tensor, kbuf: Tensor, v_c: Tensor, gamma: Tensor, *w_earlier: Tensor) -> Tensor:
-    """Outputs of one chunk of C queries (head-first layout).
-
-    Args:
-        q_c: [B, H, C, K] queries at buffer positions E .. E + C - 1 (E earlier positions).
-        kbuf: [B, H, E + C, K] keys up to the chunk's end.
-        v_c: [B, H, C, V] values of the chunk.
-        gamma: [H].
-        w_earlier: pieces of w_j = (1 - gamma) v_j + gamma y_j for the E earlier positions,
-            [B, H, ., V] each, in order: what row i of A and B together read from position j < i.
-    Returns:
-        y_c: [B, H, C, V].
-    """
-    c, k = q_c.shape[2], q_c.shape[3]
-    e = kbuf.shape[2] - c
-    g = gamma[:, None, None]  # [H, 1, 1]
-    scores = (q_c / math.sqrt(k)) @ kbuf.transpose(-1, -2)  # [B, H, C, E + C]
-    # only the chunk's own C x C block needs the causal mask; masking in place spares a pass over
-    # the [C, E + C] rows, the bulk of the work
-    future = torch.ones(c, c, dtype=torch.bool, device=q_c.device).triu(1)
-    scores[..., e:].masked_fill_(future, float("-inf"))
-    probs = torch.softmax(scores, -1)
-    inner = probs[..., e:]  # [B, H, C, C], lower triangular
-    d = 1.0 / (1.0 - g * inner.diagonal(dim1=-2, dim2=-1)[..., None])  # [B, H, C, 1]
-    rhs = (1.0 - g) * (inner @ v_c)  # A on the chunk's own values (before the row scaling d)
-    if e:
-        rhs = rhs + probs[..., :e] @ torch.cat(w_earlier, 2)  # A and B on earlier positions, one matmul
-    eye = torch.eye(c, dtype=q_c.dtype, device=q_c.device)
-    return torch.linalg.solve_triangular(eye - d * g * inner.tril(-1), d * rhs, upper=False, unitriangular=True)
 
 
 class ChainCausalAttention(Mixer):
@@ -148,24 +117,10 @@ class ChainCausalAttention(Mixer):
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: ChainCache | None) -> tuple[Tensor, ChainCache]:
         state, q, kbuf, vbuf = self._start(x, state)
-        p, t, c = state.cached_positions(), x.shape[1], self.config.chunk_size
         qh, kh, vh = (z.transpose(1, 2) for z in (q, kbuf, vbuf))  # [B, H, ., K]
-        gamma = self.gamma
-        g = gamma[:, None, None]
-        # earlier positions are read through w_j = (1 - gamma) v_j + gamma y_j (A and B share P)
-        w_pieces = [(1.0 - g) * vh[:, :, :p] + g * state.outputs.transpose(1, 2)] if p else []
-        y_pieces = []
-        # recomputing a chunk in the backward pass keeps only O(T K) alive instead of its [C, P + e]
-        # softmax rows, which summed over the chunks would be the whole T x T matrix
-        recompute = torch.is_grad_enabled() and any(z.requires_grad for z in (qh, kh, vh, gamma))
-        for s in range(0, t, c):
-            e = min(s + c, t)
-            args = (qh[:, :, s:e], kh[:, :, : p + e], vh[:, :, p + s : p + e], gamma, *w_pieces)
-            y_c = checkpoint(_chain_chunk, *args, use_reentrant=False) if recompute else _chain_chunk(*args)
-            y_pieces.append(y_c)
-            w_pieces.append((1.0 - g) * vh[:, :, p + s : p + e] + g * y_c)
-        y = torch.cat(y_pieces, 2).transpose(1, 2)  # [B, T, H, V]
-        return self._finish(state, kbuf, vbuf, y)
+        y = chunked_chacal(qh / math.sqrt(self.head_dim), kh, vh, state.outputs.transpose(1, 2), self.gamma,
+                           self.config.chunk_size)
+        return self._finish(state, kbuf, vbuf, y.transpose(1, 2))
 
     def forward_dense(self, x: Tensor, state: ChainCache | None) -> tuple[Tensor, ChainCache]:
         state, q, kbuf, vbuf = self._start(x, state)

@@ -13,7 +13,10 @@ other layers; the D skip is optional (``d_skip``) and pointwise in time, so not 
 As gated linear attention (references.md, the Mamba-1 <-> GLA mapping): one head per channel,
 K = N, V = 1, q = C_t, k = B_t, v = Delta_t u_t, per-key log decay gk_{t,n} = Delta_t A_{d,n},
 scale 1 (fla's naive_recurrent_gla has a fixed K^-1/2, so it needs q = C·sqrt(N)). The state is
-[B, D_in, N, 1]; the chunked form is ops/chunked_gla.py with a per-key decay.
+[B, D_in, N, 1]. The dense and recurrent modes use that mapping (mixers/gla_family.py); the chunked
+mode is ops/selective_scan.py on the compact inputs (u, Delta [B, T, D_in], A [D_in, N], B_t, C_t
+[B, T, N]): a blocked scan whose work and memory are linear in T, where the GLA mapping's chunked
+form would spend O(C N) per token and channel on V = 1 "matmuls" and hold [B, T, D_in, N] tensors.
 
 (A, B) forms over the values X = Delta·u (mixers/gla_family.py), per channel d and state n:
     first-order view:  A_n = diag(B_{·,n}), B_n[t, t-1] = exp(Delta_t A_{d,n}), R_n = diag(C_{·,n});
@@ -28,13 +31,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.registry import register_mixer
-from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
 from tokenmix.mixers.mamba2 import SelectiveSSMConfig, inverse_softplus_dt
+from tokenmix.ops.selective_scan import selective_scan
 
 
 @dataclass(frozen=True)
 class DiagSSMConfig(SelectiveSSMConfig):
-    chunk_size: int = 4    # C of the chunked form: with V = 1 the O(T C N) intra-chunk work dominates, so small
+    chunk_size: int = 64   # tokens per block of the selective scan (its [B, L, D_in, N] working set)
 
 
 @register_mixer("diag_ssm", DiagSSMConfig, family="state space model",
@@ -42,8 +46,7 @@ class DiagSSMConfig(SelectiveSSMConfig):
                         "B_n = exp(Delta A_n) shift, R_n = diag(C_n) / B = 0 token view: A = sum_n C_n B_n decay_n")
 class DiagSSM(GatedLinearMixer):
     config_cls = DiagSSMConfig
-    reassociates = True  # the chunked form factors the decay products as exp(G_i - G_j)
-    test_overrides = {"state_dim": 4}
+    test_overrides = {"state_dim": 4}  # the chunked scan is the recurrence's own arithmetic: exact tolerance
 
     def __init__(self, config: DiagSSMConfig, d_model: int) -> None:
         super().__init__(config, d_model)
@@ -56,6 +59,28 @@ class DiagSSM(GatedLinearMixer):
         self.A_log = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(d_in, 1))
         self.D = nn.Parameter(torch.ones(d_in)) if config.d_skip else None
         self.out = nn.Linear(d_in, d_model, bias=False)
+
+    def _scan_inputs(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+        """u, Delta [B, T, D_in], A = -exp(A_log) [D_in, N], B_t, C_t [B, T, N] (no [B, T, D_in, N] tensor)."""
+        u = self.in_proj(x)
+        delta = F.softplus(self.dt_proj(x) + self.dt_bias)
+        bs, cs = self.bc_proj(x).chunk(2, dim=-1)
+        return u, delta, -self.A_log.exp(), bs, cs
+
+    def forward_chunked(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
+        u, delta, a, bs, cs = self._scan_inputs(x)
+        s0 = None if state is None else state.memory[..., 0]            # [B, D_in, N]
+        y, h = selective_scan(delta * u, delta, a, bs, cs, s0, self.config.chunk_size)
+        if self.D is not None:
+            y = y + self.D * u
+        return self.out(y), self._next_state(state, h[..., None], x.shape[1], x.shape[0])
+
+    def mixing_core(self, x: Tensor):
+        """(fn, inputs): the selective scan of x without the projections (for benchmarks)."""
+        u, delta, a, bs, cs = self._scan_inputs(x)
+        leaves = tuple(z.detach().requires_grad_() for z in (delta * u, delta, a, bs, cs))
+        block = self.config.chunk_size
+        return (lambda xv, d, a_, b_, c_: selective_scan(xv, d, a_, b_, c_, None, block)), leaves
 
     def _features(self, x: Tensor) -> LinearFeatures:
         """One head per channel: q = C, k = B [B, T, D_in, N], v = Delta·u [B, T, D_in, 1], gk [B, T, D_in, N]."""

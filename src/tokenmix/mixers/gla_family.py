@@ -16,14 +16,16 @@ Two (A, B) views of the same mixing of the values X = V [framework.md §2.3]:
 Row c of S_t is exactly the output z_t^{(c)} of recurrence c, which is how the dense mode also
 returns the final state.
 
-Modes: ``chunked`` (ops/chunked_gla.py), ``dense`` (the state view through core.operator.solve_dense,
-one G = 1 recurrence per (head, key channel) so that an initial state enters as the solver's known
-right-hand side), ``recurrent`` (token by token, ops/recurrent_gla.gla_step).
+Modes: ``chunked`` (ops/chunked_gla.py through ``_mix_chunked``, which a member may route to a kernel
+of its own: Mamba-2 to ops/chunked_ssd.py, the diagonal SSM to ops/selective_scan.py), ``dense``
+(the state view through core.operator.solve_dense, one G = 1 recurrence per (head, key channel) so
+that an initial state enters as the solver's known right-hand side), ``recurrent`` (token by token,
+ops/recurrent_gla.gla_step).
 """
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -105,11 +107,29 @@ class GatedLinearMixer(Mixer):
         new = MatrixState(self.owner, batch, pos + t, memory)
         return new.carry_peaks(state) if state is not None else new
 
+    def _mix_chunked(self, f: LinearFeatures, s0: Tensor | None) -> tuple[Tensor, Tensor]:
+        """The chunked mixing alone: o [B, T, H, V] and the final state [B, H, K, V] from the features."""
+        return chunked_gla(f.q, f.k, f.v, f.g, f.scale, s0, self.config.chunk_size)
+
+    def mixing_core(self, x: Tensor) -> tuple[Callable[..., tuple[Tensor, Tensor]], tuple[Tensor | None, ...]]:
+        """(fn, inputs) such that fn(*inputs) is the chunked mode's mixing of x without the projections.
+
+        For benchmarks: the inputs are x's features as leaves, requiring gradients where the mixer's
+        own features do (RetNet's constant decays do not); fn returns (o, final state).
+        """
+        f = self._features(x)
+        leaves = tuple(None if z is None else z.detach().requires_grad_(z.requires_grad) for z in (f.q, f.k, f.v, f.g))
+        scale = f.scale
+
+        def fn(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None) -> tuple[Tensor, Tensor]:
+            return self._mix_chunked(LinearFeatures(q, k, v, g, scale), None)
+        return fn, leaves
+
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
         f = self._features(x)
         s0 = None if state is None else state.memory
-        o, s = chunked_gla(f.q, f.k, f.v, f.g, f.scale, s0, self.config.chunk_size)
+        o, s = self._mix_chunked(f, s0)
         return self._output(o, f), self._next_state(state, s, x.shape[1], x.shape[0])
 
     def forward_dense(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:

@@ -15,7 +15,9 @@ pointwise in time, is not part of the mixing operator.
     token view:        B = 0, A = (C Bᵀ ⊙ exp(G_t - G_j)) for j <= t   (1-semiseparable mask);
     first-order view:  per state channel n, A_n = diag(B_{·,n}), B_n[t, t-1] = a_t (one decay shared by
                        all n), R_n = diag(C_{·,n}).
-Chunked form: ops/chunked_gla.py with a per-head decay.
+Chunked form: ops/chunked_ssd.py, the SSD kernel with B_t, C_t shared by the heads (one group): one
+score matrix C Bᵀ per chunk for all heads, with the per-head decays factored out as row scalings
+(it hands chunks whose decay span would over/underflow to ops/chunked_gla.py's exact safe form).
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ from torch import Tensor, nn
 from tokenmix.core.registry import register_mixer
 from tokenmix.mixers.base import MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+from tokenmix.ops.chunked_ssd import chunked_ssd
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,17 @@ class Mamba2(GatedLinearMixer):
         self.dt_bias = nn.Parameter(inverse_softplus_dt(h, config.dt_min, config.dt_max))
         self.D = nn.Parameter(torch.ones(h)) if config.d_skip else None
         self.out = nn.Linear(h * p, d_model, bias=False)
+
+    def _mix_chunked(self, f: LinearFeatures, s0: Tensor | None) -> tuple[Tensor, Tensor]:
+        """SSD over all heads at once: q and k are C and B broadcast over the heads, [:, :, 0] is the shared one."""
+        return chunked_ssd(f.q[:, :, 0], f.k[:, :, 0], f.v, f.g, f.scale, s0, self.config.chunk_size)
+
+    def mixing_core(self, x: Tensor):
+        """(fn, inputs): the SSD mixing of x without the projections (C, B as [B, T, N] leaves)."""
+        f = self._features(x)
+        leaves = tuple(z.detach().requires_grad_(z.requires_grad) for z in (f.q[:, :, 0], f.k[:, :, 0], f.v, f.g))
+        scale, chunk = f.scale, self.config.chunk_size
+        return (lambda c, b, v, g: chunked_ssd(c, b, v, g, scale, None, chunk)), leaves
 
     def _features(self, x: Tensor) -> LinearFeatures:
         """q = C, k = B [B, T, H, N] (shared by the heads), v = x·dt [B, T, H, P], g = log a [B, T, H]."""

@@ -10,28 +10,32 @@ Coefficients, normalised over {t} ∪ N(t) so every y_t is a convex (or L1-bound
     gate_softmax / gate_l1 -- per-level gates from the input as in H-LRU: logits g_t in R^{L+1}
         (slot 0 = self, slot w+1 = level w), softmax, or tanh then L1 normalisation (signed).
 
-Modes: ``chunked`` (training default: chunked sparse triangular solve, ops/pattern_solve.py),
+Modes: ``chunked`` (training default: chunked sparse triangular solve, ops/pattern_solve.py, with
+neighbour scores from shifted / strided slices; patterns that read every one of the previous
+M >= C positions -- the dense pattern -- take the matmul path ``chunked_window_softmax``),
 ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token by token with a
-cache that evicts a position as soon as no later token reads it).
+cache that evicts a position as soon as no later token reads it; a step gathers only the
+|N(t)| neighbours and appends to preallocated storage, O(|N(t)| K) whatever the cache size).
 """
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.core.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig
 from tokenmix.mixers.pattern_cache import PatternCache
-from tokenmix.ops.pattern_solve import chunked_pattern_solve
+from tokenmix.ops.pattern_solve import (PatternPlan, chunked_pattern_solve, chunked_window_softmax, pattern_scores,
+                                        plan_pattern)
 from tokenmix.patterns import Lattice, Pattern, TranslationInvariant, get_pattern
 
 COEFFICIENTS = ("softmax", "gate_softmax", "gate_l1")
-_GATHER_BLOCK_ELEMS = 1 << 22  # gathered neighbour keys per score block (bounds memory at O(T |N|) overall)
+_PLANS_KEPT = 2  # index tables + plans kept per mixer (a plan of a 16k-token sq1 segment is ~20 MB)
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,18 @@ class StructuredConfig(MixerConfig):
         if self.max_levels <= 0:
             raise ValueError(f"max_levels must be > 0, got {self.max_levels}")
         get_pattern(self.pattern, self.cache_efficient)  # validate now, with a clear message
+
+
+class _LazyPlan:
+    """A segment's device index table and its ``PatternPlan``, the plan built on first use."""
+
+    def __init__(self, idx: Tensor, idx_cpu: Tensor, prefix: int, chunk: int) -> None:
+        self.idx, self._args, self._plan = idx, (idx_cpu, prefix, chunk), None
+
+    def get(self) -> PatternPlan:
+        if self._plan is None:
+            self._plan = plan_pattern(*self._args)
+        return self._plan
 
 
 def _complexities(p: Pattern) -> tuple[str, str]:
@@ -76,6 +92,7 @@ class StructuredRecurrence(Mixer):
         self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
         self.out = nn.Linear(h * k, d_model, bias=False)
         self.gates = nn.Linear(d_model, h * (config.max_levels + 1)) if config.coefficients != "softmax" else None
+        self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, _LazyPlan)
 
     @property
     def time_complexity(self) -> str:  # type: ignore[override]
@@ -91,27 +108,15 @@ class StructuredRecurrence(Mixer):
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
         return q, k, v  # each [B, T, H, K]
 
-    def _coefficients(self, x: Tensor, q: Tensor, k: Tensor, kbuf: Tensor, idx: Tensor) -> tuple[Tensor, Tensor]:
-        """alpha [B, T, H], beta [B, T, H, W] for the segment; idx [T, W] buffer positions (-1 none)."""
-        valid = idx >= 0  # [T, W]
+    def _coefficients(self, x: Tensor, q: Tensor, k: Tensor, s_nb: Tensor | None, valid: Tensor
+                      ) -> tuple[Tensor, Tensor]:
+        """alpha [B, T, H], beta [B, T, H, W] from the neighbour scores s_nb [B, T, H, W] (q_t . k_j,
+        unscaled; unused by the gate-based coefficients); valid [T, W] marks the neighbours."""
         b, t, h, _ = q.shape
-        w = idx.shape[1]
+        w = valid.shape[1]
         if self.gates is None:
-            scale = 1.0 / math.sqrt(self.head_dim)
-            s_self = (q * k).sum(-1) * scale  # [B, T, H]
-            if 2 * w >= kbuf.shape[1]:
-                # (nearly) every earlier position is a neighbour: one q @ k^T matmul is cheapest
-                full = torch.einsum("bthk,bshk->bths", q, kbuf) * scale  # [B, T, H, P+T]
-                s_nb = full.gather(-1, idx.clamp(min=0)[None, :, None, :].expand(b, t, h, w))
-            else:
-                # sparse patterns: gather only the neighbours' keys, in query blocks so that the
-                # gathered [B, block, W, H, K] tensor stays bounded (never O(T^2))
-                block = max(1, _GATHER_BLOCK_ELEMS // max(1, b * w * h * q.shape[-1]))
-                # (index_select: its backward is one index_add, much cheaper than advanced indexing's)
-                s_nb = torch.cat([torch.einsum("bthk,btwhk->bthw", q[:, s : s + block], kbuf.index_select(
-                    1, idx[s : s + block].clamp(min=0).reshape(-1)).view(b, min(block, t - s), w, h, q.shape[-1]))
-                                  for s in range(0, t, block)], 1) * scale
-            logits = torch.cat([s_self[..., None], s_nb], -1)
+            s_self = (q * k).sum(-1)  # [B, T, H]
+            logits = torch.cat([s_self[..., None], s_nb], -1) / math.sqrt(self.head_dim)
             mode = "softmax"
         else:
             if w > self.config.max_levels:
@@ -126,38 +131,89 @@ class StructuredRecurrence(Mixer):
         else:
             gt = torch.tanh(logits) * mask
             coef = gt / (gt.abs().sum(-1, keepdim=True) + 1e-6)
-        return coef[..., 0], coef[..., 1:] * valid[None, :, None, :]
+        return coef[..., 0], coef[..., 1:]  # exactly 0 at non-neighbours (masked before normalising)
+
+    def _scores(self, q: Tensor, kbuf: Tensor, idx: Tensor, plan: _LazyPlan) -> Tensor | None:
+        """Neighbour scores [B, T, H, W] of a segment (None for gate-based coefficients)."""
+        if self.gates is not None:
+            return None
+        b, t, h, _ = q.shape
+        w = idx.shape[1]
+        if 2 * w >= kbuf.shape[1]:
+            # (nearly) every earlier position is a neighbour: one q @ k^T matmul is cheapest
+            full = torch.einsum("bthk,bshk->bths", q, kbuf)  # [B, T, H, P+T]
+            return full.gather(-1, idx.clamp(min=0)[None, :, None, :].expand(b, t, h, w)) * (idx >= 0)[None, :, None, :]
+        return pattern_scores(q, kbuf, idx, plan.get())
+
+    def _table(self, state: PatternCache, t: int, device) -> tuple[Tensor, _LazyPlan]:
+        """Buffer indices idx [T, W] of the segment after ``state`` and their plan (built when a
+        fast kernel first asks for it; the dense mode of the dense pattern never does).
+
+        Both depend only on the segment and the cached positions, so the last few are kept: a
+        training loop builds them once per sequence length, not once per step.
+        """
+        t0, p = state.position, state.cached_positions()
+        key = (t0, t, p, str(device))
+        hit = self._plans.get(key)
+        if hit is not None and torch.equal(hit[0], state.positions):
+            self._plans.move_to_end(key)
+            return hit[1].idx, hit[1]
+        tab = self.pattern.neighbor_table(t0, t0 + t)  # absolute positions
+        in_seg = tab >= t0
+        idx = torch.where(in_seg, tab - t0 + p, state.slots(torch.where(in_seg, torch.full_like(tab, -1), tab)))
+        plan = _LazyPlan(idx.to(device), idx, p, self.config.chunk_size)
+        self._plans[key] = (state.positions.clone(), plan)
+        while len(self._plans) > _PLANS_KEPT:
+            self._plans.popitem(last=False)
+        return plan.idx, plan
 
     def _segment(self, x: Tensor, state: PatternCache | None):
-        """Everything the modes share for a segment: projections, buffer indices, coefficients."""
+        """Everything the chunked and dense modes share for a segment: projections, buffer indices,
+        the table's plan, coefficients."""
         b, t, _ = x.shape
         q, k, v = self._project(x)
         if state is None:
             state = self.init_state(b, x.device, x.dtype)
-        t0 = state.position
-        p = state.cached_positions()
-        tab = self.pattern.neighbor_table(t0, t0 + t).to(x.device)  # absolute positions
-        in_seg = tab >= t0
-        idx = torch.where(in_seg, tab - t0 + p, state.slots(torch.where(in_seg, torch.full_like(tab, -1), tab)))
+        idx, plan = self._table(state, t, x.device)
         kbuf = torch.cat([state.keys, k], 1)
-        alpha, beta = self._coefficients(x, q, k, kbuf, idx)
-        return state, q, k, v, idx, alpha, beta
+        alpha, beta = self._coefficients(x, q, k, self._scores(q, kbuf, idx, plan), idx >= 0)
+        return state, q, k, v, idx, plan, alpha, beta
 
     def _finish(self, state: PatternCache, k: Tensor, y: Tensor, t: int) -> tuple[Tensor, PatternCache]:
-        t0 = state.position
-        all_pos = torch.cat([state.positions, torch.arange(t0, t0 + t)])
-        new = state.select(self.pattern.needed(t0 + t), torch.cat([state.keys, k], 1),
-                           torch.cat([state.values, y], 1), all_pos, t0 + t)
-        return self.out(y.flatten(2)), new
+        return self.out(y.flatten(2)), self._extend(state, k, y, state.position + t)
+
+    def _extend(self, state: PatternCache, k: Tensor, y: Tensor, new_position: int) -> PatternCache:
+        """Add the segment's keys and outputs, evict what no later token reads."""
+        keep_from = self.pattern.needed_from(new_position)
+        if keep_from is not None:
+            return state.extend(k, y, new_position, keep_from=keep_from)
+        return state.extend(k, y, new_position, keep=self.pattern.needed(new_position))
+
+    def _window(self, n: int) -> int | None:
+        """M >= chunk size if every position of an n-token sequence reads exactly its M previous
+        positions and the coefficients are score softmaxes: the matmul path applies."""
+        if self.gates is not None or not isinstance(self.pattern, TranslationInvariant):
+            return None
+        m = self.pattern.window(n)
+        return m if m is not None and m >= self.config.chunk_size else None
 
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: PatternCache | None):
-        state, q, k, v, idx, alpha, beta = self._segment(x, state)
-        y = chunked_pattern_solve(alpha, beta, idx, v, state.values, self.config.chunk_size)
+        window = self._window(x.shape[1] + (state.position if state is not None else 0))
+        if window is not None:
+            # (nearly) dense: scores, softmax and the earlier-chunk contribution as matmuls, no index table
+            if state is None:
+                state = self.init_state(x.shape[0], x.device, x.dtype)
+            q, k, v = self._project(x)
+            y = chunked_window_softmax(q, torch.cat([state.keys, k], 1), v, state.values, window,
+                                       self.config.chunk_size, 1.0 / math.sqrt(self.head_dim))
+            return self._finish(state, k, y, x.shape[1])
+        state, q, k, v, idx, plan, alpha, beta = self._segment(x, state)
+        y = chunked_pattern_solve(alpha, beta, idx, v, state.values, self.config.chunk_size, plan=plan.get())
         return self._finish(state, k, y, x.shape[1])
 
     def forward_dense(self, x: Tensor, state: PatternCache | None):
-        state, q, k, v, idx, alpha, beta = self._segment(x, state)
+        state, q, k, v, idx, plan, alpha, beta = self._segment(x, state)
         b, t, h, _ = v.shape
         p = state.cached_positions()
         mix_a, mix_b = self._dense_ab(alpha, beta, idx, p)
@@ -178,7 +234,8 @@ class StructuredRecurrence(Mixer):
         return mix_a, mix_b
 
     def forward_recurrent(self, x: Tensor, state: PatternCache | None):
-        """Token-by-token reference: read N(t) from the cache, write y_t, evict what no later token reads."""
+        """Token-by-token reference: read N(t) from the cache, write y_t, evict what no later token
+        reads. A step gathers only the |N(t)| neighbours: O(|N(t)| K), whatever the cache size."""
         b, t, _ = x.shape
         if state is None:
             state = self.init_state(b, x.device, x.dtype)
@@ -187,29 +244,24 @@ class StructuredRecurrence(Mixer):
         for s in range(t):
             state.observe()
             pos = state.position
-            nb = torch.as_tensor(self.pattern.neighbor_table(pos, pos + 1)[0], device=x.device)
-            slot = state.slots(nb)  # [W], -1 = none
-            kbuf = torch.cat([state.keys, k[:, s : s + 1]], 1)
-            alpha, beta = self._coefficients(x[:, s : s + 1], q[:, s : s + 1], k[:, s : s + 1], kbuf, slot[None])
-            y_nb = state.values[:, slot.clamp(min=0)] if len(state.positions) else v.new_zeros(b, len(slot), *v.shape[2:])
+            slot = state.slots(self.pattern.neighbor_table(pos, pos + 1)[0]).to(x.device)  # [W], -1 = none
+            valid = slot >= 0
+            k_nb = state.keys.index_select(1, slot.clamp(min=0))  # [B, W, H, K]
+            y_nb = state.values.index_select(1, slot.clamp(min=0))  # [B, W, H, V]
+            s_nb = torch.einsum("bhk,bwhk->bhw", q[:, s], k_nb) * valid[None, None, :]
+            alpha, beta = self._coefficients(x[:, s : s + 1], q[:, s : s + 1], k[:, s : s + 1],
+                                             s_nb[:, None] if self.gates is None else None, valid[None])
             y_t = alpha[:, 0, :, None] * v[:, s] + torch.einsum("bhw,bwhv->bhv", beta[:, 0], y_nb)
             ys.append(y_t)
-            keys_all = torch.cat([state.keys, k[:, s : s + 1]], 1)
-            vals_all = torch.cat([state.values, y_t[:, None]], 1)
-            all_pos = torch.cat([state.positions, torch.tensor([pos])])
-            keep = self.pattern.needed(pos + 1)
-            state = state.select(keep, keys_all, vals_all, all_pos, pos + 1)
+            state = self._extend(state, k[:, s : s + 1], y_t[:, None], pos + 1)
         return self.out(torch.stack(ys, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
     def init_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:
-        h, k = self.n_heads, self.head_dim
-        return PatternCache(self.owner, batch_size, 0, torch.zeros(0, dtype=torch.long),
-                            torch.zeros(batch_size, 0, h, k, device=device, dtype=dtype),
-                            torch.zeros(batch_size, 0, h, k, device=device, dtype=dtype))
+        return PatternCache.empty(self.owner, batch_size, self.n_heads, self.head_dim, self.head_dim, device, dtype)
 
     def materialize(self, x: Tensor) -> MixOperator:
-        state, q, k, v, idx, alpha, beta = self._segment(x, None)
+        state, q, k, v, idx, plan, alpha, beta = self._segment(x, None)
         return MixOperator(*self._dense_ab(alpha, beta, idx, 0))
 
     def values(self, x: Tensor) -> Tensor:

@@ -4,8 +4,8 @@ Recurrence per head (reference: ops/recurrent_gla.py), state S [K, V]:
 
     S_t = diag(exp(g_t)) S_{t-1} + k_t v_tᵀ,        o_t = scale · S_tᵀ q_t,
 
-with a log decay g per key channel [B, T, H, K] (GLA, diagonal SSMs), per head [B, T, H]
-(RetNet, Mamba-2: broadcast over K) or none (linear attention).
+with a log decay g per key channel [B, T, H, K] (GLA), per head [B, T, H] (RetNet, Mamba-2:
+broadcast over K) or none (linear attention).
 
 Chunked form. Split time into chunks of C tokens; inside a chunk let G_i = sum_{s<=i} g_s (restarted
 at the chunk start, so G <= 0 and decreasing when g <= 0), Gamma = G_{C-1} and S the state entering
@@ -14,70 +14,100 @@ the chunk. Then, for i, j in the chunk,
     o_i = scale (sum_{j<=i} sum_c q_ic k_jc exp(G_ic - G_jc) v_j  +  (q_i ⊙ exp(G_i))ᵀ S)    intra + inter
     S'  = diag(exp(Gamma)) S + sum_j (k_j ⊙ exp(Gamma - G_j)) v_jᵀ                          carry
 
-Every exponent is a difference G_i - G_j with j <= i, or G_i, or Gamma - G_j: all <= 0 for g <= 0, so
-nothing overflows however strong the decay (the factored form exp(G_i) · exp(-G_j) would overflow
-as soon as a chunk decays by more than e^-88 in float32). The intra-chunk scores are
-    none:      (Q Kᵀ) ⊙ L                           L = lower ones incl. the diagonal
-    per head:  (Q Kᵀ) ⊙ exp(G_i - G_j) masked to j <= i  (the mask is applied before exp)
-    per key:   no [C, C, K] tensor is ever formed. Halve the chunk recursively (blocks of 2s tokens,
-               s = C/2, C/4, ... down to a base block of <= 4 tokens): between the two halves of a
-               block, with m the last token of the left half, exp(G_i - G_j) = exp(G_i - G_m) ·
-               exp(G_m - G_j), both factors <= 1, so those scores are one matmul of decayed q and k
-               (O(T K) elementwise per level). Inside a base block the scores at each offset
-               d = i - j are one elementwise pass sum_c q_{i,c} k_{i-d,c} exp(G_{i,c} - G_{i-d,c}).
-Only the carry is sequential (T / C steps on [K, V] states).
+Every chunk-level step is one batched matmul over all chunks at once ([N B H, C, .] rows, chunk-major
+so that chunk i's states are one contiguous block): intra scores, A @ V, the chunk writes and the
+reads q_in @ S. Only the carry S -> S' is sequential (T / C small steps on [K, V] states).
+
+Intra-chunk scores, two exact forms chosen per chunk:
+  * factored (fast): A = tril((q ⊙ exp(G)) (k ⊙ exp(-G))ᵀ), one matmul for any decay kind. Each
+    product (q_ic e^{G_ic}) (k_jc e^{-G_jc}) is the term q_ic k_jc e^{G_ic - G_jc} with two roundings,
+    so it is as accurate as the direct form as long as neither factor over- or underflows; that holds
+    when |G| <= ln(max float) / 2 on the whole chunk (44 in float32, 354 in float64). The chunk's
+    write uses the same factor: k ⊙ exp(Gamma - G) = (k ⊙ exp(-G)) ⊙ exp(Gamma).
+  * safe (chunks whose |G| exceeds that bound: decays stronger than e^-44 inside one chunk in float32),
+    using exponents G_i - G_j <= 0 only, so nothing overflows however strong the decay:
+        per head:  (Q Kᵀ) ⊙ exp(G_i - G_j), masked to j <= i before the exp;
+        per key:   no [C, C, K] tensor is ever formed. Halve the chunk recursively (blocks of 2s tokens,
+                   s = C/2, C/4, ... down to a base block of <= 4 tokens): between the two halves of a
+                   block, with m the last token of the left half, exp(G_i - G_j) = exp(G_i - G_m) ·
+                   exp(G_m - G_j), both factors <= 1, so those scores are one matmul of decayed q and k.
+                   Inside a base block the scores at each offset d = i - j are one elementwise pass
+                   sum_c q_{i,c} k_{i-d,c} exp(G_{i,c} - G_{i-d,c}).
+Ordinary gates (GLA's logsigmoid / 16, RetNet's fixed decays) keep every chunk on the factored form;
+only saturated gates reach the safe one, and a call with both kinds of chunks computes each row set
+with its own form (gathered, then scattered back).
 
 Backward (closed form; autograd through the loops would store a copy of every slice). With dO the
 output gradient and dS_T the final-state gradient:
     reverse carry:  dS_n = diag(exp(Gamma_n)) dS_{n+1} + scale (Q ⊙ exp(G))_nᵀ dO_n   (dS_N = dS_T)
-    scores:         dA = scale dO Vᵀ (lower), dV = scale Aᵀ dO + (K ⊙ exp(Gamma - G)) dS_{n+1}
+    scores:         dA = scale dO Vᵀ (lower), dV = scale Aᵀ dO + k_out dS_{n+1}
     decay:          every q_i enters as q_i exp(+G_i) and every k_j as k_j exp(-G_j), so
-                    dG = q ⊙ dq - k ⊙ dk, plus at the chunk end dGamma = sum_j k_j ⊙ dk^carry_j +
-                    exp(Gamma) ⊙ rowsum(S ⊙ dS_{n+1});  dg = reverse cumsum of dG inside the chunk.
+                    dG = q ⊙ dq - k ⊙ dk, plus at the chunk end dGamma = rowsum(S_{n+1} ⊙ dS_{n+1})
+                    (the state leaving the chunk times its gradient: both the write k_out and the
+                    decay of S depend on Gamma through exp(Gamma));  dg = reverse cumsum of dG.
 Reassociated with respect to the recurrence (exp(G_i - G_j) instead of a product of exp(g)), so it
 equals ``recurrent_gla`` up to rounding (float64 ~1e-15 relative).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 _NONE, _PER_HEAD, _PER_KEY = "none", "per_head", "per_key"
-_BASE_BLOCK = 4  # per-key scores: pairs inside blocks of at most this many tokens are built elementwise
+_BASE_BLOCK = 4  # safe per-key scores: pairs inside blocks of at most this many tokens are built elementwise
 
 
-def _chunks(x: Tensor, n: int, c: int) -> Tensor:
-    """[B, T, H, ...] -> [B, H, N, C, ...] contiguous; zero-padded at the end of time."""
-    b, t, h = x.shape[:3]
-    if n * c != t:
-        x = torch.cat([x, x.new_zeros(b, n * c - t, *x.shape[2:])], 1)
-    return x.reshape(b, n, c, h, *x.shape[3:]).movedim(3, 1).contiguous()
+# ---------------------------------------------------------------- layout
+def _to_rows(x: Tensor, n: int, c: int, scale: float = 1.0) -> Tensor:
+    """scale · x: [B, T, H, F] -> [N * B * H, C, F], chunk-major rows, zero-padded at the end of time
+    (one pass: the scale is applied while copying)."""
+    b, t, h, f = x.shape
+    full = t // c
+    out = x.new_empty(n, b, h, c, f)
+    if full:
+        _scaled_copy(out[:full], x[:, : full * c].view(b, full, c, h, f).permute(1, 0, 3, 2, 4), scale)
+    if full < n:  # the partial last chunk; padded tokens have q = k = v = g = 0
+        out[full].zero_()
+        _scaled_copy(out[full, :, :, : t - full * c], x[:, full * c :].transpose(1, 2), scale)
+    return out.view(n * b * h, c, f)
 
 
-def _unchunk(x: Tensor, t: int) -> Tensor:
-    """[B, H, N, C, ...] -> [B, T, H, ...] (padding dropped)."""
-    b, h, n, c = x.shape[:4]
-    return x.movedim(1, 3).reshape(b, n * c, h, *x.shape[4:])[:, :t]
+def _from_rows(x: Tensor, b: int, t: int, h: int, scale: float = 1.0) -> Tensor:
+    """scale · x: [N * B * H, C, F] chunk-major rows -> [B, T, H, F] (padding dropped, one pass, contiguous)."""
+    r, c, f = x.shape
+    n = r // (b * h)
+    full = t // c
+    src = x.view(n, b, h, c, f)
+    out = x.new_empty(b, t, h, f)
+    if full:
+        _scaled_copy(out[:, : full * c].view(b, full, c, h, f), src[:full].permute(1, 0, 3, 2, 4), scale)
+    if full < n:
+        _scaled_copy(out[:, full * c :], src[full, :, :, : t - full * c].transpose(1, 2), scale)
+    return out
 
 
-def _matmul(a: Tensor, b: Tensor) -> Tensor:
-    """a @ b for [.., m, k] x [.., k, n]; with V = 1 (one channel per head: the diagonal SSM) the
-    products degenerate to matrix-vector and outer products, done as broadcasts because a batched
-    matmul of very many tiny matrices is several times slower on CPU."""
-    if b.shape[-1] == 1:
-        return (a * b.transpose(-1, -2)).sum(-1, keepdim=True)
-    if a.shape[-1] == 1:
-        return a * b
-    return a @ b
+def _scaled_copy(dst: Tensor, src: Tensor, scale: float) -> None:
+    if scale == 1.0:
+        dst.copy_(src)
+    else:
+        torch.mul(src, scale, out=dst)
 
 
+def factored_bound(dtype: torch.dtype) -> float:
+    """Largest |G| for which exp(G) and exp(-G) both stay normal with room for |q|, |k| up to e^bound."""
+    return 0.5 * math.log(torch.finfo(dtype).max)
+
+
+# ---------------------------------------------------------------- safe intra-chunk scores
 def _causal_decay(gc: Tensor) -> Tensor:
     """exp(G_i - G_j) for j <= i, 0 above: gc [.., C, 1] -> [.., C, C]. Masked before exp."""
     c = gc.shape[-2]
     diff = gc[..., :, 0, None] - gc[..., None, :, 0]
     upper = torch.ones(c, c, dtype=torch.bool, device=gc.device).triu(1)
-    return diff.masked_fill(upper, float("-inf")).exp()
+    return diff.masked_fill_(upper, float("-inf")).exp_()
 
 
 def _split_sizes(c: int) -> tuple[int, list[int]]:
@@ -118,16 +148,12 @@ def _band_view(x: Tensor, size: int) -> Tensor:
     return x.view(*x.shape[:-2], x.shape[-2] // size, size, x.shape[-1])
 
 
-def _intra_scores(q: Tensor, k: Tensor, gc: Tensor | None, kind: str) -> tuple[Tensor, list]:
-    """A [B, H, N, C, C]: A_ij = sum_c q_ic k_jc exp(G_ic - G_jc) for j <= i, 0 above (no scale).
-
-    Also returns the decay factors it computed, for ``_intra_grads`` (exp is the costly part).
-    """
-    if kind == _NONE:
-        return (q @ k.transpose(-1, -2)).tril_(), []
+def _safe_scores(q: Tensor, k: Tensor, gc: Tensor, kind: str) -> tuple[Tensor, list]:
+    """A [R, C, C]: A_ij = sum_c q_ic k_jc exp(G_ic - G_jc) for j <= i, 0 above (no scale), computed
+    with exponents <= 0 only. Also returns the decay factors it computed, for ``_safe_score_grads``."""
     if kind == _PER_HEAD:
         decay = _causal_decay(gc)
-        return (q @ k.transpose(-1, -2)) * decay, [decay]
+        return torch.bmm(q, k.transpose(1, 2)).mul_(decay), [decay]
     # per key channel: the blocks between the halves of 2s-token blocks are matmuls (s = C/2, C/4,
     # ... down to the base block), pairs inside a base block are built one diagonal offset at a time
     c = q.shape[-2]
@@ -148,11 +174,11 @@ def _intra_scores(q: Tensor, k: Tensor, gc: Tensor | None, kind: str) -> tuple[T
     return a, [levels, band]
 
 
-def _intra_grads(da: Tensor, q: Tensor, k: Tensor, decays: list, kind: str) -> tuple[Tensor, Tensor]:
-    """Gradients of ``_intra_scores`` w.r.t. q and k, for the score gradient da [.., C, C]."""
-    if kind != _PER_KEY:
-        w = da.tril() if kind == _NONE else da * decays[0]
-        return w @ k, w.transpose(-1, -2) @ q
+def _safe_score_grads(da: Tensor, q: Tensor, k: Tensor, decays: list, kind: str) -> tuple[Tensor, Tensor]:
+    """Gradients of ``_safe_scores`` w.r.t. q and k, for the score gradient da [R, C, C]."""
+    if kind == _PER_HEAD:
+        w = da * decays[0]
+        return torch.bmm(w, k), torch.bmm(w.transpose(1, 2), q)
     levels, band = decays
     dq, dk = torch.zeros_like(q), torch.zeros_like(k)
     base, sizes = _split_sizes(q.shape[-2])
@@ -172,6 +198,85 @@ def _intra_grads(da: Tensor, q: Tensor, k: Tensor, decays: list, kind: str) -> t
     return dq, dk
 
 
+# ---------------------------------------------------------------- per-chunk local parts
+# The readout scale is folded into q once (qs = scale · q on the way in, dq = scale · dqs on the way
+# out), so that no matmul or pass carries it. Each part works on a set of chunk rows [r, C, .]:
+#   forward:  A (intra scores of qs, lower triangular), q_in = qs ⊙ exp(G) (what reads the entering
+#             state), delta = the chunk's own write decayed to the chunk end [r, K, V], saved tensors;
+#   backward: dqs, dk, dv (and dG = qs ⊙ dqs - k ⊙ dk) of the rows, given dO, the gradient d_next of
+#             the state leaving each chunk and the state entering it.
+def _fast_forward(qs, k, v, gc):
+    """Factored form; |G| <= factored_bound on these rows."""
+    e_g = gc.exp()                       # [r, C, K|1]
+    e_ng = e_g.reciprocal()              # exp(-G), normal by the bound
+    q_in, k_t = qs * e_g, k * e_ng       # qs ⊙ e^G, k ⊙ e^-G
+    a = torch.bmm(q_in, k_t.transpose(1, 2)).tril_()
+    e_gamma = e_g[:, -1:, :].transpose(1, 2)  # [r, K|1, 1]: decay across the whole chunk
+    delta = torch.bmm(k_t.transpose(1, 2), v).mul_(e_gamma)  # (k ⊙ e^(Gamma - G))ᵀ v
+    return a, q_in, delta, (q_in, k_t, e_g, e_ng, e_gamma)
+
+
+def _fast_backward(do, v, a, d_next, starts, saved, want_dg):
+    q_in, k_t, e_g, e_ng, e_gamma = saved
+    dn = d_next * e_gamma                               # k_out = k_t ⊙ e^Gamma: fold e^Gamma into dS'
+    da = torch.bmm(do, v.transpose(1, 2)).tril_()
+    dv = torch.bmm(a.transpose(1, 2), do).baddbmm_(k_t, dn)
+    dq_t = torch.bmm(da, k_t).baddbmm_(do, starts.transpose(1, 2))            # d(qs ⊙ e^G)
+    dk_t = torch.bmm(da.transpose(1, 2), q_in).baddbmm_(v, dn.transpose(1, 2))  # d(k ⊙ e^-G)
+    dg = (q_in * dq_t).addcmul_(k_t, dk_t, value=-1) if want_dg else None      # qs⊙dqs - k⊙dk
+    return dq_t.mul_(e_g), dk_t.mul_(e_ng), dv, dg
+
+
+def _safe_forward(qs, k, v, gc, kind):
+    """Exponents <= 0 only; any decay strength."""
+    a, decays = _safe_scores(qs, k, gc, kind)
+    e_in = gc.exp()
+    e_out = (gc[:, -1:, :] - gc).exp_()  # token j's write decayed to the chunk end
+    q_in, k_out = qs * e_in, k * e_out
+    delta = torch.bmm(k_out.transpose(1, 2), v)
+    return a, q_in, delta, (qs, k, decays, e_in, e_out, k_out)
+
+
+def _safe_backward(do, v, a, d_next, starts, saved, kind, want_dg):
+    qs, k, decays, e_in, e_out, k_out = saved
+    da = torch.bmm(do, v.transpose(1, 2))
+    dv = torch.bmm(a.transpose(1, 2), do).baddbmm_(k_out, d_next)
+    dq, dk = _safe_score_grads(da, qs, k, decays, kind)
+    dq.addcmul_(torch.bmm(do, starts.transpose(1, 2)), e_in)
+    dk.addcmul_(torch.bmm(v, d_next.transpose(1, 2)), e_out)
+    dg = (qs * dq).addcmul_(k, dk, value=-1) if want_dg else None
+    return dq, dk, dv, dg
+
+
+def _none_forward(qs, k, v):
+    a = torch.bmm(qs, k.transpose(1, 2)).tril_()
+    return a, qs, torch.bmm(k.transpose(1, 2), v)
+
+
+def _none_backward(do, qs, k, v, a, d_next, starts):
+    da = torch.bmm(do, v.transpose(1, 2)).tril_()
+    dv = torch.bmm(a.transpose(1, 2), do).baddbmm_(k, d_next)
+    dq = torch.bmm(da, k).baddbmm_(do, starts.transpose(1, 2))
+    dk = torch.bmm(da.transpose(1, 2), qs).baddbmm_(v, d_next.transpose(1, 2))
+    return dq, dk, dv
+
+
+def _split_rows(gc: Tensor) -> tuple[Tensor | None, Tensor | None]:
+    """Indices of the chunk rows for the factored and the safe form (None: every row)."""
+    lo, hi = torch.aminmax(gc.view(gc.shape[0], -1), dim=1)      # one pass, no |G| temporary
+    bad = torch.maximum(hi, -lo) > factored_bound(gc.dtype)         # [R]
+    n_bad = int(bad.sum())
+    if n_bad == 0:
+        return None, gc.new_empty(0, dtype=torch.long)
+    if n_bad == bad.numel():
+        return gc.new_empty(0, dtype=torch.long), None
+    return (~bad).nonzero()[:, 0], bad.nonzero()[:, 0]
+
+
+def _rows(x: Tensor, idx: Tensor | None) -> Tensor:
+    return x if idx is None else x.index_select(0, idx)
+
+
 class _ChunkedGLA(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, g, s0, scale, chunk):
@@ -179,71 +284,107 @@ class _ChunkedGLA(torch.autograd.Function):
         dv = v.shape[-1]
         n = -(-t // chunk)
         kind = _NONE if g is None else (_PER_HEAD if g.dim() == 3 else _PER_KEY)
-        # Padded tokens have q = k = v = g = 0: they neither write, read nor decay the state.
-        qc, kc, vc = _chunks(q, n, chunk), _chunks(k, n, chunk), _chunks(v, n, chunk)
-        gc = None
-        if kind != _NONE:
-            gc = _chunks(g if kind == _PER_KEY else g[..., None], n, chunk).cumsum(3)  # [B,H,N,C,K|1]
-        a, intra_decays = _intra_scores(qc, kc, gc, kind)
-        o = _matmul(a, vc)  # [B,H,N,C,V]
+        qs, kc, vc = _to_rows(q, n, chunk, scale), _to_rows(k, n, chunk), _to_rows(v, n, chunk)  # [R, C, .]
+        rows = n * b * h
+        # sbuf[i] = state entering chunk i (i < N), sbuf[N] = final state; chunk-major, so that
+        # sbuf[1:] is the batched-matmul output of every chunk's write
+        sbuf = q.new_empty(n + 1, b * h, dk, dv)
+        sbuf[0] = 0 if s0 is None else s0.reshape(b * h, dk, dv)
+        decay = None
         if kind == _NONE:
-            e_in = e_out = decay = None
-            q_in, k_out = qc, kc
+            a, q_in, delta = _none_forward(qs, kc, vc)
+            saved = ()
         else:
-            e_in = gc.exp()                     # entering state decayed to token i
-            e_out = (gc[..., -1:, :] - gc).exp_()  # token j's write decayed to the chunk end
-            decay = gc[..., -1, :].exp()         # [B,H,N,K|1], decay across the whole chunk
-            q_in, k_out = qc * e_in, kc * e_out
-        delta = _matmul(k_out.transpose(-1, -2), vc)  # [B,H,N,K,V], the chunk's own write
-        starts = torch.empty_like(delta)        # state entering each chunk
-        s = q.new_zeros(b, h, dk, dv) if s0 is None else s0
-        for i in range(n):  # the only sequential part: T / C steps on [K, V]
-            starts[:, :, i] = s
-            s = delta[:, :, i] + (s if decay is None else decay[:, :, i, :, None] * s)
-        o.add_(_matmul(q_in, starts)).mul_(scale)
-        ctx.save_for_backward(qc, kc, vc, a, starts)
-        # intermediates (not inputs or outputs) may live on ctx; keeping the decays saves their exps
-        ctx.decays = (intra_decays, e_in, e_out, decay, q_in, k_out)
-        ctx.meta = (kind, scale, t, s0 is not None)
-        return _unchunk(o, t), s
+            gl = g if kind == _PER_KEY else g[..., None]
+            gc = _to_rows(gl, n, chunk).cumsum_(1)                     # [R, C, K|1], G inside each chunk
+            fast, safe = _split_rows(gc)
+            parts = []
+            if fast is None or fast.numel():
+                parts.append(("fast", fast, _fast_forward(_rows(qs, fast), _rows(kc, fast), _rows(vc, fast),
+                                                         _rows(gc, fast))))
+            if safe is None or safe.numel():
+                parts.append(("safe", safe, _safe_forward(_rows(qs, safe), _rows(kc, safe), _rows(vc, safe),
+                                                         _rows(gc, safe), kind)))
+            if len(parts) == 1:
+                _, _, (a, q_in, delta, _) = parts[0]
+            else:  # mixed: assemble the rows of both forms
+                a = qs.new_empty(rows, chunk, chunk)
+                q_in, delta = torch.empty_like(qs), qs.new_empty(rows, dk, dv)
+                for _, idx, (a_p, q_p, d_p, _) in parts:
+                    a.index_copy_(0, idx, a_p)
+                    q_in.index_copy_(0, idx, q_p)
+                    delta.index_copy_(0, idx, d_p)
+            saved = tuple((name, idx, p[3]) for name, idx, p in parts)
+            decay = gc[:, -1, :].exp().view(n, b * h, -1, 1)           # [N, BH, K|1, 1]
+        sbuf[1:] = delta.view(n, b * h, dk, dv)
+        # the only sequential part: T / C steps on [K, V] (a loop of small adds is much faster than
+        # a cumulative sum along the outer axis)
+        for i in range(n):
+            if decay is None:
+                sbuf[i + 1].add_(sbuf[i])
+            else:
+                sbuf[i + 1].addcmul_(decay[i], sbuf[i])
+        starts = sbuf[:n].view(rows, dk, dv)
+        o = torch.bmm(a, vc).baddbmm_(q_in, starts)
+        ctx.save_for_backward(qs, kc, vc, a, q_in, sbuf)
+        # intermediates (not inputs or outputs) may live on ctx; keeping them saves their exps
+        ctx.parts = (saved, decay)
+        ctx.meta = (kind, scale, b, t, h, s0 is not None)
+        return _from_rows(o, b, t, h), sbuf[n].view(b, h, dk, dv).clone()
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_o, d_s):
-        qc, kc, vc, a, starts = ctx.saved_tensors
-        intra_decays, e_in, e_out, decay, q_in, k_out = ctx.decays
-        kind, scale, t, has_s0 = ctx.meta
-        n, c = qc.shape[2], qc.shape[3]
-        do = _chunks(d_o, n, c) * scale  # scale folded in once (out of place: _chunks may alias d_o)
-        # reverse carry: d_next[:, :, i] = dL/dS_{i+1}, the gradient of chunk i's write and decay
-        read = _matmul(q_in.transpose(-1, -2), do)  # [B,H,N,K,V]
-        d_next = torch.empty_like(starts)
-        ds = d_s
+        qs, kc, vc, a, q_in, sbuf = ctx.saved_tensors
+        saved, decay = ctx.parts
+        kind, scale, b, t, h, has_s0 = ctx.meta
+        rows, c, dk = qs.shape
+        dv_dim = vc.shape[-1]
+        n = rows // (b * h)
+        do = _to_rows(d_o, n, c)
+        # reverse carry: dbuf[i] = dL/dS_i, the gradient of the state entering chunk i (dbuf[N] = dS_T)
+        dbuf = torch.empty_like(sbuf)
+        dbuf[n] = 0 if d_s is None else d_s.reshape(b * h, dk, dv_dim)
+        torch.bmm(q_in.transpose(1, 2), do, out=dbuf[:n].view(rows, dk, dv_dim))  # each chunk's read
         for i in reversed(range(n)):
-            d_next[:, :, i] = ds
-            ds = read[:, :, i] + (ds if decay is None else decay[:, :, i, :, None] * ds)
-        dv = _matmul(a.transpose(-1, -2), do) + _matmul(k_out, d_next)
-        dq, dk = _intra_grads(_matmul(do, vc.transpose(-1, -2)), qc, kc, intra_decays, kind)
-        dq_in = _matmul(do, starts.transpose(-1, -2))   # [B,H,N,C,K]
-        dk_out = _matmul(vc, d_next.transpose(-1, -2))  # [B,H,N,C,K]
+            if decay is None:
+                dbuf[i].add_(dbuf[i + 1])
+            else:
+                dbuf[i].addcmul_(decay[i], dbuf[i + 1])
+        starts, d_next = sbuf[:n].view(rows, dk, dv_dim), dbuf[1:].view(rows, dk, dv_dim)
+        want_dg = kind != _NONE and ctx.needs_input_grad[3]  # RetNet's constant decays need no gradient
         dg = None
         if kind == _NONE:
-            dq += dq_in
-            dk += dk_out
+            dq, dk_, dv = _none_backward(do, qs, kc, vc, a, d_next, starts)
         else:
-            dq.addcmul_(dq_in, e_in)
-            dk.addcmul_(dk_out, e_out)
-        if kind != _NONE and ctx.needs_input_grad[3]:  # RetNet's constant decays need no gradient
-            dgc = (qc * dq).addcmul_(kc, dk, value=-1)                             # [B,H,N,C,K]
-            dgamma = (k_out * dk_out).sum(-2) + decay * (starts * d_next).sum(-1)  # [B,H,N,K]
-            if kind == _PER_HEAD:
-                dgc, dgamma = dgc.sum(-1, keepdim=True), dgamma.sum(-1, keepdim=True)
-            dgc[..., -1, :] += dgamma
-            dgc = dgc.flip(3).cumsum(3).flip(3)  # G = cumsum(g) inside the chunk
-            dg = _unchunk(dgc, t)
-            if kind == _PER_HEAD:
-                dg = dg[..., 0]
-        return (_unchunk(dq, t), _unchunk(dk, t), _unchunk(dv, t), dg, ds if has_s0 else None, None, None)
+            results = []
+            for name, idx, part in saved:
+                args = (_rows(do, idx), _rows(vc, idx), _rows(a, idx), _rows(d_next, idx), _rows(starts, idx), part)
+                res = _fast_backward(*args, want_dg) if name == "fast" else _safe_backward(*args, kind, want_dg)
+                results.append((idx, res))
+            if len(results) == 1:
+                dq, dk_, dv, dgc = results[0][1]
+            else:
+                dq, dk_, dv = torch.empty_like(qs), torch.empty_like(kc), torch.empty_like(vc)
+                dgc = torch.empty_like(qs) if want_dg else None
+                for idx, res in results:
+                    for full, part in zip((dq, dk_, dv, dgc), res):
+                        if full is not None:
+                            full.index_copy_(0, idx, part)
+            if want_dg:
+                # chunk end: dGamma = rowsum(S_{n+1} ⊙ dS_{n+1}) (write and state decay both scale by e^Gamma)
+                dgamma = (sbuf[1:] * dbuf[1:]).sum(-1).view(rows, dk)   # [R, K]
+                if kind == _PER_HEAD:
+                    dgc, dgamma = dgc.sum(-1, keepdim=True), dgamma.sum(-1, keepdim=True)
+                dgc[:, -1, :] += dgamma
+                # G = cumsum(g) inside the chunk: dg_j = sum_{i >= j} dG_i
+                dgc = dgc.flip(1).cumsum_(1).flip(1)
+                dg = _from_rows(dgc, b, t, h)
+                if kind == _PER_HEAD:
+                    dg = dg[..., 0]
+        ds0 = dbuf[0].view(b, h, dk, dv_dim) if has_s0 else None
+        return (_from_rows(dq, b, t, h, scale), _from_rows(dk_, b, t, h), _from_rows(dv, b, t, h), dg, ds0,
+                None, None)
 
 
 def chunked_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, scale: float = 1.0,
@@ -257,8 +398,7 @@ def chunked_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, scale:
             values are accepted; the overflow-free guarantee holds for g <= 0 (decays in (0, 1]).
         scale: readout scale.
         initial_state: [B, H, K, V] or None (zeros).
-        chunk_size: C (any positive size; powers of two use the most matmuls for per-key decays).
-            With V = 1 (the diagonal SSM) nothing is a real matmul and small chunks (4) are fastest.
+        chunk_size: C (any positive size; powers of two use the most matmuls in the safe per-key form).
     Returns:
         o: [B, T, H, V];  final state S_T: [B, H, K, V].
 

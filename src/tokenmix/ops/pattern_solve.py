@@ -1,100 +1,492 @@
-"""Chunked sparse triangular solve for pattern recurrences (§4.6), with a hand-written backward.
+"""Chunked sparse triangular solve for pattern recurrences (§4.6), neighbour scores, and a matmul
+path for (nearly) dense patterns -- each with a plain reference beside it.
 
-Solves, for every batch element and head, the recurrence
+The recurrence, for every batch element and head:
 
-    y_t = alpha_t * x_t + sum_w beta_{t,w} * y_{idx[t,w]}          (idx[t,w] < t, -1 = none)
+    y_t = alpha_t * x_t + sum_w beta_{t,w} * y_{idx[t,w]}          (idx[t,w] < P + t, -1 = none)
 
 i.e. (I - B) Y = diag(alpha) X with B[t, idx[t,w]] = beta[t,w]. Positions are *buffer* positions:
 the P cached outputs of an earlier call (``y_prefix``) come first, then the T new ones, so new
 position t sits at buffer index P + t.
 
-Forward, chunk by chunk (C positions): reads of outputs in earlier chunks are gathered from the
-buffer (O(C |N| V)), reads inside the chunk form a dense C x C strictly lower block, and one
-C x C unit-triangular solve finishes the chunk. Memory O(T V + C |N| V), never O(T^2).
+Why the fast paths look the way they do. Gathering the neighbours of every row (an index table of
+T x W buffer rows) costs a copy of T W V values per pass, about ten times the time of reading the
+same values from a contiguous slice. Translation-invariant patterns never need it: level w reads
+distance f(w), so "y_{t - f(w)} for every t" *is* a shifted slice of the buffer; the
+cache-efficient lattice reads the same lattice point for runs of a_w consecutive rows, a strided
+slice broadcast over the run. ``PatternPlan`` finds these regular parts in any index table (a
+*run* per level slot, verified entry by entry against the table) and leaves whatever is irregular
+(reads of a sparse cache, Fenwick levels, ...) to a gather, so the kernels stay exact for every
+table and fast for the patterns that matter.
 
-Backward is the transposed solve run in reverse chunk order:
-    G = (I - B)^{-T} dY        (gradient w.r.t. the right-hand side diag(alpha) X)
-    d alpha_t = G_t . x_t,  d x_t = alpha_t G_t,  d beta_{t,w} = G_t . y_{idx[t,w]},
-and G_t flows to an earlier chunk (or the prefix) through the same sparse entries, scattered with
-index_add. Autograd through a Python loop of in-place buffer writes would either fail or keep
-O(T^2 / C) copies; the closed-form backward keeps memory O(T V).
+The solve, chunk by chunk (C positions):
+    * reads at distance <= C land in the chunk or the previous one: they are scattered into one
+      dense [C, 2C] band block per chunk, used as a matmul against the previous chunk's outputs;
+      the chunk's own C x C unit lower triangular block is inverted for all chunks in one batched
+      solve before the loop, so a chunk costs two small matmuls (equal up to rounding);
+    * reads at distance > C land in earlier chunks. A run whose reads are all at distance >= D
+      contributes to a whole block of ~D rows at once -- every row of the block reads rows before
+      the block -- so it is added when the block starts: one slice operation per run and block,
+      O(T / D) operations for a level at distance ~D instead of one per chunk.
+Backward is the transposed solve in reverse chunk order, G = (I - B)^{-T} dY, with the same
+schedule transposed (a block's contributions to earlier rows are scattered once all its rows have
+their G); then d alpha_t = G_t . x_t, d x_t = alpha_t G_t, d beta_{t,w} = G_t . y_{idx[t,w]} are
+whole-sequence slice operations. Memory O(T (V + W) + T C), never O(T^2).
+
+``pattern_scores`` computes q_t . k_{idx[t,w]} with the same runs (no gathered keys are saved for
+backward: the backward recomputes from the slices). ``chunked_window_softmax`` is the path for
+patterns whose neighbour set is every one of the previous M positions (M = all for the dense
+pattern): scores, softmax coefficients and the solve per chunk as matmuls, recomputed in backward
+flash-style, memory O(T (K + V) + C T).
 """
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 from torch import Tensor
 
 from tokenmix.core.operator import solve_unit_lower
 
-
-def _chunk_plan(idx: Tensor, p: int, t: int, chunk: int):
-    """Per chunk: (s, e, gather positions, earlier mask, in-chunk column, in-chunk mask)."""
-    plans = []
-    for s in range(0, t, chunk):
-        e = min(s + chunk, t)
-        ic = idx[s:e]  # [C, W]
-        valid = ic >= 0
-        earlier = valid & (ic < p + s)
-        inside = valid & (ic >= p + s)
-        col = torch.where(inside, ic - (p + s), torch.zeros_like(ic))
-        plans.append((s, e, ic.clamp(min=0), earlier, col, inside))
-    return plans
+_GATHER_BLOCK_ELEMS = 1 << 21  # gathered values per block of irregular entries (bounds their memory)
 
 
-def _block(beta_c: Tensor, col: Tensor, inside: Tensor) -> Tensor:
-    """Dense strictly lower C x C block of B for one chunk: [B, H, C, C]."""
-    b, h, c, w = beta_c.shape
-    blk = beta_c.new_zeros(b, h, c, c)
-    src = beta_c * inside.to(beta_c.dtype)
-    return blk.scatter_add_(-1, col.expand(b, h, c, w), src)
+# ---------------------------------------------------------------- plan: regular runs of an index table
+@dataclass(frozen=True)
+class Piece:
+    """Rows [row, row + n g) of level slot ``col`` in n groups of g consecutive rows; group m reads
+    buffer position key + step m. A shift is n = length, g = 1; a lattice run g = a_w rows."""
+
+    col: int
+    row: int
+    n: int
+    g: int
+    key: int
+    step: int
+
+    @property
+    def rows(self) -> slice:
+        return slice(self.row, self.row + self.n * self.g)
+
+    @property
+    def keys(self) -> slice:
+        return slice(self.key, self.key + self.step * (self.n - 1) + 1, self.step)
+
+
+@dataclass(frozen=True)
+class Run:
+    """The regular part of one level slot: row ``row + i`` (0 <= i < length) reads buffer position
+    ``key + stride * ((phase + i) // stride)`` -- a shift for stride 1, a staircase of lattice
+    points for stride a_w (rows in runs of a_w share one position)."""
+
+    col: int
+    row: int
+    length: int
+    key: int
+    stride: int
+    phase: int
+
+    def restrict(self, r0: int, r1: int) -> Run | None:
+        """The same run limited to rows [r0, r1), or None if they do not meet."""
+        lo, hi = max(self.row, r0), min(self.row + self.length, r1)
+        if hi <= lo:
+            return None
+        i = lo - self.row
+        return Run(self.col, lo, hi - lo, self.key + self.stride * ((self.phase + i) // self.stride),
+                   self.stride, (self.phase + i) % self.stride)
+
+    def pieces(self) -> list[Piece]:
+        a, o, n = self.stride, self.phase, self.length
+        if a == 1:
+            return [Piece(self.col, self.row, n, 1, self.key, 1)]
+        out, row, key = [], self.row, self.key
+        if o:  # partial first group
+            h = min(n, a - o)
+            out.append(Piece(self.col, row, 1, h, key, a))
+            row, key, n = row + h, key + a, n - h
+        if n >= a:
+            m = n // a
+            out.append(Piece(self.col, row, m, a, key, a))
+            row, key, n = row + m * a, key + m * a, n - m * a
+        if n:  # partial last group
+            out.append(Piece(self.col, row, 1, n, key, a))
+        return out
+
+
+def _fit_run(col: np.ndarray, w: int, prefix: int) -> Run | None:
+    """The longest suffix of rows on which column ``col`` [T] (-1 = none) is a shift or staircase.
+
+    Stride and phase are read off the reads inside the segment (>= ``prefix``: those of a sparse
+    cache are irregular): the stride a is the gcd of the steps between successive reads, and the
+    phase is any offset that puts every read row into the group of its position (an interval
+    intersection; rows that read nothing -- levels deduplicated away -- may fall in either group).
+    Then every row of the suffix is verified: it reads exactly the predicted position or nothing,
+    and the predicted position is strictly earlier, so rows that a run covers with a zero
+    coefficient stay causal.
+    """
+    t = len(col)
+    valid = col >= 0
+    if not valid.any():
+        return None
+    fit = valid & (col >= prefix)
+    rows = np.nonzero(fit if fit.any() else valid)[0]
+    vals = col[rows]
+    steps = np.diff(vals)
+    if (steps < 0).any():
+        return None
+    everywhere = np.arange(t)
+    stride = int(np.gcd.reduce(steps[steps > 0])) if (steps > 0).any() else 0
+    if stride == 0:  # one position read by every row (or a single row)
+        pred = np.full(t, vals[0])
+    else:
+        # row t in group m (reads vals[0] + a m) needs a m <= t + phi < a m + a
+        offs = stride * ((vals - vals[0]) // stride) - rows
+        phi = int(offs.max())
+        if phi >= int(offs.min()) + stride:
+            return None
+        pred = vals[0] + stride * ((everywhere + phi) // stride)
+    ok = (~valid | (col == pred)) & (pred >= 0) & (pred < prefix + everywhere)
+    bad = np.nonzero(~ok)[0]
+    r0 = int(bad[-1]) + 1 if bad.size else 0
+    first = np.nonzero(valid[r0:])[0]
+    if not first.size:
+        return None
+    r0 += int(first[0])
+    length = t - r0
+    if stride == 0:
+        return Run(w, r0, length, int(pred[r0]), length, 0)
+    return Run(w, r0, length, int(pred[r0]), stride, (r0 + phi) % stride)
+
+
+class PatternPlan:
+    """How the kernels cover an index table: regular runs, a near band, irregular leftovers.
+
+    Built once per call from idx [T, W] (buffer positions, -1 = none), the prefix length P and the
+    chunk size C; shared by ``pattern_scores`` and ``chunked_pattern_solve``.
+
+    Attributes:
+        runs: one ``Run`` per level slot with a regular part; ``pieces`` all their slice operations.
+        mask(name): [T, W] 0/1 masks -- "valid" (entries read at all), "run_far" (covered by a run
+            and read at distance > C); "near_compact" [T, Wn] (read at distance <= C, over the Wn
+            level slots ``near_cols`` that have such reads).
+        band_col: [T, Wn] long, column of a near entry in its chunk's [C, 2C] band block.
+        left, left_keys: (rows, cols) and buffer positions of the entries no run covers.
+        far_blocks: {chunk start s: pieces}, the distance > C part of the runs; a piece added at s
+            covers rows >= s and reads only positions before P + s (see module docstring).
+        left_chunks: per chunk, (rows, cols, keys) of leftover entries at distance > C.
+        has_prev: per chunk, whether any row reads the previous chunk within distance C.
+    """
+
+    def __init__(self, idx: Tensor, prefix: int, chunk: int) -> None:
+        if chunk <= 0:
+            raise ValueError(f"chunk_size must be > 0, got {chunk}")
+        tab = idx.detach().cpu().numpy().astype(np.int64)
+        t, w = tab.shape
+        self.t, self.w, self.p, self.chunk = t, w, prefix, chunk
+        # level-major [W, T] (contiguous per level slot) for the per-level work; masks go back to [T, W]
+        tab_l = np.ascontiguousarray(tab.T)
+        rows = np.arange(t)[None, :]
+        valid = tab_l >= 0
+        dist = prefix + rows - tab_l
+        self.runs = [r for c in range(w) if (r := _fit_run(tab_l[c], c, prefix)) is not None]
+        in_run = np.zeros_like(valid)
+        for r in self.runs:
+            in_run[r.col, r.row : r.row + r.length] = True
+        far = dist > chunk
+        near = valid & ~far
+        run_far = valid & in_run & far
+        left = valid & ~in_run
+        self._np = {"valid": valid.T, "run_far": run_far.T}  # [T, W] views
+        start = prefix + (rows // chunk) * chunk  # buffer position of each row's chunk start
+        # the band is scattered from the level slots that have near entries only (scatter is slow)
+        near_cols = np.nonzero(near.any(1))[0]
+        self.near_cols = torch.from_numpy(near_cols)
+        self.band_col = torch.from_numpy(np.ascontiguousarray(np.where(near, tab_l - start + chunk, 0)[near_cols].T))
+        self._np["near_compact"] = np.ascontiguousarray(near[near_cols].T)
+        self.left = tuple(torch.from_numpy(a) for a in np.nonzero(left.T))  # (rows, cols), sorted by row
+        self.left_keys = torch.from_numpy(tab[self.left[0].numpy(), self.left[1].numpy()])
+        self.chunks = [(s, min(s + chunk, t)) for s in range(0, t, chunk)]
+        # does a chunk read the previous chunk at all (skip empty matmuls, e.g. f:3**k)
+        prev_rows = (near & (tab_l < start)).any(0)
+        self.has_prev = [bool(prev_rows[s:e].any()) for s, e in self.chunks]
+        self.pieces = [pc for r in self.runs for pc in r.pieces()]
+        self.far_blocks = self._schedule(run_far, dist)
+        r, c = np.nonzero((left & far).T)  # sorted by row, so each chunk's entries are contiguous
+        bounds = np.searchsorted(r, [s for s, _ in self.chunks] + [t])
+        self.left_chunks: list[tuple[Tensor, Tensor, Tensor] | None] = []
+        for ci in range(len(self.chunks)):
+            rr, cc = r[bounds[ci] : bounds[ci + 1]], c[bounds[ci] : bounds[ci + 1]]
+            self.left_chunks.append((torch.from_numpy(rr), torch.from_numpy(cc), torch.from_numpy(tab[rr, cc]))
+                                    if rr.size else None)
+        self._cache: dict = {}
+
+    def _schedule(self, run_far: np.ndarray, dist: np.ndarray) -> dict[int, list[Piece]]:
+        """Cut the far part of every run into blocks, each added at a chunk start s: a block covers
+        rows >= s that read only positions < P + s, i.e. rows [cur, s + d_min) for a run whose far
+        reads are all at distance >= d_min. Lattice blocks end on a group boundary so the next one
+        is whole groups (one slice operation, no partial first group). run_far, dist: [W, T]."""
+        blocks: dict[int, list[Piece]] = {}
+        for r in self.runs:
+            rr = slice(r.row, r.row + r.length)
+            far = run_far[r.col, rr]  # [W, T] layout
+            if not far.any():
+                continue
+            d_min = int(dist[r.col, rr][far].min())  # > C
+            cur, stop = r.row + int(np.nonzero(far)[0][0]), r.row + r.length
+            while cur < stop:
+                s = (cur // self.chunk) * self.chunk
+                end = min(stop, s + d_min)
+                if r.stride > 1 and end < stop:
+                    aligned = end - (end - r.row + r.phase) % r.stride
+                    end = aligned if aligned > cur else end
+                blocks.setdefault(s, []).extend(r.restrict(cur, end).pieces())
+                cur = end
+        return blocks
+
+    def mask(self, name: str, like: Tensor) -> Tensor:
+        """A [T, W] mask as a 0/1 tensor of like's dtype and device (cached)."""
+        key = (name, like.dtype, like.device)
+        if key not in self._cache:
+            self._cache[key] = torch.from_numpy(self._np[name]).to(device=like.device, dtype=like.dtype)
+        return self._cache[key]
+
+    def on(self, t: Tensor, device: torch.device) -> Tensor:
+        """One of the plan's index tensors on ``device`` (cached)."""
+        key = (id(t), device)
+        if key not in self._cache:
+            self._cache[key] = t.to(device)
+        return self._cache[key]
+
+
+def _check_table(idx: Tensor, prefix: int, t: int) -> None:
+    if idx.dim() != 2 or idx.shape[0] != t:
+        raise ValueError(f"shape mismatch: idx {tuple(idx.shape)} for T = {t}")
+    if idx.numel() and (idx >= prefix + torch.arange(t, device=idx.device)[:, None]).any():
+        raise ValueError("idx reads a position that is not strictly earlier (not causal)")
+
+
+def plan_pattern(idx: Tensor, prefix: int, chunk_size: int = 64) -> PatternPlan:
+    """Validate idx [T, W] (buffer positions < P + t, -1 = none) and build its ``PatternPlan``."""
+    _check_table(idx, prefix, idx.shape[0])
+    return PatternPlan(idx, prefix, chunk_size)
+
+
+def _leftover_blocks(n: int, per_entry: int):
+    step = max(1, _GATHER_BLOCK_ELEMS // max(1, per_entry))
+    return range(0, n, step), step
+
+
+# ---------------------------------------------------------------- scores q_t . k_{idx[t, w]}
+class _PatternScores(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, kbuf, plan):
+        # q [B, T, H, K], kbuf [B, P + T, H, K] -> scores [W, B, T, H] (level-major: contiguous writes)
+        b, t, h, k = q.shape
+        out = q.new_zeros(plan.w, b, t, h)
+        for pc in plan.pieces:
+            kk = kbuf[:, pc.keys]  # [B, n, H, K], a strided view, no copy
+            if pc.g == 1:
+                out[pc.col, :, pc.rows] = torch.linalg.vecdot(q[:, pc.rows], kk)
+            else:
+                qq = q[:, pc.rows].reshape(b, pc.n, pc.g, h, k)
+                out[pc.col, :, pc.rows] = torch.linalg.vecdot(qq, kk[:, :, None]).reshape(b, pc.n * pc.g, h)
+        rows, cols = (plan.on(a, q.device) for a in plan.left)
+        keys = plan.on(plan.left_keys, q.device)
+        starts, step = _leftover_blocks(len(rows), b * h * k)
+        for s in starts:
+            r, c, j = rows[s : s + step], cols[s : s + step], keys[s : s + step]
+            out[c, :, r] = torch.linalg.vecdot(q[:, r], kbuf[:, j]).transpose(0, 1)
+        out *= plan.mask("valid", out).t()[:, None, :, None]
+        ctx.save_for_backward(q, kbuf)
+        ctx.plan = plan
+        return out.permute(1, 2, 3, 0)
+
+    @staticmethod
+    def backward(ctx, ds):
+        q, kbuf = ctx.saved_tensors
+        plan = ctx.plan
+        b, t, h, k = q.shape
+        ds = (ds * plan.mask("valid", ds)[None, :, None, :]).permute(3, 0, 1, 2).contiguous()  # [W, B, T, H]
+        dq, dk = torch.zeros_like(q), torch.zeros_like(kbuf)
+        for pc in plan.pieces:
+            d = ds[pc.col, :, pc.rows]  # [B, n g, H]
+            if pc.g == 1:
+                dq[:, pc.rows].addcmul_(d[..., None], kbuf[:, pc.keys])
+                dk[:, pc.keys].addcmul_(d[..., None], q[:, pc.rows])
+            else:
+                d = d.reshape(b, pc.n, pc.g, h, 1)
+                dq[:, pc.rows].view(b, pc.n, pc.g, h, k).addcmul_(d, kbuf[:, pc.keys][:, :, None])
+                dk[:, pc.keys] += (d * q[:, pc.rows].reshape(b, pc.n, pc.g, h, k)).sum(2)
+        rows, cols = (plan.on(a, q.device) for a in plan.left)
+        keys = plan.on(plan.left_keys, q.device)
+        starts, step = _leftover_blocks(len(rows), b * h * k)
+        for s in starts:
+            r, c, j = rows[s : s + step], cols[s : s + step], keys[s : s + step]
+            d = ds[c, :, r].transpose(0, 1)[..., None]  # [B, E, H, 1]
+            dq.index_add_(1, r, d * kbuf[:, j])
+            dk.index_add_(1, j, d * q[:, r])
+        return dq, dk, None
+
+
+def pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan: PatternPlan | None = None) -> Tensor:
+    """Neighbour scores s[t, w] = q_t . kbuf[idx[t, w]] (0 where idx < 0).
+
+    Args:
+        q: [B, T, H, K] queries of the segment.
+        kbuf: [B, P + T, H, K] keys of the P cached positions, then of the segment.
+        idx: [T, W] long buffer positions, -1 for none; idx[t] < P + t.
+        plan: the table's ``PatternPlan`` (built here if None).
+    Returns:
+        [B, T, H, W].
+    """
+    b, t, h, k = q.shape
+    p = kbuf.shape[1] - t
+    if kbuf.shape[0] != b or kbuf.shape[2:] != (h, k) or p < 0:
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}")
+    plan = plan if plan is not None else plan_pattern(idx, p)
+    if (plan.t, plan.w, plan.p) != (t, idx.shape[1], p):
+        raise ValueError(f"plan for T={plan.t}, W={plan.w}, P={plan.p} used with idx {tuple(idx.shape)}, P={p}")
+    # contiguous operands: the per-level slices are then dense blocks (strided q, e.g. a view of a
+    # fused qkv projection, makes every level's product several times slower)
+    return _PatternScores.apply(q.contiguous(), kbuf.contiguous(), plan)
+
+
+def pattern_scores_reference(q: Tensor, kbuf: Tensor, idx: Tensor) -> Tensor:
+    """Reference for ``pattern_scores``: gather every neighbour key, plain autograd. [B, T, H, W]."""
+    b, t, h, k = q.shape
+    w = idx.shape[1]
+    nb = kbuf.index_select(1, idx.clamp(min=0).reshape(-1)).view(b, t, w, h, k)  # [B, T, W, H, K]
+    return torch.einsum("bthk,btwhk->bthw", q, nb) * (idx >= 0)[None, :, None, :]
+
+
+# ---------------------------------------------------------------- the solve
+def _band(beta: Tensor, plan: PatternPlan) -> Tensor:
+    """[B, H, T, 2C]: row t's coefficients on buffer positions P + c C - C + j (c = t // C, the
+    previous chunk then its own), from the entries read at distance <= C."""
+    b, h, t, _ = beta.shape
+    band = beta.new_zeros(b, h, t, 2 * plan.chunk)
+    col = plan.on(plan.band_col, beta.device)  # [T, Wn] over the near level slots
+    src = beta.index_select(-1, plan.on(plan.near_cols, beta.device)) * plan.mask("near_compact", beta)
+    return band.scatter_add_(-1, col.expand(b, h, t, col.shape[1]), src)
+
+
+def _level_major(beta: Tensor, mask: Tensor) -> Tensor:
+    """beta [B, H, T, W] * mask [T, W] as a contiguous [W, B, H, T] tensor, in one pass: a level's
+    coefficients over a row range are then one dense slice (a strided beta[..., w] view makes every
+    far piece's multiply-add about twice as slow)."""
+    b, h, t, w = beta.shape
+    out = beta.new_empty(w, b, h, t)
+    return torch.mul(beta.permute(3, 0, 1, 2), mask.t()[:, None, None, :], out=out)
+
+
+def _chunk_inverses(band: Tensor, plan: PatternPlan) -> Tensor:
+    """(I - B_cc)^{-1} of every chunk's own C x C block, one batched solve: [B, H, nC, C, C].
+
+    Applying the inverse is one matmul per chunk instead of a triangular solve; per-chunk solves
+    dominate the loop for sparse patterns. Equivalent up to rounding (unit lower triangular blocks
+    of bounded coefficients are well conditioned). Half precision is inverted in float32.
+    """
+    b, h, t, _ = band.shape
+    c, nc = plan.chunk, len(plan.chunks)
+    inside = band.new_zeros(b, h, nc * c, c)
+    inside[:, :, :t] = band[..., c:]
+    work = torch.float32 if band.dtype in (torch.bfloat16, torch.float16) else band.dtype
+    eye = torch.eye(c, dtype=work, device=band.device)
+    mats = eye - inside.to(work).view(b, h, nc, c, c)
+    return torch.linalg.solve_triangular(mats, eye.expand_as(mats), upper=False, unitriangular=True)
 
 
 class _PatternSolve(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, alpha, beta, x, y_prefix, idx, chunk):
+    def forward(ctx, alpha, beta, x, y_prefix, plan):
         # head-first inside: alpha [B,H,T], beta [B,H,T,W], x [B,H,T,V], y_prefix [B,H,P,V]
         b, h, t, v = x.shape
-        p = y_prefix.shape[2]
+        p, c = plan.p, plan.chunk
+        band = _band(beta, plan)
+        inv = _chunk_inverses(band, plan)
+        beta_far = _level_major(beta, plan.mask("run_far", beta))  # [W, B, H, T]
+        # outputs by buffer position; zeros, as a lattice piece may read a not-yet-solved position
+        # with a zero coefficient
         buf = x.new_zeros(b, h, p + t, v)
         buf[:, :, :p] = y_prefix
-        plans = _chunk_plan(idx, p, t, chunk)
-        for s, e, gpos, earlier, col, inside in plans:
-            rhs = alpha[:, :, s:e, None] * x[:, :, s:e]
-            if earlier.any():
-                beta_e = beta[:, :, s:e] * earlier.to(beta.dtype)
-                rhs = rhs + torch.einsum("bhcw,bhcwv->bhcv", beta_e, buf[:, :, gpos])
-            if inside.any():
-                rhs = solve_unit_lower(_block(beta[:, :, s:e], col, inside), rhs)
-            buf[:, :, p + s : p + e] = rhs
-        ctx.save_for_backward(alpha, beta, x, buf, idx)
-        ctx.chunk, ctx.p = chunk, p
+        rhs = alpha[..., None] * x  # accumulates every contribution a row receives before its solve
+        for ci, (s, e) in enumerate(plan.chunks):
+            for pc in plan.far_blocks.get(s, ()):
+                ys = buf[:, :, pc.keys]  # [B, H, n, V]
+                bw = beta_far[pc.col, :, :, pc.rows]
+                if pc.g == 1:
+                    rhs[:, :, pc.rows].addcmul_(bw[..., None], ys)
+                else:
+                    rhs[:, :, pc.rows].view(b, h, pc.n, pc.g, v).addcmul_(
+                        bw.reshape(b, h, pc.n, pc.g, 1), ys[:, :, :, None])
+            left = plan.left_chunks[ci]
+            if left is not None:
+                r, cc, j = (plan.on(a, x.device) for a in left)
+                rhs.index_add_(2, r, beta[:, :, r, cc][..., None] * buf[:, :, j])
+            r_c = rhs[:, :, s:e]
+            lo = max(0, p + s - c)
+            if plan.has_prev[ci]:
+                r_c = r_c + band[:, :, s:e, lo - (p + s - c) : c] @ buf[:, :, lo : p + s]
+            buf[:, :, p + s : p + e] = (inv[:, :, ci, : e - s, : e - s] @ r_c.to(inv.dtype)).to(x.dtype)
+        ctx.save_for_backward(alpha, beta, x, buf, band, inv)  # band and inv: O(T C), cheaper kept than rebuilt
+        ctx.plan = plan
         return buf[:, :, p:].clone()
 
     @staticmethod
     def backward(ctx, gy):
-        alpha, beta, x, buf, idx = ctx.saved_tensors
-        p, chunk = ctx.p, ctx.chunk
+        alpha, beta, x, buf, band, inv = ctx.saved_tensors
+        plan = ctx.plan
+        p, c = plan.p, plan.chunk
         b, h, t, v = x.shape
+        inv_t = inv.transpose(-1, -2)  # (I - B_cc)^{-T}
+        beta_far = _level_major(beta, plan.mask("run_far", beta))  # [W, B, H, T]
         gacc = gy.new_zeros(b, h, p + t, v)  # gradient reaching each buffer position from later reads
-        galpha = torch.zeros_like(alpha)
-        gbeta = torch.zeros_like(beta)
-        gx = torch.zeros_like(x)
-        for s, e, gpos, earlier, col, inside in reversed(_chunk_plan(idx, p, t, chunk)):
+        g_all = gy.new_empty(b, h, t, v)  # G = (I - B)^{-T} dY
+        for ci in reversed(range(len(plan.chunks))):
+            s, e = plan.chunks[ci]
             g = gy[:, :, s:e] + gacc[:, :, p + s : p + e]
-            if inside.any():
-                g = solve_unit_lower(_block(beta[:, :, s:e], col, inside), g, transpose=True)
-            galpha[:, :, s:e] = (g * x[:, :, s:e]).sum(-1)
-            gx[:, :, s:e] = alpha[:, :, s:e, None] * g
-            valid = (earlier | inside).to(beta.dtype)
-            gbeta[:, :, s:e] = torch.einsum("bhcv,bhcwv->bhcw", g, buf[:, :, gpos]) * valid
-            if earlier.any():
-                contrib = (beta[:, :, s:e] * earlier.to(beta.dtype))[..., None] * g[:, :, :, None, :]
-                gacc.index_add_(2, gpos.reshape(-1), contrib.reshape(b, h, -1, v))
-        return galpha, gbeta, gx, gacc[:, :, :p], None, None
+            # (the transpose of a lower block's leading m x m inverse is the top-left of inv^T)
+            g = (inv_t[:, :, ci, : e - s, : e - s] @ g.to(inv_t.dtype)).to(gy.dtype)
+            g_all[:, :, s:e] = g
+            lo = max(0, p + s - c)
+            if plan.has_prev[ci]:
+                gacc[:, :, lo : p + s] += band[:, :, s:e, lo - (p + s - c) : c].transpose(-1, -2) @ g
+            left = plan.left_chunks[ci]
+            if left is not None:
+                r, cc, j = (plan.on(a, x.device) for a in left)
+                gacc.index_add_(2, j, beta[:, :, r, cc][..., None] * g_all[:, :, r])
+            # the blocks starting here are complete: pass their far reads back to earlier rows
+            for pc in plan.far_blocks.get(s, ()):
+                bw = beta_far[pc.col, :, :, pc.rows]
+                gr = g_all[:, :, pc.rows]
+                if pc.g == 1:
+                    gacc[:, :, pc.keys].addcmul_(bw[..., None], gr)
+                else:
+                    gacc[:, :, pc.keys] += (bw.view(b, h, pc.n, pc.g, 1) * gr.view(b, h, pc.n, pc.g, v)).sum(3)
+        galpha = (g_all * x).sum(-1)
+        gx = alpha[..., None] * g_all
+        gbeta = gy.new_zeros(plan.w, b, h, t)
+        for pc in plan.pieces:
+            ys = buf[:, :, pc.keys]
+            if pc.g == 1:
+                gbeta[pc.col, :, :, pc.rows] = torch.linalg.vecdot(g_all[:, :, pc.rows], ys)
+            else:
+                gr = g_all[:, :, pc.rows].reshape(b, h, pc.n, pc.g, v)
+                gbeta[pc.col, :, :, pc.rows] = torch.linalg.vecdot(gr, ys[:, :, :, None]).reshape(b, h, -1)
+        rows, cols = (plan.on(a, x.device) for a in plan.left)
+        keys = plan.on(plan.left_keys, x.device)
+        starts, step = _leftover_blocks(len(rows), b * h * v)
+        for s in starts:
+            r, cc, j = rows[s : s + step], cols[s : s + step], keys[s : s + step]
+            gbeta[cc, :, :, r] = torch.linalg.vecdot(g_all[:, :, r], buf[:, :, j]).permute(2, 0, 1)
+        gbeta = gbeta.permute(1, 2, 3, 0) * plan.mask("valid", gbeta)
+        return galpha, gbeta, gx, gacc[:, :, :p], None
 
 
 def chunked_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y_prefix: Tensor | None = None,
-                          chunk_size: int = 64) -> Tensor:
+                          chunk_size: int = 64, plan: PatternPlan | None = None) -> Tensor:
     """Solve the pattern recurrence chunk by chunk.
 
     Args:
@@ -104,6 +496,7 @@ def chunked_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y
         x: [B, T, H, V] inputs (values).
         y_prefix: [B, P, H, V] outputs of cached earlier positions (buffer positions 0..P-1), or None.
         chunk_size: C, the block size of the triangular solves.
+        plan: the table's ``PatternPlan`` for this P and C (built here if None).
     Returns:
         y: [B, T, H, V].
     """
@@ -115,8 +508,149 @@ def chunked_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y
     if idx.shape[0] != t or beta.shape[:3] != (b, t, h) or beta.shape[3] != idx.shape[1]:
         raise ValueError(f"shape mismatch: x {tuple(x.shape)}, beta {tuple(beta.shape)}, idx {tuple(idx.shape)}")
     p = y_prefix.shape[1]
-    if idx.numel() and (idx >= p + torch.arange(t, device=idx.device)[:, None]).any():
-        raise ValueError("idx reads a position that is not strictly earlier (not causal)")
+    if plan is None:
+        plan = plan_pattern(idx, p, chunk_size)
+    elif (plan.t, plan.w, plan.p, plan.chunk) != (t, idx.shape[1], p, chunk_size):
+        raise ValueError(f"plan for T={plan.t}, W={plan.w}, P={plan.p}, C={plan.chunk} used with "
+                         f"idx {tuple(idx.shape)}, P={p}, C={chunk_size}")
     y = _PatternSolve.apply(alpha.transpose(1, 2), beta.transpose(1, 2), x.transpose(1, 2),
-                            y_prefix.transpose(1, 2), idx.to(x.device), chunk_size)
+                            y_prefix.transpose(1, 2), plan)
     return y.transpose(1, 2)
+
+
+def recurrent_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor,
+                            y_prefix: Tensor | None = None) -> Tensor:
+    """Reference for ``chunked_pattern_solve``: forward substitution one position at a time, plain
+    autograd. Same arguments (no chunking); O(T W V) time, for tests."""
+    b, t, h, v = x.shape
+    ys = list((y_prefix if y_prefix is not None else x.new_zeros(b, 0, h, v)).unbind(1))
+    p = len(ys)
+    for s in range(t):
+        y = alpha[:, s, :, None] * x[:, s]
+        for w, j in enumerate(idx[s].tolist()):
+            if j >= 0:
+                y = y + beta[:, s, :, w, None] * ys[j]
+        ys.append(y)
+    return torch.stack(ys[p:], 1)
+
+
+# ---------------------------------------------------------------- (nearly) dense patterns: matmuls
+def _window_scores(q_c: Tensor, kwin: Tensor, s: int, p: int, lo: int, window: int, scale: float) -> Tensor:
+    """Masked scores of rows s.. of the segment against buffer positions lo..: [B, H, C, L], -inf
+    outside {t - window, ..., t} (the row's own position included: its self score)."""
+    sc = (q_c @ kwin.transpose(-1, -2)) * scale
+    own = p + s + torch.arange(q_c.shape[2], device=q_c.device)[:, None]  # buffer position of each row
+    pos = lo + torch.arange(kwin.shape[2], device=q_c.device)[None, :]
+    return sc.masked_fill_((pos > own) | (pos < own - window), float("-inf"))
+
+
+class _WindowSoftmaxSolve(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, kbuf, x, y_prefix, window, chunk, scale):
+        # head-first: q [B,H,T,K], kbuf [B,H,P+T,K], x [B,H,T,V], y_prefix [B,H,P,V]
+        b, h, t, v = x.shape
+        p = y_prefix.shape[2]
+        buf = torch.cat([y_prefix, x.new_zeros(b, h, t, v)], 2)
+        lse = x.new_empty(b, h, t)
+        for s in range(0, t, chunk):
+            e = min(s + chunk, t)
+            lo = max(0, p + s - window)
+            sc = _window_scores(q[:, :, s:e], kbuf[:, :, lo : p + e], s, p, lo, window, scale)
+            lse[:, :, s:e] = torch.logsumexp(sc, -1)
+            coef = torch.exp(sc - lse[:, :, s:e, None])  # softmax over {t} ∪ N(t): [B, H, C, L]
+            inside = coef[..., p + s - lo :]  # the chunk's own C x C block; its diagonal is alpha
+            alpha = inside.diagonal(dim1=-2, dim2=-1).clone()
+            inside.diagonal(dim1=-2, dim2=-1).zero_()
+            rhs = alpha[..., None] * x[:, :, s:e] + coef[..., : p + s - lo] @ buf[:, :, lo : p + s]
+            buf[:, :, p + s : p + e] = solve_unit_lower(inside, rhs)
+        ctx.save_for_backward(q, kbuf, x, buf, lse)
+        ctx.window, ctx.chunk, ctx.scale = window, chunk, scale
+        return buf[:, :, p:].clone()
+
+    @staticmethod
+    def backward(ctx, gy):
+        q, kbuf, x, buf, lse = ctx.saved_tensors
+        window, chunk, scale = ctx.window, ctx.chunk, ctx.scale
+        b, h, t, v = x.shape
+        p = buf.shape[2] - t
+        gacc = gy.new_zeros(b, h, p + t, v)
+        dq, dk, dx = torch.zeros_like(q), torch.zeros_like(kbuf), torch.empty_like(x)
+        for s in reversed(range(0, t, chunk)):
+            e = min(s + chunk, t)
+            lo = max(0, p + s - window)
+            kwin = kbuf[:, :, lo : p + e]
+            coef = torch.exp(_window_scores(q[:, :, s:e], kwin, s, p, lo, window, scale) - lse[:, :, s:e, None])
+            inside = coef[..., p + s - lo :]
+            alpha = inside.diagonal(dim1=-2, dim2=-1).clone()
+            inside.diagonal(dim1=-2, dim2=-1).zero_()
+            g = solve_unit_lower(inside, gy[:, :, s:e] + gacc[:, :, p + s : p + e], transpose=True)
+            gacc[:, :, lo : p + s] += coef[..., : p + s - lo].transpose(-1, -2) @ g
+            dx[:, :, s:e] = alpha[..., None] * g
+            # d coef[t, j] = G_t . y_j for neighbours, G_t . x_t for the own (alpha) slot
+            dcoef = g @ buf[:, :, lo : p + e].transpose(-1, -2)
+            dcoef[..., p + s - lo :].diagonal(dim1=-2, dim2=-1).copy_((g * x[:, :, s:e]).sum(-1))
+            inside.diagonal(dim1=-2, dim2=-1).copy_(alpha)  # coef is the full softmax again
+            dsc = coef * (dcoef - (coef * dcoef).sum(-1, keepdim=True)) * scale
+            dq[:, :, s:e] = dsc @ kwin
+            dk[:, :, lo : p + e] += dsc.transpose(-1, -2) @ q[:, :, s:e]
+        return dq, dk, dx, gacc[:, :, :p], None, None, None
+
+
+def chunked_window_softmax(q: Tensor, kbuf: Tensor, x: Tensor, y_prefix: Tensor | None, window: int,
+                           chunk_size: int = 64, scale: float | None = None) -> Tensor:
+    """The structured recurrence with softmax coefficients on a window pattern, as matmuls.
+
+    Every position t reads the previous ``window`` positions (all of them for the dense pattern:
+    window >= P + T). Coefficients: softmax over {t} ∪ N(t) of the scores q_t . k_j * scale,
+    alpha_t the self term; y_t = alpha_t x_t + sum_{j in N(t)} beta_{t,j} y_j. Per chunk of C rows
+    the scores against the window, the softmax, the contribution of earlier chunks (one matmul) and
+    a C x C solve; backward recomputes the scores from the saved log-sum-exp.
+
+    Args:
+        q: [B, T, H, K] queries of the segment.
+        kbuf: [B, P + T, H, K] keys: the P cached positions (the P positions just before the
+            segment, contiguous), then the segment's.
+        x: [B, T, H, V] values.
+        y_prefix: [B, P, H, V] outputs of the cached positions, or None (P = 0).
+        window: M >= 1, the number of previous positions each row reads.
+        chunk_size: C.
+        scale: score scale, 1 / sqrt(K) if None.
+    Returns:
+        y: [B, T, H, V].
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    if window < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    b, t, h, k = q.shape
+    if y_prefix is None:
+        y_prefix = x.new_zeros(b, 0, h, x.shape[-1])
+    p = y_prefix.shape[1]
+    if kbuf.shape != (b, p + t, h, k) or x.shape[:3] != (b, t, h) or y_prefix.shape[0::2] != (b, h):
+        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}, x {tuple(x.shape)}, "
+                         f"y_prefix {tuple(y_prefix.shape)}")
+    scale = 1.0 / math.sqrt(k) if scale is None else scale
+    y = _WindowSoftmaxSolve.apply(q.transpose(1, 2), kbuf.transpose(1, 2), x.transpose(1, 2),
+                                  y_prefix.transpose(1, 2), window, chunk_size, scale)
+    return y.transpose(1, 2)
+
+
+def window_softmax_reference(q: Tensor, kbuf: Tensor, x: Tensor, y_prefix: Tensor | None, window: int,
+                             scale: float | None = None) -> Tensor:
+    """Reference for ``chunked_window_softmax``: the dense [T, P + T] scores, masked softmax, and a
+    forward substitution one position at a time (plain autograd). Same arguments."""
+    b, t, h, k = q.shape
+    p = kbuf.shape[1] - t
+    scale = 1.0 / math.sqrt(k) if scale is None else scale
+    sc = torch.einsum("bthk,bshk->bths", q, kbuf) * scale
+    own = p + torch.arange(t)[:, None]
+    pos = torch.arange(p + t)[None, :]
+    outside = ((pos > own) | (pos < own - window))[:, None, :]  # [T, 1, P + T]
+    coef = torch.softmax(sc.masked_fill(outside, float("-inf")), -1)
+    ys = list((y_prefix if y_prefix is not None else x.new_zeros(b, 0, h, x.shape[-1])).unbind(1))
+    for s in range(t):
+        y = coef[:, s, :, p + s, None] * x[:, s]
+        for j in range(max(0, p + s - window), p + s):
+            y = y + coef[:, s, :, j, None] * ys[j]
+        ys.append(y)
+    return torch.stack(ys[p:], 1)

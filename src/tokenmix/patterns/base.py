@@ -10,6 +10,9 @@ A pattern reports, all derived from its definition:
                            column w is level slot w (gate-based coefficients index levels)
     needed(t)              positions j < t that some token t' >= t reads: exactly the decode cache
                            held while token t is processed
+    needed_from(t)         s if needed(t) is the contiguous range [s, t) (exact translation-invariant
+                           patterns), else None: lets a decode cache evict in O(1) without listing
+                           an O(n) set
     cache_size(n)          max over t < n of |needed(t)|: the peak decode cache of an n-token decode
     nnz(n)                 number of nonzeros of B for an n-token sequence
 """
@@ -37,6 +40,12 @@ class Pattern(ABC):
     def needed(self, t: int) -> list[int]:
         """Sorted positions j < t read by some token t' >= t."""
 
+    def needed_from(self, t: int) -> int | None:
+        return None
+
+    #: every level slot reads a different position (no deduplication needed), e.g. distinct distances
+    distinct_levels: bool = False
+
     def neighbor_table(self, t0: int, t1: int) -> Tensor:
         if t0 < 0 or t1 <= t0:
             raise ValueError(f"invalid position range [{t0}, {t1})")
@@ -46,12 +55,11 @@ class Pattern(ABC):
         row = self._dedupe(self._table_np(np.array([t], dtype=np.int64)))[0]
         return [int(j) for j in row if j >= 0]
 
-    @staticmethod
-    def _dedupe(table: np.ndarray) -> np.ndarray:
+    def _dedupe(self, table: np.ndarray) -> np.ndarray:
         # Several levels may round to the same lattice point; N(t) is a set, so keep the first slot.
         # Built-in patterns list positions non-increasing along levels (proved for the lattice in
         # translation.py), so duplicates are adjacent; the general loop is kept for other patterns.
-        if table.shape[1] <= 1:
+        if table.shape[1] <= 1 or self.distinct_levels:
             return table
         out = table.copy()
         adjacent = (table[:, 1:] == table[:, :-1]) & (table[:, 1:] >= 0)

@@ -32,6 +32,8 @@ class TranslationInvariant(Pattern):
         max_levels: optional number of levels (f is only used for k < max_levels); None = unbounded.
     """
 
+    distinct_levels = True  # f strictly increasing: level k reads t - f(k), all different
+
     def __init__(self, f: Callable[[int], int], name: str, max_levels: int | None = None) -> None:
         if max_levels is not None and max_levels < 1:
             raise ValueError(f"pattern '{name}': number of levels must be >= 1, got {max_levels}")
@@ -78,10 +80,19 @@ class TranslationInvariant(Pattern):
         return table
 
     def needed(self, t: int) -> list[int]:
+        return list(range(self.needed_from(t), t))
+
+    def needed_from(self, t: int) -> int:
         if self.max_levels is None:
-            return list(range(t))  # j + f(k) reaches any later token for large k: nothing is evicted
+            return 0  # j + f(k) reaches any later token for large k: nothing is evicted
         reach = self._dist[-1] if len(self._dist) == self.max_levels else self.distances(t + 1)[-1]
-        return list(range(max(0, t - reach), t))
+        return max(0, t - reach)
+
+    def window(self, n: int) -> int | None:
+        """M if, in an n-token sequence, every position t reads exactly its M previous positions
+        (clipped at 0): f(k) = k + 1 on every usable level (dense: M = n - 1; window:M). Else None."""
+        d = self.distances(n)
+        return len(d) if d == list(range(1, len(d) + 1)) else None
 
     def cache_size(self, n: int) -> int:
         if self.max_levels is None:

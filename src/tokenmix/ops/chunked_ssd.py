@@ -1,0 +1,188 @@
+"""Mamba-2 SSD with one group (B_t, C_t shared by every head), chunkwise, with a hand-written backward.
+
+Recurrence per head h (reference: ops/recurrent_gla.py with q = C, k = B broadcast over the heads
+and a per-head log decay), state S_h [N, P]:
+
+    S_{h,t} = exp(g_{t,h}) S_{h,t-1} + B_t x_{t,h}ᵀ,        o_{t,h} = scale · S_{h,t}ᵀ C_t.
+
+Why a kernel of its own: with a per-head scalar decay, the intra-chunk decay mask factors as
+exp(G_i - G_j) = exp(G_i - r) exp(r - G_j) for any reference r, and these factors are row scalings,
+so they commute with the head-independent score matrix M = tril(C Bᵀ):
+
+    o_h = e^{G_h - r_h} ⊙ ( M (e^{r_h - G_h} ⊙ x_h) + C (e^{r_h} S_h) ),
+    write_h = e^{Gamma_h - r_h} ⊙ Bᵀ (e^{r_h - G_h} ⊙ x_h).
+
+So every head shares one M per chunk, and each matmul runs over all heads at once ([C, C] x [C, H P],
+[C, N] x [N, H P], [N, C] x [C, H P]) instead of H narrow ones. r_h is the midpoint of G_h's range on
+the chunk, so both factors stay within e^{±span/2}; each product of factors is the exact term with two
+roundings (not a reassociation that loses precision) as long as they neither overflow nor underflow,
+which holds when every chunk's span max G - min G <= ln(max float) (88 in float32, 709 in float64).
+Chunks beyond that (decays stronger than e^-88 inside one chunk) make the whole call use
+``chunked_gla`` (per-head safe scores with exponents <= 0 only), which is exact for any decay.
+
+r is a function of G, but the output does not depend on r (it cancels exactly), so the backward
+treats it as a constant. Backward, with Z = M x̃ + C S̃ (x̃ = e^{r - G} ⊙ x, S̃ = e^{r} S, o = e^{G - r} ⊙ Z):
+    dZ = e^{G - r} ⊙ dO;   dM = tril(dZ x̃ᵀ) (summed over heads);   dx̃ = Mᵀ dZ + B dS̃';
+    dC = dM B + dZ S̃ᵀ;     dB = dMᵀ C + x̃ dS̃'ᵀ;   read of the entering state = e^{r} ⊙ Cᵀ dZ;
+    dG = rowsum_P(dO ⊙ o) - rowsum_P(dx̃ ⊙ x̃), plus rowsum(S' ⊙ dS') at the chunk end; dg = reverse cumsum,
+where dS̃' = e^{Gamma - r} ⊙ dS' is the gradient of the state leaving the chunk, rescaled.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from tokenmix.ops.chunked_gla import chunked_gla, factored_bound
+
+
+def _rows(x: Tensor, n: int, c: int) -> Tensor:
+    """[B, T, F] -> [N * B, C, F], chunk-major rows, zero-padded at the end of time (one copy)."""
+    b, t, f = x.shape
+    full = t // c
+    out = x.new_empty(n, b, c, f)
+    if full:
+        out[:full].copy_(x[:, : full * c].view(b, full, c, f).transpose(0, 1))
+    if full < n:  # padded tokens have B = C = x = g = 0: they neither write, read nor decay the state
+        out[full].zero_()
+        out[full, :, : t - full * c].copy_(x[:, full * c :])
+    return out.view(n * b, c, f)
+
+
+def _unrows(x: Tensor, b: int, t: int) -> Tensor:
+    """[N * B, C, F] chunk-major rows -> [B, T, F] (padding dropped, one copy, contiguous)."""
+    r, c, f = x.shape
+    n = r // b
+    full = t // c
+    src = x.view(n, b, c, f)
+    out = x.new_empty(b, t, f)
+    if full:
+        out[:, : full * c].view(b, full, c, f).copy_(src[:full].transpose(0, 1))
+    if full < n:
+        out[:, full * c :].copy_(src[full, :, : t - full * c])
+    return out
+
+
+def _chunk_log_decay(g: Tensor, n: int, c: int) -> Tensor:
+    """G = cumsum of g inside each chunk: [B, T, H] -> [N * B, C, H]."""
+    return _rows(g, n, c).cumsum_(1)
+
+
+class _ChunkedSSD(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, cq, bk, x, g, s0, scale, chunk):
+        bsz, t, nd = cq.shape
+        h, p = x.shape[2], x.shape[3]
+        hp = h * p
+        n = -(-t // chunk)
+        rows = n * bsz
+        qs = _rows(cq, n, chunk)
+        if scale != 1.0:
+            qs.mul_(scale)                                     # scale folded into C once
+        kb, xr = _rows(bk, n, chunk), _rows(x.reshape(bsz, t, hp), n, chunk)    # [R, C, N], [R, C, H P]
+        gc = _chunk_log_decay(g, n, chunk)                     # [R, C, H]
+        gmin, gmax = torch.aminmax(gc, dim=1)                  # [R, H]
+        ref = (gmin + gmax).mul_(0.5)[:, None, :]              # midpoint of each head's range, [R, 1, H]
+        e_q = (gc - ref).exp_()                                # [R, C, H], within e^{±span/2}
+        e_k = e_q.reciprocal()
+        xt = (xr.view(rows, chunk, h, p) * e_k[..., None]).view(rows, chunk, hp)   # e^{r - G} ⊙ x
+        m = torch.bmm(qs, kb.transpose(1, 2)).tril_()           # [R, C, C], shared by the heads
+        gamma = gc[:, -1, :]                                    # [R, H]
+        w_out = (gamma - ref[:, 0]).exp_()                      # e^{Gamma - r}: x̃ written to the chunk end
+        # sbuf[i] = state entering chunk i as [B, N, H P] (heads side by side), sbuf[N] = final state
+        sbuf = cq.new_empty(n + 1, bsz, nd, hp)
+        sbuf[0] = 0 if s0 is None else s0.permute(0, 2, 1, 3).reshape(bsz, nd, hp)
+        torch.bmm(kb.transpose(1, 2), xt, out=sbuf[1:].view(rows, nd, hp))
+        sbuf[1:].view(rows, nd, h, p).mul_(w_out[:, None, :, None])
+        decay = gamma.exp().view(n, bsz, 1, h, 1)
+        for i in range(n):  # the only sequential part: T / C steps on [N, H P]
+            sbuf[i + 1].view(bsz, nd, h, p).addcmul_(decay[i], sbuf[i].view(bsz, nd, h, p))
+        e_ref = ref[:, 0].exp()                                 # [R, H]
+        st = (sbuf[:n].view(rows, nd, h, p) * e_ref[:, None, :, None]).view(rows, nd, hp)  # e^{r} S
+        z = torch.bmm(m, xt).baddbmm_(qs, st)                   # [R, C, H P]
+        o = (z.view(rows, chunk, h, p) * e_q[..., None]).view(rows, chunk, hp)
+        ctx.save_for_backward(qs, kb, xt, m, st, o, sbuf, e_q, e_k, e_ref, w_out, decay)
+        ctx.meta = (scale, bsz, t, h, p, s0 is not None)
+        final = sbuf[n].view(bsz, nd, h, p).permute(0, 2, 1, 3).contiguous()
+        return _unrows(o, bsz, t).view(bsz, t, h, p), final
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, d_o, d_s):
+        qs, kb, xt, m, st, o, sbuf, e_q, e_k, e_ref, w_out, decay = ctx.saved_tensors
+        scale, bsz, t, h, p, has_s0 = ctx.meta
+        rows, chunk, nd = qs.shape
+        hp = h * p
+        n = rows // bsz
+        do = _rows(d_o.reshape(bsz, t, hp), n, chunk)
+        # rowsum_P(dO ⊙ o) [R, C, H]; einsum contracts without a [R, C, H P] temporary
+        dgq = torch.einsum("rchp,rchp->rch", do.view(rows, chunk, h, p), o.view(rows, chunk, h, p))
+        dz = (do.view(rows, chunk, h, p).mul_(e_q[..., None])).view(rows, chunk, hp)   # in place: do is ours
+        # reverse carry over [N, H P] states: dbuf[i] = dL/dS_i (dbuf[N] = dS_T)
+        dbuf = torch.empty_like(sbuf)
+        dbuf[n] = 0 if d_s is None else d_s.permute(0, 2, 1, 3).reshape(bsz, nd, hp)
+        torch.bmm(qs.transpose(1, 2), dz, out=dbuf[:n].view(rows, nd, hp))
+        dbuf[:n].view(rows, nd, h, p).mul_(e_ref[:, None, :, None])
+        for i in reversed(range(n)):
+            dbuf[i].view(bsz, nd, h, p).addcmul_(decay[i], dbuf[i + 1].view(bsz, nd, h, p))
+        d_next = dbuf[1:].view(rows, nd, hp)
+        dn = (d_next.view(rows, nd, h, p) * w_out[:, None, :, None]).view(rows, nd, hp)
+        dm = torch.bmm(dz, xt.transpose(1, 2)).tril_()          # [R, C, C]
+        dxt = torch.bmm(m.transpose(1, 2), dz).baddbmm_(kb, dn)  # [R, C, H P]
+        dq = torch.bmm(dm, kb).baddbmm_(dz, st.transpose(1, 2))  # [R, C, N]
+        dk = torch.bmm(dm.transpose(1, 2), qs).baddbmm_(xt, dn.transpose(1, 2))
+        dg = None
+        if ctx.needs_input_grad[3]:
+            dgc = dgq.sub_(torch.einsum("rchp,rchp->rch", dxt.view(rows, chunk, h, p), xt.view(rows, chunk, h, p)))
+            dgc[:, -1, :] += (sbuf[1:] * dbuf[1:]).view(rows, nd, h, p).sum((1, 3))  # rowsum(S' ⊙ dS')
+            dg = _unrows(dgc.flip(1).cumsum_(1).flip(1), bsz, t)   # G = cumsum(g) inside the chunk
+        dx = (dxt.view(rows, chunk, h, p).mul_(e_k[..., None])).view(rows, chunk, hp)
+        if scale != 1.0:
+            dq.mul_(scale)
+        ds0 = dbuf[0].view(bsz, nd, h, p).permute(0, 2, 1, 3) if has_s0 else None
+        return (_unrows(dq, bsz, t), _unrows(dk, bsz, t), _unrows(dx, bsz, t).view(bsz, t, h, p), dg, ds0,
+                None, None)
+
+
+def chunked_ssd(c: Tensor, b: Tensor, x: Tensor, g: Tensor, scale: float = 1.0,
+                initial_state: Tensor | None = None, chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """Mamba-2 SSD with one group, chunkwise: ``chunked_gla(C, B, x, g)`` with C, B shared by the heads.
+
+    Args:
+        c: [B, T, N] readout (C_t, the queries), shared by the heads.
+        b: [B, T, N] input map (B_t, the keys), shared by the heads.
+        x: [B, T, H, P] values (Mamba-2's dt·x).
+        g: [B, T, H] log decay per head (log a_t = -dt·exp(A_log) <= 0).
+        scale: readout scale (Mamba-2: 1).
+        initial_state: [B, H, N, P] or None (zeros).
+        chunk_size: C.
+    Returns:
+        o: [B, T, H, P];  final state S_T: [B, H, N, P].
+
+    Examples:
+        >>> c, b, x = torch.randn(1, 10, 4), torch.randn(1, 10, 4), torch.randn(1, 10, 2, 3)
+        >>> g = -torch.rand(1, 10, 2)
+        >>> o, s = chunked_ssd(c, b, x, g, chunk_size=4)
+        >>> o.shape, s.shape
+        (torch.Size([1, 10, 2, 3]), torch.Size([1, 2, 4, 3]))
+    """
+    if chunk_size <= 0:
+        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+    if c.dim() != 3 or b.shape != c.shape or x.dim() != 4 or x.shape[:2] != c.shape[:2]:
+        raise ValueError(f"expected c, b [B, T, N] and x [B, T, H, P]; got c {tuple(c.shape)}, "
+                         f"b {tuple(b.shape)}, x {tuple(x.shape)}")
+    bsz, t, nd = c.shape
+    h, p = x.shape[2], x.shape[3]
+    if g.shape != (bsz, t, h):
+        raise ValueError(f"g must be [B, T, H] = {(bsz, t, h)}, got {tuple(g.shape)}")
+    if initial_state is not None and initial_state.shape != (bsz, h, nd, p):
+        raise ValueError(f"initial_state must be [B, H, N, P] = {(bsz, h, nd, p)}, "
+                         f"got {tuple(initial_state.shape)}")
+    n = -(-t // chunk_size)
+    with torch.no_grad():
+        gc = _chunk_log_decay(g.detach(), n, chunk_size)
+        span = (gc.amax(1) - gc.amin(1)).max().item() if gc.numel() else 0.0
+    if span > 2 * factored_bound(g.dtype):  # some chunk decays by more than e^-88 (float32): exact safe form
+        return chunked_gla(c[:, :, None].expand(bsz, t, h, nd), b[:, :, None].expand(bsz, t, h, nd), x, g,
+                           scale, initial_state, chunk_size)
+    return _ChunkedSSD.apply(c, b, x, g, initial_state, float(scale), int(chunk_size))
