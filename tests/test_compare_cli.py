@@ -10,7 +10,8 @@ import pytest
 from tokenmix.cli.main import main
 from tokenmix.models import ModelConfig
 from tokenmix.patterns import get_pattern, pattern_report
-from tokenmix.training.compare import qualitative_findings, structure_facts
+from tokenmix.core.registry import build_mixer
+from tokenmix.training.compare import copy_routes, qualitative_findings, structure_facts
 from tokenmix.training.presets import load_preset, preset_names
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -120,6 +121,31 @@ def test_claim_explanations_are_computed_from_the_runs():
     # local attention is below the diagonal SSM in the paper's own table: not part of the claim
     lowest = findings["diagonal SSM (first_order) lowest on copy (among attention and the recurrences)"]
     assert lowest["verdict"] == "holds" and "local_attention" not in lowest["measured"]
+
+
+def test_copy_routes_follow_the_pattern_through_free_positions():
+    # segment 0..11, answers 20..31, free 12..19. pow2 by hand: j = 0..3 relay at j + 16, j = 8..11 at
+    # j + 4 (2 hops); j = 4..7 land on a segment or answer position after any single hop, 3 hops
+    r = copy_routes("pow2", build_mixer("pow2", d_model=8, n_heads=1), copy_len=12, offset=20, seq_len=32)
+    assert r.hops == (2, 2, 2, 2, 3, 3, 3, 3, 2, 2, 2, 2) and r.routed == 12 and r.free == 8
+    band = copy_routes("kth_order", build_mixer("kth_order", d_model=8, n_heads=1), 12, 20, 32)
+    assert band.routed == 0 and "only for 0 of the 12" in band.describe()  # hops of 4 cross the answers
+    assert copy_routes("attention", build_mixer("attention", d_model=8, n_heads=1), 12, 20, 32) is None
+    dense = copy_routes("dense_recurrence", build_mixer("dense_recurrence", d_model=8, n_heads=1), 12, 20, 32)
+    assert dense.hop_counts() == {1: 12}
+
+    def cell(acc):
+        return {"acc_mean": acc, "acc_std": 0.01, "n_seeds": 3, "best_lr": 1e-3, "max_steps": 200}
+
+    sq1 = copy_routes("sq1", build_mixer("sq1", d_model=8, n_heads=1), 12, 20, 32)
+    ce = copy_routes("pow2_ce", build_mixer("pow2_ce", d_model=8, n_heads=1), 12, 20, 32)
+    cells = {("sq1", "copy"): cell(0.5), ("pow2", "copy"): cell(0.7), ("pow2_ce", "copy"): cell(0.3)}
+    findings = {f["claim"]: f for f in qualitative_findings(
+        cells, routes={"sq1": sq1, "pow2": r, "pow2_ce": ce})}
+    why = " | ".join(findings["sq1 ≥ pow2 on copy"]["why"])
+    assert sq1.hop_counts() == r.hop_counts() and "does not separate sq1 and pow2" in why
+    why = " | ".join(findings["pow2_ce costs copy accuracy (pow2_ce < pow2)"]["why"])
+    assert ce.routed < 12 and "the structure favours pow2 on copy" in why
 
 
 def test_presets_in_the_repository_build_valid_sweeps():

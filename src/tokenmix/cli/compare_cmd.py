@@ -104,7 +104,7 @@ def run(args) -> int:
         "trained": outcome.trained, "skipped": outcome.skipped, "workers": workers, "threads": threads,
         "rows": labels, "columns": columns, "baselines": baselines,
         "structure": {k: v.to_dict() for k, v in facts.items()}, "summary": summary,
-        "findings": ((compare.qualitative_findings(cells, baselines, lrs)
+        "findings": ((compare.qualitative_findings(cells, baselines, lrs, compare.copy_routes_for_rows(configs))
                       if any(c in compare.PAPER_TASKS for c in columns) else [])
                      + compare.depth_findings(cells, configs, lrs)),
     })

@@ -133,6 +133,93 @@ def structure_facts(label: str, model_cfg: ModelConfig, n: int, seed: int = 0) -
     )
 
 
+@dataclass(frozen=True)
+class CopyRoutes:
+    """How one layer of a row's pattern recurrence can route the fixed-offset copy (framework §4.3).
+
+    Copy puts the segment at positions 0..S-1 and asks for s_j at j + L; positions S..L-1 are blanks
+    ("free": neither segment nor answer). In one layer of a pattern recurrence (A diagonal) x_j reaches
+    y_{j+L} only along B-hops j -> u_1 -> ... -> j + L, and a relay u that is itself a segment or answer
+    position must also carry its own symbol. ``hops[j]`` is the fewest hops of a route whose relays are
+    all free (None: no such route); the window-2 shift block before the row mixer is left aside.
+    """
+
+    label: str
+    pattern: str
+    copy_len: int      # S, the answers
+    offset: int        # L
+    free: int          # free relay positions
+    hops: tuple[int | None, ...]  # per answer j (length S)
+
+    @property
+    def routed(self) -> int:
+        return sum(h is not None for h in self.hops)
+
+    def hop_counts(self) -> dict[int, int]:
+        """Number of routed answers per hop count, ascending."""
+        out: dict[int, int] = {}
+        for h in sorted(h for h in self.hops if h is not None):
+            out[h] = out.get(h, 0) + 1
+        return out
+
+    def describe(self) -> str:
+        counts = ", ".join(f"{c} in {h} hop(s)" for h, c in self.hop_counts().items()) or "none"
+        return (f"{self.label} on copy: one layer of its pattern ({self.pattern}) has a route j -> j + "
+                f"{self.offset} through the {self.free} free positions only for {self.routed} of the "
+                f"{self.copy_len} answers ({counts})"
+                + ("" if self.routed == self.copy_len else
+                   "; the others must relay through positions that carry their own symbol"))
+
+
+def copy_routes(label: str, mixer: torch.nn.Module, copy_len: int, offset: int, seq_len: int) -> CopyRoutes | None:
+    """:class:`CopyRoutes` of ``mixer``'s pattern, or None when the mixer has no pattern (attention)."""
+    pattern = getattr(mixer, "pattern", None)
+    if pattern is None or not hasattr(pattern, "neighbors"):
+        return None
+    free = set(range(copy_len, offset))
+    readers: dict[int, list[int]] = {u: [] for u in range(seq_len)}  # u -> positions that read y_u
+    for v in range(seq_len):
+        for u in pattern.neighbors(v):
+            readers[u].append(v)
+    hops: list[int | None] = []
+    for j in range(copy_len):
+        target, dist, frontier, found = j + offset, {j: 0}, [j], None
+        while frontier and found is None:  # breadth first: the first hit is a fewest-hop route
+            nxt = []
+            for u in frontier:
+                for v in readers[u]:
+                    if v == target:
+                        found = dist[u] + 1
+                        break
+                    if v in free and v not in dist:
+                        dist[v] = dist[u] + 1
+                        nxt.append(v)
+                if found is not None:
+                    break
+            frontier = nxt
+        hops.append(found)
+    return CopyRoutes(label=label, pattern=str(getattr(pattern, "name", pattern)), copy_len=copy_len, offset=offset,
+                      free=len(free), hops=tuple(hops))
+
+
+def copy_routes_for_rows(configs: Sequence[RunConfig]) -> dict[str, CopyRoutes]:
+    """Per row label with a copy run whose row mixer is a pattern recurrence: its :class:`CopyRoutes`."""
+    out: dict[str, CopyRoutes] = {}
+    for c in configs:
+        if c.task != "copy" or c.label in out:
+            continue
+        model_cfg = c.model_config()
+        if c.label not in model_cfg.layers:
+            continue
+        task = c.task_config()
+        torch.manual_seed(0)
+        mixer = MixerModel(model_cfg).blocks[model_cfg.layers.index(c.label)].mixer
+        routes = copy_routes(c.label, mixer, task.copy_len, task.shift, task.seq_len)
+        if routes is not None:
+            out[c.label] = routes
+    return out
+
+
 def rows_and_tasks(configs: Sequence[RunConfig]) -> tuple[list[str], list[str]]:
     """Row labels and table columns (task names unless a run names its column) in the order they first appear in the sweep."""
     return list(dict.fromkeys(c.label for c in configs)), list(dict.fromkeys(c.column_name for c in configs))
@@ -271,9 +358,21 @@ def _spread_note(a: tuple[str, str], b: tuple[str, str], cells: dict) -> str | N
     return None
 
 
+def _route_pair_note(a: CopyRoutes, b: CopyRoutes) -> str:
+    """What the two rows' copy routes predict about their order."""
+    if a.hop_counts() == b.hop_counts():
+        return (f"the structure does not separate {a.label} and {b.label} on copy at this size: both route "
+                f"{a.routed} of {a.copy_len} answers through free positions with the same hop counts, so their "
+                "difference was learned (optimisation, gates), not imposed by the pattern")
+    better = a if (a.routed, [-h for h in a.hop_counts()]) > (b.routed, [-h for h in b.hop_counts()]) else b
+    return (f"the structure favours {better.label} on copy at this size: {a.label} routes {a.routed}, "
+            f"{b.label} {b.routed} of {a.copy_len} answers through free positions")
+
+
 def qualitative_findings(cells: dict[tuple[str, str], dict[str, Any]],
                          baselines: dict[str, dict[str, float]] | None = None,
-                         lrs: Sequence[float] = ()) -> list[dict[str, Any]]:
+                         lrs: Sequence[float] = (),
+                         routes: dict[str, CopyRoutes] | None = None) -> list[dict[str, Any]]:
     """The paper's qualitative claims (framework §5.1), each checked on the measured table.
 
     A claim is "holds", "does not hold" or "not measured" (a row or column is missing). Margins:
@@ -281,13 +380,15 @@ def qualitative_findings(cells: dict[tuple[str, str], dict[str, Any]],
     from the runs behind the claim's cells (guessing level, still improving at the end of the
     budget, learning rate at the grid edge, difference within the seeds' spread) that bear on a
     verdict; ``baselines`` (per column, ``TaskConfig.baselines()``) and ``lrs`` (the grid) enable
-    the first and third.
+    the first and third. ``routes`` (:func:`copy_routes_for_rows`) adds, to claims on the copy column,
+    what each pattern row's structure allows there (and whether it separates a compared pair).
 
     "Diagonal SSM lowest" is checked against every recurrence and attention, not local attention:
     in the paper's own table local attention (23.75 copy, 26.20 recall) is below the diagonal SSM
     (42.98, 32.53), so the paper's ladder is a claim about the recurrences.
     """
     baselines = baselines or {}
+    routes = routes or {}
 
     def get(label, task):
         return _acc(cells, label, task)
@@ -309,11 +410,15 @@ def qualitative_findings(cells: dict[tuple[str, str], dict[str, Any]],
                 note = _spread_note(a, b, cells)
                 if note:
                     why.append(note)
+                if a[1] == b[1] == "copy" and a[0] in routes and b[0] in routes:
+                    why.append(_route_pair_note(routes[a[0]], routes[b[0]]))
             if all(v >= CEILING for v in vals.values()):
                 why.append(f"every cell is at the ceiling (≥ {100 * CEILING:.0f} %): this task does not separate "
                            "these rows at this size")
             for k in (needed if explain is None else explain):
                 why += cell_diagnostics(k, cells[k], baselines, lrs)
+                if k[1] == "copy" and k[0] in routes:
+                    why.append(routes[k[0]].describe())
         out.append({"claim": text, "verdict": verdict, "measured": detail, "why": why})
 
     dense, att = ("dense_recurrence", "multi_hop"), ("attention", "multi_hop")
@@ -515,7 +620,7 @@ def report_markdown(preset: str, configs: Sequence[RunConfig], labels: Sequence[
                   "steps are unknown, so only the ordering is comparable. The paper's \"Diagonal SSM\" "
                   f"(O(1) time and cache) is our `{DIAGONAL_SSM}` row.", "",
                   markdown_table(ph, pr), ""]
-        findings = qualitative_findings(cells, baselines, lrs)
+        findings = qualitative_findings(cells, baselines, lrs, copy_routes_for_rows(configs))
         lines += ["## The paper's qualitative findings, checked on this table", "",
                   "Each verdict is computed from the measured cells above. Below each claim: facts computed "
                   "from its runs that bear on the verdict (the explanation of a disagreement).", ""]
