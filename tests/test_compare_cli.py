@@ -53,6 +53,8 @@ def test_compare_tiny_preset_end_to_end_and_resume(tmp_path, capsys):
     for needle in ("pow2", "first_order", "copy", "assoc_recall", "multi_hop", "O(log n)", "O(1)", "path@n"):
         assert needle in table
     assert "18 runs trained, 0 already finished" in table
+    # the paper's numbers and the claims' verdicts reach the terminal, not only the report
+    assert "next to the paper's Table 1" in table and "92.63" in table and "- sq1 ≥ pow2 on copy: not measured" in table
 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rows"] == ["pow2", "first_order"] and summary["columns"] == list(GOOD_TASKS)
@@ -60,6 +62,10 @@ def test_compare_tiny_preset_end_to_end_and_resume(tmp_path, capsys):
     assert pow2["cache_matches"] and pow2["shortest_path"] == str(int(pattern_report(get_pattern("pow2"), 8)["shortest_path_max"]))
     assert summary["structure"]["first_order"]["shortest_path"] == "7"  # n - 1 hops at n = 8
     assert {row["n_seeds"] for row in summary["summary"]} == {3}
+    claims = {f["claim"]: f for f in summary["findings"]}
+    lowest = claims["diagonal SSM (first_order) lowest on copy (among attention and the recurrences)"]
+    assert lowest["verdict"] in ("holds", "does not hold")  # both rows measured: a verdict, with the routes
+    assert any("first_order on copy: one layer of its pattern" in w for w in lowest["why"])
     report = (out / "report.md").read_text()
     assert "## Next to the paper's Table 1" in report and "| pow2 | f(k) = 2^k |" in report
     assert "92.63" in report and "not measured" in report  # the paper's pow2 copy; claims lacking rows

@@ -44,6 +44,7 @@ def _extra_mixers(raw: list[str]) -> list[str]:
 
 def run(args) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from tokenmix.training import compare
@@ -87,6 +88,14 @@ def run(args) -> int:
     for r in rows:
         table.add_row(*r)
     console.print(table)
+    if any(c in compare.PAPER_TASKS for c in columns):
+        ph, pr = compare.paper_comparison(labels, cells)
+        paper = Table(title="next to the paper's Table 1 (framework.md §5.1; its sizes and steps are unknown)")
+        for h in ph:
+            paper.add_column(h, overflow="fold")
+        for r in pr:
+            paper.add_row(*r)
+        console.print(paper)
 
     plots = [] if args.no_plots else compare.write_plots(out, labels, columns, facts, cells)
     stats = compare.InvocationStats(
@@ -96,7 +105,7 @@ def run(args) -> int:
     report = compare.report_markdown(name, configs, labels, columns, header, rows, cells, summary, stats, plots,
                                      notes=getattr(module, "NOTES", ""))
     baselines = compare.baselines_by_column(configs)
-    lrs = sorted({c.train.lr for c in configs})
+    findings = compare.all_findings(configs, cells)
     atomic_write_text(out / "report.md", report)
     atomic_write_json(out / "summary.json", {
         "preset": name, "n": n, "wall_seconds": stats.wall_seconds, "cpu_seconds": stats.cpu_seconds,
@@ -104,10 +113,13 @@ def run(args) -> int:
         "trained": outcome.trained, "skipped": outcome.skipped, "workers": workers, "threads": threads,
         "rows": labels, "columns": columns, "baselines": baselines,
         "structure": {k: v.to_dict() for k, v in facts.items()}, "summary": summary,
-        "findings": ((compare.qualitative_findings(cells, baselines, lrs, compare.copy_routes_for_rows(configs))
-                      if any(c in compare.PAPER_TASKS for c in columns) else [])
-                     + compare.depth_findings(cells, configs, lrs)),
+        "findings": findings,
     })
+    for f in findings:  # the claims, each with the facts from its runs that explain the verdict
+        console.print(f"- {escape(f['claim'])}: [bold]{escape(f['verdict'])}[/bold] ({escape(f['measured'])})",
+                      highlight=False)
+        for w in f["why"]:
+            console.print(f"    {w}", markup=False, highlight=False)
     console.print(f"{outcome.trained} runs trained, {outcome.skipped} already finished; {stats.describe()}")
     console.print(f"report: {out / 'report.md'}  plots: {', '.join(str(p) for p in plots) or '(none)'}  "
                   f"runs: {out / 'results.csv'}")

@@ -171,7 +171,8 @@ class CopyRoutes:
                    "; the others must relay through positions that carry their own symbol"))
 
 
-def copy_routes(label: str, mixer: torch.nn.Module, copy_len: int, offset: int, seq_len: int) -> CopyRoutes | None:
+def copy_routes(label: str, mixer: torch.nn.Module, copy_len: int, offset: int,
+                seq_len: int) -> CopyRoutes | None:
     """:class:`CopyRoutes` of ``mixer``'s pattern, or None when the mixer has no pattern (attention)."""
     pattern = getattr(mixer, "pattern", None)
     if pattern is None or not hasattr(pattern, "neighbors"):
@@ -501,6 +502,19 @@ def depth_findings(cells: dict[tuple[str, str], dict[str, Any]], configs: Sequen
         out.append({"claim": f"{col}: fewest attention layers reaching 90 % (lower bound {bound})",
                     "verdict": f"{reach[0]} layers" if reach else f"none of 1..{max(att)}",
                     "measured": ", ".join(f"{L}: {100 * c['acc_mean']:.1f}" for L, c in att.items()), "why": []})
+    return out
+
+
+def all_findings(configs: Sequence[RunConfig], cells: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
+    """The paper's claims (when the table has a paper column) and the depth claims (when it has entity
+    tracking), each explained from the runs; the same list goes to the report, summary.json and the terminal."""
+    baselines = baselines_by_column(configs)
+    lrs = sorted({c.train.lr for c in configs})
+    out: list[dict[str, Any]] = []
+    if any(c.column_name in PAPER_TASKS for c in configs):
+        out += qualitative_findings(cells, baselines, lrs, copy_routes_for_rows(configs))
+    if any(c.task == "entity_tracking" for c in configs):
+        out += depth_findings(cells, configs, lrs)
     return out
 
 
