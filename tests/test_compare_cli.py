@@ -122,6 +122,10 @@ def test_claim_explanations_are_computed_from_the_runs():
     assert "attention on multi_hop is at a guessing level" in why and "a chain end of the context" in why
     assert "dense_recurrence on multi_hop was still improving" in why and "2 of 3 seeds" in why
     assert "edge of the grid" in why                           # 1e-3 is the smallest learning rate tried
+    assert "every cell is at a guessing level" in why                 # 36 and 33 % vs a chain end's 33.3 %
+    learned = qualitative_findings({("dense_recurrence", "multi_hop"): cell(0.60), ("attention", "multi_hop"): cell(0.33)},
+                                   baselines)[0]
+    assert not any("every cell is at a guessing level" in w for w in learned["why"])
     two = qualitative_findings(cells, baselines, lrs=[1e-3, 3e-3])  # both ends of a 2-point grid: no note
     assert not any("edge of the grid" in w for f in two for w in f["why"])
     # local attention is below the diagonal SSM in the paper's own table: not part of the claim
@@ -152,6 +156,11 @@ def test_copy_routes_follow_the_pattern_through_free_positions():
     assert sq1.hop_counts() == r.hop_counts() and "does not separate sq1 and pow2" in why
     why = " | ".join(findings["pow2_ce costs copy accuracy (pow2_ce < pow2)"]["why"])
     assert ce.routed < 12 and "the structure favours pow2 on copy" in why
+    # 8 free relays for 12 two- or three-hop routes; a seed at (8 + 4/14) / 12 solved 8 answers
+    g = 1 / 14
+    text = r.describe({"best_lr": 1e-2, "acc_by_seed": {0: (8 + 4 * g) / 12, 1: (5 + 7 * g) / 12}}, guess=g)
+    assert r.one_flow_bound == 8 and "at most 8 of them at once (69.0 %" in text and ": 8.0, 5.0" in text
+    assert dense.one_flow_bound == 12                                # one hop: no relay needed
 
 
 def test_presets_in_the_repository_build_valid_sweeps():

@@ -78,6 +78,7 @@ def run(args) -> int:
     labels, columns = compare.rows_and_tasks(configs)
     facts = compare.facts_for_rows(configs)
     cells = compare.best_cells(summary)
+    compare.attach_seed_accuracies(cells, outcome.results)
     tok_s = compare.throughput(outcome.results)
     header, rows = compare.table_rows(labels, columns, facts, cells, tok_s)
 

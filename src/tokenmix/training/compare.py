@@ -162,13 +162,46 @@ class CopyRoutes:
             out[h] = out.get(h, 0) + 1
         return out
 
-    def describe(self) -> str:
+    @property
+    def one_flow_bound(self) -> int:
+        """Answers routable at once through free positions if each free relay carries one flow: the
+        one-hop routes need no relay, every longer one needs a free relay of its own."""
+        direct = self.hop_counts().get(1, 0)
+        return direct + min(self.free, self.routed - direct)
+
+    def describe(self, cell: dict[str, Any] | None = None, guess: float | None = None) -> str:
+        """One sentence of facts; with the row's copy ``cell`` (``acc_by_seed``) and the guessing level,
+        also the answers each seed solved (inverting acc = (k + (S − k)·g) / S)."""
         counts = ", ".join(f"{c} in {h} hop(s)" for h, c in self.hop_counts().items()) or "none"
-        return (f"{self.label} on copy: one layer of its pattern ({self.pattern}) has a route j -> j + "
+        text = (f"{self.label} on copy: one layer of its pattern ({self.pattern}) has a route j -> j + "
                 f"{self.offset} through the {self.free} free positions only for {self.routed} of the "
-                f"{self.copy_len} answers ({counts})"
-                + ("" if self.routed == self.copy_len else
-                   "; the others must relay through positions that carry their own symbol"))
+                f"{self.copy_len} answers ({counts})")
+        if self.routed > self.one_flow_bound:
+            text += f"; with one flow per free relay at most {self.one_flow_bound} of them at once"
+            if guess is not None:
+                k, n = self.one_flow_bound, self.copy_len
+                text += f" ({100 * (k + (n - k) * guess) / n:.1f} % accuracy with the rest guessed)"
+        if self.routed < self.copy_len:
+            text += "; the others must relay through positions that carry their own symbol"
+        if cell and cell.get("acc_by_seed") and guess is not None:
+            solved = ", ".join(f"{answers_solved(a, self.copy_len, guess):.1f}" for a in cell["acc_by_seed"].values())
+            text += (f"; answers solved per seed at lr {cell.get('best_lr', 0):g} (test accuracy a -> "
+                     f"S·(a − g)/(1 − g), g = {100 * guess:.1f} %): {solved}")
+        return text
+
+
+def answers_solved(acc: float, answers: int, guess: float) -> float:
+    """Answer positions solved if the others are guessed at level ``guess``: inverts
+    acc = (k + (answers − k)·guess) / answers."""
+    return answers * (acc - guess) / (1 - guess)
+
+
+def attach_seed_accuracies(cells: dict[tuple[str, str], dict[str, Any]], results: Sequence[dict[str, Any]]) -> None:
+    """Add ``acc_by_seed`` (test accuracy per seed at the cell's chosen learning rate and width) to each cell."""
+    for (label, column), cell in cells.items():
+        runs = [r for r in results if r["label"] == label and r.get("column", r["task"]) == column
+                and r["lr"] == cell["best_lr"] and r["d_model"] == cell["d_model"]]
+        cell["acc_by_seed"] = {r["seed"]: r["test_acc"] for r in sorted(runs, key=lambda r: r["seed"])}
 
 
 def copy_routes(label: str, mixer: torch.nn.Module, copy_len: int, offset: int,
@@ -361,6 +394,9 @@ def _spread_note(a: tuple[str, str], b: tuple[str, str], cells: dict) -> str | N
 
 def _route_pair_note(a: CopyRoutes, b: CopyRoutes) -> str:
     """What the two rows' copy routes predict about their order."""
+    if a.routed == b.routed == 0:
+        return (f"neither {a.label} nor {b.label} routes any answer through free positions alone at this size: "
+                "what they copy goes through relays that also carry their own symbol")
     if a.hop_counts() == b.hop_counts():
         return (f"the structure does not separate {a.label} and {b.label} on copy at this size: both route "
                 f"{a.routed} of {a.copy_len} answers through free positions with the same hop counts, so their "
@@ -416,10 +452,15 @@ def qualitative_findings(cells: dict[tuple[str, str], dict[str, Any]],
             if all(v >= CEILING for v in vals.values()):
                 why.append(f"every cell is at the ceiling (≥ {100 * CEILING:.0f} %): this task does not separate "
                            "these rows at this size")
+            levels = {t: max(baselines[t].values()) for (_, t) in vals if baselines.get(t)}
+            if len(vals) > 1 and all(t in levels and v <= levels[t] + GUESS_SLACK for (_, t), v in vals.items()):
+                why.append("every cell is at a guessing level: none of these rows learned the task within its budget, "
+                           "so the verdict compares guesses")
             for k in (needed if explain is None else explain):
                 why += cell_diagnostics(k, cells[k], baselines, lrs)
                 if k[1] == "copy" and k[0] in routes:
-                    why.append(routes[k[0]].describe())
+                    guess = max(baselines.get("copy", {}).values(), default=None)
+                    why.append(routes[k[0]].describe(cells[k], guess))
         out.append({"claim": text, "verdict": verdict, "measured": detail, "why": why})
 
     dense, att = ("dense_recurrence", "multi_hop"), ("attention", "multi_hop")
