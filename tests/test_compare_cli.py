@@ -76,7 +76,9 @@ def test_compare_tiny_preset_end_to_end_and_resume(tmp_path, capsys):
     # second invocation: every run is finished, nothing is trained again
     stamps = {p: p.stat().st_mtime_ns for p in out.glob("runs/*/result.json")}
     assert main(argv) == 0
-    assert "0 runs trained, 18 already finished" in capsys.readouterr().out
+    again = capsys.readouterr().out
+    assert "0 runs trained, 18 already finished" in again and "nothing was trained" in again
+    assert "CPU seconds in their training steps" in (out / "report.md").read_text()  # the runs' own cost
     assert {p: p.stat().st_mtime_ns for p in out.glob("runs/*/result.json")} == stamps
 
 

@@ -625,9 +625,16 @@ class InvocationStats:
     cpu_count: int = 0
 
     def describe(self) -> str:
-        return (f"wall time {self.wall_seconds:.0f} s, CPU time {self.cpu_seconds:.0f} s (this process and its "
-                f"{self.workers} worker process(es), {self.threads} thread(s) each); machine: {self.cpu_count} "
-                f"cores, 1-min load average {self.load_before[0]:.1f} before and {self.load_after[0]:.1f} after")
+        # run_sweep trains in this process when there is at most one run to train or one worker
+        if self.trained > 1 and self.workers > 1:
+            who = f"this process and its {self.workers} worker processes, {self.threads} thread(s) each"
+        elif self.trained:
+            who = f"this process, {self.threads} thread(s)"
+        else:
+            who = "this process; nothing was trained"
+        return (f"wall time {self.wall_seconds:.0f} s, CPU time {self.cpu_seconds:.0f} s ({who}); machine: "
+                f"{self.cpu_count} cores, 1-min load average {self.load_before[0]:.1f} before and "
+                f"{self.load_after[0]:.1f} after")
 
 
 def baselines_by_column(configs: Sequence[RunConfig]) -> dict[str, dict[str, float]]:
@@ -653,7 +660,9 @@ def report_markdown(preset: str, configs: Sequence[RunConfig], labels: Sequence[
         "",
         f"{len(configs)} runs ({stats.trained} trained now, {stats.skipped} finished before), {len(labels)} rows × "
         f"{len(tasks)} tasks × {len(lrs)} learning rate(s) {[f'{lr:g}' for lr in lrs]} × {len(seeds)} seeds. "
-        f"This invocation: {stats.describe()}.",
+        f"This invocation: {stats.describe()}. The runs themselves, whenever they were trained: "
+        f"{sum(s.get('train_cpu_seconds', 0.0) for s in summary):.0f} CPU seconds in their training steps "
+        "(validation, data and process start-up not included).",
         "",
         "Accuracy: test accuracy (%) on the answer positions, mean ± std over seeds, at the learning rate "
         "(and width) with the best mean *validation* accuracy (zoology's max over learning rates; the "
