@@ -260,3 +260,8 @@ def test_depth_claim_is_checked_per_number_of_changes():
     assert found["n=7: attention with fewer than ceil(log2(7 + 1)) = 3 layers fails "
                  "(≥ 20 points below dense_recurrence x1)"] == "does not hold"
     assert found["n=7: fewest attention layers reaching 90 % (lower bound 3)"] == "none of 1..3"
+    why = {f["claim"]: f["why"] for f in depth_findings(cells, configs)}
+    # 3 layers permit n = 7 but did not solve it: said, with the layer counts at or above the bound
+    assert any("attention with 3 layer(s) (at or above the bound) did not solve it" in w
+               for w in why["n=7: fewest attention layers reaching 90 % (lower bound 3)"])
+    assert why["n=3: fewest attention layers reaching 90 % (lower bound 2)"] == []  # 2 layers did

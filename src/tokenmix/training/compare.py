@@ -540,9 +540,18 @@ def depth_findings(cells: dict[tuple[str, str], dict[str, Any]], configs: Sequen
                         "measured": ", ".join(f"{L} layer(s) {100 * c['acc_mean']:.1f} ± {100 * c['acc_std']:.1f}"
                                               for L, c in shallow.items()), "why": why})
         reach = [L for L, c in att.items() if c["acc_mean"] >= SOLVED]
+        deep = {L: c for L, c in att.items() if L >= bound}
+        why = []
+        if not reach and deep:
+            # the bound says what depth permits, not what training finds: say which it was here
+            steps = max(c.get("max_steps", 0) for c in deep.values())
+            budget = f" within {steps} steps" if steps else ""
+            why.append(f"attention with {', '.join(map(str, deep))} layer(s) (at or above the bound) did not solve it "
+                       f"either{budget}: the bound permits a solution these runs did not find")
+            why += [w for L, c in deep.items() for w in cell_diagnostics((attention[L], col), c, baselines, lrs)]
         out.append({"claim": f"{col}: fewest attention layers reaching 90 % (lower bound {bound})",
                     "verdict": f"{reach[0]} layers" if reach else f"none of 1..{max(att)}",
-                    "measured": ", ".join(f"{L}: {100 * c['acc_mean']:.1f}" for L, c in att.items()), "why": []})
+                    "measured": ", ".join(f"{L}: {100 * c['acc_mean']:.1f}" for L, c in att.items()), "why": why})
     return out
 
 
