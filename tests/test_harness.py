@@ -129,17 +129,31 @@ def test_same_seed_same_result():
     assert a["test_acc"] == b["test_acc"] and a["train_loss_last"] == b["train_loss_last"]
 
 
-def test_summary_takes_the_best_learning_rate_mean_over_seeds():
-    def r(lr, seed, acc):
+def test_summary_chooses_the_learning_rate_by_validation_and_reports_test():
+    def r(lr, seed, val, acc, stop="max_steps", curve=()):
         return {"label": "m", "task": "copy", "column": "copy", "d_model": 8, "lr": lr, "seed": seed,
-                "test_acc": acc, "tokens_per_s": 1.0, "train_seconds": 1.0, "steps_done": 10}
+                "best_val_acc": val, "test_acc": acc, "tokens_per_s": 1.0, "train_seconds": 1.0,
+                "steps_done": 10, "stop_reason": stop, "curve": list(curve)}
 
-    results = [r(1e-3, 0, 0.5), r(1e-3, 1, 0.7), r(1e-3, 2, 0.6),
-               r(1e-2, 0, 0.9), r(1e-2, 1, 0.3), r(1e-2, 2, 0.3)]
+    rising = [{"step": s, "val_acc": a} for s, a in ((5, 0.1), (10, 0.2), (15, 0.3), (20, 0.5))]
+    # lr 1e-2 has the best mean *test* accuracy (0.7) but the worse validation (0.5 < 0.6): the
+    # test set must not choose, so the row reports lr 1e-3 and its test mean 0.6
+    results = [r(1e-3, 0, 0.6, 0.5, curve=rising), r(1e-3, 1, 0.6, 0.7), r(1e-3, 2, 0.6, 0.6, stop="early_stop_acc", curve=rising),
+               r(1e-2, 0, 0.5, 0.9), r(1e-2, 1, 0.5, 0.6), r(1e-2, 2, 0.5, 0.6)]
     (row,) = summarize(results)
-    assert row["best_lr"] == 1e-3 and row["acc_mean"] == pytest.approx(0.6)
+    assert row["best_lr"] == 1e-3 and row["acc_mean"] == pytest.approx(0.6) and row["val_mean"] == pytest.approx(0.6)
     assert row["acc_std"] == pytest.approx(0.1) and row["n_seeds"] == 3
-    assert row["acc_by_lr"] == {"0.001": pytest.approx(0.6), "0.01": pytest.approx(0.5)}
+    assert row["acc_by_lr"] == {"0.001": pytest.approx(0.6), "0.01": pytest.approx(0.7)}
+    assert row["val_by_lr"] == {"0.001": pytest.approx(0.6), "0.01": pytest.approx(0.5)}
+    # one seed hit its step budget while its validation accuracy still climbed; the early-stopped one does not count
+    assert row["still_rising"] == 1 and row["stopped_early"] == 1
+
+
+def test_curve_still_rising():
+    flat = [{"step": s, "val_acc": 0.25} for s in range(8)]
+    late = flat[:6] + [{"step": 6, "val_acc": 0.3}, {"step": 7, "val_acc": 0.4}]
+    assert not harness.curve_still_rising(flat) and harness.curve_still_rising(late)
+    assert not harness.curve_still_rising(late[:3])  # too short to tell
 
 
 def test_unwritable_output_dir_leaves_nothing(tmp_path):
@@ -176,3 +190,23 @@ def test_parallel_workers_match_in_process(tmp_path):
     assert [r["test_acc"] for r in serial.results] == [r["test_acc"] for r in parallel.results]
     assert [r["run_id"] for r in parallel.results] == [c.run_id for c in configs]
     assert Path(tmp_path / "b" / "results.csv").is_file()
+
+
+def test_evaluate_counts_only_the_scored_answers():
+    """Shallow questions are trained on but accuracy counts only the score_mask positions."""
+    from tokenmix.tasks import TaskData
+
+    model = MixerModel(ModelConfig(vocab_size=6, d_model=8, n_heads=2, mlp=False, layers=("first_order",)))
+    inputs = torch.randint(0, 6, (4, 5), generator=torch.Generator().manual_seed(0))
+    with torch.no_grad():
+        pred = model(inputs)[0].argmax(-1)
+    labels = torch.full((4, 5), -100)
+    labels[:, 1] = pred[:, 1]          # answered right
+    labels[:, 3] = (pred[:, 3] + 1) % 6  # answered wrong
+    every = TaskData(inputs, labels)
+    deep = TaskData(inputs, labels, score_mask=labels.ne(-100) & (torch.arange(5) == 3))
+    assert harness.evaluate(model, every) == pytest.approx(0.5)
+    assert harness.evaluate(model, deep) == 0.0
+    assert harness.evaluate(model, deep, batch_size=3) == 0.0  # sliced batches keep their masks
+    with pytest.raises(ValueError, match="without an answer"):
+        TaskData(inputs, labels, score_mask=torch.ones(4, 5, dtype=torch.bool))

@@ -103,6 +103,34 @@ def test_multi_hop_answer_follows_h_links(causal):
             assert all(val not in pos or pos[val] < i for i, (_, val) in enumerate(links))
 
 
+def test_multi_hop_shallow_queries_are_trained_not_scored():
+    task = make_task("multi_hop", vocab_size=40, seq_len=32, num_chains=2, hops=3, shallow_queries=True)
+    d = task.build(30, seed=4)
+    plain = make_task("multi_hop", vocab_size=40, seq_len=32, num_chains=2, hops=3).build(30, seed=4)
+    assert plain.score_mask is None and d.score_mask is not None
+    context = 2 * task.num_chains * task.hops
+    for x, y, scored in zip(d.inputs.tolist(), d.labels.tolist(), d.score_mask.tolist()):
+        nxt = dict(zip(x[0:context:2], x[1:context:2]))
+        asked = [t for t, lab in enumerate(y) if lab != IGNORE_INDEX]
+        assert len(asked) == task.num_chains * task.hops
+        hops_of = {}
+        for t in asked:
+            e, k = x[t], 0
+            while e in nxt:
+                e, k = nxt[e], k + 1
+            assert y[t] == e  # every query's answer is its chain's end
+            hops_of[t] = k
+        assert sorted(hops_of.values()) == sorted(list(range(1, task.hops + 1)) * task.num_chains)
+        assert [t for t in asked if scored[t]] == [t for t in asked if hops_of[t] == task.hops]
+    # accuracy counts only the scored (h-hop) answers: a model right on every shallow query and
+    # wrong on every deep one scores 0
+    logits = torch.zeros(*d.labels.shape, task.vocab_size)
+    shallow = (d.labels != IGNORE_INDEX) & ~d.score_mask
+    logits[shallow, d.labels[shallow]] = 1.0
+    assert masked_accuracy(logits, d.labels, d.scored) == (0, task.num_chains * 30)
+    assert masked_accuracy(logits, d.labels)[0] == int(shallow.sum())
+
+
 @pytest.mark.parametrize("ask_all", [False, True])
 def test_entity_tracking_labels_are_final_contents_after_n_moves(ask_all):
     task = make_task("entity_tracking", **SMALL["entity_tracking"], ask_all_boxes=ask_all)
@@ -128,6 +156,25 @@ def test_entity_tracking_labels_are_final_contents_after_n_moves(ask_all):
         expected = sorted(list(range(n + 1)) * chains) if ask_all else [n] * chains  # every depth once per chain
         assert sorted(asked_depths) == expected
         assert sum(lab != IGNORE_INDEX for lab in y) == len(expected) and len(x) == task.seq_len
+
+
+def test_entity_tracking_scores_only_the_deepest_questions():
+    task = make_task("entity_tracking", **SMALL["entity_tracking"], ask_all_boxes=True, score_deepest=True)
+    d = task.build(20, seed=1)
+    k, o, n = task.num_boxes, task.num_objects, task.num_changes
+    for x, scored in zip(d.inputs.tolist(), d.score_mask.tolist()):
+        depth: dict[int, int] = {}
+        for t, tok in enumerate(x):
+            if task.put_base <= tok < task.move_base:
+                depth[(tok - task.put_base) // o] = 0
+            elif task.move_base <= tok < task.ask_base:
+                dst, src = divmod(tok - task.move_base, k)
+                depth[dst] = depth[src] + 1
+            else:
+                assert scored[t] == (depth[tok - task.ask_base] == n)
+    assert int(d.score_mask.sum()) == 20 * task.num_chains
+    with pytest.raises(ValueError, match="score_deepest needs ask_all_boxes"):
+        make_task("entity_tracking", **SMALL["entity_tracking"], score_deepest=True)
 
 
 @pytest.mark.parametrize("group", ["S5", "A4", "parity", "cyclic:5"])
@@ -176,7 +223,7 @@ def test_selective_copy_targets_are_the_scattered_symbols_in_order():
      "2*num_kv_pairs*num_passes + 2*num_kv_pairs"),
     ("copy", dict(seq_len=16, copy_len=10), "copy_len + offset <= seq_len"),
     ("copy", dict(offset=0), "offset must be a positive integer"),
-    ("multi_hop", dict(seq_len=32, num_chains=5, hops=3), "2*num_chains*hops + 2*num_chains"),
+    ("multi_hop", dict(seq_len=32, num_chains=5, hops=3), "2*num_chains*hops + 2*num_queries"),
     ("multi_hop", dict(vocab_size=8, seq_len=64, num_chains=3, hops=2), "num_chains*(hops+1) <= vocab_size - 1"),
     ("entity_tracking", dict(num_changes=7, num_chains=2, num_boxes=15), "num_chains*(num_changes+1) <= num_boxes"),
     ("state_tracking", dict(group="Q8"), "unknown group"),
@@ -200,3 +247,42 @@ def test_masked_accuracy_counts_answer_positions_only():
     logits = torch.zeros(1, 4, 3)
     logits[0, :, 2] = 1.0  # predicts 2 everywhere
     assert masked_accuracy(logits, labels) == (1, 2)
+
+
+def _guess_accuracy(task, data, candidates_of, rng) -> float:
+    """Accuracy of a guesser that picks uniformly among ``candidates_of(x)`` at every answer position."""
+    correct = total = 0
+    for x, y in zip(data.inputs.tolist(), data.labels.tolist()):
+        cands = candidates_of(x)
+        for lab in y:
+            if lab != IGNORE_INDEX:
+                correct += int(cands[rng.integers(len(cands))] == lab)
+                total += 1
+    return correct / total
+
+
+def test_guessing_baselines_are_what_a_guesser_scores():
+    """The baselines compare reports as 'guessing levels' are the accuracy of the guessers they name."""
+    rng = np.random.default_rng(0)
+    mqar = make_task("assoc_recall", vocab_size=64, seq_len=32, num_kv_pairs=4, random_non_queries=False)
+    d = mqar.build(2000, seed=0)
+    in_context = _guess_accuracy(mqar, d, lambda x: x[1:8:2], rng)  # one of the 4 values shown
+    assert abs(in_context - mqar.baselines()["a value of the context"]) < 0.02
+    uniform = _guess_accuracy(mqar, d, lambda x: list(range(32, 64)), rng)
+    assert abs(uniform - mqar.baselines()["uniform value"]) < 0.01
+
+    hop = make_task("multi_hop", vocab_size=64, seq_len=32, num_chains=3, hops=2)
+    d = hop.build(2000, seed=0)
+
+    def chain_ends(x):  # values of the context that are never a key: no lookup needed to find them
+        keys, vals = x[0:12:2], x[1:12:2]
+        return [v for v in vals if v not in keys]
+
+    assert abs(_guess_accuracy(hop, d, chain_ends, rng) - hop.baselines()["a chain end of the context"]) < 0.02
+
+    copy = make_task("copy", vocab_size=16, seq_len=32, copy_len=12, offset=20)
+    d = copy.build(1000, seed=0)
+    assert abs(_guess_accuracy(copy, d, lambda x: list(range(2, 16)), rng) - copy.baselines()["uniform symbol"]) < 0.01
+    for name in SMALL:
+        task = make_task(name, **SMALL[name])
+        assert task.baselines() and all(0 < v <= 1 for v in task.baselines().values())

@@ -6,6 +6,7 @@ complexity-vs-expressivity table and writes plots and a Markdown report into the
 from __future__ import annotations
 
 import os
+import resource
 import sys
 import time
 from pathlib import Path
@@ -43,6 +44,7 @@ def _extra_mixers(raw: list[str]) -> list[str]:
 
 def run(args) -> int:
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     from tokenmix.training import compare
@@ -51,6 +53,7 @@ def run(args) -> int:
     from tokenmix.training.presets import load_preset, registered
 
     start = time.perf_counter()
+    load_before = os.getloadavg()
     extra = _extra_mixers(args.mixers)
     name, preset_fn, module = load_preset(args.preset)
     configs = validate_sweep(preset_fn(extra))
@@ -75,6 +78,7 @@ def run(args) -> int:
     labels, columns = compare.rows_and_tasks(configs)
     facts = compare.facts_for_rows(configs)
     cells = compare.best_cells(summary)
+    compare.attach_seed_accuracies(cells, outcome.results)
     tok_s = compare.throughput(outcome.results)
     header, rows = compare.table_rows(labels, columns, facts, cells, tok_s)
 
@@ -85,19 +89,46 @@ def run(args) -> int:
     for r in rows:
         table.add_row(*r)
     console.print(table)
+    if any(c in compare.PAPER_TASKS for c in columns):
+        ph, pr = compare.paper_comparison(labels, cells)
+        paper = Table(title="next to the paper's Table 1 (framework.md §5.1; its sizes and steps are unknown)")
+        for h in ph:
+            paper.add_column(h, overflow="fold")
+        for r in pr:
+            paper.add_row(*r)
+        console.print(paper)
 
     plots = [] if args.no_plots else compare.write_plots(out, labels, columns, facts, cells)
-    wall = time.perf_counter() - start
-    report = compare.report_markdown(name, configs, labels, columns, header, rows, cells, summary, wall,
-                                     outcome.trained, outcome.skipped, workers, plots)
+    stats = compare.InvocationStats(
+        wall_seconds=time.perf_counter() - start, cpu_seconds=_cpu_seconds(), trained=outcome.trained,
+        skipped=outcome.skipped, workers=workers, threads=threads, load_before=load_before,
+        load_after=os.getloadavg(), cpu_count=os.cpu_count() or 1)
+    report = compare.report_markdown(name, configs, labels, columns, header, rows, cells, summary, stats, plots,
+                                     notes=getattr(module, "NOTES", ""))
+    baselines = compare.baselines_by_column(configs)
+    findings = compare.all_findings(configs, cells)
     atomic_write_text(out / "report.md", report)
     atomic_write_json(out / "summary.json", {
-        "preset": name, "n": n, "wall_seconds": wall, "trained": outcome.trained, "skipped": outcome.skipped,
-        "workers": workers, "threads": threads, "rows": labels, "columns": columns,
+        "preset": name, "n": n, "wall_seconds": stats.wall_seconds, "cpu_seconds": stats.cpu_seconds,
+        "load_before": list(stats.load_before), "load_after": list(stats.load_after), "cpu_count": stats.cpu_count,
+        "trained": outcome.trained, "skipped": outcome.skipped, "workers": workers, "threads": threads,
+        "rows": labels, "columns": columns, "baselines": baselines,
         "structure": {k: v.to_dict() for k, v in facts.items()}, "summary": summary,
-        "findings": compare.qualitative_findings(cells) if any(c in compare.PAPER_TASKS for c in columns) else [],
+        "findings": findings,
     })
-    console.print(f"{outcome.trained} runs trained, {outcome.skipped} already finished; wall time {wall:.0f} s")
+    for f in findings:  # the claims, each with the facts from its runs that explain the verdict
+        console.print(f"- {escape(f['claim'])}: [bold]{escape(f['verdict'])}[/bold] ({escape(f['measured'])})",
+                      highlight=False)
+        for w in f["why"]:
+            console.print(f"    {w}", markup=False, highlight=False)
+    console.print(f"{outcome.trained} runs trained, {outcome.skipped} already finished; {stats.describe()}")
     console.print(f"report: {out / 'report.md'}  plots: {', '.join(str(p) for p in plots) or '(none)'}  "
                   f"runs: {out / 'results.csv'}")
     return 0
+
+
+def _cpu_seconds() -> float:
+    """User + system CPU time of this process and of its finished children (the worker processes)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    kids = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime

@@ -51,6 +51,10 @@ class AssocRecallConfig(TaskConfig):
                 f"{self.num_kv_pairs} distinct keys from {self.vocab_size // 2 - 1} key ids")
         require(0.0 < self.power_a <= 1.0, self.name, "'0 < power_a <= 1'", f"power_a={self.power_a}")
 
+    def baselines(self) -> dict[str, float]:
+        return {"uniform value": 1 / (self.vocab_size - self.vocab_size // 2),
+                "a value of the context": 1 / self.num_kv_pairs}
+
     def _generate(self, num_examples: int, seed: int) -> TaskData:
         rng = np.random.RandomState(seed)
         v, length, kv = self.vocab_size, self.seq_len, self.num_kv_pairs

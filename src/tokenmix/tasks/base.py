@@ -3,7 +3,9 @@ generator ``build(num_examples, seed) -> TaskData``, and answer-only accuracy.
 
 Convention (zoology's): ``inputs`` and ``labels`` are both [N, T] long; ``labels[n, t]`` is what the
 model must output at position t after reading ``inputs[n, : t + 1]``, and is ``IGNORE_INDEX`` (−100)
-wherever the task asks nothing. Loss and accuracy count only the answer positions.
+wherever the task asks nothing. Loss and accuracy count only the answer positions. A task may also
+ask easier questions that are trained on but not scored (a curriculum inside each example, e.g. the
+shallower lookups of a chain): ``score_mask`` then marks the answer positions accuracy counts.
 
 A task config is built from its registered name: ``make_task("assoc_recall", seq_len=64, ...)``.
 Unknown task names and unknown or impossible fields raise ``ValueError`` naming what is wrong.
@@ -29,19 +31,37 @@ class TaskData:
 
     Attributes:
         inputs: [N, T] long token ids in [0, vocab_size).
-        labels: [N, T] long; target ids at answer positions, ``IGNORE_INDEX`` elsewhere.
+        labels: [N, T] long; target ids at answer positions (trained on), ``IGNORE_INDEX`` elsewhere.
+        score_mask: [N, T] bool, the answer positions that accuracy counts; None = every answer position.
     """
 
     inputs: Tensor
     labels: Tensor
+    score_mask: Tensor | None = None
 
     def __post_init__(self) -> None:
         if self.inputs.shape != self.labels.shape or self.inputs.dim() != 2:
             raise ValueError(f"inputs {tuple(self.inputs.shape)} and labels {tuple(self.labels.shape)} "
                              "must both be [N, T]")
+        if self.score_mask is not None:
+            if self.score_mask.shape != self.labels.shape or self.score_mask.dtype != torch.bool:
+                raise ValueError(f"score_mask must be a bool tensor shaped like labels {tuple(self.labels.shape)}")
+            if bool((self.score_mask & (self.labels == IGNORE_INDEX)).any()):
+                raise ValueError("score_mask marks positions without an answer")
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
+
+    def __getitem__(self, index: slice | Tensor) -> "TaskData":
+        """The examples ``index`` (a slice or index tensor) of this split."""
+        mask = None if self.score_mask is None else self.score_mask[index]
+        return TaskData(self.inputs[index], self.labels[index], mask)
+
+    @property
+    def scored(self) -> Tensor:
+        """[N, T] bool: the positions accuracy counts."""
+        answered = self.labels != IGNORE_INDEX
+        return answered if self.score_mask is None else self.score_mask
 
     def answers_per_example(self) -> float:
         return float((self.labels != IGNORE_INDEX).sum()) / max(len(self), 1)
@@ -78,6 +98,12 @@ class TaskConfig(ABC):
     @abstractmethod
     def _generate(self, num_examples: int, seed: int) -> TaskData:
         """The task's generator (each task file documents it)."""
+
+    @abstractmethod
+    def baselines(self) -> dict[str, float]:
+        """Expected accuracy of guessers that read no binding: uniform over the possible answers, and
+        (where the task has one) a guess among the candidates that the context shows. A model at one
+        of these levels has learned what an answer looks like, not how to find it."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.name, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}
@@ -119,14 +145,17 @@ def _ensure_loaded() -> None:
     import tokenmix.tasks  # noqa: F401  (imports every task module, which registers it)
 
 
-def masked_accuracy(logits: Tensor, labels: Tensor) -> tuple[int, int]:
+def masked_accuracy(logits: Tensor, labels: Tensor, score_mask: Tensor | None = None) -> tuple[int, int]:
     """(correct, answered) over the answer positions only.
 
     Args:
         logits: [N, T, V].
         labels: [N, T], ``IGNORE_INDEX`` where nothing is asked.
+        score_mask: [N, T] bool, the answer positions to count (None = all of them).
     """
     mask = labels != IGNORE_INDEX
+    if score_mask is not None:
+        mask = mask & score_mask
     correct = (logits.argmax(-1) == labels) & mask
     return int(correct.sum()), int(mask.sum())
 

@@ -49,6 +49,9 @@ class CopyConfig(TaskConfig):
         """The offset L actually used."""
         return self.copy_len if self.offset is None else self.offset
 
+    def baselines(self) -> dict[str, float]:
+        return {"uniform symbol": 1 / (self.vocab_size - FIRST_SYMBOL)}
+
     def _generate(self, num_examples: int, seed: int) -> TaskData:
         rng = np.random.default_rng(seed)
         s, t, shift = self.copy_len, self.seq_len, self.shift

@@ -14,7 +14,9 @@ Generator, per example (``numpy.random.default_rng(seed)``):
        changes; the chains' events are interleaved at random, each chain keeping its order;
     3. then ASK(b_n) for every chain, in random order; label = o_c at these positions, −100 elsewhere.
        With ``ask_all_boxes`` every box of every chain is asked (depths 0 .. n, random order): the
-       shallow questions give a learning signal for one lookup that the deep ones compose.
+       shallow questions give a learning signal for one lookup that the deep ones compose. With
+       ``score_deepest`` as well, only the questions about each chain's last box b_n (depth n) are
+       scored (``score_mask``); the shallower ones are trained on.
 Answering ASK(b_n) follows a dependency path of depth n + 1 back to the PUT. ChaCAL's bound: a
 stack of attention layers (B = 0) needs ≥ ceil(log2(n + 1)) layers for n state changes, a dense
 recurrence can follow the chain within one layer.
@@ -43,6 +45,7 @@ class EntityTrackingConfig(TaskConfig):
     num_boxes: int = 16     # K
     num_objects: int = 8    # O
     ask_all_boxes: bool = False  # ask every box (depths 0..n), not only each chain's last one
+    score_deepest: bool = False  # with ask_all_boxes: score only the depth-n questions
 
     def __post_init__(self) -> None:
         positive(self.name, num_changes=self.num_changes, num_chains=self.num_chains, num_boxes=self.num_boxes,
@@ -52,6 +55,8 @@ class EntityTrackingConfig(TaskConfig):
                 f"{boxes} distinct boxes from {self.num_boxes}")
         require(self.num_chains <= self.num_objects, self.name, "'num_chains <= num_objects'",
                 f"{self.num_chains} distinct objects from {self.num_objects}")
+        require(self.ask_all_boxes or not self.score_deepest, self.name, "'score_deepest needs ask_all_boxes'",
+                "only the deepest box is asked already")
 
     # -- token layout
     @property
@@ -87,12 +92,16 @@ class EntityTrackingConfig(TaskConfig):
     def ask(self, box: int) -> int:
         return self.ask_base + box
 
+    def baselines(self) -> dict[str, float]:
+        return {"uniform object": 1 / self.num_objects, "an object of the context": 1 / self.num_chains}
+
     def _generate(self, num_examples: int, seed: int) -> TaskData:
         rng = np.random.default_rng(seed)
         c, n = self.num_chains, self.num_changes
         events = c * (n + 1)
         inputs = np.zeros((num_examples, self.seq_len), dtype=np.int64)
         labels = np.full((num_examples, self.seq_len), IGNORE_INDEX, dtype=np.int64)
+        scored = np.zeros((num_examples, self.seq_len), dtype=bool)
         for ex in range(num_examples):
             boxes = rng.choice(self.num_boxes, size=c * (n + 1), replace=False).reshape(c, n + 1)
             objects = rng.choice(self.num_objects, size=c, replace=False)
@@ -105,7 +114,10 @@ class EntityTrackingConfig(TaskConfig):
                 step[ch] += 1
             asked = (boxes.reshape(-1) if self.ask_all_boxes else boxes[:, n])  # chain-major
             chain_of = np.repeat(np.arange(c), n + 1) if self.ask_all_boxes else np.arange(c)
+            depth_of = np.tile(np.arange(n + 1), c) if self.ask_all_boxes else np.full(c, n)
             for i, k in enumerate(rng.permutation(len(asked))):
                 inputs[ex, events + i] = self.ask(asked[k])
                 labels[ex, events + i] = 1 + objects[chain_of[k]]
-        return TaskData(torch.from_numpy(inputs), torch.from_numpy(labels))
+                scored[ex, events + i] = depth_of[k] == n
+        score_mask = torch.from_numpy(scored) if self.score_deepest else None
+        return TaskData(torch.from_numpy(inputs), torch.from_numpy(labels), score_mask)

@@ -55,6 +55,9 @@ class SelectiveCopyConfig(TaskConfig):
     def copy_marker(self) -> int:
         return self.vocab_size - 1
 
+    def baselines(self) -> dict[str, float]:
+        return {"uniform symbol": 1 / (self.vocab_size - 2)}
+
     def _generate(self, num_examples: int, seed: int) -> TaskData:
         rng = np.random.default_rng(seed)
         n, t = self.num_tokens_to_copy, self.seq_len

@@ -90,6 +90,9 @@ class StateTrackingConfig(TaskConfig):
     def vocab_size(self) -> int:
         return int(group_table(self.group).shape[0])
 
+    def baselines(self) -> dict[str, float]:
+        return {"uniform element": 1 / self.vocab_size}
+
     def _generate(self, num_examples: int, seed: int) -> TaskData:
         rng = np.random.default_rng(seed)
         table = group_table(self.group)

@@ -244,15 +244,16 @@ def dataset(task: TaskConfig, num_examples: int, seed: int) -> TaskData:
 
 @torch.no_grad()
 def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str | None = None) -> float:
-    """Accuracy over the answer positions of ``data`` (labels != −100)."""
+    """Accuracy over the scored answer positions of ``data`` (labels != −100, within ``score_mask``)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     correct = total = 0
     for i in range(0, len(data), batch_size):
-        logits, _ = model(data.inputs[i : i + batch_size].to(device), mode=mode)
+        part = data[i : i + batch_size]
+        logits, _ = model(part.inputs.to(device), mode=mode)
         logits = logits.cpu()
-        c, n = masked_accuracy(logits, data.labels[i : i + batch_size])
+        c, n = masked_accuracy(logits, part.labels, part.scored)
         correct, total = correct + c, total + n
     model.train(was_training)
     return correct / max(total, 1)
@@ -544,8 +545,10 @@ def _drain(q: Any, bar: Any, task_id: Any) -> None:
 
 
 def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (label, column, d_model): the learning rate with the highest mean test accuracy over seeds
-    (zoology's max over learning rates), with that mean, its std over seeds and every lr's mean.
+    """Per (label, column, d_model): the learning rate with the highest mean *validation* accuracy over
+    seeds (zoology's max over learning rates), and the mean ± std over seeds of the *test* accuracy at
+    that learning rate. The test set never chooses anything: selecting on the numbers one reports
+    would bias them upwards.
 
     Row order follows the first appearance of each (label, column, d_model) in ``results``; the column
     is the task name unless the run config names another (e.g. one task at several sizes).
@@ -558,17 +561,34 @@ def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         per_lr = {}
         for lr, rs in by_lr.items():
             accs = [r["test_acc"] for r in rs]
-            per_lr[lr] = (statistics.fmean(accs), statistics.stdev(accs) if len(accs) > 1 else 0.0, len(accs))
-        best_lr = max(per_lr, key=lambda lr: (per_lr[lr][0], -lr))
-        mean, std, n = per_lr[best_lr]
+            vals = [r["best_val_acc"] for r in rs]
+            per_lr[lr] = (statistics.fmean(accs), statistics.stdev(accs) if len(accs) > 1 else 0.0, len(accs),
+                          statistics.fmean(vals))
+        best_lr = max(per_lr, key=lambda lr: (per_lr[lr][3], -lr))  # ties: the smaller learning rate
+        mean, std, n, val = per_lr[best_lr]
         best_runs = by_lr[best_lr]
         rows.append({
-            "label": label, "column": task, "task": by_lr[next(iter(by_lr))][0]["task"], "d_model": d_model, "best_lr": best_lr,
-            "acc_mean": mean, "acc_std": std, "n_seeds": n,
+            "label": label, "column": task, "task": by_lr[next(iter(by_lr))][0]["task"], "d_model": d_model,
+            "best_lr": best_lr, "acc_mean": mean, "acc_std": std, "n_seeds": n, "val_mean": val,
             "acc_by_lr": {f"{lr:g}": per_lr[lr][0] for lr in sorted(per_lr)},
+            "val_by_lr": {f"{lr:g}": per_lr[lr][3] for lr in sorted(per_lr)},
             "tokens_per_s": statistics.fmean(r["tokens_per_s"] for rs in by_lr.values() for r in rs),
             "tokens_per_cpu_s": statistics.fmean(r.get("tokens_per_cpu_s", 0.0) for rs in by_lr.values() for r in rs),
             "train_seconds": sum(r["train_seconds"] for rs in by_lr.values() for r in rs),
+            "train_cpu_seconds": sum(r.get("train_cpu_seconds", 0.0) for rs in by_lr.values() for r in rs),
             "steps_mean": statistics.fmean(r["steps_done"] for r in best_runs),
+            "max_steps": max(r["config"]["train"]["steps"] if "config" in r else r["steps_done"] for r in best_runs),
+            "stopped_early": sum(r.get("stop_reason") == "early_stop_acc" for r in best_runs),
+            "still_rising": sum(r.get("stop_reason") == "max_steps" and curve_still_rising(r.get("curve", []))
+                                for r in best_runs),
         })
     return rows
+
+
+def curve_still_rising(curve: Sequence[dict[str, float]], tail: float = 0.25, min_gain: float = 0.02) -> bool:
+    """True if the validation accuracy gained at least ``min_gain`` over the last ``tail`` fraction
+    of the validations of a run: the run was stopped by its step budget while still learning."""
+    if len(curve) < 4:
+        return False
+    k = max(1, round(len(curve) * tail))
+    return max(c["val_acc"] for c in curve[-k:]) - max(c["val_acc"] for c in curve[:-k]) >= min_gain
