@@ -7,13 +7,11 @@ finite. The padding inputs are random (and, in one test, huge), so a leak shows 
 """
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from conftest import ALL_MIXERS, small_mixer
-from tokenmix.core.registry import get_mixer_spec
+from tokenmix.checks.equivalence import small_overrides
 from tokenmix.mixers.base import RowGroupState
 from tokenmix.models import MixerModel, ModelConfig, left_pad
 from tolerances import FLOAT64_EXACT, assert_close
@@ -139,14 +137,7 @@ def test_bad_start_is_refused(name):
 # ---------------------------------------------------------------- the model
 def _tiny_model(layers: tuple[str, ...], positions: str, dtype=torch.float32) -> MixerModel:
     """Test-size model, chunk sizes (where a mixer has one) that do not divide the test lengths."""
-    overrides = {}
-    for name in set(layers):
-        spec = get_mixer_spec(name)
-        fields = {f.name for f in dataclasses.fields(spec.config_cls)}
-        o = dict(getattr(spec.cls, "test_overrides", {}))
-        if "chunk_size" in fields:
-            o.setdefault("chunk_size", 4)
-        overrides[name] = {k: v for k, v in o.items() if k in fields}
+    overrides = {name: small_overrides(name) for name in set(layers)}
     torch.manual_seed(0)
     cfg = ModelConfig(vocab_size=40, d_model=16, layers=layers, n_heads=2, positions=positions, max_seq_len=24,
                       mixer_overrides=overrides)

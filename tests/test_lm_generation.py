@@ -9,7 +9,7 @@ import torch
 
 from conftest import ALL_MIXERS
 from lm_helpers import one_thread
-from tokenmix.core.registry import get_mixer_spec
+from tokenmix.checks.equivalence import small_overrides
 from tokenmix.generation import SamplingConfig, filter_logits, generate, generate_batch, sample_next
 from tokenmix.models import MixerModel, ModelConfig
 
@@ -21,14 +21,7 @@ _one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 
 def tiny_model(layers: tuple[str, ...], dtype=torch.float32) -> MixerModel:
     """Test-size model; chunk sizes (where a mixer has one) that do not divide the test lengths."""
-    overrides = {}
-    for name in set(layers):
-        spec = get_mixer_spec(name)
-        fields = {f.name for f in dataclasses.fields(spec.config_cls)}
-        o = dict(getattr(spec.cls, "test_overrides", {}))
-        if "chunk_size" in fields:
-            o.setdefault("chunk_size", 4)
-        overrides[name] = {k: v for k, v in o.items() if k in fields}
+    overrides = {name: small_overrides(name) for name in set(layers)}
     torch.manual_seed(0)
     model = MixerModel(ModelConfig(vocab_size=VOCAB, d_model=16, layers=layers, n_heads=2, mixer_overrides=overrides))
     return model.to(dtype).eval()

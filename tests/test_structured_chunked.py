@@ -9,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tokenmix.checks.attention_family import run_in_pieces
 from tokenmix.core import build_mixer
 from tolerances import FLOAT64_EXACT, assert_close
 
@@ -20,19 +21,10 @@ def mixer(name: str, chunk: int = 8, **kw):
     return build_mixer(name, 12, n_heads=2, chunk_size=chunk, **kw).double()
 
 
-def run(m, x, mode, sizes):
-    ys, state, t0 = [], None, 0
-    for size in sizes:
-        y, state = m(x[:, t0 : t0 + size], state, mode=mode)
-        ys.append(y)
-        t0 += size
-    return torch.cat(ys, 1), state
-
-
 def grads(m, x0, mode, sizes, w):
     m.zero_grad()
     x = x0.clone().requires_grad_()
-    y, state = run(m, x, mode, sizes)
+    y, state = run_in_pieces(m, x, mode, sizes)
     ((y * w).sum() + sum((t * 0.3).sum() for t in state.tensors().values())).backward()
     return y.detach(), state, [x.grad] + [p.grad.clone() for p in m.parameters()]
 
@@ -65,7 +57,7 @@ def test_window_patterns_take_the_matmul_path_and_agree_with_dense(pattern):
     assert m._window(60) is not None
     x = torch.randn(1, 60, 12, dtype=torch.float64)
     y_d, s_d = m(x, mode="dense")
-    y_c, s_c = run(m, x, "chunked", [23, 37])
+    y_c, s_c = run_in_pieces(m, x, "chunked", [23, 37])
     assert_close(y_c, y_d, FLOAT64_EXACT, f"{pattern} chunked vs dense")
     assert_close(s_c.values, s_d.values, FLOAT64_EXACT, f"{pattern} cache")
 
@@ -73,7 +65,7 @@ def test_window_patterns_take_the_matmul_path_and_agree_with_dense(pattern):
 def test_gate_coefficients_long():
     m = mixer("pow2", coefficients="gate_softmax", max_levels=8)
     x = torch.randn(1, 140, 12, dtype=torch.float64)
-    y_c, _ = run(m, x, "chunked", [100, 40])
+    y_c, _ = run_in_pieces(m, x, "chunked", [100, 40])
     y_r, _ = m(x, mode="recurrent")
     assert_close(y_c, y_r, FLOAT64_EXACT, "gate_softmax")
 

@@ -8,16 +8,23 @@ import torch
 from tokenmix.core.registry import build_mixer, get_mixer_spec
 
 
-def small_mixer(name: str, d_model: int = 12, n_heads: int = 2, dtype=torch.float64, **extra):
-    """A registered mixer at test size: chunk size 4 so chunks do not divide the test lengths."""
+def small_overrides(name: str, **extra) -> dict:
+    """Config overrides of a registered mixer at test size: its ``test_overrides``, chunk size 4 (so
+    chunks do not divide the test lengths), then ``extra``; only fields its config has."""
     spec = get_mixer_spec(name)
     fields = {f.name for f in dataclasses.fields(spec.config_cls)}
-    overrides = {"n_heads": n_heads, **getattr(spec.cls, "test_overrides", {})}
+    overrides = dict(getattr(spec.cls, "test_overrides", {}))
     if "chunk_size" in fields:
         overrides.setdefault("chunk_size", 4)
     overrides.update(extra)
+    return {k: v for k, v in overrides.items() if k in fields}
+
+
+def small_mixer(name: str, d_model: int = 12, n_heads: int = 2, dtype=torch.float64, **extra):
+    """A registered mixer at test size (``small_overrides``)."""
+    overrides = small_overrides(name, n_heads=n_heads, **extra)
     torch.manual_seed(0)
-    return build_mixer(name, d_model, **{k: v for k, v in overrides.items() if k in fields}).to(dtype)
+    return build_mixer(name, d_model, **overrides).to(dtype)
 
 
 def mode_errors(name: str, t: int = 13, seed: int = 0) -> dict[str, float]:

@@ -655,6 +655,15 @@ def baselines_by_column(configs: Sequence[RunConfig]) -> dict[str, dict[str, flo
     return out
 
 
+def _finding_lines(findings: list[dict[str, Any]]) -> list[str]:
+    """Markdown bullets of verdicts, each with the computed facts behind it, then a blank line."""
+    lines = []
+    for f in findings:
+        lines.append(f"- **{f['claim']}: {f['verdict']}** ({f['measured']})")
+        lines += [f"  - {w}" for w in f["why"]]
+    return lines + [""]
+
+
 def report_markdown(preset: str, configs: Sequence[RunConfig], labels: Sequence[str], tasks: Sequence[str],
                     header: Sequence[str], rows: Sequence[Sequence[str]], cells: dict, summary: Sequence[dict],
                     stats: InvocationStats, plots: Sequence[Path], notes: str = "") -> str:
@@ -697,19 +706,13 @@ def report_markdown(preset: str, configs: Sequence[RunConfig], labels: Sequence[
         lines += ["## The paper's qualitative findings, checked on this table", "",
                   "Each verdict is computed from the measured cells above. Below each claim: facts computed "
                   "from its runs that bear on the verdict (the explanation of a disagreement).", ""]
-        for f in findings:
-            lines.append(f"- **{f['claim']}: {f['verdict']}** ({f['measured']})")
-            lines += [f"  - {w}" for w in f["why"]]
-        lines.append("")
+        lines += _finding_lines(findings)
     if any(c.task == "entity_tracking" for c in configs):
         findings = depth_findings(cells, configs, lrs)
         lines += ["## Depth: ChaCAL's claim checked on this table", "",
                   "Accuracy on the deepest questions (depth n) unless the task scores every depth; verdicts "
                   "computed from the cells above.", ""]
-        for f in findings:
-            lines.append(f"- **{f['claim']}: {f['verdict']}** ({f['measured']})")
-            lines += [f"  - {w}" for w in f["why"]]
-        lines.append("")
+        lines += _finding_lines(findings)
     if notes.strip():
         lines += ["## Notes of the preset (its design, written before these numbers)", "", notes.strip(), ""]
     lines += ["## Setup", ""]
