@@ -149,6 +149,38 @@ def test_fast_solve_and_gradients_match_dense_reference(spec, t0, t, chunk):
         assert_close(gf, gr * ((idx >= 0)[None, :, None, :] if name == "beta" else 1), FLOAT64_EXACT, f"{spec} d{name}")
 
 
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("reach", [2, 3])
+def test_wide_band_matches_dense_reference(spec, reach):
+    """A band reaching 2-3 chunks back (chosen automatically for sq1-like patterns at longer T):
+    the reads it absorbs leave the far blocks, the solve and its gradients stay exact."""
+    t0, t, chunk = 9, 130, 5
+    idx, p = buffer_table(spec, t0, t)
+    plan = plan_pattern(idx, p, chunk, reach)
+    assert plan.reach == reach * chunk
+    g = torch.Generator().manual_seed(reach)
+    b, h, v, w = 2, 3, 4, idx.shape[1]
+    args = [f64(g, b, t, h, uniform=True), f64(g, b, t, h, w) * 0.6 / max(1, w), f64(g, b, t, h, v), f64(g, b, p, h, v)]
+    fast = [a.clone().requires_grad_() for a in args]
+    ref = [a.clone().requires_grad_() for a in args]
+    y = chunked_pattern_solve(fast[0], fast[1], idx, fast[2], fast[3], chunk, plan=plan)
+    y_ref = dense_reference(ref[0], ref[1], idx, ref[2], ref[3])
+    assert_close(y, y_ref, FLOAT64_EXACT, f"{spec} output")
+    wy = f64(g, *y.shape)
+    for name, gf, gr, a in zip(["alpha", "beta", "x", "y_prefix"], _grads(y, fast, wy), _grads(y_ref, ref, wy), args):
+        gr = torch.zeros_like(a) if gr is None else gr
+        assert_close(gf, gr * ((idx >= 0)[None, :, None, :] if name == "beta" else 1), FLOAT64_EXACT, f"{spec} d{name}")
+
+
+def test_band_reach_follows_the_pattern():
+    """sq1 (3 levels at distances 82, 101, 122 in (C, 2C] for C = 64) widens the band, pow2 (one
+    level, 128) does not; an explicit reach below one chunk is refused."""
+    reach = {spec: plan_pattern(*buffer_table(spec, 0, 1024), 64).reach for spec in ["sq1", "sq1_ce", "pow2"]}
+    assert reach["sq1"] >= 128 and reach["sq1_ce"] >= 128 and reach["pow2"] == 64
+    with pytest.raises(ValueError, match="reach"):
+        plan_pattern(*buffer_table("pow2", 0, 10), 4, 0)
+
+
 def test_recurrent_reference_matches_dense_reference():
     idx, p = buffer_table("sq1_ce", 30, 25)
     g = torch.Generator().manual_seed(3)

@@ -20,11 +20,13 @@ slice broadcast over the run. ``PatternPlan`` finds these regular parts in any i
 table and fast for the patterns that matter.
 
 The solve, chunk by chunk (C positions):
-    * reads at distance <= C land in the chunk or the previous one: they are scattered into one
-      dense [C, 2C] band block per chunk, used as a matmul against the previous chunk's outputs;
+    * reads at distance <= R (the band's reach, m = R / C chunks: 1 for pow2, up to 4 for sq1-like
+      patterns that have several levels per chunk of distance) land in the chunk or the m before
+      it: they are scattered into one dense [C, R + C] band block per chunk, used as a matmul
+      against the previous m chunks' outputs;
       the chunk's own C x C unit lower triangular block is inverted for all chunks in one batched
       solve before the loop, so a chunk costs two small matmuls (equal up to rounding);
-    * reads at distance > C land in earlier chunks. A run whose reads are all at distance >= D
+    * reads at distance > R land in earlier chunks. A run whose reads are all at distance >= D
       contributes to a whole block of ~D rows at once -- every row of the block reads rows before
       the block -- so it is added when the block starts: one slice operation per run and block,
       O(T / D) operations for a level at distance ~D instead of one per chunk.
@@ -160,6 +162,29 @@ def _fit_run(col: np.ndarray, w: int, prefix: int) -> Run | None:
     return Run(w, r0, length, int(pred[r0]), stride, (r0 + phi) % stride)
 
 
+_MAX_BAND_CHUNKS = 4
+_LEVELS_PER_BAND_CHUNK = 2.0
+
+
+def _band_chunks(dist: np.ndarray, t: int, chunk: int) -> int:
+    """How many chunks back the dense band reaches: m >= 1, the band covering distances <= m C.
+
+    One more chunk of band costs every row a C x V multiply-add in the forward and the backward
+    solve (~4 C V flops a row and head, at matmul speed); a level at that distance costs every row
+    a few elementwise passes over V values (memory-bound, ~2 C V flops' worth each) plus a slice
+    operation per far block. The band is widened while the next chunk of distances holds at least
+    ``_LEVELS_PER_BAND_CHUNK`` reads per row on average (sq1: 3 levels in (C, 2C] at C = 64; pow2:
+    one), up to ``_MAX_BAND_CHUNKS`` (the band is kept for backward: (m + 1) C values a row).
+    dist: distances of the valid entries (>= 1)."""
+    m = 1
+    while m < _MAX_BAND_CHUNKS:
+        per_row = np.count_nonzero((dist > m * chunk) & (dist <= (m + 1) * chunk)) / max(1, t)
+        if per_row < _LEVELS_PER_BAND_CHUNK:
+            break
+        m += 1
+    return m
+
+
 class PatternPlan:
     """How the kernels cover an index table: regular runs, a near band, irregular leftovers.
 
@@ -169,17 +194,18 @@ class PatternPlan:
     Attributes:
         runs: one ``Run`` per level slot with a regular part; ``pieces`` all their slice operations.
         mask(name): [T, W] 0/1 masks -- "valid" (entries read at all), "run_far" (covered by a run
-            and read at distance > C); "near_compact" [T, Wn] (read at distance <= C, over the Wn
+            and read at distance > R); "near_compact" [T, Wn] (read at distance <= R, over the Wn
             level slots ``near_cols`` that have such reads).
-        band_col: [T, Wn] long, column of a near entry in its chunk's [C, 2C] band block.
+        reach: R = m C, the distances the band covers (m from ``_band_chunks`` unless given).
+        band_col: [T, Wn] long, column of a near entry in its chunk's [C, R + C] band block.
         left, left_keys: (rows, cols) and buffer positions of the entries no run covers.
-        far_blocks: {chunk start s: pieces}, the distance > C part of the runs; a piece added at s
+        far_blocks: {chunk start s: pieces}, the distance > R part of the runs; a piece added at s
             covers rows >= s and reads only positions before P + s (see module docstring).
-        left_chunks: per chunk, (rows, cols, keys) of leftover entries at distance > C.
-        has_prev: per chunk, whether any row reads the previous chunk within distance C.
+        left_chunks: per chunk, (rows, cols, keys) of leftover entries at distance > R.
+        has_prev: per chunk, whether any row reads an earlier chunk within distance R.
     """
 
-    def __init__(self, idx: Tensor, prefix: int, chunk: int) -> None:
+    def __init__(self, idx: Tensor, prefix: int, chunk: int, reach: int | None = None) -> None:
         if chunk <= 0:
             raise ValueError(f"chunk_size must be > 0, got {chunk}")
         tab = idx.detach().cpu().numpy().astype(np.int64)
@@ -190,11 +216,16 @@ class PatternPlan:
         rows = np.arange(t)[None, :]
         valid = tab_l >= 0
         dist = prefix + rows - tab_l
+        if reach is None:
+            reach = _band_chunks(dist[valid], t, chunk)
+        elif reach < 1:
+            raise ValueError(f"reach must be >= 1 chunk, got {reach}")
+        self.reach = chunk * reach
         self.runs = [r for c in range(w) if (r := _fit_run(tab_l[c], c, prefix)) is not None]
         in_run = np.zeros_like(valid)
         for r in self.runs:
             in_run[r.col, r.row : r.row + r.length] = True
-        far = dist > chunk
+        far = dist > self.reach
         near = valid & ~far
         run_far = valid & in_run & far
         left = valid & ~in_run
@@ -203,7 +234,7 @@ class PatternPlan:
         # the band is scattered from the level slots that have near entries only (scatter is slow)
         near_cols = np.nonzero(near.any(1))[0]
         self.near_cols = torch.from_numpy(near_cols)
-        self.band_col = torch.from_numpy(np.ascontiguousarray(np.where(near, tab_l - start + chunk, 0)[near_cols].T))
+        self.band_col = torch.from_numpy(np.ascontiguousarray(np.where(near, tab_l - start + self.reach, 0)[near_cols].T))
         self._np["near_compact"] = np.ascontiguousarray(near[near_cols].T)
         self.left = tuple(torch.from_numpy(a) for a in np.nonzero(left.T))  # (rows, cols), sorted by row
         self.left_keys = torch.from_numpy(tab[self.left[0].numpy(), self.left[1].numpy()])
@@ -267,10 +298,11 @@ def _check_table(idx: Tensor, prefix: int, t: int) -> None:
         raise ValueError("idx reads a position that is not strictly earlier (not causal)")
 
 
-def plan_pattern(idx: Tensor, prefix: int, chunk_size: int = 64) -> PatternPlan:
-    """Validate idx [T, W] (buffer positions < P + t, -1 = none) and build its ``PatternPlan``."""
+def plan_pattern(idx: Tensor, prefix: int, chunk_size: int = 64, reach: int | None = None) -> PatternPlan:
+    """Validate idx [T, W] (buffer positions < P + t, -1 = none) and build its ``PatternPlan``
+    (``reach``: chunks the dense band covers, None = chosen from the table's distances)."""
     _check_table(idx, prefix, idx.shape[0])
-    return PatternPlan(idx, prefix, chunk_size)
+    return PatternPlan(idx, prefix, chunk_size, reach)
 
 
 def _leftover_blocks(n: int, per_entry: int):
@@ -363,10 +395,10 @@ def pattern_scores_reference(q: Tensor, kbuf: Tensor, idx: Tensor) -> Tensor:
 
 # ---------------------------------------------------------------- the solve
 def _band(beta: Tensor, plan: PatternPlan) -> Tensor:
-    """[B, H, T, 2C]: row t's coefficients on buffer positions P + c C - C + j (c = t // C, the
-    previous chunk then its own), from the entries read at distance <= C."""
+    """[B, H, T, R + C]: row t's coefficients on buffer positions P + c C - R + j (c = t // C, the
+    previous R / C chunks then its own), from the entries read at distance <= R."""
     b, h, t, _ = beta.shape
-    band = beta.new_zeros(b, h, t, 2 * plan.chunk)
+    band = beta.new_zeros(b, h, t, plan.reach + plan.chunk)
     col = plan.on(plan.band_col, beta.device)  # [T, Wn] over the near level slots
     src = beta.index_select(-1, plan.on(plan.near_cols, beta.device)) * plan.mask("near_compact", beta)
     return band.scatter_add_(-1, col.expand(b, h, t, col.shape[1]), src)
@@ -391,7 +423,7 @@ def _chunk_inverses(band: Tensor, plan: PatternPlan) -> Tensor:
     b, h, t, _ = band.shape
     c, nc = plan.chunk, len(plan.chunks)
     inside = band.new_zeros(b, h, nc * c, c)
-    inside[:, :, :t] = band[..., c:]
+    inside[:, :, :t] = band[..., plan.reach:]
     work = torch.float32 if band.dtype in (torch.bfloat16, torch.float16) else band.dtype
     eye = torch.eye(c, dtype=work, device=band.device)
     mats = eye - inside.to(work).view(b, h, nc, c, c)
@@ -403,7 +435,7 @@ class _PatternSolve(torch.autograd.Function):
     def forward(ctx, alpha, beta, x, y_prefix, plan):
         # head-first inside: alpha [B,H,T], beta [B,H,T,W], x [B,H,T,V], y_prefix [B,H,P,V]
         b, h, t, v = x.shape
-        p, c = plan.p, plan.chunk
+        p, reach = plan.p, plan.reach
         band = _band(beta, plan)
         inv = _chunk_inverses(band, plan)
         beta_far = _level_major(beta, plan.mask("run_far", beta))  # [W, B, H, T]
@@ -426,9 +458,9 @@ class _PatternSolve(torch.autograd.Function):
                 r, cc, j = (plan.on(a, x.device) for a in left)
                 rhs.index_add_(2, r, beta[:, :, r, cc][..., None] * buf[:, :, j])
             r_c = rhs[:, :, s:e]
-            lo = max(0, p + s - c)
+            lo = max(0, p + s - reach)
             if plan.has_prev[ci]:
-                r_c = r_c + band[:, :, s:e, lo - (p + s - c) : c] @ buf[:, :, lo : p + s]
+                r_c = r_c + band[:, :, s:e, lo - (p + s - reach) : reach] @ buf[:, :, lo : p + s]
             buf[:, :, p + s : p + e] = (inv[:, :, ci, : e - s, : e - s] @ r_c.to(inv.dtype)).to(x.dtype)
         ctx.save_for_backward(alpha, beta, x, buf, band, inv)  # band and inv: O(T C), cheaper kept than rebuilt
         ctx.plan = plan
@@ -438,7 +470,7 @@ class _PatternSolve(torch.autograd.Function):
     def backward(ctx, gy):
         alpha, beta, x, buf, band, inv = ctx.saved_tensors
         plan = ctx.plan
-        p, c = plan.p, plan.chunk
+        p, reach = plan.p, plan.reach
         b, h, t, v = x.shape
         inv_t = inv.transpose(-1, -2)  # (I - B_cc)^{-T}
         beta_far = _level_major(beta, plan.mask("run_far", beta))  # [W, B, H, T]
@@ -450,9 +482,9 @@ class _PatternSolve(torch.autograd.Function):
             # (the transpose of a lower block's leading m x m inverse is the top-left of inv^T)
             g = (inv_t[:, :, ci, : e - s, : e - s] @ g.to(inv_t.dtype)).to(gy.dtype)
             g_all[:, :, s:e] = g
-            lo = max(0, p + s - c)
+            lo = max(0, p + s - reach)
             if plan.has_prev[ci]:
-                gacc[:, :, lo : p + s] += band[:, :, s:e, lo - (p + s - c) : c].transpose(-1, -2) @ g
+                gacc[:, :, lo : p + s] += band[:, :, s:e, lo - (p + s - reach) : reach].transpose(-1, -2) @ g
             left = plan.left_chunks[ci]
             if left is not None:
                 r, cc, j = (plan.on(a, x.device) for a in left)
