@@ -310,6 +310,23 @@ def _leftover_blocks(n: int, per_entry: int):
     return range(0, n, step), step
 
 
+_LOOPED_GROUP = 8  # lattice groups up to this many rows are summed one row at a time
+
+
+def _add_group_sums(dst: Tensor, weights: Tensor, values: Tensor, dim: int) -> None:
+    """dst += (weights * values).sum(dim), in place (dst may be a strided view of a buffer).
+
+    The gradient a lattice point receives is the weighted sum over the g rows of its group. For
+    short groups one multiply-add per row is ~2-3x faster than the product temporary and its
+    reduction (a full extra write and read of the group's values); long groups amortise them."""
+    g = values.shape[dim]
+    if g <= _LOOPED_GROUP:
+        for j in range(g):
+            dst.addcmul_(weights.select(dim, j), values.select(dim, j))
+    else:
+        dst += (weights * values).sum(dim)
+
+
 # ---------------------------------------------------------------- scores q_t . k_{idx[t, w]}
 class _PatternScores(torch.autograd.Function):
     @staticmethod
@@ -350,7 +367,7 @@ class _PatternScores(torch.autograd.Function):
             else:
                 d = d.reshape(b, pc.n, pc.g, h, 1)
                 dq[:, pc.rows].view(b, pc.n, pc.g, h, k).addcmul_(d, kbuf[:, pc.keys][:, :, None])
-                dk[:, pc.keys] += (d * q[:, pc.rows].reshape(b, pc.n, pc.g, h, k)).sum(2)
+                _add_group_sums(dk[:, pc.keys], d, q[:, pc.rows].reshape(b, pc.n, pc.g, h, k), 2)
         rows, cols = (plan.on(a, q.device) for a in plan.left)
         keys = plan.on(plan.left_keys, q.device)
         starts, step = _leftover_blocks(len(rows), b * h * k)
@@ -496,7 +513,7 @@ class _PatternSolve(torch.autograd.Function):
                 if pc.g == 1:
                     gacc[:, :, pc.keys].addcmul_(bw[..., None], gr)
                 else:
-                    gacc[:, :, pc.keys] += (bw.view(b, h, pc.n, pc.g, 1) * gr.view(b, h, pc.n, pc.g, v)).sum(3)
+                    _add_group_sums(gacc[:, :, pc.keys], bw.view(b, h, pc.n, pc.g, 1), gr.view(b, h, pc.n, pc.g, v), 3)
         galpha = (g_all * x).sum(-1)
         gx = alpha[..., None] * g_all
         gbeta = gy.new_zeros(plan.w, b, h, t)
