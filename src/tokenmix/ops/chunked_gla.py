@@ -271,7 +271,9 @@ def _none_backward(do, qs, k, v, a, d_next, starts):
 
 def _split_rows(gc: Tensor) -> tuple[Tensor | None, Tensor | None]:
     """Indices of the chunk rows for the factored and the safe form (None: every row)."""
-    lo, hi = torch.aminmax(gc.view(gc.shape[0], -1), dim=1)      # one pass, no |G| temporary
+    # amax and amin: two passes without a |G| temporary, together ~4x faster than aminmax on CPU
+    flat = gc.view(gc.shape[0], -1)
+    lo, hi = flat.amin(1), flat.amax(1)
     bad = torch.maximum(hi, -lo) > factored_bound(gc.dtype)         # [R]
     n_bad = int(bad.sum())
     if n_bad == 0:
@@ -279,6 +281,14 @@ def _split_rows(gc: Tensor) -> tuple[Tensor | None, Tensor | None]:
     if n_bad == bad.numel():
         return gc.new_empty(0, dtype=torch.long), None
     return (~bad).nonzero()[:, 0], bad.nonzero()[:, 0]
+
+
+def _reverse_cumsum_(x: Tensor) -> Tensor:
+    """In place, x_j <- sum_{i >= j} x_i along dim 1 of x [R, C, F]: C - 1 slice adds, which is ~3x
+    faster on CPU than flip / cumsum / flip (two [R, C, F] copies)."""
+    for j in range(x.shape[1] - 2, -1, -1):
+        x[:, j].add_(x[:, j + 1])
+    return x
 
 
 def _rows(x: Tensor, idx: Tensor | None) -> Tensor:
@@ -386,12 +396,12 @@ class _ChunkedGLA(torch.autograd.Function):
                             full.index_copy_(0, idx, part)
             if want_dg:
                 # chunk end: dGamma = rowsum(S_{n+1} ⊙ dS_{n+1}) (write and state decay both scale by e^Gamma)
-                dgamma = (sbuf[1:] * dbuf[1:]).sum(-1).view(rows, dk)   # [R, K]
+                dgamma = torch.einsum("...kv,...kv->...k", sbuf[1:], dbuf[1:]).reshape(rows, dk)  # [R, K]
                 if kind == _PER_HEAD:
                     dgc, dgamma = dgc.sum(-1, keepdim=True), dgamma.sum(-1, keepdim=True)
                 dgc[:, -1, :] += dgamma
                 # G = cumsum(g) inside the chunk: dg_j = sum_{i >= j} dG_i
-                dgc = dgc.flip(1).cumsum_(1).flip(1)
+                _reverse_cumsum_(dgc)
                 dg = _from_rows(dgc, b, t, h)
                 if kind == _PER_HEAD:
                     dg = dg[..., 0]
