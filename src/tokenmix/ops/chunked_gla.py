@@ -205,14 +205,22 @@ def _safe_score_grads(da: Tensor, q: Tensor, k: Tensor, decays: list, kind: str)
 #             state), delta = the chunk's own write decayed to the chunk end [r, K, V], saved tensors;
 #   backward: dqs, dk, dv (and dG = qs ⊙ dqs - k ⊙ dk) of the rows, given dO, the gradient d_next of
 #             the state leaving each chunk and the state entering it.
-def _fast_forward(qs, k, v, gc):
-    """Factored form; |G| <= factored_bound on these rows."""
+def _fast_forward(qs, k, v, gc, own=False, delta_out=None):
+    """Factored form; |G| <= factored_bound on these rows.
+
+    ``own``: qs and k are this call's own row copies, not needed afterwards, so they are scaled in
+    place into q_in and k_t (saving two [r, C, K] allocations); ``delta_out`` [r, K, V]: where the
+    chunk writes go (the state buffer), instead of a new tensor.
+    """
     e_g = gc.exp()                       # [r, C, K|1]
     e_ng = e_g.reciprocal()              # exp(-G), normal by the bound
-    q_in, k_t = qs * e_g, k * e_ng       # qs ⊙ e^G, k ⊙ e^-G
+    if own:
+        q_in, k_t = qs.mul_(e_g), k.mul_(e_ng)
+    else:
+        q_in, k_t = qs * e_g, k * e_ng   # qs ⊙ e^G, k ⊙ e^-G
     a = torch.bmm(q_in, k_t.transpose(1, 2)).tril_()
     e_gamma = e_g[:, -1:, :].transpose(1, 2)  # [r, K|1, 1]: decay across the whole chunk
-    delta = torch.bmm(k_t.transpose(1, 2), v).mul_(e_gamma)  # (k ⊙ e^(Gamma - G))ᵀ v
+    delta = torch.bmm(k_t.transpose(1, 2), v, out=delta_out).mul_(e_gamma)  # (k ⊙ e^(Gamma - G))ᵀ v
     return a, q_in, delta, (q_in, k_t, e_g, e_ng, e_gamma)
 
 
@@ -248,9 +256,9 @@ def _safe_backward(do, v, a, d_next, starts, saved, kind, want_dg):
     return dq, dk, dv, dg
 
 
-def _none_forward(qs, k, v):
+def _none_forward(qs, k, v, delta_out=None):
     a = torch.bmm(qs, k.transpose(1, 2)).tril_()
-    return a, qs, torch.bmm(k.transpose(1, 2), v)
+    return a, qs, torch.bmm(k.transpose(1, 2), v, out=delta_out)
 
 
 def _none_backward(do, qs, k, v, a, d_next, starts):
@@ -263,7 +271,9 @@ def _none_backward(do, qs, k, v, a, d_next, starts):
 
 def _split_rows(gc: Tensor) -> tuple[Tensor | None, Tensor | None]:
     """Indices of the chunk rows for the factored and the safe form (None: every row)."""
-    lo, hi = torch.aminmax(gc.view(gc.shape[0], -1), dim=1)      # one pass, no |G| temporary
+    # amax and amin: two passes without a |G| temporary, together ~4x faster than aminmax on CPU
+    flat = gc.view(gc.shape[0], -1)
+    lo, hi = flat.amin(1), flat.amax(1)
     bad = torch.maximum(hi, -lo) > factored_bound(gc.dtype)         # [R]
     n_bad = int(bad.sum())
     if n_bad == 0:
@@ -271,6 +281,14 @@ def _split_rows(gc: Tensor) -> tuple[Tensor | None, Tensor | None]:
     if n_bad == bad.numel():
         return gc.new_empty(0, dtype=torch.long), None
     return (~bad).nonzero()[:, 0], bad.nonzero()[:, 0]
+
+
+def _reverse_cumsum_(x: Tensor) -> Tensor:
+    """In place, x_j <- sum_{i >= j} x_i along dim 1 of x [R, C, F]: C - 1 slice adds, which is ~3x
+    faster on CPU than flip / cumsum / flip (two [R, C, F] copies)."""
+    for j in range(x.shape[1] - 2, -1, -1):
+        x[:, j].add_(x[:, j + 1])
+    return x
 
 
 def _rows(x: Tensor, idx: Tensor | None) -> Tensor:
@@ -291,15 +309,19 @@ class _ChunkedGLA(torch.autograd.Function):
         sbuf = q.new_empty(n + 1, b * h, dk, dv)
         sbuf[0] = 0 if s0 is None else s0.reshape(b * h, dk, dv)
         decay = None
+        # the chunk writes go straight into sbuf[1:] where one form covers every row
+        writes = sbuf[1:].view(rows, dk, dv)
         if kind == _NONE:
-            a, q_in, delta = _none_forward(qs, kc, vc)
+            a, q_in, delta = _none_forward(qs, kc, vc, writes)
             saved = ()
         else:
             gl = g if kind == _PER_KEY else g[..., None]
             gc = _to_rows(gl, n, chunk).cumsum_(1)                     # [R, C, K|1], G inside each chunk
             fast, safe = _split_rows(gc)
             parts = []
-            if fast is None or fast.numel():
+            if fast is None:  # every row factored: qs and kc become q_in and k_t in place
+                parts.append(("fast", None, _fast_forward(qs, kc, vc, gc, own=True, delta_out=writes)))
+            elif fast.numel():
                 parts.append(("fast", fast, _fast_forward(_rows(qs, fast), _rows(kc, fast), _rows(vc, fast),
                                                          _rows(gc, fast))))
             if safe is None or safe.numel():
@@ -316,7 +338,8 @@ class _ChunkedGLA(torch.autograd.Function):
                     delta.index_copy_(0, idx, d_p)
             saved = tuple((name, idx, p[3]) for name, idx, p in parts)
             decay = gc[:, -1, :].exp().view(n, b * h, -1, 1)           # [N, BH, K|1, 1]
-        sbuf[1:] = delta.view(n, b * h, dk, dv)
+        if delta.data_ptr() != writes.data_ptr():
+            writes.copy_(delta)
         # the only sequential part: T / C steps on [K, V] (a loop of small adds is much faster than
         # a cumulative sum along the outer axis)
         for i in range(n):
@@ -373,12 +396,12 @@ class _ChunkedGLA(torch.autograd.Function):
                             full.index_copy_(0, idx, part)
             if want_dg:
                 # chunk end: dGamma = rowsum(S_{n+1} ⊙ dS_{n+1}) (write and state decay both scale by e^Gamma)
-                dgamma = (sbuf[1:] * dbuf[1:]).sum(-1).view(rows, dk)   # [R, K]
+                dgamma = torch.einsum("...kv,...kv->...k", sbuf[1:], dbuf[1:]).reshape(rows, dk)  # [R, K]
                 if kind == _PER_HEAD:
                     dgc, dgamma = dgc.sum(-1, keepdim=True), dgamma.sum(-1, keepdim=True)
                 dgc[:, -1, :] += dgamma
                 # G = cumsum(g) inside the chunk: dg_j = sum_{i >= j} dG_i
-                dgc = dgc.flip(1).cumsum_(1).flip(1)
+                _reverse_cumsum_(dgc)
                 dg = _from_rows(dgc, b, t, h)
                 if kind == _PER_HEAD:
                     dg = dg[..., 0]

@@ -36,31 +36,49 @@ from torch.autograd.function import once_differentiable
 from tokenmix.ops.chunked_gla import chunked_gla, factored_bound
 
 
-def _rows(x: Tensor, n: int, c: int) -> Tensor:
-    """[B, T, F] -> [N * B, C, F], chunk-major rows, zero-padded at the end of time (one copy)."""
+def _rows(x: Tensor, n: int, c: int, mult: Tensor | None = None) -> Tensor:
+    """[B, T, F] -> [N * B, C, F], chunk-major rows, zero-padded at the end of time (one pass).
+
+    With ``mult`` [N * B, C, M] (F = M P), each row's M groups of P channels are multiplied by it
+    while copying: the per-head decay factors of the SSD are applied in the same pass as the layout
+    change, so no second [R, C, H P] tensor is allocated and written.
+    """
     b, t, f = x.shape
     full = t // c
     out = x.new_empty(n, b, c, f)
     if full:
-        out[:full].copy_(x[:, : full * c].view(b, full, c, f).transpose(0, 1))
+        _copy(out[:full], x[:, : full * c].view(b, full, c, f).transpose(0, 1),
+              None if mult is None else mult.view(n, b, c, -1)[:full])
     if full < n:  # padded tokens have B = C = x = g = 0: they neither write, read nor decay the state
         out[full].zero_()
-        out[full, :, : t - full * c].copy_(x[:, full * c :])
+        _copy(out[full, :, : t - full * c], x[:, full * c :],
+              None if mult is None else mult.view(n, b, c, -1)[full, :, : t - full * c])
     return out.view(n * b, c, f)
 
 
-def _unrows(x: Tensor, b: int, t: int) -> Tensor:
-    """[N * B, C, F] chunk-major rows -> [B, T, F] (padding dropped, one copy, contiguous)."""
+def _unrows(x: Tensor, b: int, t: int, mult: Tensor | None = None) -> Tensor:
+    """[N * B, C, F] chunk-major rows -> [B, T, F] (padding dropped, one pass, contiguous), times
+    ``mult`` [N * B, C, M] per group of F / M channels if given (as in ``_rows``)."""
     r, c, f = x.shape
     n = r // b
     full = t // c
     src = x.view(n, b, c, f)
+    mv = None if mult is None else mult.view(n, b, c, -1)
     out = x.new_empty(b, t, f)
     if full:
-        out[:, : full * c].view(b, full, c, f).copy_(src[:full].transpose(0, 1))
+        _copy(out[:, : full * c].view(b, full, c, f).transpose(0, 1), src[:full], None if mv is None else mv[:full])
     if full < n:
-        out[:, full * c :].copy_(src[full, :, : t - full * c])
+        _copy(out[:, full * c :], src[full, :, : t - full * c], None if mv is None else mv[full, :, : t - full * c])
     return out
+
+
+def _copy(dst: Tensor, src: Tensor, mult: Tensor | None) -> None:
+    """dst = src (times mult [.., M] broadcast over the F / M channels of each group)."""
+    if mult is None:
+        dst.copy_(src)
+    else:
+        m = mult.shape[-1]
+        torch.mul(src.unflatten(-1, (m, -1)), mult[..., None], out=dst.unflatten(-1, (m, -1)))
 
 
 def _chunk_log_decay(g: Tensor, n: int, c: int) -> Tensor:
@@ -79,13 +97,13 @@ class _ChunkedSSD(torch.autograd.Function):
         qs = _rows(cq, n, chunk)
         if scale != 1.0:
             qs.mul_(scale)                                     # scale folded into C once
-        kb, xr = _rows(bk, n, chunk), _rows(x.reshape(bsz, t, hp), n, chunk)    # [R, C, N], [R, C, H P]
+        kb = _rows(bk, n, chunk)                              # [R, C, N]
         gc = _chunk_log_decay(g, n, chunk)                     # [R, C, H]
         gmin, gmax = torch.aminmax(gc, dim=1)                  # [R, H]
         ref = (gmin + gmax).mul_(0.5)[:, None, :]              # midpoint of each head's range, [R, 1, H]
         e_q = (gc - ref).exp_()                                # [R, C, H], within e^{±span/2}
         e_k = e_q.reciprocal()
-        xt = (xr.view(rows, chunk, h, p) * e_k[..., None]).view(rows, chunk, hp)   # e^{r - G} ⊙ x
+        xt = _rows(x.reshape(bsz, t, hp), n, chunk, e_k)      # e^{r - G} ⊙ x [R, C, H P], in the layout copy
         m = torch.bmm(qs, kb.transpose(1, 2)).tril_()           # [R, C, C], shared by the heads
         gamma = gc[:, -1, :]                                    # [R, H]
         w_out = (gamma - ref[:, 0]).exp_()                      # e^{Gamma - r}: x̃ written to the chunk end
@@ -100,24 +118,24 @@ class _ChunkedSSD(torch.autograd.Function):
         e_ref = ref[:, 0].exp()                                 # [R, H]
         st = (sbuf[:n].view(rows, nd, h, p) * e_ref[:, None, :, None]).view(rows, nd, hp)  # e^{r} S
         z = torch.bmm(m, xt).baddbmm_(qs, st)                   # [R, C, H P]
-        o = (z.view(rows, chunk, h, p) * e_q[..., None]).view(rows, chunk, hp)
-        ctx.save_for_backward(qs, kb, xt, m, st, o, sbuf, e_q, e_k, e_ref, w_out, decay)
+        # z, not o = e^{G - r} ⊙ z, is saved: the backward's rowsum_P(dO ⊙ o) equals rowsum_P(dZ ⊙ z),
+        # so o only exists in the output layout, scaled during the copy
+        ctx.save_for_backward(qs, kb, xt, m, st, z, sbuf, e_q, e_k, e_ref, w_out, decay)
         ctx.meta = (scale, bsz, t, h, p, s0 is not None)
         final = sbuf[n].view(bsz, nd, h, p).permute(0, 2, 1, 3).contiguous()
-        return _unrows(o, bsz, t).view(bsz, t, h, p), final
+        return _unrows(z, bsz, t, e_q).view(bsz, t, h, p), final
 
     @staticmethod
     @once_differentiable
     def backward(ctx, d_o, d_s):
-        qs, kb, xt, m, st, o, sbuf, e_q, e_k, e_ref, w_out, decay = ctx.saved_tensors
+        qs, kb, xt, m, st, z, sbuf, e_q, e_k, e_ref, w_out, decay = ctx.saved_tensors
         scale, bsz, t, h, p, has_s0 = ctx.meta
         rows, chunk, nd = qs.shape
         hp = h * p
         n = rows // bsz
-        do = _rows(d_o.reshape(bsz, t, hp), n, chunk)
-        # rowsum_P(dO ⊙ o) [R, C, H]; einsum contracts without a [R, C, H P] temporary
-        dgq = torch.einsum("rchp,rchp->rch", do.view(rows, chunk, h, p), o.view(rows, chunk, h, p))
-        dz = (do.view(rows, chunk, h, p).mul_(e_q[..., None])).view(rows, chunk, hp)   # in place: do is ours
+        dz = _rows(d_o.reshape(bsz, t, hp), n, chunk, e_q)   # dZ = e^{G - r} ⊙ dO, in the layout copy
+        # rowsum_P(dO ⊙ o) = rowsum_P(dZ ⊙ z) [R, C, H]; einsum contracts without a [R, C, H P] temporary
+        dgq = torch.einsum("rchp,rchp->rch", dz.view(rows, chunk, h, p), z.view(rows, chunk, h, p))
         # reverse carry over [N, H P] states: dbuf[i] = dL/dS_i (dbuf[N] = dS_T)
         dbuf = torch.empty_like(sbuf)
         dbuf[n] = 0 if d_s is None else d_s.permute(0, 2, 1, 3).reshape(bsz, nd, hp)
@@ -136,11 +154,10 @@ class _ChunkedSSD(torch.autograd.Function):
             dgc = dgq.sub_(torch.einsum("rchp,rchp->rch", dxt.view(rows, chunk, h, p), xt.view(rows, chunk, h, p)))
             dgc[:, -1, :] += (sbuf[1:] * dbuf[1:]).view(rows, nd, h, p).sum((1, 3))  # rowsum(S' ⊙ dS')
             dg = _unrows(dgc.flip(1).cumsum_(1).flip(1), bsz, t)   # G = cumsum(g) inside the chunk
-        dx = (dxt.view(rows, chunk, h, p).mul_(e_k[..., None])).view(rows, chunk, hp)
         if scale != 1.0:
             dq.mul_(scale)
         ds0 = dbuf[0].view(bsz, nd, h, p).permute(0, 2, 1, 3) if has_s0 else None
-        return (_unrows(dq, bsz, t), _unrows(dk, bsz, t), _unrows(dx, bsz, t).view(bsz, t, h, p), dg, ds0,
+        return (_unrows(dq, bsz, t), _unrows(dk, bsz, t), _unrows(dxt, bsz, t, e_k).view(bsz, t, h, p), dg, ds0,
                 None, None)
 
 
