@@ -205,5 +205,7 @@ class GatedLinearMixer(Mixer):
         return self.state_heads * self.key_dim * self.value_dim  # S [K, V] per head, whatever n
 
     def flops_per_token(self, n: int) -> int:
-        # the rank-1 write k_t v_tᵀ and the read S_tᵀ q_t, plus the decay of S when there is one
-        return (3 if self.has_decay else 2) * self.state_heads * self.key_dim * self.value_dim
+        # the rank-1 write k_t v_tᵀ and the read S_tᵀ q_t (a multiply-add per state entry each), plus
+        # the decay of S when there is one: a multiply per entry, i.e. half a multiply-add
+        kv = self.state_heads * self.key_dim * self.value_dim
+        return 2 * kv + (kv // 2 if self.has_decay else 0)
