@@ -13,7 +13,7 @@ from tokenmix.core import build_mixer
 from tokenmix.mixers.gla_family import GatedLinearMixer
 from tokenmix.mixers.structured import StructuredRecurrence
 from tokenmix.models import MixerModel, ModelConfig
-from tokenmix.models.model import RMSNorm
+from tokenmix.models.model import Linear, RMSNorm
 from tolerances import FLOAT64_EXACT, assert_close
 
 PADDINGS = {"unpadded": None, "padded": [0, 5, 17]}
@@ -134,3 +134,49 @@ def test_model_refuses_out_of_range_token_ids():
         with pytest.raises(ValueError, match="out of range"):
             model(torch.tensor([[0, bad]]))
     model(torch.tensor([[0, 15]]))
+
+
+def test_model_linear_transposed_weight_follows_weight_updates():
+    torch.manual_seed(4)
+    model = MixerModel(ModelConfig(vocab_size=32, d_model=16, layers=("attention", "pow2", "mamba2"), n_heads=2))
+    assert all(type(m) is Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
+    lin = model.blocks[0].mlp.up
+    x = torch.randn(1, 1, 16)
+    with torch.no_grad():
+        assert_close(lin(x), torch.nn.functional.linear(x, lin.weight), 1e-6, "transposed product")
+        lin.weight.mul_(2.0)  # an in-place update (an optimizer step): the kept copy is remade
+        assert_close(lin(x), torch.nn.functional.linear(x, lin.weight), 1e-6, "after an in-place update")
+    assert "up.weight" in dict(model.blocks[0].mlp.named_parameters()) and not any(
+        "_kept" in k for k in model.state_dict())
+
+
+def test_fixed_distance_step_leaves_a_tracked_cache_to_autograd(fixed_steps):
+    """Frozen weights, a prefill whose input requires grad: the cache is tracked, so the steps
+    after it take the general (recorded) step, and gradients reach the prefill through them."""
+    torch.manual_seed(5)
+    m = build_mixer("pow2", 16, n_heads=2).double().requires_grad_(False)
+    x = torch.randn(1, 12, 16, dtype=torch.float64)
+    prompt = x[:, :9].clone().requires_grad_(True)
+    _, state = m(prompt)
+    ys = []
+    for i in range(9, 12):
+        y_t, state = m.step(x[:, i], state)
+        ys.append(y_t)
+    assert fixed_steps["taken"] == 0
+    full, _ = m(x)
+    assert_close(torch.stack(ys, 1).detach(), full[:, 9:], FLOAT64_EXACT, "steps after a tracked prefill")
+    (grad,) = torch.autograd.grad(torch.stack(ys, 1).sum(), prompt)
+    assert grad.abs().sum() > 0
+
+
+def test_mamba2_decode_without_autograd_follows_parameter_updates():
+    torch.manual_seed(6)
+    m = build_mixer("mamba2", 16, n_heads=2, state_dim=4).double()
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(2):  # the second time after an in-place update of A_log (the kept -exp(A_log) is remade)
+            y, s = _decode(m, x, None, prefill=5)
+            y_ref, s_ref = GatedLinearMixer.forward_recurrent(m, x, m.init_state(2, dtype=x.dtype))
+            assert_close(y, y_ref, FLOAT64_EXACT, "mamba2 no-grad outputs")
+            assert_close(s.memory, s_ref.memory, FLOAT64_EXACT, "mamba2 no-grad state")
+            m.A_log.add_(0.5)

@@ -109,7 +109,7 @@ class Mamba2(GatedLinearMixer):
         xs, bs, cs, dt = self.in_proj(x).split([h * p, n, n, h], dim=-1)
         xs = xs.view(b, t, h, p)
         dt = F.softplus(dt + self.dt_bias)                 # [B, T, H]
-        decay = torch.mul(dt, self.A_log.exp()).neg_().exp_()  # a_t = exp(-dt_t exp(A_log)) [B, T, H]
+        decay = torch.mul(dt, self._minus_a()).exp_()      # a_t = exp(-dt_t exp(A_log)) [B, T, H]
         v = xs * dt.unsqueeze(-1)                          # x·dt [B, T, H, P]
         # per token, shaped to broadcast against S [B, H, N, P]: a_t [B, H, 1, 1], B_t and C_t
         # [B, 1, N, 1], v_t [B, H, 1, P]; unbound once (as recurrent_gla: indexing token i would make
@@ -124,11 +124,25 @@ class Mamba2(GatedLinearMixer):
             state.observe()
             memory = torch.addcmul(state.memory * a_t, b_t, v_t)  # S_t = a_t S_{t-1} + B_t (dt_t x_t)ᵀ
             outs.append((memory * c_t).sum(2))             # o_t = S_tᵀ C_t [B, H, P]
-            state = self._next_state(state, memory, 1, b)
+            # (state.owner: the same string as self.owner, which formats the config on every call)
+            state = MatrixState(state.owner, b, state.position + 1, memory).carry_over(state)
         o = outs[0].unsqueeze(1) if t == 1 else torch.stack(outs, 1)  # [B, T, H, P]
         if self.D is not None:
             o = torch.addcmul(o, self.D.view(h, 1), xs)    # + D_h x_t
         return self.out(o.flatten(2)), state
+
+    def _minus_a(self) -> Tensor:
+        """-exp(A_log) [H], the continuous-time decay rates (negated). Without autograd it is kept
+        from one decode step to the next, remade when A_log changes (another tensor or an in-place
+        update): two tensor ops fewer per token, the same values."""
+        a_log = self.A_log
+        if torch.is_grad_enabled() or a_log.is_inference():
+            return a_log.exp().neg()
+        key = (a_log.data_ptr(), a_log._version)
+        kept = self.__dict__.get("_kept_minus_a")
+        if kept is None or kept[0] != key:
+            kept = self.__dict__["_kept_minus_a"] = (key, a_log.exp().neg())
+        return kept[1]
 
     def _features(self, x: Tensor) -> LinearFeatures:
         """q = C, k = B [B, T, H, N] (shared by the heads), v = x·dt [B, T, H, P], g = log a [B, T, H]."""

@@ -15,7 +15,9 @@ neighbour scores from shifted / strided slices; patterns that read every one of 
 M >= C positions -- the dense pattern -- take the matmul path ``chunked_window_softmax``),
 ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token by token with a
 cache that evicts a position as soon as no later token reads it; a step gathers only the
-|N(t)| neighbours and appends to preallocated storage, O(|N(t)| K) whatever the cache size).
+|N(t)| neighbours and appends to preallocated storage, O(|N(t)| K) whatever the cache size;
+without autograd, translation-invariant patterns with score softmaxes read their neighbours at
+fixed distances back in the storage, a few tensor ops per token: ``_fixed_distance_step``).
 
 Left padding (mixers/base.py). A solo run excludes the nonexistent neighbours of t < f(k) from the
 normalisation. Translation-invariant patterns (N(t) = {t - f(k)}: every row of a padded batch reads
@@ -285,7 +287,8 @@ class StructuredRecurrence(Mixer):
             state.observe()
             pos = state.position
             if fixed:
-                token = qkv.view(b, 3, self.n_heads, self.head_dim) if t == 1 else qkv.select(1, s)
+                # q, k, v of token s as [B, 1, H, K], the shape they broadcast and are stored in
+                token = qkv.view(b, 3, 1, self.n_heads, self.head_dim) if t == 1 else qkv[:, s : s + 1].transpose(1, 2)
                 stepped = self._fixed_distance_step(*token.unbind(1), state)
                 if stepped is not None:
                     y_t, state = stepped
@@ -304,9 +307,9 @@ class StructuredRecurrence(Mixer):
             alpha, beta = self._coefficients(x[:, s : s + 1], q[:, s : s + 1], k[:, s : s + 1],
                                              s_nb[:, None] if self.gates is None else None, valid[..., None, :])
             y_t = alpha[:, 0, :, None] * v[:, s] + torch.einsum("bhw,bwhv->bhv", beta[:, 0], y_nb)
-            ys.append(y_t)
+            ys.append(y_t[:, None])
             state = self._extend(state, k[:, s : s + 1], y_t[:, None], pos + 1)
-        y = ys[0].unsqueeze(1) if t == 1 else torch.stack(ys, 1)  # [B, T, H, V]
+        y = ys[0] if t == 1 else torch.cat(ys, 1)  # [B, T, H, V]
         return self.out(y.flatten(2)), state
 
     def _step_offsets(self, pos: int, device) -> tuple[Tensor, int]:
@@ -324,12 +327,12 @@ class StructuredRecurrence(Mixer):
         """One token of a translation-invariant pattern with score-softmax coefficients.
 
         Args:
-            q_t, k_t, v_t: [B, H, K] projections of the token at position ``state.position``.
+            q_t, k_t, v_t: [B, 1, H, K] projections of the token at position ``state.position``.
             state: its cache; the caller checked that no autograd op is recorded.
         Returns:
-            (y_t [B, H, V], next cache), or None where this step does not apply (a cache that
-            is not the contiguous suffix of positions, or neighbours in a row's padding): the
-            general step then runs.
+            (y_t [B, 1, H, V], next cache), or None where this step does not apply (a cache that
+            is not the contiguous suffix of positions, a tracked one, or neighbours in a row's
+            padding): the general step then runs.
 
         N(t) = {t - f(k)} is a set of fixed distances, and a contiguous cache holds position j
         in storage slot at - (t - j), at the slot of t itself: the neighbours' slots are at minus
@@ -344,18 +347,20 @@ class StructuredRecurrence(Mixer):
             return None
         if state.start is not None and reach and pos - reach < state.max_start:
             return None  # some row's neighbours include its padding: the general step masks them
+        if torch.is_grad_enabled() and any(z.requires_grad for z in state.buffers()):
+            return None  # a cache that autograd tracks (from a recorded prefill) takes the general step
         state, at = state.next_slot()
         keys, values = state.buffers()  # [B, cap, H, K], [B, cap, H, V]
-        keys.select(1, at).copy_(k_t)
-        values.select(1, at).copy_(v_t)
+        keys[:, at : at + 1] = k_t
+        values[:, at : at + 1] = v_t
         slots = at - offsets  # [W + 1]: t, t - f(0), t - f(1), ...
         k_read = keys.index_select(1, slots)  # [B, W + 1, H, K]
         y_read = values.index_select(1, slots)  # [B, W + 1, H, V], slot 0 = v_t
         # (in place on the gathered copies: no allocations, the same values)
-        logits = k_read.mul_(q_t.unsqueeze(1)).sum(-1).div_(math.sqrt(self.head_dim))  # [B, W + 1, H]
+        logits = k_read.mul_(q_t).sum(-1, keepdim=True).div_(math.sqrt(self.head_dim))  # [B, W + 1, H, 1]
         coef = torch.softmax(logits, 1)  # alpha = coef[:, 0], beta = coef[:, 1:]
         # y_t = alpha v_t + sum_w beta_w y_w, summed straight into slot at (the entry the cache keeps)
-        y_t = torch.sum(y_read.mul_(coef.unsqueeze(-1)), 1, out=values.select(1, at))  # [B, H, V]
+        y_t = torch.sum(y_read.mul_(coef), 1, keepdim=True, out=values[:, at : at + 1])  # [B, 1, H, V]
         return y_t, state.advanced(at, self.pattern.needed_from(pos + 1))
 
     # ---------------------------------------------------------------- surface

@@ -132,16 +132,17 @@ class Linear(nn.Linear):
     rows_transposed = 8  # up to this many rows (B * T) take the transposed weight
 
     def forward(self, x: Tensor) -> Tensor:
-        if torch.is_grad_enabled() or x.numel() > self.rows_transposed * self.in_features:
-            return super().forward(x)
-        rows = x.reshape(-1, self.in_features)
-        wt = self._transposed_weight()  # [in, out]
-        y = rows @ wt if self.bias is None else torch.addmm(self.bias, rows, wt)
-        return y.view(*x.shape[:-1], self.out_features)
+        w, bias = self.weight, self.bias
+        if (torch.is_grad_enabled() or x.numel() > self.rows_transposed * self.in_features
+                or w.is_inference()):  # (an inference tensor's in-place updates cannot be seen)
+            return F.linear(x, w, bias)
+        wt = self._transposed(w)  # [in, out]
+        if bias is None:
+            return x @ wt  # [..., out]: one call, the row folding inside matmul
+        return torch.addmm(bias, x.reshape(-1, self.in_features), wt).view(*x.shape[:-1], self.out_features)
 
-    def _transposed_weight(self) -> Tensor:
-        w = self.weight
-        key = (w.data_ptr(), w.dtype, w.device, -1 if w.is_inference() else w._version)
+    def _transposed(self, w: Tensor) -> Tensor:
+        key = (w.data_ptr(), w.dtype, w.device, w._version)
         kept = self.__dict__.get("_kept_transpose")
         if kept is None or kept[0] != key:
             kept = self.__dict__["_kept_transpose"] = (key, w.detach().t().contiguous())
