@@ -18,6 +18,11 @@ equals that row run alone::
     states = model.init_states(len(prompts), start=start)
     logits, states = model(ids, states)                       # prefill: logits[:, -1] is each row's next-token
     next_logits, states = model.step(next_ids, states)        # decode, one token per row
+
+Decode without autograd: every linear layer (mixers' included) multiplies its few rows by a kept
+transposed copy of its weight (``Linear``) and the norms run written out (``RMSNorm``): at batch 1
+a step is matrix-vector products and per-op overhead, and both are cheaper so; same numbers up to
+rounding (bitwise, for the norms).
 """
 from __future__ import annotations
 
