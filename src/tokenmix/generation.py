@@ -98,7 +98,6 @@ def prefill(model, ids: Tensor, states: list[MixerState] | None = None) -> tuple
     return model(ids, states)
 
 
-@torch.no_grad()
 def generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] | None = None,
                    on_token: Callable[[int, int], None] | None = None, start: Tensor | None = None) -> Tensor:
     """Continue prompts [B, T] (T >= 1) by up to ``cfg.max_new_tokens`` tokens.
@@ -108,6 +107,16 @@ def generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] 
     hit ``stop_token`` are padded with it). ``on_token(row, token_id)`` is called as each token is
     chosen (streaming).
     """
+    # inference mode (no version counters or autograd bookkeeping: a decode step is mostly such
+    # per-op overhead at small batch); the ids are cloned out of it, as inference tensors refuse
+    # in-place use outside inference mode
+    with torch.inference_mode():
+        new = _generate_batch(model, prompt, cfg, seeds, on_token, start)
+    return new.clone()
+
+
+def _generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] | None,
+                    on_token: Callable[[int, int], None] | None, start: Tensor | None) -> Tensor:
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise ValueError(f"prompt ids must be [B, T] with T >= 1, got {tuple(prompt.shape)}")
     b = prompt.shape[0]

@@ -31,6 +31,7 @@ diagonal SSM's own chunked scan does both with Delta = 0.)
 """
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
 from typing import Callable, NamedTuple
 
@@ -68,6 +69,10 @@ class MatrixState(MixerState):
 
     def tensors(self) -> dict[str, Tensor]:
         return {"memory": self.memory}
+
+    def numel_per_batch(self) -> int:
+        # from the shape: ``observe`` calls this before every decoded token
+        return math.prod(self.memory.shape[1:])
 
 
 def state_view_operator(f: LinearFeatures) -> MixOperator:

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.registry import register_mixer
 from tokenmix.mixers.base import MixerConfig
-from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
 from tokenmix.ops.chunked_ssd import chunked_ssd
 
 
@@ -93,6 +93,56 @@ class Mamba2(GatedLinearMixer):
         leaves = tuple(z.detach().requires_grad_(z.requires_grad) for z in (f.q[:, :, 0], f.k[:, :, 0], f.v, f.g))
         scale, chunk = f.scale, self.config.chunk_size
         return (lambda c, b, v, g: chunked_ssd(c, b, v, g, scale, None, chunk)), leaves
+
+    def forward_recurrent(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
+        """Token by token, the family's recurrence (ops/recurrent_gla.gla_step) written for one
+        shared B_t, C_t: they broadcast over the heads instead of being expanded to [B, T, H, N],
+        and the readout S_tᵀ C_t is a broadcast product and sum, where gla_step's einsum would copy
+        the expanded C_t. Same numbers up to rounding; segments with padding tokens take the
+        family's masked path.
+        """
+        b, t, _ = x.shape
+        if state is not None and state.padding(t) is not None:
+            return super().forward_recurrent(x, state)
+        state = self.empty_state(b, x.device, x.dtype) if state is None else state
+        h, p, n = self.n_heads, self.head_dim, self.config.state_dim
+        xs, bs, cs, dt = self.in_proj(x).split([h * p, n, n, h], dim=-1)
+        xs = xs.view(b, t, h, p)
+        dt = F.softplus(dt + self.dt_bias)                 # [B, T, H]
+        decay = torch.mul(dt, self._minus_a()).exp_()      # a_t = exp(-dt_t exp(A_log)) [B, T, H]
+        v = xs * dt.unsqueeze(-1)                          # x·dt [B, T, H, P]
+        # per token, shaped to broadcast against S [B, H, N, P]: a_t [B, H, 1, 1], B_t and C_t
+        # [B, 1, N, 1], v_t [B, H, 1, P]; unbound once (as recurrent_gla: indexing token i would make
+        # autograd scatter each token's gradient into a full-size zero tensor), a view for one token
+        shapes = ((decay, (h, 1, 1)), (bs, (1, n, 1)), (cs, (1, n, 1)), (v, (h, 1, p)))
+        if t == 1:
+            tokens = [tuple(z.view(b, *shape) for z, shape in shapes)]
+        else:
+            tokens = zip(*(z.reshape(b, t, *shape).unbind(1) for z, shape in shapes))
+        outs = []
+        for a_t, b_t, c_t, v_t in tokens:
+            state.observe()
+            memory = torch.addcmul(state.memory * a_t, b_t, v_t)  # S_t = a_t S_{t-1} + B_t (dt_t x_t)ᵀ
+            outs.append((memory * c_t).sum(2))             # o_t = S_tᵀ C_t [B, H, P]
+            # (state.owner: the same string as self.owner, which formats the config on every call)
+            state = MatrixState(state.owner, b, state.position + 1, memory).carry_over(state)
+        o = outs[0].unsqueeze(1) if t == 1 else torch.stack(outs, 1)  # [B, T, H, P]
+        if self.D is not None:
+            o = torch.addcmul(o, self.D.view(h, 1), xs)    # + D_h x_t
+        return self.out(o.flatten(2)), state
+
+    def _minus_a(self) -> Tensor:
+        """-exp(A_log) [H], the continuous-time decay rates (negated). Without autograd it is kept
+        from one decode step to the next, remade when A_log changes (another tensor or an in-place
+        update): two tensor ops fewer per token, the same values."""
+        a_log = self.A_log
+        if torch.is_grad_enabled() or a_log.is_inference():
+            return a_log.exp().neg()
+        key = (a_log.data_ptr(), a_log._version)
+        kept = self.__dict__.get("_kept_minus_a")
+        if kept is None or kept[0] != key:
+            kept = self.__dict__["_kept_minus_a"] = (key, a_log.exp().neg())
+        return kept[1]
 
     def _features(self, x: Tensor) -> LinearFeatures:
         """q = C, k = B [B, T, H, N] (shared by the heads), v = x·dt [B, T, H, P], g = log a [B, T, H]."""

@@ -10,6 +10,11 @@ Each call returns a new ``PatternCache``; several may share one storage. A cache
 only if it is the latest one on its storage (nothing was written after its entries); extending an
 older one (a branch) copies its entries first, so every cache returned stays valid; so does an
 append that autograd records (training through states), whose inputs a backward may still need.
+
+Single-token decode of a contiguous cache (``next_slot`` / ``advanced``): a caller that knows the
+storage slots its token reads (fixed distances back from the new slot) writes the token's entry
+straight into the storage and gathers from it, with no position lookup and no per-step tensors
+beyond the entry itself; ``extend`` stays the general path and both keep the same invariants.
 """
 from __future__ import annotations
 
@@ -28,7 +33,10 @@ def _records_grad(keys: Tensor, values: Tensor, store: "_Storage") -> bool:
 
 
 class _Storage:
-    """Shared buffers: keys [B, cap, H, K], values [B, cap, H, V], positions [cap]; ``end`` = slots written."""
+    """Shared buffers: keys [B, cap, H, K], values [B, cap, H, V], positions [cap]; ``end`` = slots written.
+
+    ``positions`` is read only by caches that are not ``contiguous`` (a contiguous cache's positions
+    follow from its position and size; ``advanced`` does not write them)."""
 
     def __init__(self, keys: Tensor, values: Tensor, positions: Tensor, end: int) -> None:
         self.keys, self.values, self.positions, self.end = keys, values, positions, end
@@ -66,9 +74,13 @@ class PatternCache(MixerState):
         position: number of tokens seen so far.
     """
 
-    def __init__(self, owner: str, batch_size: int, position: int, store: _Storage, start: int, size: int) -> None:
+    def __init__(self, owner: str, batch_size: int, position: int, store: _Storage, start: int, size: int,
+                 contiguous: bool = True) -> None:
         self.owner, self.batch_size, self.position = owner, batch_size, position
         self._store, self._start, self._size = store, start, size
+        # True when the held positions are exactly position - size .. position - 1 (every cache
+        # built by ``extend(keep_from=...)``): storage slot start + i then holds position - size + i
+        self.contiguous = contiguous
 
     @classmethod
     def empty(cls, owner: str, batch_size: int, heads: int, key_dim: int, value_dim: int, device, dtype
@@ -80,6 +92,8 @@ class PatternCache(MixerState):
 
     @property
     def positions(self) -> Tensor:
+        if self.contiguous:
+            return torch.arange(self.position - self._size, self.position)
         return self._store.positions[self._start : self._start + self._size]
 
     @property
@@ -95,6 +109,44 @@ class PatternCache(MixerState):
 
     def cached_positions(self) -> int:
         return self._size
+
+    def numel_per_batch(self) -> int:
+        # from the shapes alone: ``observe`` calls this before every decoded token, and building
+        # the ``tensors()`` views there would cost more than an append
+        keys, values = self._store.keys, self._store.values
+        return self._size * (keys.shape[2] * keys.shape[3] + values.shape[2] * values.shape[3])
+
+    def next_slot(self) -> tuple["PatternCache", int]:
+        """(cache, at): this cache, or a copy of it in fresh doubled storage, whose storage slot
+        ``at`` (right after its entries) the entry of position ``self.position`` may be written to
+        in place: nothing else holds it and no recorded autograd op reads the storage.
+
+        Only for a ``contiguous`` cache; with ``buffers`` and ``advanced`` it appends one token
+        without ``extend``'s position arithmetic (the same storage rules: append in place only to
+        the latest cache on its storage, else copy).
+        """
+        store, at = self._store, self._start + self._size
+        if store.end == at and at < store.capacity and not (
+                torch.is_grad_enabled() and (store.keys.requires_grad or store.values.requires_grad)):
+            return self, at
+        fresh = _Storage.holding([(self.keys, self.values, self.positions)], max(_MIN_CAPACITY, 2 * (self._size + 1)))
+        copy = type(self)(self.owner, self.batch_size, self.position, fresh, 0, self._size, self.contiguous)
+        return copy.carry_over(self), self._size
+
+    def buffers(self) -> tuple[Tensor, Tensor]:
+        """The whole storage: keys [B, cap, H, K], values [B, cap, H, V]; slot start + i holds
+        entry i of ``keys`` / ``values`` (``next_slot`` says which slot the next position takes)."""
+        return self._store.keys, self._store.values
+
+    def advanced(self, at: int, keep_from: int) -> "PatternCache":
+        """The cache after the caller wrote position ``self.position``'s key and value into slot
+        ``at`` of ``buffers()`` (``at`` from ``next_slot`` on this cache), holding the positions
+        >= ``keep_from``, as ``extend`` would return it."""
+        store = self._store
+        store.end = at + 1
+        drop = min(max(keep_from - (self.position - self._size), 0), self._size + 1)
+        return type(self)(self.owner, self.batch_size, self.position + 1, store, self._start + drop,
+                          self._size + 1 - drop).carry_over(self)
 
     def slots(self, wanted: Tensor) -> Tensor:
         """Indices into the cache of absolute positions ``wanted`` (any shape, -1 kept as -1)."""
@@ -121,7 +173,10 @@ class PatternCache(MixerState):
         if keep_from is None:
             return self._select(keys, values, new_pos, new_position, keep)
         # entries are sorted by position: evict the first `drop` of (held, then new)
-        drop = int(torch.searchsorted(self.positions, torch.tensor(keep_from)).item()) if self._size else 0
+        if self.contiguous:  # held: position - size .. position - 1
+            drop = min(max(keep_from - (self.position - self._size), 0), self._size)
+        else:
+            drop = int(torch.searchsorted(self.positions, torch.tensor(keep_from)).item()) if self._size else 0
         if n and keep_from > self.position:
             drop = self._size + min(n, keep_from - self.position)
         size = self._size + n - drop
@@ -139,7 +194,8 @@ class PatternCache(MixerState):
             store = _Storage.holding([(self.keys[:, hold], self.values[:, hold], self.positions[hold]),
                                       (keys[:, new], values[:, new], new_pos[new])], max(_MIN_CAPACITY, 2 * size))
             start = 0
-        return type(self)(self.owner, self.batch_size, new_position, store, start, size).carry_over(self)
+        return type(self)(self.owner, self.batch_size, new_position, store, start, size,
+                          contiguous=self.contiguous or self._size == 0).carry_over(self)
 
     def _select(self, keys: Tensor, values: Tensor, new_pos: Tensor, new_position: int, keep: list[int]
                 ) -> "PatternCache":
@@ -147,4 +203,5 @@ class PatternCache(MixerState):
         slot = torch.searchsorted(all_pos, torch.as_tensor(keep, dtype=torch.long))
         kept = (torch.cat([self.keys, keys], 1)[:, slot], torch.cat([self.values, values], 1)[:, slot], all_pos[slot])
         store = _Storage.holding([kept], max(_MIN_CAPACITY, len(keep)))
-        return type(self)(self.owner, self.batch_size, new_position, store, 0, len(keep)).carry_over(self)
+        return type(self)(self.owner, self.batch_size, new_position, store, 0, len(keep),
+                          contiguous=False).carry_over(self)

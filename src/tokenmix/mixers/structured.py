@@ -15,7 +15,9 @@ neighbour scores from shifted / strided slices; patterns that read every one of 
 M >= C positions -- the dense pattern -- take the matmul path ``chunked_window_softmax``),
 ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token by token with a
 cache that evicts a position as soon as no later token reads it; a step gathers only the
-|N(t)| neighbours and appends to preallocated storage, O(|N(t)| K) whatever the cache size).
+|N(t)| neighbours and appends to preallocated storage, O(|N(t)| K) whatever the cache size;
+without autograd, translation-invariant patterns with score softmaxes read their neighbours at
+fixed distances back in the storage, a few tensor ops per token: ``_fixed_distance_step``).
 
 Left padding (mixers/base.py). A solo run excludes the nonexistent neighbours of t < f(k) from the
 normalisation. Translation-invariant patterns (N(t) = {t - f(k)}: every row of a padded batch reads
@@ -113,6 +115,7 @@ class StructuredRecurrence(Mixer):
         self.out = nn.Linear(h * k, d_model, bias=False)
         self.gates = nn.Linear(d_model, h * (config.max_levels + 1)) if config.coefficients != "softmax" else None
         self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, _LazyPlan)
+        self._offsets: tuple | None = None  # ((levels, device), step offsets) of the last step
 
     @property
     def pads_by_row_groups(self) -> bool:  # type: ignore[override]
@@ -267,15 +270,32 @@ class StructuredRecurrence(Mixer):
 
     def forward_recurrent(self, x: Tensor, state: PatternCache | None):
         """Token-by-token reference: read N(t) from the cache, write y_t, evict what no later token
-        reads. A step gathers only the |N(t)| neighbours: O(|N(t)| K), whatever the cache size."""
+        reads. A step gathers only the |N(t)| neighbours: O(|N(t)| K), whatever the cache size.
+
+        Tokens whose step ``_fixed_distance_step`` can take (translation-invariant pattern, score
+        softmax, no padding neighbour, nothing recorded by autograd) go through it: the same
+        numbers up to rounding, in a few tensor ops instead of the table lookups below."""
         b, t, _ = x.shape
         if state is None:
             state = self.empty_state(b, x.device, x.dtype)
-        q, k, v = self._project(x)
+        qkv = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim)
+        fixed = (self.gates is None and isinstance(self.pattern, TranslationInvariant)
+                 and not (torch.is_grad_enabled() and qkv.requires_grad))
+        q = k = v = None  # [B, T, H, K] each, split off for the first token of the general step
         ys = []
         for s in range(t):
             state.observe()
             pos = state.position
+            if fixed:
+                # q, k, v of token s as [B, 1, H, K], the shape they broadcast and are stored in
+                token = qkv.view(b, 3, 1, self.n_heads, self.head_dim) if t == 1 else qkv[:, s : s + 1].transpose(1, 2)
+                stepped = self._fixed_distance_step(*token.unbind(1), state)
+                if stepped is not None:
+                    y_t, state = stepped
+                    ys.append(y_t)
+                    continue
+            if q is None:
+                q, k, v = qkv.unbind(2)
             nb = self.pattern.neighbor_table(pos, pos + 1)[0]  # [W] absolute, -1 = none
             slot = state.slots(nb).to(x.device)
             valid = slot >= 0
@@ -287,9 +307,61 @@ class StructuredRecurrence(Mixer):
             alpha, beta = self._coefficients(x[:, s : s + 1], q[:, s : s + 1], k[:, s : s + 1],
                                              s_nb[:, None] if self.gates is None else None, valid[..., None, :])
             y_t = alpha[:, 0, :, None] * v[:, s] + torch.einsum("bhw,bwhv->bhv", beta[:, 0], y_nb)
-            ys.append(y_t)
+            ys.append(y_t[:, None])
             state = self._extend(state, k[:, s : s + 1], y_t[:, None], pos + 1)
-        return self.out(torch.stack(ys, 1).flatten(2)), state
+        y = ys[0] if t == 1 else torch.cat(ys, 1)  # [B, T, H, V]
+        return self.out(y.flatten(2)), state
+
+    def _step_offsets(self, pos: int, device) -> tuple[Tensor, int]:
+        """(offsets [W + 1] long: 0 then the distances f(k) <= pos of the W levels t reads, the
+        largest distance) for the token at position pos. The last tensor is kept: it changes only
+        when pos reaches the next f(k) (every step for the dense pattern, so one, not one per W)."""
+        dist = self.pattern.distances(pos + 1)
+        key = (len(dist), str(device))
+        if self._offsets is None or self._offsets[0] != key:
+            self._offsets = (key, torch.tensor([0, *dist], dtype=torch.long, device=device))
+        return self._offsets[1], dist[-1] if dist else 0
+
+    def _fixed_distance_step(self, q_t: Tensor, k_t: Tensor, v_t: Tensor, state: PatternCache
+                             ) -> tuple[Tensor, PatternCache] | None:
+        """One token of a translation-invariant pattern with score-softmax coefficients.
+
+        Args:
+            q_t, k_t, v_t: [B, 1, H, K] projections of the token at position ``state.position``.
+            state: its cache; the caller checked that no autograd op is recorded.
+        Returns:
+            (y_t [B, 1, H, V], next cache), or None where this step does not apply (a cache that
+            is not the contiguous suffix of positions, a tracked one, or neighbours in a row's
+            padding): the general step then runs.
+
+        N(t) = {t - f(k)} is a set of fixed distances, and a contiguous cache holds position j
+        in storage slot at - (t - j), at the slot of t itself: the neighbours' slots are at minus
+        the distances, with no position lookup. Writing k_t and v_t into slot at first makes
+        slot 0 of one gather the token itself, so the self score and alpha v_t come out of the
+        same softmax and weighted sum as the neighbours (the general step's cat, over
+        {t} ∪ N(t)); slot at then receives y_t, the entry the cache keeps.
+        """
+        pos = state.position
+        offsets, reach = self._step_offsets(pos, q_t.device)
+        if not state.contiguous or reach > state.cached_positions():
+            return None
+        if state.start is not None and reach and pos - reach < state.max_start:
+            return None  # some row's neighbours include its padding: the general step masks them
+        if torch.is_grad_enabled() and any(z.requires_grad for z in state.buffers()):
+            return None  # a cache that autograd tracks (from a recorded prefill) takes the general step
+        state, at = state.next_slot()
+        keys, values = state.buffers()  # [B, cap, H, K], [B, cap, H, V]
+        keys[:, at : at + 1] = k_t
+        values[:, at : at + 1] = v_t
+        slots = at - offsets  # [W + 1]: t, t - f(0), t - f(1), ...
+        k_read = keys.index_select(1, slots)  # [B, W + 1, H, K]
+        y_read = values.index_select(1, slots)  # [B, W + 1, H, V], slot 0 = v_t
+        # (in place on the gathered copies: no allocations, the same values)
+        logits = k_read.mul_(q_t).sum(-1, keepdim=True).div_(math.sqrt(self.head_dim))  # [B, W + 1, H, 1]
+        coef = torch.softmax(logits, 1)  # alpha = coef[:, 0], beta = coef[:, 1:]
+        # y_t = alpha v_t + sum_w beta_w y_w, summed straight into slot at (the entry the cache keeps)
+        y_t = torch.sum(y_read.mul_(coef), 1, keepdim=True, out=values[:, at : at + 1])  # [B, 1, H, V]
+        return y_t, state.advanced(at, self.pattern.needed_from(pos + 1))
 
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:

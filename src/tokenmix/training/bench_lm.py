@@ -6,7 +6,7 @@ same non-embedding parameter count as every other; attention is the baseline. At
     train   tokens/s of forward + backward + AdamW steps on batches of max(1, batch_tokens // T)
             sequences of length T (after one untimed warm-up step; the median of the timed steps)
     decode  prefill T - n tokens in the default mode, then time n single-token ``model.step``
-            calls one by one (batch 1; the median token): the per-token cost at the end of the
+            calls one by one (batch 1, inference mode; the median token): the per-token cost at the end of the
             context, where attention reads T cached keys per layer and a bounded-cache mixer reads
             only what its pattern/state holds
 
@@ -107,7 +107,9 @@ def _decode_stepper(model: MixerModel, t: int, args) -> tuple[int, float, Callab
     model.eval()
     g = torch.Generator().manual_seed(args.seed + 1)
     ids = torch.randint(0, args.vocab_size, (1, t), generator=g)
-    with torch.no_grad():
+    # inference mode, not just no_grad: no version counters or autograd bookkeeping on any tensor,
+    # the same saving for every mixer (the states never meet autograd here)
+    with torch.inference_mode():
         t0 = time.perf_counter()
         _, states = model(ids[:, : t - n])
         prefill_s = time.perf_counter() - t0
@@ -115,7 +117,7 @@ def _decode_stepper(model: MixerModel, t: int, args) -> tuple[int, float, Callab
         _, states = model(ids[:, : t - n])
     holder = [states]
 
-    @torch.no_grad()
+    @torch.inference_mode()
     def step(i: int) -> None:
         _, holder[0] = model.step(ids[:, i], holder[0])
 

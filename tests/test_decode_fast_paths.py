@@ -1,0 +1,182 @@
+"""The single-token decode fast paths against the general step they shortcut (float64, up to rounding).
+
+Structured recurrences: ``_fixed_distance_step`` (taken without autograd, for translation-invariant
+patterns with score softmaxes) vs the table-lookup step (taken when autograd records). Mamba-2: its
+own ``forward_recurrent`` vs the family's ``GatedLinearMixer.forward_recurrent``.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tokenmix.core import build_mixer
+from tokenmix.mixers.gla_family import GatedLinearMixer
+from tokenmix.mixers.structured import StructuredRecurrence
+from tokenmix.models import MixerModel, ModelConfig
+from tokenmix.models.model import Linear, RMSNorm
+from tolerances import FLOAT64_EXACT, assert_close
+
+PADDINGS = {"unpadded": None, "padded": [0, 5, 17]}
+
+
+def _decode(m, x: torch.Tensor, start, prefill: int):
+    """A recurrent-mode prefill of ``prefill`` tokens, then one ``step`` per token: (y [B, T, D], state)."""
+    state = m.init_state(x.shape[0], dtype=x.dtype, start=start)
+    y, state = m(x[:, :prefill], state, "recurrent")
+    ys = [y]
+    for i in range(prefill, x.shape[1]):
+        y_t, state = m.step(x[:, i], state)
+        ys.append(y_t[:, None])
+    return torch.cat(ys, 1), state
+
+
+@pytest.fixture
+def fixed_steps(monkeypatch):
+    """Counts the tokens ``_fixed_distance_step`` took (not None) and declined."""
+    counts = {"taken": 0, "declined": 0}
+    original = StructuredRecurrence._fixed_distance_step
+
+    def counted(self, *args):
+        out = original(self, *args)
+        counts["taken" if out is not None else "declined"] += 1
+        return out
+    monkeypatch.setattr(StructuredRecurrence, "_fixed_distance_step", counted)
+    return counts
+
+
+@pytest.mark.parametrize("padding", PADDINGS)
+@pytest.mark.parametrize("name", ["pow2", "sq1", "kth_order", "dense_recurrence", "first_order"])
+def test_fixed_distance_step_matches_general_step(name, padding, fixed_steps):
+    torch.manual_seed(0)
+    m = build_mixer(name, 16, n_heads=2).double()
+    x = torch.randn(3, 70, 16, dtype=torch.float64)
+    start = PADDINGS[padding]
+    with torch.no_grad():
+        y_fast, s_fast = _decode(m, x, start, prefill=40)
+    assert fixed_steps["taken"] > 0
+    taken = fixed_steps["taken"]
+    y_gen, s_gen = _decode(m, x, start, prefill=40)  # parameters require grad: the general step
+    assert fixed_steps["taken"] == taken
+    assert_close(y_fast, y_gen.detach(), FLOAT64_EXACT, f"{name} {padding} outputs")
+    assert s_fast.positions.tolist() == s_gen.positions.tolist()
+    for key, t in s_fast.tensors().items():
+        assert_close(t, s_gen.tensors()[key].detach(), FLOAT64_EXACT, f"{name} {padding} cache {key}")
+    assert (s_fast.peak_positions, s_fast.peak_numel) == (s_gen.peak_positions, s_gen.peak_numel)
+    with torch.no_grad():
+        y_chunked, _ = m(x, m.init_state(3, dtype=x.dtype, start=start))
+    assert_close(y_fast, y_chunked, FLOAT64_EXACT, f"{name} {padding} step vs chunked")
+
+
+def test_fixed_distance_step_keeps_branches_valid(fixed_steps):
+    """Stepping an older cache after a newer one was appended in place copies it first: both
+    continuations equal a straight decode."""
+    torch.manual_seed(1)
+    m = build_mixer("pow2", 16, n_heads=2).double()
+    x = torch.randn(1, 30, 16, dtype=torch.float64)
+    alt = torch.randn(1, 16, dtype=torch.float64)
+    with torch.no_grad():
+        _, root = m(x[:, :20])
+        y_a, a = m.step(x[:, 20], root)
+        y_b, b = m.step(alt, root)  # root is no longer the latest cache on its storage
+        y_a2, _ = m.step(x[:, 21], a)
+        y_b2, _ = m.step(x[:, 21], b)
+        straight, _ = m(x[:, :22])
+        branched, _ = m(torch.cat([x[:, :20], alt[:, None], x[:, 21:22]], 1))
+    assert fixed_steps["taken"] == 4
+    assert_close(torch.stack([y_a, y_a2], 1), straight[:, 20:22], FLOAT64_EXACT, "first branch")
+    assert_close(torch.stack([y_b, y_b2], 1), branched[:, 20:22], FLOAT64_EXACT, "second branch")
+
+
+@pytest.mark.parametrize("padding", PADDINGS)
+def test_mamba2_recurrent_matches_family_recurrence(padding):
+    torch.manual_seed(2)
+    m = build_mixer("mamba2", 16, n_heads=2, state_dim=4).double()
+    x = torch.randn(3, 40, 16, dtype=torch.float64, requires_grad=True)
+    start = PADDINGS[padding]
+    y, s = _decode(m, x, start, prefill=20)
+    y_ref, s_ref = GatedLinearMixer.forward_recurrent(m, x, m.init_state(3, dtype=x.dtype, start=start))
+    assert_close(y, y_ref, FLOAT64_EXACT, f"mamba2 {padding} outputs")
+    assert_close(s.memory, s_ref.memory, FLOAT64_EXACT, f"mamba2 {padding} state")
+    assert (s.position, s.peak_numel) == (s_ref.position, s_ref.peak_numel)
+    params = [x, m.A_log, m.dt_bias, m.D, m.in_proj.weight]
+    grads = torch.autograd.grad(y.square().sum(), params)
+    grads_ref = torch.autograd.grad(y_ref.square().sum(), params)
+    for p, g, g_ref in zip(("x", "A_log", "dt_bias", "D", "in_proj"), grads, grads_ref):
+        assert_close(g, g_ref, FLOAT64_EXACT, f"mamba2 {padding} grad {p}")
+
+
+@pytest.mark.parametrize("name", ["pow2", "pow2_ce", "attention", "mamba2"])
+def test_numel_per_batch_counts_the_state_tensors(name):
+    m = build_mixer(name, 16, n_heads=2)
+    with torch.no_grad():
+        _, state = m(torch.randn(2, 9, 16))
+        _, state = m.step(torch.randn(2, 16), state)
+    assert state.numel_per_batch() == sum(t[0].numel() for t in state.tensors().values())
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(1, 1, 224), (3, 70, 16), (8, 1, 200)])
+def test_model_rms_norm_without_autograd_is_bitwise_nn_rms_norm(shape, dtype):
+    torch.manual_seed(3)
+    norm = RMSNorm(shape[-1]).to(dtype)
+    torch.nn.init.normal_(norm.weight)
+    x = 3 * torch.randn(*shape, dtype=dtype)
+    reference = torch.nn.RMSNorm.forward(norm, x)
+    with torch.no_grad():
+        assert torch.equal(norm(x), reference)
+    with torch.inference_mode():
+        assert torch.equal(norm(x), reference)
+
+
+def test_model_refuses_out_of_range_token_ids():
+    model = MixerModel(ModelConfig(vocab_size=16, d_model=8, layers=("mamba2",), n_heads=2))
+    for bad in (-1, 16):
+        with pytest.raises(ValueError, match="out of range"):
+            model(torch.tensor([[0, bad]]))
+    model(torch.tensor([[0, 15]]))
+
+
+def test_model_linear_transposed_weight_follows_weight_updates():
+    torch.manual_seed(4)
+    model = MixerModel(ModelConfig(vocab_size=32, d_model=16, layers=("attention", "pow2", "mamba2"), n_heads=2))
+    assert all(type(m) is Linear for m in model.modules() if isinstance(m, torch.nn.Linear))
+    lin = model.blocks[0].mlp.up
+    x = torch.randn(1, 1, 16)
+    with torch.no_grad():
+        assert_close(lin(x), torch.nn.functional.linear(x, lin.weight), 1e-6, "transposed product")
+        lin.weight.mul_(2.0)  # an in-place update (an optimizer step): the kept copy is remade
+        assert_close(lin(x), torch.nn.functional.linear(x, lin.weight), 1e-6, "after an in-place update")
+    assert "up.weight" in dict(model.blocks[0].mlp.named_parameters()) and not any(
+        "_kept" in k for k in model.state_dict())
+
+
+def test_fixed_distance_step_leaves_a_tracked_cache_to_autograd(fixed_steps):
+    """Frozen weights, a prefill whose input requires grad: the cache is tracked, so the steps
+    after it take the general (recorded) step, and gradients reach the prefill through them."""
+    torch.manual_seed(5)
+    m = build_mixer("pow2", 16, n_heads=2).double().requires_grad_(False)
+    x = torch.randn(1, 12, 16, dtype=torch.float64)
+    prompt = x[:, :9].clone().requires_grad_(True)
+    _, state = m(prompt)
+    ys = []
+    for i in range(9, 12):
+        y_t, state = m.step(x[:, i], state)
+        ys.append(y_t)
+    assert fixed_steps["taken"] == 0
+    full, _ = m(x)
+    assert_close(torch.stack(ys, 1).detach(), full[:, 9:], FLOAT64_EXACT, "steps after a tracked prefill")
+    (grad,) = torch.autograd.grad(torch.stack(ys, 1).sum(), prompt)
+    assert grad.abs().sum() > 0
+
+
+def test_mamba2_decode_without_autograd_follows_parameter_updates():
+    torch.manual_seed(6)
+    m = build_mixer("mamba2", 16, n_heads=2, state_dim=4).double()
+    x = torch.randn(2, 12, 16, dtype=torch.float64)
+    with torch.no_grad():
+        for _ in range(2):  # the second time after an in-place update of A_log (the kept -exp(A_log) is remade)
+            y, s = _decode(m, x, None, prefill=5)
+            y_ref, s_ref = GatedLinearMixer.forward_recurrent(m, x, m.init_state(2, dtype=x.dtype))
+            assert_close(y, y_ref, FLOAT64_EXACT, "mamba2 no-grad outputs")
+            assert_close(s.memory, s_ref.memory, FLOAT64_EXACT, "mamba2 no-grad state")
+            m.A_log.add_(0.5)
