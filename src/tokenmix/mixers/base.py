@@ -34,6 +34,7 @@ A state with ``start`` None (or all zeros) is the ordinary unpadded state: that 
 """
 from __future__ import annotations
 
+import functools
 from abc import ABC, ABCMeta, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
@@ -248,8 +249,9 @@ class Mixer(nn.Module, metaclass=ABCMeta):
         self.n_heads = config.n_heads
         self.head_dim = config.resolved_head_dim(d_model)
 
-    # -- identity used to refuse a state from another configuration
-    @property
+    # -- identity used to refuse a state from another configuration (the config is frozen: formatted
+    # once, not on every decode step)
+    @functools.cached_property
     def owner(self) -> str:
         return f"{type(self).__name__}({self.config})"
 
