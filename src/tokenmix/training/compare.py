@@ -480,8 +480,11 @@ def _route_pair_note(a: CopyRoutes, b: CopyRoutes) -> str:
                 f"{a.routed} of {a.copy_len} answers through free positions with the same hop counts, so their "
                 "difference was learned (optimisation, gates), not imposed by the pattern")
     better = a if (a.routed, [-h for h in a.hop_counts()]) > (b.routed, [-h for h in b.hop_counts()]) else b
-    return (f"the structure favours {better.label} on copy at this size: {a.label} routes {a.routed}, "
-            f"{b.label} {b.routed} of {a.copy_len} answers through free positions")
+
+    def hops(r: CopyRoutes) -> str:
+        return ", ".join(f"{c} in {h} hop(s)" for h, c in r.hop_counts().items()) or "none"
+    return (f"the structure favours {better.label} on copy at this size: {a.label} routes {a.routed} ({hops(a)}), "
+            f"{b.label} {b.routed} ({hops(b)}) of {a.copy_len} answers through free positions")
 
 
 def qualitative_findings(cells: dict[tuple[str, str], dict[str, Any]],
