@@ -53,14 +53,18 @@ What separates the rows (framework §4):
     inside its one layer (y at the link e0→e1 already holds what the link e1→e2 holds).
 
 Cost: 162 runs; training steps per run at most 100 (copy), 400 (MQAR) and 250 (multi-hop) of 64
-sequences, early stop at 99 % validation accuracy; a step costs about 21 ms of CPU on a free core. The
+sequences, early stop at 99 % validation accuracy; a step costs about 21-26 ms of CPU. The
 budgets follow validation curves (the fixed validation set, never the test set): at offset 26 every
 copy run that reached 99 % did so by step 100, and every other one was within 4 points of its
 step-150 value at step 100 (pow2 71-73 % against 75 %, three seeds at lr 3e-3); on multi-hop
 every row but the dense recurrence was within 5 points of its 500-step value by step 250 (the
 previous 500-step runs), and the dense recurrence, still climbing (63 % at step 250 in seed 0 at
-lr 1e-2, 92 % at 500), is far above attention either way; MQAR keeps 400 because attention's learning needs the learning rate to
-stay high (seed 0 at 350 steps: 72 %). Measured: see README ("The paper's table, measured").
+lr 1e-2, 92 % at 500), is far above attention either way; MQAR keeps 400 because attention's
+learning needs the learning rate to stay high (seed 0 at 350 steps: 72 %).
+Measured 2026-12-01 on the shared 2-core machine (load 0.6 -> 1.9): 40,200 steps, 997 CPU s in
+all processes (499 per core), 8:28 wall; with other jobs running (load 1.6 -> 2.7) the same runs
+took 1121 CPU s and 15:12 wall (a step: 22.8 ms of CPU against 25.8 ms). Table and verdicts:
+README ("The paper's table, measured").
 Structured rows train in their dense mode, the cheapest exact mode at n = 32 (every mode computes
 the same function; in benchmarks on the loaded machine the default chunked mode was 10-40 % slower
 per training step for every structured row, first_order included).
