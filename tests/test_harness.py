@@ -210,3 +210,22 @@ def test_evaluate_counts_only_the_scored_answers():
     assert harness.evaluate(model, deep, batch_size=3) == 0.0  # sliced batches keep their masks
     with pytest.raises(ValueError, match="without an answer"):
         TaskData(inputs, labels, score_mask=torch.ones(4, 5, dtype=torch.bool))
+
+
+def test_sweep_trains_longest_budgets_first_and_reports_in_config_order(tmp_path, monkeypatch):
+    from tokenmix.training import harness
+
+    calls = []
+    real = harness.train_one
+
+    def counting(cfg, on_steps=None, device="cpu"):
+        calls.append(cfg.run_id)
+        return real(cfg, on_steps, device)
+
+    monkeypatch.setattr(harness, "train_one", counting)
+    # short, long, short, long: trained long ones first (stable among equals), results in the given order
+    configs = [tiny_run("first_order", 0, steps=3), tiny_run("first_order", 0, steps=6),
+               tiny_run("pow2", 0, steps=3), tiny_run("pow2", 0, steps=6)]
+    outcome = run_sweep(configs, tmp_path / "sweep", progress=False)
+    assert calls == [configs[i].run_id for i in (1, 3, 0, 2)]
+    assert [r["run_id"] for r in outcome.results] == [c.run_id for c in configs]

@@ -254,6 +254,84 @@ def copy_routes_for_rows(configs: Sequence[RunConfig]) -> dict[str, CopyRoutes]:
     return out
 
 
+
+@dataclass(frozen=True)
+class RecallReads:
+    """Which MQAR queries one layer of a row's pattern recurrence can answer by one content-based read.
+
+    In zoology's layout key_i sits at an even position p = 2i and value_i at p + 1; the queries come
+    after the context, each at an even position q holding its key. Behind the window-2 token shift the
+    only position holding key_i *and* value_i is p + 1, so a one-layer softmax over {q} ∪ N(q) can
+    select the bound value by its key only when p + 1 ∈ N(q). Relays do not help: a relay u chooses
+    what it carries by its own token, before the query is known, and its score for q is computed from
+    its own token (the mixer's k_j is a projection of the layer input), not from what y_u carries.
+    ``direct`` counts the scored queries with p + 1 ∈ N(q) on the validation set; ``ceiling`` is the
+    accuracy of solving those and guessing the rest uniformly among the context's values (a yardstick,
+    not a proof: a model might guess better). Parity: q − (p + 1) is odd, and 2^k has one odd distance, 1.
+    """
+
+    label: str
+    pattern: str
+    num_kv_pairs: int
+    answers: int   # scored queries of the validation set
+    direct: int    # those whose value position is a neighbour of the query position
+
+    @property
+    def fraction(self) -> float:
+        return self.direct / max(self.answers, 1)
+
+    @property
+    def ceiling(self) -> float:
+        return self.fraction + (1 - self.fraction) / self.num_kv_pairs
+
+    def describe(self, cell: dict[str, Any] | None = None) -> str:
+        text = (f"{self.label} on assoc_recall: one layer of its pattern ({self.pattern}) reads the position holding "
+                f"the queried key and its value (the value's, behind the token shift) for {self.direct} of the "
+                f"{self.answers} validation queries ({100 * self.fraction:.1f} %); solving those and guessing the "
+                f"rest among the {self.num_kv_pairs} context values gives {100 * self.ceiling:.1f} %")
+        if cell is not None:
+            text += f"; measured {100 * cell['acc_mean']:.1f} %"
+        return text
+
+
+def recall_reads(label: str, mixer: torch.nn.Module, data: Any, num_kv_pairs: int) -> RecallReads | None:
+    """:class:`RecallReads` of ``mixer``'s pattern on MQAR ``data`` (None when the mixer has no pattern)."""
+    pattern = getattr(mixer, "pattern", None)
+    if pattern is None or not hasattr(pattern, "neighbors"):
+        return None
+    n = data.inputs.shape[1]
+    neighbours = [set(pattern.neighbors(q)) for q in range(n)]
+    answers = direct = 0
+    for inputs, scored in zip(data.inputs.tolist(), data.scored.tolist()):
+        for q in (i for i, s in enumerate(scored) if s):
+            p = inputs.index(inputs[q])  # the key's first occurrence: its place in the context
+            answers += 1
+            direct += (p + 1) in neighbours[q]
+    return RecallReads(label=label, pattern=str(getattr(pattern, "name", pattern)), num_kv_pairs=num_kv_pairs,
+                       answers=answers, direct=direct)
+
+
+def recall_reads_for_rows(configs: Sequence[RunConfig]) -> dict[str, RecallReads]:
+    """Per row label with an MQAR run whose row mixer is a pattern recurrence: its :class:`RecallReads`
+    on that run's validation set."""
+    from tokenmix.training.harness import dataset
+
+    out: dict[str, RecallReads] = {}
+    for c in configs:
+        if c.task != "assoc_recall" or c.label in out:
+            continue
+        model_cfg = c.model_config()
+        if c.label not in model_cfg.layers:
+            continue
+        task = c.task_config()
+        torch.manual_seed(0)
+        mixer = MixerModel(model_cfg).blocks[model_cfg.layers.index(c.label)].mixer
+        reads = recall_reads(c.label, mixer, dataset(task, c.train.val_examples, c.train.val_seed), task.num_kv_pairs)
+        if reads is not None:
+            out[c.label] = reads
+    return out
+
+
 def rows_and_tasks(configs: Sequence[RunConfig]) -> tuple[list[str], list[str]]:
     """Row labels and table columns (task names unless a run names its column) in the order they first appear in the sweep."""
     return list(dict.fromkeys(c.label for c in configs)), list(dict.fromkeys(c.column_name for c in configs))
@@ -402,14 +480,18 @@ def _route_pair_note(a: CopyRoutes, b: CopyRoutes) -> str:
                 f"{a.routed} of {a.copy_len} answers through free positions with the same hop counts, so their "
                 "difference was learned (optimisation, gates), not imposed by the pattern")
     better = a if (a.routed, [-h for h in a.hop_counts()]) > (b.routed, [-h for h in b.hop_counts()]) else b
-    return (f"the structure favours {better.label} on copy at this size: {a.label} routes {a.routed}, "
-            f"{b.label} {b.routed} of {a.copy_len} answers through free positions")
+
+    def hops(r: CopyRoutes) -> str:
+        return ", ".join(f"{c} in {h} hop(s)" for h, c in r.hop_counts().items()) or "none"
+    return (f"the structure favours {better.label} on copy at this size: {a.label} routes {a.routed} ({hops(a)}), "
+            f"{b.label} {b.routed} ({hops(b)}) of {a.copy_len} answers through free positions")
 
 
 def qualitative_findings(cells: dict[tuple[str, str], dict[str, Any]],
                          baselines: dict[str, dict[str, float]] | None = None,
                          lrs: Sequence[float] = (),
-                         routes: dict[str, CopyRoutes] | None = None) -> list[dict[str, Any]]:
+                         routes: dict[str, CopyRoutes] | None = None,
+                         reads: dict[str, RecallReads] | None = None) -> list[dict[str, Any]]:
     """The paper's qualitative claims (framework §5.1), each checked on the measured table.
 
     A claim is "holds", "does not hold" or "not measured" (a row or column is missing). Margins:
@@ -418,7 +500,11 @@ def qualitative_findings(cells: dict[tuple[str, str], dict[str, Any]],
     budget, learning rate at the grid edge, difference within the seeds' spread) that bear on a
     verdict; ``baselines`` (per column, ``TaskConfig.baselines()``) and ``lrs`` (the grid) enable
     the first and third. ``routes`` (:func:`copy_routes_for_rows`) adds, to claims on the copy column,
-    what each pattern row's structure allows there (and whether it separates a compared pair).
+    what each pattern row's structure allows there (and whether it separates a compared pair);
+    ``reads`` (:func:`recall_reads_for_rows`) does the same for the recall column.
+
+    A claim whose cells are all at a guessing level is "untested": it compares guesses, and a
+    "holds" there would report a finding that nothing measured.
 
     "Diagonal SSM lowest" is checked against every recurrence and attention, not local attention:
     in the paper's own table local attention (23.75 copy, 26.20 recall) is below the diagonal SSM
@@ -426,6 +512,7 @@ def qualitative_findings(cells: dict[tuple[str, str], dict[str, Any]],
     """
     baselines = baselines or {}
     routes = routes or {}
+    reads = reads or {}
 
     def get(label, task):
         return _acc(cells, label, task)
@@ -454,13 +541,16 @@ def qualitative_findings(cells: dict[tuple[str, str], dict[str, Any]],
                            "these rows at this size")
             levels = {t: max(baselines[t].values()) for (_, t) in vals if baselines.get(t)}
             if len(vals) > 1 and all(t in levels and v <= levels[t] + GUESS_SLACK for (_, t), v in vals.items()):
+                verdict = "untested"
                 why.append("every cell is at a guessing level: none of these rows learned the task within its budget, "
-                           "so the verdict compares guesses")
+                           "so there is nothing to compare (untested, not holds)")
             for k in (needed if explain is None else explain):
                 why += cell_diagnostics(k, cells[k], baselines, lrs)
                 if k[1] == "copy" and k[0] in routes:
                     guess = max(baselines.get("copy", {}).values(), default=None)
                     why.append(routes[k[0]].describe(cells[k], guess))
+                if k[1] == "assoc_recall" and k[0] in reads:
+                    why.append(reads[k[0]].describe(cells[k]))
         out.append({"claim": text, "verdict": verdict, "measured": detail, "why": why})
 
     dense, att = ("dense_recurrence", "multi_hop"), ("attention", "multi_hop")
@@ -562,7 +652,7 @@ def all_findings(configs: Sequence[RunConfig], cells: dict[tuple[str, str], dict
     lrs = sorted({c.train.lr for c in configs})
     out: list[dict[str, Any]] = []
     if any(c.column_name in PAPER_TASKS for c in configs):
-        out += qualitative_findings(cells, baselines, lrs, copy_routes_for_rows(configs))
+        out += qualitative_findings(cells, baselines, lrs, copy_routes_for_rows(configs), recall_reads_for_rows(configs))
     if any(c.task == "entity_tracking" for c in configs):
         out += depth_findings(cells, configs, lrs)
     return out
@@ -702,7 +792,8 @@ def report_markdown(preset: str, configs: Sequence[RunConfig], labels: Sequence[
                   "steps are unknown, so only the ordering is comparable. The paper's \"Diagonal SSM\" "
                   f"(O(1) time and cache) is our `{DIAGONAL_SSM}` row.", "",
                   markdown_table(ph, pr), ""]
-        findings = qualitative_findings(cells, baselines, lrs, copy_routes_for_rows(configs))
+        findings = qualitative_findings(cells, baselines, lrs, copy_routes_for_rows(configs),
+                                        recall_reads_for_rows(configs))
         lines += ["## The paper's qualitative findings, checked on this table", "",
                   "Each verdict is computed from the measured cells above. Below each claim: facts computed "
                   "from its runs that bear on the verdict (the explanation of a disagreement).", ""]

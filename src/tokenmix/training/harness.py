@@ -471,6 +471,10 @@ def run_sweep(configs: Sequence[RunConfig], out: str | Path, workers: int = 1, t
         else:
             done[cfg.run_id] = res
     skipped = len(done)
+    # longest step budgets first (stable: runs sharing a task and seed stay together, so the per-process
+    # dataset cache keeps hitting): with several workers the short runs then fill the end of the sweep
+    # instead of one long run keeping a single core busy after the others have finished
+    pending.sort(key=lambda c: -c.train.steps)
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
         TimeRemainingColumn
