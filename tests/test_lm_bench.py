@@ -56,3 +56,12 @@ def test_mixers_take_turns_with_the_first_rotating():
     assert calls == [("attention", 10), ("pow2", 10), ("mamba2", 10), ("pow2", 11), ("mamba2", 11),
                      ("attention", 11), ("mamba2", 12), ("attention", 12), ("pow2", 12)]
     assert set(timings) == set(fns) and all(w >= 0 and c >= 0 for w, c in timings.values())
+
+
+def test_decode_takes_turns_in_blocks_of_consecutive_tokens():
+    calls: list[tuple[str, int]] = []
+    fns = {m: (lambda i, m=m: calls.append((m, i))) for m in ("attention", "pow2")}
+    bench_lm._round_robin(fns, range(0, 5), block=2)
+    assert calls == [("attention", 0), ("attention", 1), ("pow2", 0), ("pow2", 1),
+                     ("pow2", 2), ("pow2", 3), ("attention", 2), ("attention", 3),
+                     ("attention", 4), ("pow2", 4)]
