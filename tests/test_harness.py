@@ -87,8 +87,10 @@ def test_run_id_tracks_the_resolved_config():
     assert explicit.run_id == a.run_id
 
 
-def test_sweep_resumes_without_retraining(tmp_path, monkeypatch):
-    calls = []
+@pytest.fixture
+def trained_ids(monkeypatch) -> list[str]:
+    """The run ids ``harness.train_one`` is called with, in order (training still runs)."""
+    calls: list[str] = []
     real = harness.train_one
 
     def counting(cfg, on_steps=None, device="cpu"):
@@ -96,6 +98,11 @@ def test_sweep_resumes_without_retraining(tmp_path, monkeypatch):
         return real(cfg, on_steps, device)
 
     monkeypatch.setattr(harness, "train_one", counting)
+    return calls
+
+
+def test_sweep_resumes_without_retraining(tmp_path, trained_ids):
+    calls = trained_ids
     configs = [tiny_run(m, s) for m in ("first_order", "pow2") for s in (0, 1)]
     out = tmp_path / "sweep"
     first = run_sweep(configs, out, progress=False)
@@ -212,17 +219,8 @@ def test_evaluate_counts_only_the_scored_answers():
         TaskData(inputs, labels, score_mask=torch.ones(4, 5, dtype=torch.bool))
 
 
-def test_sweep_trains_longest_budgets_first_and_reports_in_config_order(tmp_path, monkeypatch):
-    from tokenmix.training import harness
-
-    calls = []
-    real = harness.train_one
-
-    def counting(cfg, on_steps=None, device="cpu"):
-        calls.append(cfg.run_id)
-        return real(cfg, on_steps, device)
-
-    monkeypatch.setattr(harness, "train_one", counting)
+def test_sweep_trains_longest_budgets_first_and_reports_in_config_order(tmp_path, trained_ids):
+    calls = trained_ids
     # short, long, short, long: trained long ones first (stable among equals), results in the given order
     configs = [tiny_run("first_order", 0, steps=3), tiny_run("first_order", 0, steps=6),
                tiny_run("pow2", 0, steps=3), tiny_run("pow2", 0, steps=6)]

@@ -127,6 +127,24 @@ def _grads(out, inputs, w):
     return torch.autograd.grad((out * w).sum(), inputs, allow_unused=True)
 
 
+def _check_solve_against_dense(spec, idx, p, g, chunk, plan=None):
+    """The chunked solve (with ``plan`` if given) against the dense reference in float64: output and
+    the gradients of alpha, beta, x and the prefix, on random inputs from generator g."""
+    t = idx.shape[0]
+    b, h, v, w = 2, 3, 4, idx.shape[1]
+    # signed neighbour coefficients of row sum ~1 at most (bounded outputs, like normalised ones)
+    args = [f64(g, b, t, h, uniform=True), f64(g, b, t, h, w) * 0.6 / max(1, w), f64(g, b, t, h, v), f64(g, b, p, h, v)]
+    fast = [a.clone().requires_grad_() for a in args]
+    ref = [a.clone().requires_grad_() for a in args]
+    y = chunked_pattern_solve(fast[0], fast[1], idx, fast[2], fast[3], chunk, plan=plan)
+    y_ref = dense_reference(ref[0], ref[1], idx, ref[2], ref[3])
+    assert_close(y, y_ref, FLOAT64_EXACT, f"{spec} output")
+    wy = f64(g, *y.shape)
+    for name, gf, gr, a in zip(["alpha", "beta", "x", "y_prefix"], _grads(y, fast, wy), _grads(y_ref, ref, wy), args):
+        gr = torch.zeros_like(a) if gr is None else gr
+        assert_close(gf, gr * ((idx >= 0)[None, :, None, :] if name == "beta" else 1), FLOAT64_EXACT, f"{spec} d{name}")
+
+
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("t0,t", [(0, 1), (0, 75), (9, 130), (40, 33)], ids=["T1", "T75", "P9_T130", "P40_T33"])
 @pytest.mark.parametrize("chunk", [1, 5, 16])
@@ -135,18 +153,7 @@ def test_fast_solve_and_gradients_match_dense_reference(spec, t0, t, chunk):
     lattice cache, deduplicated levels, blocks of far levels and irregular tables."""
     idx, p = buffer_table(spec, t0, t)
     g = torch.Generator().manual_seed(t0 * 1000 + t)
-    b, h, v, w = 2, 3, 4, idx.shape[1]
-    # signed neighbour coefficients of row sum ~1 at most (bounded outputs, like normalised ones)
-    args = [f64(g, b, t, h, uniform=True), f64(g, b, t, h, w) * 0.6 / max(1, w), f64(g, b, t, h, v), f64(g, b, p, h, v)]
-    fast = [a.clone().requires_grad_() for a in args]
-    ref = [a.clone().requires_grad_() for a in args]
-    y = chunked_pattern_solve(fast[0], fast[1], idx, fast[2], fast[3], chunk)
-    y_ref = dense_reference(ref[0], ref[1], idx, ref[2], ref[3])
-    assert_close(y, y_ref, FLOAT64_EXACT, f"{spec} output")
-    wy = f64(g, *y.shape)
-    for name, gf, gr, a in zip(["alpha", "beta", "x", "y_prefix"], _grads(y, fast, wy), _grads(y_ref, ref, wy), args):
-        gr = torch.zeros_like(a) if gr is None else gr
-        assert_close(gf, gr * ((idx >= 0)[None, :, None, :] if name == "beta" else 1), FLOAT64_EXACT, f"{spec} d{name}")
+    _check_solve_against_dense(spec, idx, p, g, chunk)
 
 
 @pytest.mark.parametrize("spec", SPECS)
@@ -158,18 +165,7 @@ def test_wide_band_matches_dense_reference(spec, reach):
     idx, p = buffer_table(spec, t0, t)
     plan = plan_pattern(idx, p, chunk, reach)
     assert plan.reach == reach * chunk
-    g = torch.Generator().manual_seed(reach)
-    b, h, v, w = 2, 3, 4, idx.shape[1]
-    args = [f64(g, b, t, h, uniform=True), f64(g, b, t, h, w) * 0.6 / max(1, w), f64(g, b, t, h, v), f64(g, b, p, h, v)]
-    fast = [a.clone().requires_grad_() for a in args]
-    ref = [a.clone().requires_grad_() for a in args]
-    y = chunked_pattern_solve(fast[0], fast[1], idx, fast[2], fast[3], chunk, plan=plan)
-    y_ref = dense_reference(ref[0], ref[1], idx, ref[2], ref[3])
-    assert_close(y, y_ref, FLOAT64_EXACT, f"{spec} output")
-    wy = f64(g, *y.shape)
-    for name, gf, gr, a in zip(["alpha", "beta", "x", "y_prefix"], _grads(y, fast, wy), _grads(y_ref, ref, wy), args):
-        gr = torch.zeros_like(a) if gr is None else gr
-        assert_close(gf, gr * ((idx >= 0)[None, :, None, :] if name == "beta" else 1), FLOAT64_EXACT, f"{spec} d{name}")
+    _check_solve_against_dense(spec, idx, p, torch.Generator().manual_seed(reach), chunk, plan)
 
 
 def test_band_reach_follows_the_pattern():

@@ -26,10 +26,11 @@ from tokenmix.mixers.base import MixerState
 _MIN_CAPACITY = 16
 
 
-def _records_grad(keys: Tensor, values: Tensor, store: "_Storage") -> bool:
-    """Whether an append would be recorded by autograd: then it goes to fresh storage, since the
-    held views may be saved for a backward that an in-place write would invalidate."""
-    return torch.is_grad_enabled() and any(t.requires_grad for t in (keys, values, store.keys, store.values))
+def _records_grad(store: "_Storage", *new: Tensor) -> bool:
+    """Whether an append of ``new`` tensors to ``store`` would be recorded by autograd: then it goes
+    to fresh storage, since the held views may be saved for a backward that an in-place write would
+    invalidate."""
+    return torch.is_grad_enabled() and any(t.requires_grad for t in (*new, store.keys, store.values))
 
 
 class _Storage:
@@ -126,8 +127,7 @@ class PatternCache(MixerState):
         the latest cache on its storage, else copy).
         """
         store, at = self._store, self._start + self._size
-        if store.end == at and at < store.capacity and not (
-                torch.is_grad_enabled() and (store.keys.requires_grad or store.values.requires_grad)):
+        if store.end == at and at < store.capacity and not _records_grad(store):
             return self, at
         fresh = _Storage.holding([(self.keys, self.values, self.positions)], max(_MIN_CAPACITY, 2 * (self._size + 1)))
         copy = type(self)(self.owner, self.batch_size, self.position, fresh, 0, self._size, self.contiguous)
@@ -144,9 +144,13 @@ class PatternCache(MixerState):
         >= ``keep_from``, as ``extend`` would return it."""
         store = self._store
         store.end = at + 1
-        drop = min(max(keep_from - (self.position - self._size), 0), self._size + 1)
+        drop = self._contiguous_drop(keep_from, self._size + 1)
         return type(self)(self.owner, self.batch_size, self.position + 1, store, self._start + drop,
                           self._size + 1 - drop).carry_over(self)
+
+    def _contiguous_drop(self, keep_from: int, at_most: int) -> int:
+        """Entries of a contiguous cache (positions position - size ..) before ``keep_from``, <= at_most."""
+        return min(max(keep_from - (self.position - self._size), 0), at_most)
 
     def slots(self, wanted: Tensor) -> Tensor:
         """Indices into the cache of absolute positions ``wanted`` (any shape, -1 kept as -1)."""
@@ -174,7 +178,7 @@ class PatternCache(MixerState):
             return self._select(keys, values, new_pos, new_position, keep)
         # entries are sorted by position: evict the first `drop` of (held, then new)
         if self.contiguous:  # held: position - size .. position - 1
-            drop = min(max(keep_from - (self.position - self._size), 0), self._size)
+            drop = self._contiguous_drop(keep_from, self._size)
         else:
             drop = int(torch.searchsorted(self.positions, torch.tensor(keep_from)).item()) if self._size else 0
         if n and keep_from > self.position:
@@ -185,7 +189,7 @@ class PatternCache(MixerState):
             # a first segment (a training forward, a prefill): its tensors become the storage as they
             # are, no copy; the first append after it finds the storage full and doubles it
             store, start = _Storage(keys, values, new_pos, n), 0
-        elif store.end == at and at + n <= store.capacity and not _records_grad(keys, values, store):
+        elif store.end == at and at + n <= store.capacity and not _records_grad(store, keys, values):
             store.write(at, keys, values, new_pos)  # the latest cache on this storage: append in place
             start = self._start + drop
         else:  # full, or an older cache being extended (a branch): fresh storage, doubled

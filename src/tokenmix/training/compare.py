@@ -236,18 +236,25 @@ def copy_routes(label: str, mixer: torch.nn.Module, copy_len: int, offset: int,
                       free=len(free), hops=tuple(hops))
 
 
-def copy_routes_for_rows(configs: Sequence[RunConfig]) -> dict[str, CopyRoutes]:
-    """Per row label with a copy run whose row mixer is a pattern recurrence: its :class:`CopyRoutes`."""
-    out: dict[str, CopyRoutes] = {}
+def _row_mixers(configs: Sequence[RunConfig], task_name: str):
+    """(config, task config, row mixer) for the first ``task_name`` run of every row label whose
+    model has a layer of that name (the mixer built with a fixed seed: only its structure is read)."""
+    seen: set[str] = set()
     for c in configs:
-        if c.task != "copy" or c.label in out:
+        if c.task != task_name or c.label in seen:
             continue
+        seen.add(c.label)
         model_cfg = c.model_config()
         if c.label not in model_cfg.layers:
             continue
-        task = c.task_config()
         torch.manual_seed(0)
-        mixer = MixerModel(model_cfg).blocks[model_cfg.layers.index(c.label)].mixer
+        yield c, c.task_config(), MixerModel(model_cfg).blocks[model_cfg.layers.index(c.label)].mixer
+
+
+def copy_routes_for_rows(configs: Sequence[RunConfig]) -> dict[str, CopyRoutes]:
+    """Per row label with a copy run whose row mixer is a pattern recurrence: its :class:`CopyRoutes`."""
+    out: dict[str, CopyRoutes] = {}
+    for c, task, mixer in _row_mixers(configs, "copy"):
         routes = copy_routes(c.label, mixer, task.copy_len, task.shift, task.seq_len)
         if routes is not None:
             out[c.label] = routes
@@ -317,15 +324,7 @@ def recall_reads_for_rows(configs: Sequence[RunConfig]) -> dict[str, RecallReads
     from tokenmix.training.harness import dataset
 
     out: dict[str, RecallReads] = {}
-    for c in configs:
-        if c.task != "assoc_recall" or c.label in out:
-            continue
-        model_cfg = c.model_config()
-        if c.label not in model_cfg.layers:
-            continue
-        task = c.task_config()
-        torch.manual_seed(0)
-        mixer = MixerModel(model_cfg).blocks[model_cfg.layers.index(c.label)].mixer
+    for c, task, mixer in _row_mixers(configs, "assoc_recall"):
         reads = recall_reads(c.label, mixer, dataset(task, c.train.val_examples, c.train.val_seed), task.num_kv_pairs)
         if reads is not None:
             out[c.label] = reads
