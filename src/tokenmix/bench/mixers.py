@@ -46,12 +46,14 @@ def prepare_mixer_case(case: dict):
         q, k, v = (torch.randn(b, h, n, hd, requires_grad=True) for _ in range(3))
 
         def fn():
+            _clear_grads((q, k, v))
             F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
         return fn, {"model_flops": 3 * 2 * b * h * hd * n * (n + 1)}
     m = build_mixer(case["mixer"], h * hd, n_heads=h)
     x = torch.randn(b, n, h * hd, requires_grad=True)
 
     def fn():
+        _clear_grads((x, *m.parameters()))
         y, _ = m(x)
         y.sum().backward()
     flops = 3 * 2 * b * sum(m.flops_per_token(t) for t in range(1, n + 1, max(1, n // 256))) * max(1, n // 256)
@@ -60,10 +62,18 @@ def prepare_mixer_case(case: dict):
         core, inputs = m.mixing_core(x)
 
         def core_fn():
+            _clear_grads(z for z in inputs if z is not None)
             o, _ = core(*inputs)
             o.sum().backward()
         extra["core_time_s"] = time_call(core_fn, case.get("repeats", 2))
     return fn, extra
+
+
+def _clear_grads(leaves) -> None:
+    """Every timed call starts without gradients, as a training step after zero_grad(set_to_none=True)
+    does: otherwise each backward after the first also adds into the previous call's buffers."""
+    for z in leaves:
+        z.grad = None
 
 
 def matmul_gflops(size: int = 2048, repeats: int = 3) -> float:
