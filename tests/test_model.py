@@ -44,6 +44,24 @@ def test_bad_layers_and_ids():
         model(torch.tensor([[3]]), states=[None, None])
 
 
+def test_dropout_only_in_train_mode():
+    """Evaluation and generation see the deterministic model: in eval mode a dropout model computes
+    what the same weights without dropout compute; in train mode it does not."""
+    torch.manual_seed(0)
+    base = dict(vocab_size=30, d_model=16, n_heads=2, layers=("pow2", "attention"))
+    plain = MixerModel(ModelConfig(**base)).double()
+    dropped = MixerModel(ModelConfig(**base, dropout=0.3)).double()
+    dropped.load_state_dict(plain.state_dict())
+    ids = torch.randint(0, 30, (2, 9))
+    want, _ = plain(ids)
+    got, _ = dropped.eval()(ids)
+    assert (got - want).abs().max() < 1e-12
+    train_out, _ = dropped.train()(ids)
+    assert (train_out - want).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="dropout"):
+        ModelConfig(dropout=1.0)
+
+
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
 def test_positions_continue_from_the_decode_state(positions):
     torch.manual_seed(0)

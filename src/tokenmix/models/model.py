@@ -71,6 +71,7 @@ class ModelConfig:
     mlp: bool = True
     mlp_ratio: int = 4
     tie_weights: bool = True
+    dropout: float = 0.0             # residual dropout (embedding, each mixer and MLP output); train mode only
     positions: str = "none"          # none | learned | sinusoidal  (added to the token embedding)
     max_seq_len: int = 4096          # longest sequence with learned positions
     mixer_overrides: dict[str, dict] = field(default_factory=dict)  # mixer name -> config fields
@@ -80,6 +81,8 @@ class ModelConfig:
                           ("mlp_ratio", self.mlp_ratio)):
             if val <= 0:
                 raise ValueError(f"model config: {name} must be > 0, got {val}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"model config: dropout must be in [0, 1), got {self.dropout}")
         if self.positions not in POSITIONS:
             raise ValueError(f"model config: positions must be one of {POSITIONS}, got '{self.positions}'")
         object.__setattr__(self, "layers", parse_layers(self.layers))
@@ -189,13 +192,17 @@ class Block(nn.Module):
         self.mixer = build_mixer(name, cfg.d_model, **overrides)
         self.norm2 = RMSNorm(cfg.d_model) if cfg.mlp else None
         self.mlp = MLP(cfg.d_model, cfg.mlp_ratio) if cfg.mlp else None
+        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else None
 
     def forward(self, x: Tensor, state: MixerState | None, mode: str | None) -> tuple[Tensor, MixerState]:
         y, state = self.mixer(self.norm1(x), state, mode)
-        x = x + y
+        x = x + self._dropped(y)
         if self.mlp is not None:
-            x = x + self.mlp(self.norm2(x))
+            x = x + self._dropped(self.mlp(self.norm2(x)))
         return x, state
+
+    def _dropped(self, y: Tensor) -> Tensor:
+        return y if self.drop is None else self.drop(y)
 
 
 class MixerModel(nn.Module):
@@ -206,6 +213,7 @@ class MixerModel(nn.Module):
         self.cfg = cfg
         self.embed = nn.Embedding(cfg.vocab_size, cfg.d_model)
         self.pos_embed = nn.Embedding(cfg.max_seq_len, cfg.d_model) if cfg.positions == "learned" else None
+        self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else None
         self.blocks = nn.ModuleList(Block(cfg, name) for name in cfg.layers)
         self.norm = RMSNorm(cfg.d_model)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
@@ -257,6 +265,8 @@ class MixerModel(nn.Module):
         x = self.embed(idx)
         if self.cfg.positions != "none":
             x = x + self._position_codes(states, idx.shape[1], x)
+        if self.drop is not None:
+            x = self.drop(x)
         new_states = []
         for block, st in zip(self.blocks, states):
             x, st = block(x, st, mode)
