@@ -195,16 +195,18 @@ def preset_overrides(name: str) -> list[str]:
         # autocast only where the CPU has native bf16 (AMX: ~0.7 s of one core per step), else fp32 (AVX2-only
         # EPYC, 2 threads: 288 s of process CPU for the whole command, i.e. under 5 minutes even on one core)
         "default": ["train.precision=auto"],
-        # Shakespeare-sized: 2.6 M parameters (4 x pow2, d_model 192), 4096-token BPE, 1800 steps x 2048 tokens
-        # = 3.7 M tokens (2.6 epochs of the train split), sized to the 20-minute budget (measurement: README).
-        # Chosen over the earlier 5.2 M-parameter, 8192-token, 1000-step preset (whole-split validation 2.31
-        # bits/char, ppl 169.7 vs bigram 222.3) because a smaller model sees more tokens in the same time:
-        # this one reached 2.258 bits/char (ppl 104.1 vs bigram 146.5) in one-thread development runs, as
-        # did d_model 128 with 2500 steps (2.256). Both plateau there with train loss ~4.05 against
-        # validation ~4.6 nats/token (held-out plays); residual dropout 0.1 / 0.2 was behind at step 1250
-        # (64-window ppl 114 / 118 against 108), so none is used. The bigram scores about the same bits/char
-        # at vocabularies 4096 and 8192 (2.42, 2.43).
-        "small": ["data.vocab_size=4096", "model.d_model=192", "model.layers=pow2,pow2,pow2,pow2",
+        # Shakespeare-sized: 2.6 M parameters (4 x attention, learned positions, d_model 192), 4096-token BPE,
+        # 1800 steps x 2048 tokens = 3.7 M tokens (2.6 epochs of the train split), sized to the 20-minute budget
+        # (measurement: README). Development runs (one thread each, whole-split validation, bigram 2.424
+        # bits/char), the same sizes and schedule with other layers:
+        #   attention x4, learned positions   2.211 bits/char, ppl  94.7 (1.55x below the bigram's 146.5)
+        #   pow2, attention, pow2, attention  2.246 bits/char, ppl 101.7 (1.44x)
+        #   pow2 x4                            2.258 bits/char, ppl 104.1 (1.41x); d_model 128, 2500 steps: 2.256
+        # and the earlier 5.2 M-parameter, 8192-token, 1000-step pow2 preset: 2.31 bits/char in the same time
+        # (a smaller model sees more tokens). At context 128 attention learns text fastest per step; residual
+        # dropout 0.1 / 0.2 (pow2 x4) was behind at step 1250, so none is used.
+        "small": ["data.vocab_size=4096", "model.d_model=192", "model.layers=attention,attention,attention,attention",
+                  "model.positions=learned", "model.max_seq_len=128",
                   "train.seq_len=128", "train.batch_size=16", "train.max_steps=1800", "train.warmup_steps=100",
                   "train.lr=3e-3", "train.precision=auto", "train.eval_every=250", "train.checkpoint_every=250",
                   "train.eval_windows=64"],
