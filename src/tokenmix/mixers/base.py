@@ -137,6 +137,21 @@ class MixerState(ABC):
             raise ValueError(f"state batch size {self.batch_size} does not match input batch size {batch_size}")
 
 
+def kept_derived(module: nn.Module, name: str, source: Tensor, make) -> Tensor:
+    """``make(source)``, kept on ``module`` (under ``name``, not a parameter or buffer) and remade only
+    when ``source`` changes: another tensor, dtype or device, or an in-place update (its version).
+
+    For decode steps, which would otherwise recompute the same tensor from a parameter on every
+    token. The caller keeps autograd and inference tensors (whose in-place updates cannot be seen)
+    out of it.
+    """
+    key = (source.data_ptr(), source.dtype, source.device, source._version)
+    kept = module.__dict__.get(name)
+    if kept is None or kept[0] != key:
+        kept = module.__dict__[name] = (key, make(source))
+    return kept[1]
+
+
 def padding_start(start: Tensor | Sequence[int] | None, batch_size: int, device: torch.device | str = "cpu"
                   ) -> Tensor | None:
     """Validate a left-padding ``start`` (leading padding positions per row, [B] integers).

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.registry import register_mixer
-from tokenmix.mixers.base import MixerConfig
+from tokenmix.mixers.base import MixerConfig, kept_derived
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
 from tokenmix.ops.chunked_ssd import chunked_ssd
 
@@ -124,7 +124,6 @@ class Mamba2(GatedLinearMixer):
             state.observe()
             memory = torch.addcmul(state.memory * a_t, b_t, v_t)  # S_t = a_t S_{t-1} + B_t (dt_t x_t)ᵀ
             outs.append((memory * c_t).sum(2))             # o_t = S_tᵀ C_t [B, H, P]
-            # (state.owner: the same string as self.owner, which formats the config on every call)
             state = MatrixState(state.owner, b, state.position + 1, memory).carry_over(state)
         o = outs[0].unsqueeze(1) if t == 1 else torch.stack(outs, 1)  # [B, T, H, P]
         if self.D is not None:
@@ -138,11 +137,7 @@ class Mamba2(GatedLinearMixer):
         a_log = self.A_log
         if torch.is_grad_enabled() or a_log.is_inference():
             return a_log.exp().neg()
-        key = (a_log.data_ptr(), a_log._version)
-        kept = self.__dict__.get("_kept_minus_a")
-        if kept is None or kept[0] != key:
-            kept = self.__dict__["_kept_minus_a"] = (key, a_log.exp().neg())
-        return kept[1]
+        return kept_derived(self, "_kept_minus_a", a_log, lambda a: a.exp().neg())
 
     def _features(self, x: Tensor) -> LinearFeatures:
         """q = C, k = B [B, T, H, N] (shared by the heads), v = x·dt [B, T, H, P], g = log a [B, T, H]."""

@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.registry import build_mixer, get_mixer_spec
-from tokenmix.mixers.base import MixerState, padding_start
+from tokenmix.mixers.base import MixerState, kept_derived, padding_start
 
 
 def parse_layers(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -144,17 +144,10 @@ class Linear(nn.Linear):
         if (torch.is_grad_enabled() or x.numel() > self.rows_transposed * self.in_features
                 or w.is_inference()):  # (an inference tensor's in-place updates cannot be seen)
             return F.linear(x, w, bias)
-        wt = self._transposed(w)  # [in, out]
+        wt = kept_derived(self, "_kept_transpose", w, lambda w: w.detach().t().contiguous())  # [in, out]
         if bias is None:
             return x @ wt  # [..., out]: one call, the row folding inside matmul
         return torch.addmm(bias, x.reshape(-1, self.in_features), wt).view(*x.shape[:-1], self.out_features)
-
-    def _transposed(self, w: Tensor) -> Tensor:
-        key = (w.data_ptr(), w.dtype, w.device, w._version)
-        kept = self.__dict__.get("_kept_transpose")
-        if kept is None or kept[0] != key:
-            kept = self.__dict__["_kept_transpose"] = (key, w.detach().t().contiguous())
-        return kept[1]
 
 
 class RMSNorm(nn.RMSNorm):
