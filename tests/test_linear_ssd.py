@@ -3,8 +3,9 @@
 - equals ops/recurrent_gla.py with q = C, k = B broadcast over the heads: outputs, final state and
   the gradients of its hand-written backward (C, B, x, g, initial state), for chunk sizes that are 1,
   odd, not powers of two or longer than the sequence, and a readout scale;
-- chunks whose decay span would over/underflow the factored form go to chunked_gla's safe form (and
-  stay exact); ordinary decays use the SSD kernel itself;
+- chunks whose decay span would over/underflow the factored form are computed by chunked_gla's safe
+  form (and stay exact): those chunks alone inside the SSD kernel, or the whole call when every
+  chunk is that wide; ordinary decays use the SSD kernel itself;
 - gradcheck, and bad shapes are refused.
 """
 from __future__ import annotations
@@ -65,6 +66,19 @@ def test_ssd_kernel_is_used_for_ordinary_decays_and_safe_form_for_saturated_ones
     o, _ = chunked_ssd(c, bk, x, g_sat.requires_grad_(), 1.0, s0, 16)
     assert "ChunkedGLA" in type(o.grad_fn).__name__  # a 16-token chunk spans far beyond e^709
     _compare(c, bk, x, g_sat.detach(), s0, scale=1.0, chunk=16, what="saturated")
+
+
+@pytest.mark.parametrize("chunk", [4, 16])
+def test_ssd_wide_chunks_take_the_safe_form_inside_the_kernel(chunk):
+    """A few chunks decaying past e^709 (one head of one sequence): the SSD kernel still runs, computes
+    those chunk rows with the safe per-head form, and everything stays equal to the token loop."""
+    torch.manual_seed(0)
+    c, bk, x, g, s0 = _inputs(t=40)
+    g = g.clone()
+    g[1, 16:24, 2] = -400.0
+    o, _ = chunked_ssd(c, bk, x, g.clone().requires_grad_(), 0.7, s0, chunk)
+    assert "ChunkedSSD" in type(o.grad_fn).__name__
+    _compare(c, bk, x, g, s0, scale=0.7, chunk=chunk, what=f"wide chunks, C={chunk}")
 
 
 def test_ssd_gradcheck():

@@ -17,8 +17,12 @@ So every head shares one M per chunk, and each matmul runs over all heads at onc
 the chunk, so both factors stay within e^{±span/2}; each product of factors is the exact term with two
 roundings (not a reassociation that loses precision) as long as they neither overflow nor underflow,
 which holds when every chunk's span max G - min G <= ln(max float) (88 in float32, 709 in float64).
-Chunks beyond that (decays stronger than e^-88 inside one chunk) make the whole call use
-``chunked_gla`` (per-head safe scores with exponents <= 0 only), which is exact for any decay.
+Chunks beyond that (decays stronger than e^-88 inside one chunk: a head with dt·exp(A_log) ~ 1.5
+per token spans that in 64 tokens, so trained and even freshly initialised Mamba-2 layers have some)
+are computed, on those chunk rows only, by chunked_gla's safe per-head form (scores with exponents
+<= 0 only, exact for any decay): the factored rows run as usual with placeholder factors of 1 on
+the safe rows, whose writes, outputs, reads and gradients then replace the placeholders' (one
+index_copy each). Only when every chunk is that wide does the whole call go to ``chunked_gla``.
 
 r is a function of G, but the output does not depend on r (it cancels exactly), so the backward
 treats it as a constant. Backward, with Z = M x̃ + C S̃ (x̃ = e^{r - G} ⊙ x, S̃ = e^{r} S, o = e^{G - r} ⊙ Z):
@@ -33,7 +37,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from tokenmix.ops.chunked_gla import chunked_gla, factored_bound
+from tokenmix.ops.chunked_gla import _PER_HEAD, _safe_backward, _safe_forward, chunked_gla, factored_bound
 
 
 def _rows(x: Tensor, n: int, c: int, mult: Tensor | None = None) -> Tensor:
@@ -86,9 +90,27 @@ def _chunk_log_decay(g: Tensor, n: int, c: int) -> Tensor:
     return _rows(g, n, c).cumsum_(1)
 
 
+def _per_head(x: Tensor, h: int) -> Tensor:
+    """SSD rows [r, A, H P] -> chunked_gla's per-head rows [r H, A, P]."""
+    r, a, hp = x.shape
+    return x.view(r, a, h, hp // h).transpose(1, 2).reshape(r * h, a, hp // h)
+
+
+def _from_heads(x: Tensor, h: int) -> Tensor:
+    """chunked_gla's per-head rows [r H, A, P] -> SSD rows [r, A, H P]."""
+    rh, a, p = x.shape
+    return x.view(rh // h, h, a, p).transpose(1, 2).reshape(rh // h, a, h * p)
+
+
+def _shared(x: Tensor, h: int) -> Tensor:
+    """C or B rows [r, C, N] broadcast to every head: [r H, C, N]."""
+    r, c, nd = x.shape
+    return x[:, None].expand(r, h, c, nd).reshape(r * h, c, nd)
+
+
 class _ChunkedSSD(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, cq, bk, x, g, s0, scale, chunk):
+    def forward(ctx, cq, bk, x, g, s0, scale, chunk, safe_rows):
         bsz, t, nd = cq.shape
         h, p = x.shape[2], x.shape[3]
         hp = h * p
@@ -101,26 +123,46 @@ class _ChunkedSSD(torch.autograd.Function):
         gc = _chunk_log_decay(g, n, chunk)                     # [R, C, H]
         gmin, gmax = torch.aminmax(gc, dim=1)                  # [R, H]
         ref = (gmin + gmax).mul_(0.5)[:, None, :]              # midpoint of each head's range, [R, 1, H]
-        e_q = (gc - ref).exp_()                                # [R, C, H], within e^{±span/2}
+        shift = gc - ref
+        if safe_rows is not None:  # factors 1 there: finite placeholders, replaced by the safe form's results
+            shift.index_fill_(0, safe_rows, 0.0)
+        e_q = shift.exp_()                                     # [R, C, H], within e^{±span/2}
         e_k = e_q.reciprocal()
         xt = _rows(x.reshape(bsz, t, hp), n, chunk, e_k)      # e^{r - G} ⊙ x [R, C, H P], in the layout copy
         m = torch.bmm(qs, kb.transpose(1, 2)).tril_()           # [R, C, C], shared by the heads
         gamma = gc[:, -1, :]                                    # [R, H]
         w_out = (gamma - ref[:, 0]).exp_()                      # e^{Gamma - r}: x̃ written to the chunk end
+        if safe_rows is not None:
+            w_out.index_fill_(0, safe_rows, 1.0)
         # sbuf[i] = state entering chunk i as [B, N, H P] (heads side by side), sbuf[N] = final state
         sbuf = cq.new_empty(n + 1, bsz, nd, hp)
         sbuf[0] = 0 if s0 is None else s0.permute(0, 2, 1, 3).reshape(bsz, nd, hp)
         torch.bmm(kb.transpose(1, 2), xt, out=sbuf[1:].view(rows, nd, hp))
         sbuf[1:].view(rows, nd, h, p).mul_(w_out[:, None, :, None])
+        safe = None
+        if safe_rows is not None:
+            # rows whose span the factors cannot carry: chunked_gla's safe per-head form (exponents <= 0),
+            # on these rows only; their writes replace the placeholders before the carry
+            v_s = _per_head(xt.index_select(0, safe_rows), h)                  # plain x there (e_k = 1)
+            g_s = gc.index_select(0, safe_rows).transpose(1, 2).reshape(-1, chunk, 1)
+            a_s, q_in_s, delta_s, saved_s = _safe_forward(_shared(qs.index_select(0, safe_rows), h),
+                                                          _shared(kb.index_select(0, safe_rows), h), v_s, g_s,
+                                                          _PER_HEAD)
+            sbuf[1:].view(rows, nd, hp).index_copy_(0, safe_rows, _from_heads(delta_s, h))
+            safe = (safe_rows, v_s, a_s, q_in_s, saved_s)
         decay = gamma.exp().view(n, bsz, 1, h, 1)
         for i in range(n):  # the only sequential part: T / C steps on [N, H P]
             sbuf[i + 1].view(bsz, nd, h, p).addcmul_(decay[i], sbuf[i].view(bsz, nd, h, p))
         e_ref = ref[:, 0].exp()                                 # [R, H]
         st = (sbuf[:n].view(rows, nd, h, p) * e_ref[:, None, :, None]).view(rows, nd, hp)  # e^{r} S
         z = torch.bmm(m, xt).baddbmm_(qs, st)                   # [R, C, H P]
+        if safe is not None:  # their outputs o themselves (e_q = 1 there)
+            starts_s = _per_head(sbuf[:n].view(rows, nd, hp).index_select(0, safe_rows), h)
+            z.index_copy_(0, safe_rows, _from_heads(torch.bmm(a_s, v_s).baddbmm_(q_in_s, starts_s), h))
         # z, not o = e^{G - r} ⊙ z, is saved: the backward's rowsum_P(dO ⊙ o) equals rowsum_P(dZ ⊙ z),
         # so o only exists in the output layout, scaled during the copy
         ctx.save_for_backward(qs, kb, xt, m, st, z, sbuf, e_q, e_k, e_ref, w_out, decay)
+        ctx.safe = safe
         ctx.meta = (scale, bsz, t, h, p, s0 is not None)
         final = sbuf[n].view(bsz, nd, h, p).permute(0, 2, 1, 3).contiguous()
         return _unrows(z, bsz, t, e_q).view(bsz, t, h, p), final
@@ -141,6 +183,11 @@ class _ChunkedSSD(torch.autograd.Function):
         dbuf[n] = 0 if d_s is None else d_s.permute(0, 2, 1, 3).reshape(bsz, nd, hp)
         torch.bmm(qs.transpose(1, 2), dz, out=dbuf[:n].view(rows, nd, hp))
         dbuf[:n].view(rows, nd, h, p).mul_(e_ref[:, None, :, None])
+        safe = ctx.safe
+        if safe is not None:  # the safe rows' reads: (C ⊙ e^G)ᵀ dO per head (dZ = dO there)
+            safe_rows, v_s, a_s, q_in_s, saved_s = safe
+            do_s = _per_head(dz.index_select(0, safe_rows), h)
+            dbuf[:n].view(rows, nd, hp).index_copy_(0, safe_rows, _from_heads(torch.bmm(q_in_s.transpose(1, 2), do_s), h))
         for i in reversed(range(n)):
             dbuf[i].view(bsz, nd, h, p).addcmul_(decay[i], dbuf[i + 1].view(bsz, nd, h, p))
         d_next = dbuf[1:].view(rows, nd, hp)
@@ -149,16 +196,25 @@ class _ChunkedSSD(torch.autograd.Function):
         dxt = torch.bmm(m.transpose(1, 2), dz).baddbmm_(kb, dn)  # [R, C, H P]
         dq = torch.bmm(dm, kb).baddbmm_(dz, st.transpose(1, 2))  # [R, C, N]
         dk = torch.bmm(dm.transpose(1, 2), qs).baddbmm_(xt, dn.transpose(1, 2))
+        if safe is not None:
+            starts_s = _per_head(sbuf[:n].view(rows, nd, hp).index_select(0, safe_rows), h)
+            d_next_s = _per_head(d_next.index_select(0, safe_rows), h)
+            dq_s, dk_s, dv_s, dg_s = _safe_backward(do_s, v_s, a_s, d_next_s, starts_s, saved_s, _PER_HEAD, True)
+            dq.index_copy_(0, safe_rows, dq_s.view(-1, h, chunk, nd).sum(1))   # C, B shared: summed over heads
+            dk.index_copy_(0, safe_rows, dk_s.view(-1, h, chunk, nd).sum(1))
+            dxt.index_copy_(0, safe_rows, _from_heads(dv_s, h))                 # dx itself (e_k = 1 there)
         dg = None
         if ctx.needs_input_grad[3]:
             dgc = dgq.sub_(torch.einsum("rchp,rchp->rch", dxt.view(rows, chunk, h, p), xt.view(rows, chunk, h, p)))
+            if safe is not None:  # their dG = q ⊙ dq - k ⊙ dk summed over N, before the chunk-end term
+                dgc.index_copy_(0, safe_rows, dg_s.sum(-1).view(-1, h, chunk).transpose(1, 2))
             dgc[:, -1, :] += (sbuf[1:] * dbuf[1:]).view(rows, nd, h, p).sum((1, 3))  # rowsum(S' ⊙ dS')
             dg = _unrows(dgc.flip(1).cumsum_(1).flip(1), bsz, t)   # G = cumsum(g) inside the chunk
         if scale != 1.0:
             dq.mul_(scale)
         ds0 = dbuf[0].view(bsz, nd, h, p).permute(0, 2, 1, 3) if has_s0 else None
         return (_unrows(dq, bsz, t), _unrows(dk, bsz, t), _unrows(dxt, bsz, t, e_k).view(bsz, t, h, p), dg, ds0,
-                None, None)
+                None, None, None)
 
 
 def chunked_ssd(c: Tensor, b: Tensor, x: Tensor, g: Tensor, scale: float = 1.0,
@@ -198,8 +254,11 @@ def chunked_ssd(c: Tensor, b: Tensor, x: Tensor, g: Tensor, scale: float = 1.0,
     n = -(-t // chunk_size)
     with torch.no_grad():
         gc = _chunk_log_decay(g.detach(), n, chunk_size)
-        span = (gc.amax(1) - gc.amin(1)).max().item() if gc.numel() else 0.0
-    if span > 2 * factored_bound(g.dtype):  # some chunk decays by more than e^-88 (float32): exact safe form
+        spans = (gc.amax(1) - gc.amin(1)).amax(1) if gc.numel() else gc.new_zeros(0)  # [N * B]
+        wide = spans > 2 * factored_bound(g.dtype)  # some head decays by more than e^-88 (float32) in the chunk
+        n_wide = int(wide.sum())
+    if n_wide and n_wide == wide.numel():  # no chunk for the SSD kernel: the exact safe form for all
         return chunked_gla(c[:, :, None].expand(bsz, t, h, nd), b[:, :, None].expand(bsz, t, h, nd), x, g,
                            scale, initial_state, chunk_size)
-    return _ChunkedSSD.apply(c, b, x, g, initial_state, float(scale), int(chunk_size))
+    safe_rows = wide.nonzero()[:, 0] if n_wide else None
+    return _ChunkedSSD.apply(c, b, x, g, initial_state, float(scale), int(chunk_size), safe_rows)
