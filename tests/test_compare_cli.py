@@ -11,6 +11,7 @@ from tokenmix.cli.main import main
 from tokenmix.models import ModelConfig
 from tokenmix.patterns import get_pattern, pattern_report
 from tokenmix.core.registry import build_mixer
+from tokenmix.training import compare
 from tokenmix.training.compare import copy_routes, qualitative_findings, structure_facts
 from tokenmix.training.presets import load_preset, preset_names
 
@@ -198,6 +199,11 @@ def test_recall_reads_count_direct_reads_of_the_value_position():
     assert sq1.direct > pow2.direct
     assert abs(pow2.ceiling - (pow2.fraction + (1 - pow2.fraction) / 4)) < 1e-12
     assert recall_reads("attention", build_mixer("attention", d_model=8, n_heads=1), data, 4) is None
+    # behind a window-3 shift p + 2 holds the pair too: pow2's even distances read it
+    pow2_w3 = recall_reads("pow2", build_mixer("pow2", d_model=8, n_heads=1), data, 4, shift_window=3)
+    by_hand = sum(1 for x, m in zip(data.inputs.tolist(), data.scored.tolist()) for q, s in enumerate(m)
+                  if s and {x.index(x[q]) + 1, x.index(x[q]) + 2} & ({q} | {q - 2 ** k for k in range(5)}))
+    assert pow2_w3.direct == by_hand and pow2_w3.direct > 5 * pow2.direct
     # a recall claim between two rows at the guessing plateau is untested, with the reads as the reason
     cells = {("pow2_ce", "assoc_recall"): {"acc_mean": 0.25, "acc_std": 0.01},
              ("pow2", "assoc_recall"): {"acc_mean": 0.24, "acc_std": 0.01}}
@@ -221,14 +227,17 @@ def test_presets_in_the_repository_build_valid_sweeps():
     configs = quick(["diag_ssm"])
     labels = list(dict.fromkeys(c.label for c in configs))
     assert labels[-1] == "diag_ssm" and "pow2" in labels and "sq1_ce" in labels and "first_order" in labels
-    # one recipe for every row: the window-2 shift, then the row's mixer; local attention keeps its window
+    # one recipe for every row: the window-2 shift (window 3 on MQAR), then the row's mixer; local
+    # attention keeps its window
     for c in configs:
         mcfg = c.model_config()
         if c.label == "local_attention":
             assert mcfg.layers == ("local_attention",) * 2 and mcfg.mixer_overrides["local_attention"]["window"] == 8
         else:
             assert mcfg.layers == ("local_attention", c.label)
-            assert mcfg.mixer_overrides["local_attention"] == {"window": module.SHIFT_WINDOW}
+            window = 3 if c.task == "assoc_recall" else module.SHIFT_WINDOW
+            assert mcfg.mixer_overrides["local_attention"] == {"window": window}
+            assert compare.shift_window(mcfg, c.label) == window
         assert (mcfg.d_model, mcfg.n_heads, mcfg.positions, mcfg.tie_weights) == (32, 1, "learned", False)
     assert len({c.train.lr for c in configs}) >= 2  # a real max over learning rates
 

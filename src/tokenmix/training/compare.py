@@ -267,14 +267,18 @@ class RecallReads:
     """Which MQAR queries one layer of a row's pattern recurrence can answer by one content-based read.
 
     In zoology's layout key_i sits at an even position p = 2i and value_i at p + 1; the queries come
-    after the context, each at an even position q holding its key. Behind the window-2 token shift the
-    only position holding key_i *and* value_i is p + 1, so a one-layer softmax over {q} ∪ N(q) can
-    select the bound value by its key only when p + 1 ∈ N(q). Relays do not help: a relay u chooses
-    what it carries by its own token, before the query is known, and its score for q is computed from
-    its own token (the mixer's k_j is a projection of the layer input), not from what y_u carries.
-    ``direct`` counts the scored queries with p + 1 ∈ N(q) on the validation set; ``ceiling`` is the
-    accuracy of solving those and guessing the rest uniformly among the context's values (a yardstick,
-    not a proof: a model might guess better). Parity: q − (p + 1) is odd, and 2^k has one odd distance, 1.
+    after the context, each at an even position q holding its key. Behind a token shift of window w
+    (block 1 reads positions u − w + 1 .. u) the positions holding key_i *and* value_i are
+    p + 1 .. p + w − 1: only p + 1 for w = 2, p + 1 and p + 2 for w = 3. A one-layer softmax over
+    {q} ∪ N(q) can select the bound value by its key only when one of them is in {q} ∪ N(q). Relays do
+    not help: a relay u chooses what it carries by its own token, before the query is known, and its
+    score for q is computed from its own token (the mixer's k_j is a projection of the layer input),
+    not from what y_u carries. ``direct`` counts the scored queries with such a read on the
+    validation set; ``ceiling`` is the accuracy of solving those and guessing the rest uniformly
+    among the context's values (a yardstick, not a proof: a model might guess better, e.g. by ruling
+    out the value that a read of a neighbouring pair brings, or from the query's rank: queries come
+    roughly in the keys' order, and that guess alone gets about 30 % at 4 pairs, length 32). Parity: with w = 2, q − (p + 1) is odd,
+    and 2^k has one odd distance, 1; with w = 3, p + 2 adds the even distances.
     """
 
     label: str
@@ -293,7 +297,7 @@ class RecallReads:
 
     def describe(self, cell: dict[str, Any] | None = None) -> str:
         text = (f"{self.label} on assoc_recall: one layer of its pattern ({self.pattern}) reads the position holding "
-                f"the queried key and its value (the value's, behind the token shift) for {self.direct} of the "
+                f"the queried key and its value (behind the token shift) for {self.direct} of the "
                 f"{self.answers} validation queries ({100 * self.fraction:.1f} %); solving those and guessing the "
                 f"rest among the {self.num_kv_pairs} context values gives {100 * self.ceiling:.1f} %")
         if cell is not None:
@@ -301,21 +305,34 @@ class RecallReads:
         return text
 
 
-def recall_reads(label: str, mixer: torch.nn.Module, data: Any, num_kv_pairs: int) -> RecallReads | None:
-    """:class:`RecallReads` of ``mixer``'s pattern on MQAR ``data`` (None when the mixer has no pattern)."""
+def recall_reads(label: str, mixer: torch.nn.Module, data: Any, num_kv_pairs: int,
+                 shift_window: int = 2) -> RecallReads | None:
+    """:class:`RecallReads` of ``mixer``'s pattern on MQAR ``data`` behind a token shift of window
+    ``shift_window`` (None when the mixer has no pattern)."""
     pattern = getattr(mixer, "pattern", None)
     if pattern is None or not hasattr(pattern, "neighbors"):
         return None
     n = data.inputs.shape[1]
-    neighbours = [set(pattern.neighbors(q)) for q in range(n)]
+    reads = [set(pattern.neighbors(q)) | {q} for q in range(n)]
     answers = direct = 0
     for inputs, scored in zip(data.inputs.tolist(), data.scored.tolist()):
         for q in (i for i, s in enumerate(scored) if s):
             p = inputs.index(inputs[q])  # the key's first occurrence: its place in the context
             answers += 1
-            direct += (p + 1) in neighbours[q]
+            direct += any(u in reads[q] for u in range(p + 1, p + shift_window))
     return RecallReads(label=label, pattern=str(getattr(pattern, "name", pattern)), num_kv_pairs=num_kv_pairs,
                        answers=answers, direct=direct)
+
+
+def shift_window(model_cfg: ModelConfig, row: str) -> int:
+    """Window of the token shift in front of ``row``: the local attention just before its first layer;
+    2 when there is none (the binding counted at the value position only, as before any shift)."""
+    i = model_cfg.layers.index(row)
+    if i == 0 or model_cfg.layers[i - 1] != "local_attention":
+        return 2
+    from tokenmix.mixers.local_attention import LocalAttentionConfig
+
+    return int(model_cfg.mixer_overrides.get("local_attention", {}).get("window", LocalAttentionConfig.window))
 
 
 def recall_reads_for_rows(configs: Sequence[RunConfig]) -> dict[str, RecallReads]:
@@ -325,7 +342,8 @@ def recall_reads_for_rows(configs: Sequence[RunConfig]) -> dict[str, RecallReads
 
     out: dict[str, RecallReads] = {}
     for c, task, mixer in _row_mixers(configs, "assoc_recall"):
-        reads = recall_reads(c.label, mixer, dataset(task, c.train.val_examples, c.train.val_seed), task.num_kv_pairs)
+        reads = recall_reads(c.label, mixer, dataset(task, c.train.val_examples, c.train.val_seed), task.num_kv_pairs,
+                             shift_window(c.model_config(), c.label))
         if reads is not None:
             out[c.label] = reads
     return out
