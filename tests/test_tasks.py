@@ -280,6 +280,18 @@ def test_guessing_baselines_are_what_a_guesser_scores():
 
     assert abs(_guess_accuracy(hop, d, chain_ends, rng) - hop.baselines()["a chain end of the context"]) < 0.02
 
+    # the positional guess: the r-th answer is the r-th value of the context (queries tend to come in
+    # the keys' order, as the query slots are drawn key by key with a power law); uniform slots: 1 / kv
+    for power_a, above in ((0.01, True), (1.0, False)):
+        task = make_task("assoc_recall", vocab_size=64, seq_len=32, num_kv_pairs=4, random_non_queries=False,
+                         power_a=power_a)
+        d = task.build(2000, seed=1)
+        hits = [lab == x[2 * r + 1] for x, y in zip(d.inputs.tolist(), d.labels.tolist())
+                for r, lab in enumerate(v for v in y if v != IGNORE_INDEX)]
+        by_rank = sum(hits) / len(hits)
+        assert abs(by_rank - task.baselines()["the value of the pair ranked as the query"]) < 0.02
+        assert (by_rank > 0.25 + 0.03) == above
+
     copy = make_task("copy", vocab_size=16, seq_len=32, copy_len=12, offset=20)
     d = copy.build(1000, seed=0)
     assert abs(_guess_accuracy(copy, d, lambda x: list(range(2, 16)), rng) - copy.baselines()["uniform symbol"]) < 0.01
