@@ -94,11 +94,11 @@ every row but the dense recurrence was within 5 points of its 500-step value by 
 previous 500-step runs), and the dense recurrence, still climbing (63 % at step 250 in seed 0 at
 lr 1e-2, 92 % at 500), is far above attention either way; MQAR's 800 steps at one learning rate
 are the 2 x 400 of the earlier two-rate grid (the same 21,600 step budget), see above.
-Measured 2026-12-01, before the MQAR change (162 runs, MQAR 400 steps at two rates, window 2), on
-the shared 2-core machine (load 0.6 -> 1.9): 40,200 steps, 997 CPU s in
-all processes (499 per core), 8:28 wall; with other jobs running (load 1.6 -> 2.7) the same runs
-took 1121 CPU s and 15:12 wall (a step: 22.8 ms of CPU against 25.8 ms). Table and verdicts:
-README ("The paper's table, measured").
+Measured 2026-12-01 on the shared 2-core machine, quiet (load 0.8 -> 1.9, the command itself):
+39,900 steps, 983 CPU s in all processes, 8:20 wall (a step: 22.8 ms of CPU). The earlier recipe
+(162 runs, MQAR 400 steps at two rates behind the window-2 shift) took 997 CPU s and 8:28 wall, and
+1121 CPU s and 15:12 wall with other jobs running (a step: 25.8 ms). Table and verdicts: README
+("The paper's table, measured").
 Structured rows train in their dense mode, the cheapest exact mode at n = 32 (every mode computes
 the same function; in benchmarks on the loaded machine the default chunked mode was 10-40 % slower
 per training step for every structured row, first_order included).
