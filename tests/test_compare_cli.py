@@ -240,6 +240,11 @@ def test_presets_in_the_repository_build_valid_sweeps():
             assert compare.shift_window(mcfg, c.label) == window
         assert (mcfg.d_model, mcfg.n_heads, mcfg.positions, mcfg.tie_weights) == (32, 1, "learned", False)
     assert len({c.train.lr for c in configs}) >= 2  # a real max over learning rates
+    # the full-size grid shares the recipe, MQAR's shift window included
+    _, paper, _ = load_preset("paper")
+    windows = {(c.task, c.model_config().mixer_overrides["local_attention"]["window"])
+               for c in paper() if c.label == "pow2"}
+    assert windows == {("copy", 2), ("multi_hop", 2), ("assoc_recall", 3)}
 
 
 @pytest.mark.parametrize("extra,needle", [
