@@ -159,6 +159,7 @@ class _ChunkedSSD(torch.autograd.Function):
         if safe is not None:  # their outputs o themselves (e_q = 1 there)
             starts_s = _per_head(sbuf[:n].view(rows, nd, hp).index_select(0, safe_rows), h)
             z.index_copy_(0, safe_rows, _from_heads(torch.bmm(a_s, v_s).baddbmm_(q_in_s, starts_s), h))
+            safe = (*safe, starts_s)  # the backward reads the same entering states
         # z, not o = e^{G - r} ⊙ z, is saved: the backward's rowsum_P(dO ⊙ o) equals rowsum_P(dZ ⊙ z),
         # so o only exists in the output layout, scaled during the copy
         ctx.save_for_backward(qs, kb, xt, m, st, z, sbuf, e_q, e_k, e_ref, w_out, decay)
@@ -185,7 +186,7 @@ class _ChunkedSSD(torch.autograd.Function):
         dbuf[:n].view(rows, nd, h, p).mul_(e_ref[:, None, :, None])
         safe = ctx.safe
         if safe is not None:  # the safe rows' reads: (C ⊙ e^G)ᵀ dO per head (dZ = dO there)
-            safe_rows, v_s, a_s, q_in_s, saved_s = safe
+            safe_rows, v_s, a_s, q_in_s, saved_s, starts_s = safe
             do_s = _per_head(dz.index_select(0, safe_rows), h)
             dbuf[:n].view(rows, nd, hp).index_copy_(0, safe_rows, _from_heads(torch.bmm(q_in_s.transpose(1, 2), do_s), h))
         for i in reversed(range(n)):
@@ -197,7 +198,6 @@ class _ChunkedSSD(torch.autograd.Function):
         dq = torch.bmm(dm, kb).baddbmm_(dz, st.transpose(1, 2))  # [R, C, N]
         dk = torch.bmm(dm.transpose(1, 2), qs).baddbmm_(xt, dn.transpose(1, 2))
         if safe is not None:
-            starts_s = _per_head(sbuf[:n].view(rows, nd, hp).index_select(0, safe_rows), h)
             d_next_s = _per_head(d_next.index_select(0, safe_rows), h)
             dq_s, dk_s, dv_s, dg_s = _safe_backward(do_s, v_s, a_s, d_next_s, starts_s, saved_s, _PER_HEAD, True)
             dq.index_copy_(0, safe_rows, dq_s.view(-1, h, chunk, nd).sum(1))   # C, B shared: summed over heads

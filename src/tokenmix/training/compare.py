@@ -22,6 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
+from tokenmix.core.registry import get_mixer_spec
 from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.training.harness import RunConfig
 
@@ -330,9 +331,9 @@ def shift_window(model_cfg: ModelConfig, row: str) -> int:
     i = model_cfg.layers.index(row)
     if i == 0 or model_cfg.layers[i - 1] != "local_attention":
         return 2
-    from tokenmix.mixers.local_attention import LocalAttentionConfig
-
-    return int(model_cfg.mixer_overrides.get("local_attention", {}).get("window", LocalAttentionConfig.window))
+    # the layer's config as the registry resolves it for the model (defaults, then the overrides)
+    overrides = model_cfg.mixer_overrides.get("local_attention", {})
+    return get_mixer_spec("local_attention").make_config(**overrides).window
 
 
 def recall_reads_for_rows(configs: Sequence[RunConfig]) -> dict[str, RecallReads]:
