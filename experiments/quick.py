@@ -71,7 +71,8 @@ What separates the rows (framework §4):
     So the pattern rows leave the 25 % plateau of "a value of the context" (27-41 %, the lift comes
     late in the 800 steps and differs between seeds), sq1 gains 8-10 points from window 3 in both
     seeds, and the rise needs the learning rate to stay high (sq1 28.7 % with the cosine decay; 1200
-    cosine steps: sq1 41.8, pow2 33.2, not affordable). Two caveats, measured: the gain is only partly
+    cosine steps: sq1 41.8, pow2 33.2, not affordable here; ``experiments/recall.py`` trains this
+    column up to 6000 steps, where the pattern rows level off at 38-47 %). Two caveats, measured: the gain is only partly
     content-based recall through the binding reads. In seed 0 sq1 scored 37.8 % on the queries it
     reads directly and 37.8 % on the others; pow2 (seed 1) 44.0 % against 28.1 %. And the generator
     has a positional prior: queries come roughly in the keys' order (the gap slots are drawn with a

@@ -216,8 +216,8 @@ def test_recall_reads_count_direct_reads_of_the_value_position():
 
 
 def test_presets_in_the_repository_build_valid_sweeps():
-    assert {"quick", "paper", "depth"} <= set(preset_names())
-    for name in ("quick", "depth"):
+    assert {"quick", "recall", "paper", "depth"} <= set(preset_names())
+    for name in ("quick", "recall", "depth"):
         _, fn, module = load_preset(name)
         configs = fn()
         for cfg in configs[:: max(1, len(configs) // 10)]:
@@ -245,6 +245,21 @@ def test_presets_in_the_repository_build_valid_sweeps():
     windows = {(c.task, c.model_config().mixer_overrides["local_attention"]["window"])
                for c in paper() if c.label == "pow2"}
     assert windows == {("copy", 2), ("multi_hop", 2), ("assoc_recall", 3)}
+
+
+def test_recall_preset_is_the_quick_mqar_column_trained_longer():
+    """Same runs as the quick preset's MQAR column (rows, task, model, learning rate, seeds); only the
+    step budget and the patience differ."""
+    from dataclasses import replace
+
+    _, quick, _ = load_preset("quick")
+    _, recall, module = load_preset("recall")
+    short = [c for c in quick(["diag_ssm"]) if c.task == "assoc_recall"]
+    long = recall(["diag_ssm"])
+    assert len(long) == len(short) == 10 * 3
+    for s, c in zip(short, long):
+        assert c.train.steps == module.STEPS > 4 * s.train.steps and c.train.patience == module.PATIENCE > 0
+        assert replace(c, train=replace(c.train, steps=s.train.steps, patience=s.train.patience)) == s
 
 
 @pytest.mark.parametrize("extra,needle", [

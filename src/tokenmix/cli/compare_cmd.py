@@ -18,8 +18,9 @@ def register(sub) -> None:
     p = sub.add_parser("compare", help="train each mixer structure on the synthetic tasks and print the "
                                        "cost / cache / shortest path / accuracy table")
     p.add_argument("--preset", default="quick",
-                   help="quick (default, ≤ 10 min on 2 CPU cores), paper (full grid, hours), depth "
-                        "(entity tracking vs layers), or a path to an experiments-style .py file")
+                   help="quick (default, ≤ 10 min on 2 CPU cores), recall (quick's MQAR column to its "
+                        "plateau, ~20 min), paper (full grid, hours), depth (entity tracking vs layers), "
+                        "or a path to an experiments-style .py file")
     p.add_argument("--mixers", nargs="+", default=[], metavar="NAME",
                    help="extra rows: registered mixer names (space or comma separated)")
     p.add_argument("--out", default=None, help="run directory (default runs/compare-<preset>); rerunning "
