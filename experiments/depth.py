@@ -2,7 +2,9 @@
 (and ChaCAL) follows n state changes that attention (B = 0) needs ceil(log2(n + 1)) layers for.
 
 Rows: ``dense_recurrence x1``, ``chacal x1`` and ``attention xL`` for L = 1 .. 4 (plus
-``extra_mixers`` at one layer); one column per n: n = 3 (bound 2 layers) and n = 4 (bound 3).
+``extra_mixers`` at one layer); one column per n: n = 3 (bound 2 layers) and n = 4 (bound 3). The
+known attention solution, pointer doubling, needs ceil(log2(n + 2)) = 3 layers for both (the ASK is
+one more link; ``compare.doubling_layers``), within the 4 layers of the grid.
 Two chains per example; every box is asked (depths 0 .. n, the shallow questions are a curriculum
 inside each example: one lookup, which the deep answers compose) and only the questions about each
 chain's last box (depth n) are scored, so the guessing level is 50 % (one of the two objects).

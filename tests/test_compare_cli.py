@@ -3,9 +3,11 @@ the paper's claims checked on a table, and bad input as one line with exit statu
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
+import torch
 
 from tokenmix.cli.main import main
 from tokenmix.models import ModelConfig
@@ -338,3 +340,44 @@ def test_depth_claim_is_checked_per_number_of_changes():
     assert any("attention with 3 layer(s) (at or above the bound) did not solve it" in w
                for w in why["n=7: fewest attention layers reaching 90 % (lower bound 3)"])
     assert why["n=3: fewest attention layers reaching 90 % (lower bound 2)"] == []  # 2 layers did
+    assert any("a known solution needs 4 layers" in w for w in why["n=7: fewest attention layers reaching 90 % (lower bound 3)"])
+
+
+def _pointer_doubling(task, inputs: torch.Tensor, layers: int) -> torch.Tensor:
+    """What one-hot pointer doubling holds at every position after ``layers`` layers: the object's
+    label where it has reached one, -1 where it still holds a pointer (by hand, from the token ids)."""
+    out = torch.full(inputs.shape, -1, dtype=torch.long)
+    for ex, row in enumerate(inputs.tolist()):
+        setter, held = {}, []  # box -> position of the event that set it; per position ("obj", o) | ("ptr", box)
+        for pos, tok in enumerate(row):
+            if tok >= task.ask_base:
+                held.append(("ptr", tok - task.ask_base))
+            elif tok >= task.move_base:
+                dst, src = divmod(tok - task.move_base, task.num_boxes)
+                setter[dst] = pos
+                held.append(("ptr", src))
+            else:
+                box, obj = divmod(tok - task.put_base, task.num_objects)
+                setter[box] = pos
+                held.append(("obj", 1 + obj))
+        for _ in range(layers):
+            held = [h if h[0] == "obj" else held[setter[h[1]]] for h in held]
+        out[ex] = torch.tensor([h[1] if h[0] == "obj" else -1 for h in held])
+    return out
+
+
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7])
+def test_pointer_doubling_answers_the_deepest_ask_after_doubling_layers(n):
+    """The layer count the depth claim quotes for a known attention solution, checked on the generator."""
+    from tokenmix.tasks import make_task
+    from tokenmix.training.compare import doubling_layers
+
+    task = make_task("entity_tracking", num_changes=n, num_chains=2, num_boxes=2 * (n + 1), ask_all_boxes=True,
+                     score_deepest=True)
+    data = task.build(64, seed=3)
+    deepest = data.scored
+    for layers, solved in ((doubling_layers(n), True), (doubling_layers(n) - 1, False)):
+        held = _pointer_doubling(task, data.inputs, layers)
+        assert bool((held[deepest] == data.labels[deepest]).all()) is solved
+        assert not solved or bool((held[deepest] != -1).all())
+    assert doubling_layers(n) >= math.ceil(math.log2(n + 1))

@@ -601,6 +601,18 @@ def qualitative_findings(cells: dict[tuple[str, str], dict[str, Any]],
 SOLVED = 0.90  # "solves" in the depth claim
 
 
+def doubling_layers(n: int) -> int:
+    """Attention layers after which pointer doubling answers the deepest ASK of an n-change chain.
+
+    The construction (one-hot attention): every event starts holding a pointer to the event it reads
+    (MOVE(b, a): the event that set box a; ASK(b): the one that set b) or, for PUT, its object; a
+    layer replaces each pointer with what the pointed-to event held after the previous layer, so L
+    layers follow 2^L - 1 links. ASK(b_n) is n + 1 links from the PUT, hence ceil(log2(n + 2)): one
+    more than ChaCAL's lower bound ceil(log2(n + 1)) when n + 1 is a power of two (the ASK's own hop).
+    """
+    return math.ceil(math.log2(n + 2))
+
+
 def depth_findings(cells: dict[tuple[str, str], dict[str, Any]], configs: Sequence[RunConfig],
                    lrs: Sequence[float] = ()) -> list[dict[str, Any]]:
     """ChaCAL's depth claim (framework §6.2, references §3) on an entity-tracking table.
@@ -656,6 +668,8 @@ def depth_findings(cells: dict[tuple[str, str], dict[str, Any]], configs: Sequen
             budget = f" within {steps} steps" if steps else ""
             why.append(f"attention with {', '.join(map(str, deep))} layer(s) (at or above the bound) did not solve it "
                        f"either{budget}: the bound permits a solution these runs did not find")
+            why.append(f"a known solution needs {doubling_layers(n)} layers: pointer doubling with one-hot attention "
+                       f"(L layers follow 2^L - 1 links; the ASK is {n + 1} links from the PUT)")
             why += [w for L, c in deep.items() for w in cell_diagnostics((attention[L], col), c, baselines, lrs)]
         out.append({"claim": f"{col}: fewest attention layers reaching 90 % (lower bound {bound})",
                     "verdict": f"{reach[0]} layers" if reach else f"none of 1..{max(att)}",
