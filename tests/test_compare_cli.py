@@ -218,8 +218,8 @@ def test_recall_reads_count_direct_reads_of_the_value_position():
 
 
 def test_presets_in_the_repository_build_valid_sweeps():
-    assert {"quick", "recall", "paper", "depth"} <= set(preset_names())
-    for name in ("quick", "recall", "depth"):
+    assert {"quick", "recall", "paper", "depth", "depth_long"} <= set(preset_names())
+    for name in ("quick", "recall", "depth", "depth_long"):
         _, fn, module = load_preset(name)
         configs = fn()
         for cfg in configs[:: max(1, len(configs) // 10)]:
@@ -247,6 +247,21 @@ def test_presets_in_the_repository_build_valid_sweeps():
     windows = {(c.task, c.model_config().mixer_overrides["local_attention"]["window"])
                for c in paper() if c.label == "pow2"}
     assert windows == {("copy", 2), ("multi_hop", 2), ("assoc_recall", 3)}
+
+
+def test_depth_long_preset_is_the_depth_task_at_n3_with_one_recipe_for_every_row():
+    _, depth, _ = load_preset("depth")
+    _, depth_long, module = load_preset("depth_long")
+    configs = depth_long()
+    column = [c for c in depth() if c.task_config().num_changes == 3]
+    assert {c.task_config() for c in configs} == {column[0].task_config()}
+    assert {c.label for c in configs} == {"dense_recurrence x1", "attention x1", "attention x2", "attention x3"}
+    assert len(configs) == 4 * len(module.SEEDS) and len(module.SEEDS) >= 3
+    for c in configs:
+        mcfg = c.model_config()
+        assert (mcfg.n_heads, mcfg.mlp, mcfg.positions) == (2, True, "none")
+        assert c.train.steps == 20_000 > 4 * column[0].train.steps
+        assert mcfg.layers == (c.label.split()[0],) * int(c.label.split()[1][1:])
 
 
 def test_recall_preset_is_the_quick_mqar_column_trained_longer():
