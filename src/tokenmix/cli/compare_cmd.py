@@ -20,7 +20,7 @@ def register(sub) -> None:
     p.add_argument("--preset", default="quick",
                    help="quick (default, ≤ 10 min on 2 CPU cores), recall (quick's MQAR column to its "
                         "plateau, ~20 min), paper (full grid, hours), depth (entity tracking vs layers), depth_long "
-                        "(its n = 3 column with a budget attention learns in, ~70 min), "
+                        "(its n = 3 column with a budget attention learns in, ~35 min), "
                         "or a path to an experiments-style .py file")
     p.add_argument("--mixers", nargs="+", default=[], metavar="NAME",
                    help="extra rows: registered mixer names (space or comma separated)")

@@ -609,6 +609,8 @@ def doubling_layers(n: int) -> int:
     layer replaces each pointer with what the pointed-to event held after the previous layer, so L
     layers follow 2^L - 1 links. ASK(b_n) is n + 1 links from the PUT, hence ceil(log2(n + 2)): one
     more than ChaCAL's lower bound ceil(log2(n + 1)) when n + 1 is a power of two (the ASK's own hop).
+    An upper bound for one head: with more heads and an MLP a layer can do more per link (e.g. read
+    every PUT of a short context at once and pick the object by box), so fewer layers may do.
     """
     return math.ceil(math.log2(n + 2))
 
