@@ -217,6 +217,33 @@ def test_evaluate_counts_only_the_scored_answers():
     assert harness.evaluate(model, deep, batch_size=3) == 0.0  # sliced batches keep their masks
     with pytest.raises(ValueError, match="without an answer"):
         TaskData(inputs, labels, score_mask=torch.ones(4, 5, dtype=torch.bool))
+    # answer groups: every answer of a group counts, scored or not, whatever the batch slicing
+    groups = torch.full((4, 5), -1)
+    groups[:, 1], groups[:2, 3], groups[2:, 3] = 0, 0, 1
+    grouped = TaskData(inputs, labels, deep.score_mask, groups, ("easy", "hard"))
+    for batch_size in (256, 3):
+        by_group: dict[str, float] = {}
+        assert harness.evaluate(model, grouped, batch_size=batch_size, by_group=by_group) == 0.0
+        assert by_group == {"easy": pytest.approx(4 / 6), "hard": 0.0}
+    with pytest.raises(ValueError, match="groups must index group_names"):
+        TaskData(inputs, labels, groups=torch.zeros(4, 5, dtype=torch.long), group_names=("all",))
+    with pytest.raises(ValueError, match="groups must index group_names"):
+        TaskData(inputs, labels, groups=groups, group_names=("easy",))
+
+
+def test_summary_and_report_give_accuracy_per_answer_group():
+    from tokenmix.training.compare import cell_diagnostics
+
+    runs = [{"label": "x", "task": "entity_tracking", "d_model": 8, "lr": 1e-3, "test_acc": acc, "best_val_acc": acc,
+             "test_acc_by_group": {"depth 0": 1.0, "depth 1": acc}, "tokens_per_s": 1.0, "train_seconds": 1.0,
+             "steps_done": 10} for acc in (0.5, 0.7)]
+    row = harness.summarize(runs)[0]
+    assert row["acc_by_group"] == {"depth 0": 1.0, "depth 1": pytest.approx(0.6)}
+    notes = cell_diagnostics(("x", "entity_tracking"), row, {}, [])
+    assert any("by answer group" in w and "depth 0 100.0 %, depth 1 60.0 %" in w for w in notes)
+    # results written before answer groups existed summarise without them
+    old = [{k: v for k, v in r.items() if k != "test_acc_by_group"} for r in runs]
+    assert harness.summarize(old)[0]["acc_by_group"] == {}
 
 
 def test_sweep_trains_longest_budgets_first_and_reports_in_config_order(tmp_path, trained_ids):

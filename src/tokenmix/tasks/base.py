@@ -33,11 +33,17 @@ class TaskData:
         inputs: [N, T] long token ids in [0, vocab_size).
         labels: [N, T] long; target ids at answer positions (trained on), ``IGNORE_INDEX`` elsewhere.
         score_mask: [N, T] bool, the answer positions that accuracy counts; None = every answer position.
+        groups: [N, T] long or None: for a task whose questions differ in kind (e.g. how many lookups
+            they compose), the index into ``group_names`` of every answer position, scored or only
+            trained on, and -1 elsewhere. Reports give accuracy per group beside the scored accuracy.
+        group_names: the groups' names, e.g. ("depth 0", "depth 1", ...).
     """
 
     inputs: Tensor
     labels: Tensor
     score_mask: Tensor | None = None
+    groups: Tensor | None = None
+    group_names: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.inputs.shape != self.labels.shape or self.inputs.dim() != 2:
@@ -48,6 +54,12 @@ class TaskData:
                 raise ValueError(f"score_mask must be a bool tensor shaped like labels {tuple(self.labels.shape)}")
             if bool((self.score_mask & (self.labels == IGNORE_INDEX)).any()):
                 raise ValueError("score_mask marks positions without an answer")
+        if self.groups is not None:
+            if self.groups.shape != self.labels.shape or self.groups.dtype != torch.long:
+                raise ValueError(f"groups must be a long tensor shaped like labels {tuple(self.labels.shape)}")
+            grouped = self.groups >= 0
+            if bool((grouped & (self.labels == IGNORE_INDEX)).any()) or bool((self.groups >= len(self.group_names)).any()):
+                raise ValueError("groups must index group_names at answer positions and be -1 elsewhere")
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
@@ -55,7 +67,8 @@ class TaskData:
     def __getitem__(self, index: slice | Tensor) -> "TaskData":
         """The examples ``index`` (a slice or index tensor) of this split."""
         mask = None if self.score_mask is None else self.score_mask[index]
-        return TaskData(self.inputs[index], self.labels[index], mask)
+        groups = None if self.groups is None else self.groups[index]
+        return TaskData(self.inputs[index], self.labels[index], mask, groups, self.group_names)
 
     @property
     def scored(self) -> Tensor:

@@ -16,7 +16,9 @@ Generator, per example (``numpy.random.default_rng(seed)``):
        With ``ask_all_boxes`` every box of every chain is asked (depths 0 .. n, random order): the
        shallow questions give a learning signal for one lookup that the deep ones compose. With
        ``score_deepest`` as well, only the questions about each chain's last box b_n (depth n) are
-       scored (``score_mask``); the shallower ones are trained on.
+       scored (``score_mask``); the shallower ones are trained on. Every ASK's depth is its answer
+       group ("depth 0" .. "depth n": d + 1 links from the ASK to the PUT), so reports can show which
+       depths a model answers.
 Answering ASK(b_n) follows a dependency path of depth n + 1 back to the PUT. ChaCAL's bound: a
 stack of attention layers (B = 0) needs ≥ ceil(log2(n + 1)) layers for n state changes, a dense
 recurrence can follow the chain within one layer.
@@ -102,6 +104,7 @@ class EntityTrackingConfig(TaskConfig):
         inputs = np.zeros((num_examples, self.seq_len), dtype=np.int64)
         labels = np.full((num_examples, self.seq_len), IGNORE_INDEX, dtype=np.int64)
         scored = np.zeros((num_examples, self.seq_len), dtype=bool)
+        groups = np.full((num_examples, self.seq_len), -1, dtype=np.int64)
         for ex in range(num_examples):
             boxes = rng.choice(self.num_boxes, size=c * (n + 1), replace=False).reshape(c, n + 1)
             objects = rng.choice(self.num_objects, size=c, replace=False)
@@ -119,5 +122,7 @@ class EntityTrackingConfig(TaskConfig):
                 inputs[ex, events + i] = self.ask(asked[k])
                 labels[ex, events + i] = 1 + objects[chain_of[k]]
                 scored[ex, events + i] = depth_of[k] == n
+                groups[ex, events + i] = depth_of[k]
         score_mask = torch.from_numpy(scored) if self.score_deepest else None
-        return TaskData(torch.from_numpy(inputs), torch.from_numpy(labels), score_mask)
+        return TaskData(torch.from_numpy(inputs), torch.from_numpy(labels), score_mask, torch.from_numpy(groups),
+                        tuple(f"depth {d}" for d in range(n + 1)))

@@ -455,10 +455,14 @@ CEILING = 0.99
 def cell_diagnostics(key: tuple[str, str], cell: dict[str, Any], baselines: dict[str, dict[str, float]],
                      lrs: Sequence[float]) -> list[str]:
     """Facts about one measured cell that bear on why a comparison came out as it did, each computed
-    from the runs: at a guessing level, stopped by the step budget while still improving, best
-    learning rate at the edge of the grid."""
+    from the runs: accuracy per answer group (which kinds of question it answers), at a guessing
+    level, stopped by the step budget while still improving, best learning rate at the edge of the grid."""
     label, task = key
     out = []
+    by_group = cell.get("acc_by_group") or {}
+    if len(by_group) > 1:
+        out.append(f"{label} on {task} by answer group (test, every question of the group, scored or only "
+                   f"trained on): " + ", ".join(f"{g} {100 * a:.1f} %" for g, a in by_group.items()))
     acc = cell["acc_mean"]
     guess = baselines.get(task, {})
     if guess:

@@ -243,19 +243,34 @@ def dataset(task: TaskConfig, num_examples: int, seed: int) -> TaskData:
 
 
 @torch.no_grad()
-def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str | None = None) -> float:
-    """Accuracy over the scored answer positions of ``data`` (labels != −100, within ``score_mask``)."""
+def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str | None = None,
+             by_group: dict[str, float] | None = None) -> float:
+    """Accuracy over the scored answer positions of ``data`` (labels != −100, within ``score_mask``).
+
+    ``by_group``: filled, for data with answer groups, with each group's accuracy over all of its
+    answer positions (scored or only trained on), from the same forward passes.
+    """
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
     correct = total = 0
+    k = len(data.group_names) if data.groups is not None else 0
+    group_correct, group_total = torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long)
     for i in range(0, len(data), batch_size):
         part = data[i : i + batch_size]
         logits, _ = model(part.inputs.to(device), mode=mode)
         logits = logits.cpu()
         c, n = masked_accuracy(logits, part.labels, part.scored)
         correct, total = correct + c, total + n
+        if k:
+            grouped = part.groups >= 0
+            g, hit = part.groups[grouped], (logits.argmax(-1) == part.labels)[grouped]
+            group_total += torch.bincount(g, minlength=k)
+            group_correct += torch.bincount(g, weights=hit.double(), minlength=k).long()
     model.train(was_training)
+    if by_group is not None:
+        by_group.update({name: int(c) / int(n) for name, c, n in zip(data.group_names, group_correct, group_total)
+                         if n > 0})
     return correct / max(total, 1)
 
 
@@ -337,7 +352,8 @@ def train_one(cfg: RunConfig, on_steps: Callable[[int], None] | None = None, dev
     if best_state is not None:
         model.load_state_dict(best_state)
     # a run that diverged before its first validation has no checkpoint worth scoring
-    test_acc = evaluate(model, test_data, mode=tc.mode) if best_state is not None else 0.0
+    test_by_group: dict[str, float] = {}
+    test_acc = evaluate(model, test_data, mode=tc.mode, by_group=test_by_group) if best_state is not None else 0.0
     head = losses[: min(10, len(losses))]
     tail = losses[-min(10, len(losses)):]
     return {
@@ -350,6 +366,7 @@ def train_one(cfg: RunConfig, on_steps: Callable[[int], None] | None = None, dev
         "lr": tc.lr,
         "seed": cfg.seed,
         "test_acc": test_acc,
+        "test_acc_by_group": test_by_group,  # empty unless the task has answer groups
         "best_val_acc": best_val,
         "steps_done": step,
         "stop_reason": stop_reason,
@@ -575,6 +592,7 @@ def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "label": label, "column": task, "task": by_lr[next(iter(by_lr))][0]["task"], "d_model": d_model,
             "best_lr": best_lr, "acc_mean": mean, "acc_std": std, "n_seeds": n, "val_mean": val,
             "acc_by_lr": {f"{lr:g}": per_lr[lr][0] for lr in sorted(per_lr)},
+            "acc_by_group": _mean_by_group(best_runs),
             "val_by_lr": {f"{lr:g}": per_lr[lr][3] for lr in sorted(per_lr)},
             "tokens_per_s": statistics.fmean(r["tokens_per_s"] for rs in by_lr.values() for r in rs),
             "tokens_per_cpu_s": statistics.fmean(r.get("tokens_per_cpu_s", 0.0) for rs in by_lr.values() for r in rs),
@@ -587,6 +605,14 @@ def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                                 for r in best_runs),
         })
     return rows
+
+
+def _mean_by_group(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Mean over runs of each answer group's test accuracy (groups every run reports; results
+    written before groups existed have none)."""
+    per_run = [r.get("test_acc_by_group") or {} for r in runs]
+    names = [g for g in per_run[0] if all(g in p for p in per_run)] if per_run else []
+    return {g: statistics.fmean(p[g] for p in per_run) for g in names}
 
 
 def curve_still_rising(curve: Sequence[dict[str, float]], tail: float = 0.25, min_gain: float = 0.02) -> bool:
