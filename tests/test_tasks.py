@@ -162,31 +162,22 @@ def test_entity_tracking_scores_only_the_deepest_questions():
     task = make_task("entity_tracking", **SMALL["entity_tracking"], ask_all_boxes=True, score_deepest=True)
     d = task.build(20, seed=1)
     k, o, n = task.num_boxes, task.num_objects, task.num_changes
-    for x, scored in zip(d.inputs.tolist(), d.score_mask.tolist()):
+    # every question's answer group is its depth (by hand); -1 where nothing is asked
+    assert d.group_names == tuple(f"depth {i}" for i in range(n + 1))
+    for x, scored, groups in zip(d.inputs.tolist(), d.score_mask.tolist(), d.groups.tolist()):
         depth: dict[int, int] = {}
         for t, tok in enumerate(x):
             if task.put_base <= tok < task.move_base:
                 depth[(tok - task.put_base) // o] = 0
+                assert groups[t] == -1
             elif task.move_base <= tok < task.ask_base:
                 dst, src = divmod(tok - task.move_base, k)
                 depth[dst] = depth[src] + 1
+                assert groups[t] == -1
             else:
                 assert scored[t] == (depth[tok - task.ask_base] == n)
-    assert int(d.score_mask.sum()) == 20 * task.num_chains
-    # every question's answer group is its depth (by hand, above); -1 where nothing is asked
-    assert d.group_names == tuple(f"depth {i}" for i in range(n + 1))
-    for x, groups in zip(d.inputs.tolist(), d.groups.tolist()):
-        depth = {}
-        for t, tok in enumerate(x):
-            if task.put_base <= tok < task.move_base:
-                depth[(tok - task.put_base) // o] = 0
-                assert groups[t] == -1
-            elif task.move_base <= tok < task.ask_base:
-                dst, src = divmod(tok - task.move_base, k)
-                depth[dst] = depth[src] + 1
-                assert groups[t] == -1
-            else:
                 assert groups[t] == depth[tok - task.ask_base]
+    assert int(d.score_mask.sum()) == 20 * task.num_chains
     with pytest.raises(ValueError, match="score_deepest needs ask_all_boxes"):
         make_task("entity_tracking", **SMALL["entity_tracking"], score_deepest=True)
 

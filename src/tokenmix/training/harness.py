@@ -266,7 +266,7 @@ def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str
             grouped = part.groups >= 0
             g, hit = part.groups[grouped], (logits.argmax(-1) == part.labels)[grouped]
             group_total += torch.bincount(g, minlength=k)
-            group_correct += torch.bincount(g, weights=hit.double(), minlength=k).long()
+            group_correct += torch.bincount(g[hit], minlength=k)
     model.train(was_training)
     if by_group is not None:
         by_group.update({name: int(c) / int(n) for name, c, n in zip(data.group_names, group_correct, group_total)
