@@ -651,7 +651,8 @@ def depth_findings(cells: dict[tuple[str, str], dict[str, Any]], configs: Sequen
             out.append({"claim": f"{col}: depth effect", "verdict": "not measured", "measured": "", "why": []})
             continue
         best_rec = max(rec, key=lambda lab: rec[lab]["acc_mean"])
-        why = cell_diagnostics((best_rec, col), rec[best_rec], baselines, lrs)
+        # every one-layer row's facts, not only the best one's: a second row that fails needs its reason
+        why = [w for lab, c in rec.items() for w in cell_diagnostics((lab, col), c, baselines, lrs)]
         detail = ", ".join(f"{lab} {100 * c['acc_mean']:.1f} ± {100 * c['acc_std']:.1f}" for lab, c in rec.items())
         out.append({"claim": f"{col}: a one-layer dense recurrence / ChaCAL solves {n} state changes (≥ 90 %)",
                     "verdict": "holds" if rec[best_rec]["acc_mean"] >= SOLVED else "does not hold",
