@@ -361,6 +361,35 @@ def test_depth_claim_is_checked_per_number_of_changes():
     assert any("a known solution needs 4 layers" in w for w in why["n=7: fewest attention layers reaching 90 % (lower bound 3)"])
 
 
+def test_depth_plot_drawn_for_entity_tracking_tables_only(tmp_path):
+    """accuracy_vs_layers.png: accuracy against layers, and a second panel row by question depth when
+    the cells have answer groups; nothing for a table without entity tracking."""
+    from tokenmix.training.harness import RunConfig
+
+    def run(label, layers):
+        return RunConfig(label=label, task="entity_tracking", column="n=3", model=dict(d_model=8, n_heads=1, layers=layers),
+                         task_args=dict(num_changes=3, num_chains=2, num_boxes=8, ask_all_boxes=True, score_deepest=True))
+
+    configs = [run("chacal x1", ["chacal"])] + [run(f"attention x{L}", ["attention"] * L) for L in (1, 2)]
+    groups = {f"depth {d}": 1.0 - 0.1 * d for d in range(4)}
+    cells = {("chacal x1", "n=3"): {"acc_mean": 0.99, "acc_std": 0.0, "acc_by_group": groups},
+             ("attention x1", "n=3"): {"acc_mean": 0.5, "acc_std": 0.01}, ("attention x2", "n=3"): {"acc_mean": 0.7, "acc_std": 0.05}}
+
+    def height(path: Path) -> int:  # PNG IHDR: width and height right after the signature and chunk header
+        data = path.read_bytes()
+        assert data[:8] == PNG_SIGNATURE
+        return int.from_bytes(data[20:24], "big")
+
+    (with_groups,) = compare.write_depth_plot(tmp_path, configs, cells)
+    tall = height(with_groups)
+    cells[("chacal x1", "n=3")].pop("acc_by_group")
+    (plain,) = compare.write_depth_plot(tmp_path, configs, cells)
+    assert plain.name == "accuracy_vs_layers.png" and tall > 1.5 * height(plain)
+    assert not list(tmp_path.glob(".*tmp*"))  # written through a temporary file, none left over
+    other = [RunConfig(label="pow2", task="copy", task_args=GOOD_TASKS["copy"], model=dict(d_model=8, layers=["pow2"]))]
+    assert compare.write_depth_plot(tmp_path / "none", other, {("pow2", "copy"): {"acc_mean": 1.0, "acc_std": 0.0}}) == []
+
+
 def _pointer_doubling(task, inputs: torch.Tensor, layers: int) -> torch.Tensor:
     """What one-hot pointer doubling holds at every position after ``layers`` layers: the object's
     label where it has reached one, -1 where it still holds a pointer (by hand, from the token ids)."""

@@ -100,7 +100,8 @@ def run(args) -> int:
             paper.add_row(*r)
         console.print(paper)
 
-    plots = [] if args.no_plots else compare.write_plots(out, labels, columns, facts, cells)
+    plots = [] if args.no_plots else (compare.write_plots(out, labels, columns, facts, cells)
+                                      + compare.write_depth_plot(out, configs, cells))
     stats = compare.InvocationStats(
         wall_seconds=time.perf_counter() - start, cpu_seconds=_cpu_seconds(), trained=outcome.trained,
         skipped=outcome.skipped, workers=workers, threads=threads, load_before=load_before,

@@ -619,16 +619,10 @@ def doubling_layers(n: int) -> int:
     return math.ceil(math.log2(n + 2))
 
 
-def depth_findings(cells: dict[tuple[str, str], dict[str, Any]], configs: Sequence[RunConfig],
-                   lrs: Sequence[float] = ()) -> list[dict[str, Any]]:
-    """ChaCAL's depth claim (framework §6.2, references §3) on an entity-tracking table.
-
-    Per column with n state changes, bound b = ceil(log2(n + 1)): (1) a one-layer dense recurrence
-    or ChaCAL solves it (≥ 90 %); (2) attention with fewer than b layers does not (each at least 20
-    points below the better one-layer recurrence); and, as a measured fact rather than a claim (b is
-    a lower bound), the fewest attention layers that reach 90 %. Rows are recognised from their
-    models: one layer of ``dense_recurrence`` or ``chacal``, or only ``attention`` layers.
-    """
+def depth_rows(configs: Sequence[RunConfig]) -> tuple[list[str], dict[int, str], dict[str, int]]:
+    """The rows the depth claim reads, recognised from their models: labels of the one-layer
+    ``dense_recurrence`` / ``chacal`` rows, attention-only rows by layer count, and the number of
+    state changes n of every entity-tracking column."""
     one_layer: list[str] = []
     attention: dict[int, str] = {}
     columns: dict[str, int] = {}
@@ -641,6 +635,20 @@ def depth_findings(cells: dict[tuple[str, str], dict[str, Any]], configs: Sequen
             one_layer.append(c.label)
         elif set(layers) == {"attention"}:
             attention.setdefault(len(layers), c.label)
+    return one_layer, attention, columns
+
+
+def depth_findings(cells: dict[tuple[str, str], dict[str, Any]], configs: Sequence[RunConfig],
+                   lrs: Sequence[float] = ()) -> list[dict[str, Any]]:
+    """ChaCAL's depth claim (framework §6.2, references §3) on an entity-tracking table.
+
+    Per column with n state changes, bound b = ceil(log2(n + 1)): (1) a one-layer dense recurrence
+    or ChaCAL solves it (≥ 90 %); (2) attention with fewer than b layers does not (each at least 20
+    points below the better one-layer recurrence); and, as a measured fact rather than a claim (b is
+    a lower bound), the fewest attention layers that reach 90 %. Rows are recognised from their
+    models: one layer of ``dense_recurrence`` or ``chacal``, or only ``attention`` layers.
+    """
+    one_layer, attention, columns = depth_rows(configs)
     baselines = baselines_by_column(configs)
     out = []
     for col, n in columns.items():
@@ -734,14 +742,82 @@ def write_plots(out: Path, labels: Sequence[str], tasks: Sequence[str], facts: d
             ax.set_xlabel(xlabel, fontsize=8)
             ax.set_ylabel("test accuracy (%)")
             ax.grid(alpha=0.3)
-        fig.tight_layout()
-        path = out / f"{stem}.png"
-        tmp = out / f".{stem}.tmp.png"
-        fig.savefig(tmp, dpi=110)
-        plt.close(fig)
-        tmp.replace(path)
-        paths.append(path)
+        paths.append(_save_figure(fig, out, stem))
     return paths
+
+
+def write_depth_plot(out: Path, configs: Sequence[RunConfig], cells: dict[tuple[str, str], dict[str, Any]]) -> list[Path]:
+    """accuracy_vs_layers.png for a table with entity tracking and attention rows (else nothing).
+
+    Per entity-tracking column: test accuracy on the deepest questions against the number of layers
+    (attention as a line, the one-layer recurrences as points at 1), with the guessing level and the
+    layer counts below the bound ceil(log2(n + 1)) shaded; below it, when the runs have answer groups,
+    every row's accuracy by question depth.
+    """
+    one_layer, attention, columns = depth_rows(configs)
+    columns = {col: n for col, n in columns.items() if any((lab, col) in cells for lab in attention.values())}
+    if not columns:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    baselines = baselines_by_column(configs)
+    labels = one_layer + [attention[L] for L in sorted(attention)]
+    by_depth = any(cells.get((lab, col), {}).get("acc_by_group") for lab in labels for col in columns)
+    fig, axes = plt.subplots(2 if by_depth else 1, len(columns), figsize=(4.6 * len(columns), 7.2 if by_depth else 3.8),
+                             squeeze=False)
+    colors = {lab: plt.cm.tab10(i % 10) for i, lab in enumerate(labels)}
+    for j, (col, n) in enumerate(columns.items()):
+        ax, bound = axes[0][j], math.ceil(math.log2(n + 1))
+        layers = [L for L in sorted(attention) if (attention[L], col) in cells]
+        acc = [cells[(attention[L], col)] for L in layers]
+        ax.errorbar(layers, [100 * c["acc_mean"] for c in acc], yerr=[100 * c["acc_std"] for c in acc], fmt="o-",
+                    color="tab:gray", capsize=3, label="attention")
+        for i, lab in enumerate(lab for lab in one_layer if (lab, col) in cells):
+            c = cells[(lab, col)]
+            ax.errorbar([1 + 0.08 * (i + 1)], [100 * c["acc_mean"]], yerr=[100 * c["acc_std"]], fmt="s",
+                        color=colors[lab], capsize=3, label=lab)
+        if baselines.get(col):
+            ax.axhline(100 * max(baselines[col].values()), color="k", ls="--", lw=0.8, label="guessing level")
+        if bound > 1:
+            ax.axvspan(0.5, bound - 0.5, color="tab:red", alpha=0.08, label=f"below the bound ({bound} layers)")
+        ax.set_xlim(0.5, max(layers + [bound]) + 0.5)
+        ax.set_xticks(range(1, max(layers + [bound]) + 1))
+        ax.set_ylim(-2, 102)
+        ax.set_title(f"{col}: deepest questions")
+        ax.set_xlabel("layers", fontsize=8)
+        ax.set_ylabel("test accuracy (%)")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
+        if by_depth:
+            ax = axes[1][j]
+            for lab in labels:
+                groups = cells.get((lab, col), {}).get("acc_by_group") or {}
+                if groups:
+                    ax.plot(range(len(groups)), [100 * a for a in groups.values()], marker="o", color=colors[lab], label=lab,
+                            ls="-" if lab in one_layer else ":")
+                    ax.set_xticks(range(len(groups)), list(groups), fontsize=7)
+            ax.set_ylim(-2, 102)
+            ax.set_title(f"{col}: by question depth (d + 1 links)")
+            ax.set_ylabel("test accuracy (%)")
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=7, loc="lower left")
+    return [_save_figure(fig, out, "accuracy_vs_layers")]
+
+
+def _save_figure(fig, out: Path, stem: str) -> Path:
+    """Write out/<stem>.png atomically (a temporary file, then a rename) and close the figure."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    path = out / f"{stem}.png"
+    tmp = out / f".{stem}.tmp.png"
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+    return path
 
 
 # -------------------------------------------------------------------------------------- report
