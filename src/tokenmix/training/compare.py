@@ -764,6 +764,7 @@ def write_depth_plot(out: Path, configs: Sequence[RunConfig], cells: dict[tuple[
     import matplotlib.pyplot as plt
 
     baselines = baselines_by_column(configs)
+    deepest = {c.column_name: c.task_config().score_deepest for c in configs if c.column_name in columns}
     labels = one_layer + [attention[L] for L in sorted(attention)]
     by_depth = any(cells.get((lab, col), {}).get("acc_by_group") for lab in labels for col in columns)
     fig, axes = plt.subplots(2 if by_depth else 1, len(columns), figsize=(4.6 * len(columns), 7.2 if by_depth else 3.8),
@@ -786,7 +787,7 @@ def write_depth_plot(out: Path, configs: Sequence[RunConfig], cells: dict[tuple[
         ax.set_xlim(0.5, max(layers + [bound]) + 0.5)
         ax.set_xticks(range(1, max(layers + [bound]) + 1))
         ax.set_ylim(-2, 102)
-        ax.set_title(f"{col}: deepest questions")
+        ax.set_title(f"{col}: {'deepest' if deepest[col] else 'all'} questions")
         ax.set_xlabel("layers", fontsize=8)
         ax.set_ylabel("test accuracy (%)")
         ax.grid(alpha=0.3)
