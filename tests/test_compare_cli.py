@@ -260,7 +260,7 @@ def test_depth_long_preset_is_the_depth_task_at_n3_with_one_recipe_for_every_row
     for c in configs:
         mcfg = c.model_config()
         assert (mcfg.n_heads, mcfg.mlp, mcfg.positions) == (2, True, "none")
-        assert c.train.steps == 20_000 > 4 * column[0].train.steps
+        assert c.train.steps == 40_000 > 4 * column[0].train.steps
         assert mcfg.layers == (c.label.split()[0],) * int(c.label.split()[1][1:])
 
 
