@@ -794,12 +794,14 @@ def write_depth_plot(out: Path, configs: Sequence[RunConfig], cells: dict[tuple[
         ax.legend(fontsize=7, loc="lower right")
         if by_depth:
             ax = axes[1][j]
+            names: list[str] = []
             for lab in labels:
                 groups = cells.get((lab, col), {}).get("acc_by_group") or {}
                 if groups:
                     ax.plot(range(len(groups)), [100 * a for a in groups.values()], marker="o", color=colors[lab], label=lab,
                             ls="-" if lab in one_layer else ":")
-                    ax.set_xticks(range(len(groups)), list(groups), fontsize=7)
+                    names = max(names, list(groups), key=len)
+            ax.set_xticks(range(len(names)), names, fontsize=7)
             ax.set_ylim(-2, 102)
             ax.set_title(f"{col}: by question depth (d + 1 links)")
             ax.set_ylabel("test accuracy (%)")
