@@ -91,8 +91,9 @@ def matmul_gflops(size: int = 2048, repeats: int = 3) -> float:
 def chunk_matmul_gflops(chunk: int = 64, batch: int = 1024, repeats: int = 3) -> float:
     """Rate of the chunked kernels' own matmul shape: ``batch`` products [C, C] @ [C, C] (C = chunk =
     head dim = 64, the rows of one n = 8192 call) into a preallocated output. The kernels' matmuls
-    can run no faster than this, and the chunked form does about twice the recurrent FLOPs, so
-    roughly half of this rate over ``matmul_fp32_gflops`` bounds their core fraction from above."""
+    can run no faster than this, and the chunked form does 1.3-1.7x the recurrent FLOPs the model
+    count has (C x C scores and their product with V), so 0.6-0.75 x this rate over
+    ``matmul_fp32_gflops`` bounds their core fraction from above."""
     a, b = torch.randn(batch, chunk, chunk), torch.randn(batch, chunk, chunk)
     out = torch.empty(batch, chunk, chunk)
     torch.bmm(a, b, out=out)
