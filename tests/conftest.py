@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from tokenmix.checks.equivalence import small_mixer  # noqa: F401  (test-size mixer, chunk size 4)
-from tokenmix.core.registry import mixer_names
+from tokenmix.mixers.registry import mixer_names
 
 
 @pytest.fixture(autouse=True)

@@ -13,7 +13,7 @@ from tokenmix.analysis import accounting
 from tokenmix.analysis.accounting import (account_mixer, derived_costs, fit_loglog_slope, per_token_growth,
                                           run_accounting, stated_slope)
 from tokenmix.analysis.outputs import PNG_SIGNATURE
-from tokenmix.core.registry import build_mixer
+from tokenmix.mixers.registry import build_mixer
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -235,7 +235,7 @@ def test_time_forward_backward_reports_every_clock(clock):
 
 
 def test_time_repeats_counts_calls_and_runs_setup_outside():
-    from tokenmix.bench.worker import time_call, time_repeats
+    from tokenmix.runs.clocks import time_call, time_repeats
 
     log = []
     out = time_repeats(lambda: log.append("call"), 3, warmup=2, setup=lambda: log.append("setup"))
@@ -389,7 +389,7 @@ def test_keep_freed_memory_is_scoped_and_recorded(monkeypatch):
 def test_asymptote_starts_leave_three_default_lengths():
     """Every ASYMPTOTE_FROM entry names a registered mixer, gives its reason, and leaves at least 3 of the
     default timed lengths (1k..16k) to judge, so the judged fit is never a 2-point line."""
-    from tokenmix.core.registry import mixer_names
+    from tokenmix.mixers.registry import mixer_names
 
     default_ns = (1024, 2048, 4096, 8192, 16384)
     assert "attention" in accounting.ASYMPTOTE_FROM

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.core.registry import build_mixer
+from tokenmix.mixers.registry import build_mixer
 from tokenmix.ops.chunked_delta import chunked_delta_rule, delta_rule_operator, recurrent_delta_rule
 from tokenmix.ops.chunked_log_linear import (chunked_log_linear_attention, fenwick_level_matrix, final_levels,
                                              initial_levels_readout, log_linear_operator, n_levels,

@@ -12,7 +12,7 @@ import torch
 from tokenmix.cli.main import main
 from tokenmix.models import ModelConfig
 from tokenmix.patterns import get_pattern, pattern_report
-from tokenmix.core.registry import build_mixer
+from tokenmix.mixers.registry import build_mixer
 from tokenmix.training import compare
 from tokenmix.training.compare import copy_routes, qualitative_findings, structure_facts
 from tokenmix.training.presets import load_preset, preset_names

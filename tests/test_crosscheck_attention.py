@@ -14,7 +14,7 @@ import torch
 from conftest import small_mixer
 from tolerances import FLOAT64_EXACT, assert_close
 from tokenmix.checks.attention_family import identity_readout
-from tokenmix.core.registry import build_mixer
+from tokenmix.mixers.registry import build_mixer
 
 
 # ---------------------------------------------------------------- local attention

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 from tokenmix.checks.attention_family import max_rel_err
-from tokenmix.core.registry import build_mixer
+from tokenmix.mixers.registry import build_mixer
 from tokenmix.ops.chunked_gla import chunked_gla
 from tokenmix.ops.recurrent_gla import recurrent_gla
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from tokenmix.checks import CROSSCHECKS, load_all_crosschecks
-from tokenmix.core.registry import build_mixer
+from tokenmix.mixers.registry import build_mixer
 
 load_all_crosschecks()
 REFERENCES = {

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenmix.core import build_mixer
+from tokenmix.mixers import build_mixer
 from tokenmix.mixers.gla_family import GatedLinearMixer
 from tokenmix.mixers.structured import StructuredRecurrence
 from tokenmix.models import MixerModel, ModelConfig

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tokenmix.bench.mixers import prepare_mixer_case, projection_flops
-from tokenmix.core.registry import build_mixer
+from tokenmix.mixers.registry import build_mixer
 
 FAMILY = ["linear_attention", "retnet", "gla", "mamba2", "diag_ssm"]
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenmix.core.registry import build_mixer
+from tokenmix.mixers.registry import build_mixer
 
 pytestmark = pytest.mark.slow
 

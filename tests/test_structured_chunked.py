@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from tokenmix.checks.attention_family import run_in_pieces
-from tokenmix.core import build_mixer
+from tokenmix.mixers import build_mixer
 from tolerances import FLOAT64_EXACT, assert_close
 
 STRUCTURED = ["pow2", "sq1", "pow2_ce", "sq1_ce", "kth_order", "first_order", "dense_recurrence"]

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from tokenmix.core import build_mixer
+from tokenmix.mixers import build_mixer
 
 
 @torch.no_grad()

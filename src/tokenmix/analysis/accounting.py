@@ -44,8 +44,9 @@ import torch
 from torch import Tensor, nn
 
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
-from tokenmix.core.registry import build_mixer, get_mixer_spec, mixer_names
+from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
 from tokenmix.mixers.base import Mixer
+from tokenmix.runs.clocks import time_repeats
 
 SLOPE_TOLERANCE = 0.15
 # cpu: process CPU time (user + system), which time-slicing by other processes does not inflate;
@@ -346,8 +347,6 @@ class LengthTimer:
 
     def once(self, record: bool = True) -> None:
         """One timed call of the whole mixer, then one of the projection replay."""
-        from tokenmix.bench.worker import time_repeats
-
         w = time_repeats(self._whole, 1, warmup=0, setup=self._setup_whole)
         pr = time_repeats(self._proj[0], 1, warmup=0, setup=self._proj[1]) if self._proj is not None else None
         # release this length's gradients now: lengths timed in turns would otherwise all hold theirs

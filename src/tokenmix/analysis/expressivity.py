@@ -37,7 +37,7 @@ from torch import Tensor
 from tokenmix.analysis import matrices
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
 from tokenmix.core.operator import MixOperator
-from tokenmix.core.registry import build_mixer, get_mixer_spec
+from tokenmix.mixers.registry import build_mixer, get_mixer_spec
 from tokenmix.patterns import Pattern, TranslationInvariant, get_pattern, pattern_report
 from tokenmix.patterns.graph import UNREACHABLE, distance_matrix
 

@@ -26,7 +26,7 @@ from torch import Tensor
 
 from tokenmix.analysis.outputs import FIGURE_FORMATS, new_figure, save_figure, write_json
 from tokenmix.core.operator import MAX_DENSE_T, MixOperator
-from tokenmix.core.registry import build_mixer
+from tokenmix.mixers.registry import build_mixer
 from tokenmix.mixers.base import Mixer
 
 LOG_RANGE_DECADES = 12.0  # colour scale of log10|.|: the data's range, at most 12 decades below the max

@@ -34,7 +34,7 @@ from torch import Tensor
 
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
 from tokenmix.core.operator import MixOperator
-from tokenmix.core.registry import get_mixer_spec, mixer_names
+from tokenmix.mixers.registry import get_mixer_spec, mixer_names
 from tokenmix.mixers.base import Mixer
 
 MAX_POWER_STEPS = 100_000  # cap on power-iteration steps when calibrating to the Gram iteration's time

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from tokenmix.analysis.outputs import fmt_value, markdown_table, prepare_out_dir
-from tokenmix.core.registry import mixer_names
+from tokenmix.mixers.registry import mixer_names
 
 MAX_EMBED_BYTES = 8 * 1024 * 1024   # larger files are listed, not embedded
 MAX_TABLE_ROWS = 300

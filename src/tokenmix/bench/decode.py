@@ -15,7 +15,7 @@ import time
 
 import torch
 
-from tokenmix.core.registry import build_mixer, mixer_names
+from tokenmix.mixers.registry import build_mixer, mixer_names
 
 PATTERNS = ["pow2", "pow2_ce", "sq1", "sq1_ce", "first_order", "kth_order", "dense_recurrence"]
 SIZES = [1024, 4096, 16384]

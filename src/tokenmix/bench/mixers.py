@@ -29,11 +29,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from tokenmix.bench.worker import run_in_subprocess, time_call
-from tokenmix.core.registry import build_mixer, mixer_names
+from tokenmix.bench.worker import case_main, run_in_subprocess
+from tokenmix.runs.clocks import time_call
+from tokenmix.mixers.registry import build_mixer, mixer_names
 
 SIZES = [512, 2048, 8192]
 MAX_QUADRATIC_N = 8192  # O(n^2)-memory mixers beyond this are skipped
+CASE_MODULE = "tokenmix.bench.mixers"  # each case runs as `python -m CASE_MODULE <json>`
 
 
 def projection_flops(m: nn.Module, tokens: int) -> int:
@@ -115,7 +117,7 @@ def run(sizes: list[int] | None = None, mixers: list[str] | None = None, progres
     for n in sizes:
         base = {"kind": "mixer", "n": n, "heads": 4, "head_dim": 64, "batch": 2, "repeats": 2}
         for name in ["sdpa"] + names:
-            results.append(run_in_subprocess({**base, "mixer": name, "mode": "default"}))
+            results.append(run_in_subprocess({**base, "mixer": name, "mode": "default"}, CASE_MODULE))
             r = results[-1]
             if "time_s" in r:
                 case_peak = r["case_matmul_fp32_gflops"]  # every timed case measured its own
@@ -142,3 +144,7 @@ def run(sizes: list[int] | None = None, mixers: list[str] | None = None, progres
                 row[f"core_matmul_peak_fraction@{r['n']}"] = round(r["core_fraction_of_matmul_peak"], 3)
     return {"benchmark": "mixers", "matmul_fp32_gflops": peak, "chunk_matmul_fp32_gflops": chunk_rate,
             "results": results, "summary": summary}
+
+
+if __name__ == "__main__":
+    case_main(prepare_mixer_case)

@@ -18,12 +18,14 @@ import time
 import torch
 import torch.nn.functional as F
 
-from tokenmix.bench.worker import run_in_subprocess
+from tokenmix.bench.worker import case_main, run_in_subprocess
+from tokenmix.mixers import build_mixer
 
 PATTERNS = ["pow2", "sq1", "pow2_ce", "sq1_ce", "first_order", "dense_recurrence"]
 SIZES = [1024, 4096, 16384]
 MAX_DENSE_N = 4096
 MAX_DENSE_PATTERN_N = 4096
+CASE_MODULE = "tokenmix.bench.solver"  # each case runs as `python -m CASE_MODULE <json>`
 
 
 def _with_cpu_time(work, extra: dict):
@@ -45,7 +47,6 @@ def prepare_solver_case(case: dict):
         def work():
             F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
         return _with_cpu_time(work, {})
-    from tokenmix.core import build_mixer
     m = build_mixer(case["mixer"], h * hd, n_heads=h, chunk_size=case.get("chunk_size", 64))
     x = torch.randn(1, n, h * hd, requires_grad=True)
 
@@ -73,7 +74,7 @@ def run(sizes: list[int] | None = None, patterns: list[str] | None = None, progr
     sizes, patterns = sizes or SIZES, patterns or PATTERNS
     results = []
     for case in cases(sizes, patterns):
-        results.append(run_in_subprocess(case))
+        results.append(run_in_subprocess(case, CASE_MODULE))
         if progress:
             progress(results[-1])
     return {"benchmark": "solver", "results": results, "summary": summarize(results)}
@@ -104,3 +105,7 @@ def summarize(results: list[dict]) -> dict:
         if f"cpu_s@{ns[0]}" in entry and f"cpu_s@{ns[-1]}" in entry and len(ns) > 1:
             entry[f"growth_cpu_{ns[-1]}/{ns[0]}"] = round(entry[f"cpu_s@{ns[-1]}"] / entry[f"cpu_s@{ns[0]}"], 2)
     return summary
+
+
+if __name__ == "__main__":
+    case_main(prepare_solver_case)

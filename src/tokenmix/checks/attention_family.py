@@ -24,7 +24,7 @@ from torch import Tensor
 
 from tokenmix.checks import fla_naive, register_crosscheck
 from tokenmix.checks.equivalence import small_mixer
-from tokenmix.core.registry import build_mixer
+from tokenmix.mixers.registry import build_mixer
 from tokenmix.mixers.base import Mixer
 
 FLOAT32_ATTN_ATOL = 1e-5      # float32 outputs against float32 references, max abs

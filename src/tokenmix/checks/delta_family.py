@@ -23,7 +23,7 @@ from torch import Tensor
 
 from tokenmix.checks import fla_naive, register_crosscheck
 from tokenmix.checks.attention_family import identity_readout, max_rel_err, run_in_pieces
-from tokenmix.core.registry import build_mixer
+from tokenmix.mixers.registry import build_mixer
 from tokenmix.mixers.base import Mixer
 from tokenmix.ops.chunked_delta import chunked_delta_rule, recurrent_delta_rule
 from tokenmix.ops.chunked_log_linear import (chunked_log_linear_attention, fenwick_level_matrix, n_levels,

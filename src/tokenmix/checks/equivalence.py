@@ -5,7 +5,7 @@ import dataclasses
 
 import torch
 
-from tokenmix.core.registry import build_mixer, get_mixer_spec
+from tokenmix.mixers.registry import build_mixer, get_mixer_spec
 
 
 def small_overrides(name: str, **extra) -> dict:

@@ -30,7 +30,7 @@ from torch import Tensor
 
 from tokenmix.checks import fla_naive, register_crosscheck
 from tokenmix.checks.attention_family import max_rel_err, run_in_pieces
-from tokenmix.core.registry import build_mixer
+from tokenmix.mixers.registry import build_mixer
 from tokenmix.mixers.base import Mixer
 from tokenmix.ops.chunked_gla import chunked_gla
 from tokenmix.ops.recurrent_gla import recurrent_gla

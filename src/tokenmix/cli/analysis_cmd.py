@@ -136,7 +136,7 @@ def run_matrix(args) -> int:
     from tokenmix.analysis.matrices import (analyze_matrix, build_analysis_mixer, check_dense_length,
                                             random_input)
     from tokenmix.analysis.outputs import check_formats, prepare_out_dir
-    from tokenmix.core.registry import get_mixer_spec
+    from tokenmix.mixers.registry import get_mixer_spec
 
     formats = check_formats(args.formats.split(","))
     heads = None if args.show_heads is None else [int(h) for h in args.show_heads.split(",") if h.strip()]
@@ -186,7 +186,7 @@ def run_cost(args) -> int:
                     ("--repeats", args.repeats), ("--threads", args.threads)):
         _positive([v], flag)
     names = _names(args.mixers, "mixers")
-    from tokenmix.core.registry import get_mixer_spec
+    from tokenmix.mixers.registry import get_mixer_spec
 
     for n in names or []:
         get_mixer_spec(n)
@@ -202,7 +202,7 @@ def run_cost(args) -> int:
 def run_expressivity_cmd(args) -> int:
     from tokenmix.analysis import expressivity as ex
     from tokenmix.analysis.outputs import check_formats, prepare_out_dir
-    from tokenmix.core.registry import get_mixer_spec, mixer_names
+    from tokenmix.mixers.registry import get_mixer_spec, mixer_names
     from tokenmix.patterns import get_pattern
 
     formats = check_formats(args.formats.split(","))
@@ -246,7 +246,7 @@ def run_expressivity_cmd(args) -> int:
 def run_norms_cmd(args) -> int:
     from tokenmix.analysis.norms import run_norms
     from tokenmix.analysis.outputs import check_formats, prepare_out_dir
-    from tokenmix.core.registry import get_mixer_spec
+    from tokenmix.mixers.registry import get_mixer_spec
     from tokenmix.analysis.matrices import check_dense_length
 
     formats = check_formats(args.formats.split(","))

@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from tokenmix.core.registry import get_mixer_spec
+from tokenmix.mixers.registry import get_mixer_spec
 
 
 def register(sub) -> None:

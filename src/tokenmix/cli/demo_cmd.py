@@ -7,7 +7,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from tokenmix.core import build_mixer
+from tokenmix.mixers import build_mixer
 from tokenmix.patterns import get_pattern, pattern_report
 
 

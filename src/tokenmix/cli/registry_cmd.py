@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tokenmix.core.registry import build_mixer, get_mixer_spec, mixer_names
+from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
 
 EXACT_TOL = 1e-10
 REASSOCIATED_TOL = 1e-8

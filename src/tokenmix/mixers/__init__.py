@@ -1,4 +1,5 @@
-"""Every mixer module, imported explicitly (one line each) so the registry is readable."""
+"""Every mixer module, imported explicitly (one line each) so the registry is readable; importing
+this package (or any module in it) registers them all before a name is looked up."""
 from tokenmix.mixers import structured  # noqa: F401  pow2, sq1, pow2_ce, sq1_ce, kth_order, dense_recurrence, first_order
 from tokenmix.mixers import attention  # noqa: F401
 from tokenmix.mixers import local_attention  # noqa: F401
@@ -12,3 +13,7 @@ from tokenmix.mixers import retnet  # noqa: F401
 from tokenmix.mixers import gla  # noqa: F401
 from tokenmix.mixers import mamba2  # noqa: F401
 from tokenmix.mixers import diag_ssm  # noqa: F401
+
+from tokenmix.mixers.registry import MixerSpec, build_mixer, get_mixer_spec, mixer_names, register_mixer
+
+__all__ = ["MixerSpec", "build_mixer", "get_mixer_spec", "mixer_names", "register_mixer"]

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig
 from tokenmix.mixers.pattern_cache import PatternCache
 

@@ -37,7 +37,7 @@ import torch
 from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.attention import attention_probs, mask_padding_keys
 from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
 from tokenmix.ops.chunked_chacal import chunked_chacal

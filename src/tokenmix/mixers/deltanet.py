@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
 from tokenmix.ops.chunked_delta import chunked_delta_rule, delta_rule_operator, delta_rule_step
 

@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
 from tokenmix.mixers.mamba2 import SelectiveSSMConfig, inverse_softplus_dt
 from tokenmix.ops.selective_scan import selective_scan

@@ -40,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.deltanet import DeltaNet, DeltaNetConfig
 
 

@@ -33,7 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
 from tokenmix.ops.pattern_solve import chunked_pattern_solve
 from tokenmix.patterns import get_pattern

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
 

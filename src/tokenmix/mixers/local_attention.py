@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.attention import KVCache, SoftmaxAttention, allowed_keys
 from tokenmix.mixers.base import MixerConfig
 

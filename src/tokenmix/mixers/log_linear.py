@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
 from tokenmix.ops.chunked_log_linear import (chunked_log_linear_attention, final_levels, initial_levels_readout,
                                              log_linear_operator, log_linear_step, n_levels)

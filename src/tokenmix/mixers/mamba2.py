@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import MixerConfig, kept_derived
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
 from tokenmix.ops.chunked_ssd import chunked_ssd

@@ -36,7 +36,7 @@ import torch
 from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.core.registry import register_mixer
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig
 from tokenmix.mixers.pattern_cache import PatternCache
 from tokenmix.ops.pattern_solve import (PatternPlan, chunked_pattern_solve, chunked_window_softmax, pattern_scores,

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tokenmix.core.registry import build_mixer, get_mixer_spec
+from tokenmix.mixers.registry import build_mixer, get_mixer_spec
 from tokenmix.mixers.base import MixerState, kept_derived, padding_start
 
 

@@ -133,12 +133,10 @@ def register_task(cls: type[TaskConfig]) -> type[TaskConfig]:
 
 
 def task_names() -> list[str]:
-    _ensure_loaded()
     return list(_TASKS)
 
 
 def get_task_cls(name: str) -> type[TaskConfig]:
-    _ensure_loaded()
     if name not in _TASKS:
         raise ValueError(f"unknown task '{name}'; known tasks: {', '.join(_TASKS)}")
     return _TASKS[name]
@@ -152,10 +150,6 @@ def make_task(name: str, **fields: Any) -> TaskConfig:
     if unknown:
         raise ValueError(f"task '{name}' has no field(s) {unknown}; known: {sorted(known)}")
     return cls(**fields)
-
-
-def _ensure_loaded() -> None:
-    import tokenmix.tasks  # noqa: F401  (imports every task module, which registers it)
 
 
 def masked_accuracy(logits: Tensor, labels: Tensor, score_mask: Tensor | None = None) -> tuple[int, int]:

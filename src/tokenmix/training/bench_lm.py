@@ -33,7 +33,7 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from tokenmix.core.registry import mixer_names
+from tokenmix.mixers.registry import mixer_names
 from tokenmix.models import MixerModel, ModelConfig
 
 DEFAULT_MIXERS = ("attention", "pow2", "mamba2")

@@ -22,7 +22,7 @@ from typing import Any, Sequence
 
 import torch
 
-from tokenmix.core.registry import get_mixer_spec
+from tokenmix.mixers.registry import get_mixer_spec
 from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.training.harness import RunConfig
 

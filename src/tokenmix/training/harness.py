@@ -128,7 +128,7 @@ class RunConfig:
         if self.seed in (self.train.val_seed, self.train.test_seed):
             raise ValueError(f"run '{self.label}': seed {self.seed} collides with the validation/test seeds")
         if self.train.mode is not None:
-            from tokenmix.core.registry import get_mixer_spec
+            from tokenmix.mixers.registry import get_mixer_spec
             for name in self.model_config().layers:
                 if self.train.mode not in get_mixer_spec(name).cls.modes:
                     raise ValueError(f"run '{self.label}': mixer '{name}' has no mode '{self.train.mode}'")

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Callable, Sequence
 
-from tokenmix.core.registry import mixer_names
+from tokenmix.mixers.registry import mixer_names
 
 PresetFn = Callable[..., list]
 

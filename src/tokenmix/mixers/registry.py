@@ -43,17 +43,11 @@ def register_mixer(name: str, config_cls: type, *, family: str, ab_form: str, **
     return deco
 
 
-def _ensure_loaded() -> None:
-    importlib.import_module("tokenmix.mixers")
-
-
 def mixer_names() -> list[str]:
-    _ensure_loaded()
     return list(_REGISTRY)
 
 
 def get_mixer_spec(name: str) -> MixerSpec:
-    _ensure_loaded()
     if name not in _REGISTRY:
         raise ValueError(f"unknown mixer '{name}'; known mixers: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
