@@ -10,7 +10,8 @@ import torch
 from hypothesis import given, settings, strategies as st
 
 from conftest import ALL_MIXERS, small_mixer
-from tokenmix.analysis.expressivity import (PAPER_PATTERNS, CommunicationGraph, decomposition, effective_reach,
+from tokenmix.study.paper import PAPER_PATTERNS
+from tokenmix.analysis.expressivity import (CommunicationGraph, decomposition, effective_reach,
                                             expressivity_table, gap_hops, gap_path_stats, gap_reach, graph_reach,
                                             operator_graph, pattern_metrics, run_expressivity,
                                             shared_decomposition_congestion)

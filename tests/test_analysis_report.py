@@ -16,6 +16,8 @@ from tokenmix.analysis.matrices import analyze_registered
 from tokenmix.analysis.norms import run_norms
 from tokenmix.analysis.outputs import PNG_SIGNATURE, new_figure, save_figure
 from tokenmix.cli.main import main
+from tokenmix.study import analysis_suite
+from tokenmix.study.presets import AnalysisPlan, Preset, base as preset_base
 
 VOID = {"meta", "img", "br", "hr", "link", "input", "col", "area", "base", "source", "wbr"}
 
@@ -134,8 +136,9 @@ def test_report_preset_runs_the_analyses(monkeypatch, tmp_path):
         "expressivity": {"ns": (16,)},
         "norms": {"mixers": ("pow2",), "n": 10, "gram_iters": 4, "d_model": 8, "n_heads": 2},
     }
-    monkeypatch.setitem(report_mod.PRESETS, "quick", tiny)
-    res = report_mod.report("quick", runs_root=tmp_path)
+    monkeypatch.setitem(preset_base._PRESETS, ("analysis", "quick"),
+                        Preset(name="quick", kind="analysis", summary="tiny", build=lambda: AnalysisPlan(**tiny)))
+    res = analysis_suite.report("quick", runs_root=tmp_path)
     assert res["run_dir"].parent == tmp_path and res["run_dir"].name.startswith("report-quick-")
     assert {p.name for p in res["run_dir"].iterdir()} >= {"matrix-pow2", "cost", "expressivity", "norms", "report"}
     _check_report(res["html"], res["markdown"], expected_images=3 + 1 + 2 + 1)

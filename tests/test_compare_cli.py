@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,14 +14,16 @@ from tokenmix.cli.main import main
 from tokenmix.models import ModelConfig
 from tokenmix.patterns import get_pattern, pattern_report
 from tokenmix.mixers.registry import build_mixer
-from tokenmix.training import compare
-from tokenmix.training.compare import copy_routes, qualitative_findings, structure_facts
-from tokenmix.training.presets import load_preset, preset_names
+from tokenmix.study import plots, theory
+from tokenmix.study.presets import compare_preset, presets
+from tokenmix.study.claims import qualitative_findings
+from tokenmix.study.structure import structure_facts
+from tokenmix.study.theory import copy_routes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 TINY_PRESET = '''
-from tokenmix.training.harness import RunConfig, TrainConfig
+from tokenmix.runs.synthetic import SyntheticRunConfig as RunConfig, SyntheticTrainConfig as TrainConfig
 
 DEFAULT_MIXERS = ("pow2", "first_order", "not_a_registered_mixer")
 TRAIN = TrainConfig(lr=1e-2, steps=4, batch_size=4, warmup_steps=1, train_examples=16, val_examples=4,
@@ -38,6 +41,16 @@ GOOD_TASKS = {"copy": dict(vocab_size=6, seq_len=8, copy_len=3, offset=4),
               "assoc_recall": dict(vocab_size=12, seq_len=8, num_kv_pairs=2),
               "multi_hop": dict(vocab_size=12, seq_len=8, num_chains=1, hops=2)}
 
+
+
+def load_preset(name: str):
+    """(name, build, module) of a compare preset shipped in the package."""
+    preset = compare_preset(name)
+    return preset.name, preset.build, sys.modules[preset.source]
+
+
+def preset_names() -> list[str]:
+    return [p.name for p in presets("compare")]
 
 def write_preset(tmp_path: Path, name: str = "tiny", tasks: dict | None = None) -> Path:
     path = tmp_path / f"{name}.py"
@@ -185,7 +198,7 @@ def test_copy_offset_26_separates_sq1_from_pow2_and_the_lattices():
 
 def test_recall_reads_count_direct_reads_of_the_value_position():
     from tokenmix.tasks import make_task
-    from tokenmix.training.compare import recall_reads
+    from tokenmix.study.theory import recall_reads
 
     task = make_task("assoc_recall", vocab_size=64, seq_len=32, num_kv_pairs=4, random_non_queries=False)
     data = task.build(64, 7)
@@ -239,7 +252,7 @@ def test_presets_in_the_repository_build_valid_sweeps():
             assert mcfg.layers == ("local_attention", c.label)
             window = 3 if c.task == "assoc_recall" else module.SHIFT_WINDOW
             assert mcfg.mixer_overrides["local_attention"] == {"window": window}
-            assert compare.shift_window(mcfg, c.label) == window
+            assert theory.shift_window(mcfg, c.label) == window
         assert (mcfg.d_model, mcfg.n_heads, mcfg.positions, mcfg.tie_weights) == (32, 1, "learned", False)
     assert len({c.train.lr for c in configs}) >= 2  # a real max over learning rates
     # the full-size grid shares the recipe, MQAR's shift window included
@@ -320,8 +333,8 @@ def test_unwritable_output_dir_one_line_exit_2(tmp_path, capsys):
 
 
 def test_depth_claim_is_checked_per_number_of_changes():
-    from tokenmix.training.compare import depth_findings
-    from tokenmix.training.harness import RunConfig
+    from tokenmix.study.claims import depth_findings
+    from tokenmix.runs.synthetic import SyntheticRunConfig as RunConfig
 
     def run(label, layers, n):
         return RunConfig(label=label, task="entity_tracking", column=f"n={n}",
@@ -364,7 +377,7 @@ def test_depth_claim_is_checked_per_number_of_changes():
 def test_depth_plot_drawn_for_entity_tracking_tables_only(tmp_path):
     """accuracy_vs_layers.png: accuracy against layers, and a second panel row by question depth when
     the cells have answer groups; nothing for a table without entity tracking."""
-    from tokenmix.training.harness import RunConfig
+    from tokenmix.runs.synthetic import SyntheticRunConfig as RunConfig
 
     def run(label, layers):
         return RunConfig(label=label, task="entity_tracking", column="n=3", model=dict(d_model=8, n_heads=1, layers=layers),
@@ -380,14 +393,14 @@ def test_depth_plot_drawn_for_entity_tracking_tables_only(tmp_path):
         assert data[:8] == PNG_SIGNATURE
         return int.from_bytes(data[20:24], "big")
 
-    (with_groups,) = compare.write_depth_plot(tmp_path, configs, cells)
+    (with_groups,) = plots.write_depth_plot(tmp_path, configs, cells)
     tall = height(with_groups)
     cells[("chacal x1", "n=3")].pop("acc_by_group")
-    (plain,) = compare.write_depth_plot(tmp_path, configs, cells)
+    (plain,) = plots.write_depth_plot(tmp_path, configs, cells)
     assert plain.name == "accuracy_vs_layers.png" and tall > 1.5 * height(plain)
     assert not list(tmp_path.glob(".*tmp*"))  # written through a temporary file, none left over
     other = [RunConfig(label="pow2", task="copy", task_args=GOOD_TASKS["copy"], model=dict(d_model=8, layers=["pow2"]))]
-    assert compare.write_depth_plot(tmp_path / "none", other, {("pow2", "copy"): {"acc_mean": 1.0, "acc_std": 0.0}}) == []
+    assert plots.write_depth_plot(tmp_path / "none", other, {("pow2", "copy"): {"acc_mean": 1.0, "acc_std": 0.0}}) == []
 
 
 def _pointer_doubling(task, inputs: torch.Tensor, layers: int) -> torch.Tensor:
@@ -417,7 +430,7 @@ def _pointer_doubling(task, inputs: torch.Tensor, layers: int) -> torch.Tensor:
 def test_pointer_doubling_answers_the_deepest_ask_after_doubling_layers(n):
     """The layer count the depth claim quotes for a known attention solution, checked on the generator."""
     from tokenmix.tasks import make_task
-    from tokenmix.training.compare import doubling_layers
+    from tokenmix.study.theory import doubling_layers
 
     task = make_task("entity_tracking", num_changes=n, num_chains=2, num_boxes=2 * (n + 1), ask_all_boxes=True,
                      score_deepest=True)

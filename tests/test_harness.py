@@ -11,8 +11,10 @@ import pytest
 import torch
 
 from tokenmix.models import MixerModel, ModelConfig
-from tokenmix.training import harness
-from tokenmix.training.harness import RunConfig, TrainConfig, prepare_output_dir, run_sweep, summarize, train_one
+from tokenmix.core.files import prepare_output_dir
+from tokenmix.runs.synthetic import SyntheticRunConfig as RunConfig, SyntheticTrainConfig as TrainConfig
+from tokenmix.training import synthetic as harness
+from tokenmix.training.synthetic import run_sweep, summarize, train_one
 from tokenmix.training.optim import build_optimizer, param_groups
 from tokenmix.training.schedule import warmup_cosine
 
@@ -232,7 +234,7 @@ def test_evaluate_counts_only_the_scored_answers():
 
 
 def test_summary_and_report_give_accuracy_per_answer_group():
-    from tokenmix.training.compare import cell_diagnostics
+    from tokenmix.study.claims import cell_diagnostics
 
     runs = [{"label": "x", "task": "entity_tracking", "d_model": 8, "lr": 1e-3, "test_acc": acc, "best_val_acc": acc,
              "test_acc_by_group": {"depth 0": 1.0, "depth 1": acc}, "tokens_per_s": 1.0, "train_seconds": 1.0,

@@ -1,23 +1,26 @@
 """`tokenmix bench lm` at toy size: models sized to equal parameter counts, JSON with ratios to attention."""
 from __future__ import annotations
 
-import argparse
 import json
 
 import pytest
 
 from lm_helpers import one_thread
 from tokenmix.models import MixerModel
-from tokenmix.training import bench_lm
+from tokenmix.bench import lm as bench_lm
+from tokenmix.cli.bench_cmd import lm_bench_config
+from tokenmix.cli.main import build_parser, main
 
 _one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 
 
-def _args(*extra: str) -> argparse.Namespace:
-    parser = argparse.ArgumentParser()
-    bench_lm.add_arguments(parser)
-    return parser.parse_args(["--contexts", "16", "48", "--target-params", "6000", "--vocab-size", "64",
-                              "--batch-tokens", "96", "--train-steps", "1", "--decode-tokens", "3", *extra])
+ARGV = ["bench", "lm", "--contexts", "16", "48", "--target-params", "6000", "--vocab-size", "64",
+        "--batch-tokens", "96", "--train-steps", "1", "--decode-tokens", "3"]
+
+
+def _args(*extra: str) -> bench_lm.LMBenchConfig:
+    """The benchmark's config as the CLI builds it from these flags."""
+    return lm_bench_config(build_parser().parse_args([*ARGV, *extra]))
 
 
 def test_models_are_sized_to_the_same_parameter_count():
@@ -30,7 +33,7 @@ def test_models_are_sized_to_the_same_parameter_count():
 
 def test_bench_lm_reports_json_with_ratios(tmp_path, capsys):
     out = tmp_path / "bench.json"
-    assert bench_lm.run(_args("--mixers", "pow2", "--out", str(out))) == 0
+    assert main([*ARGV, "--mixers", "pow2", "--out", str(out)]) == 0
     report = json.loads(capsys.readouterr().out)
     assert json.loads(out.read_text()) == report
     rows = {(r["mixer"], r["context"]): r for r in report["results"]}

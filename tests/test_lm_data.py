@@ -18,7 +18,8 @@ from tokenmix.data.corpora import CorpusError, Document, load_corpus
 from tokenmix.data.loader import DataPosition, TokenBatches, eval_windows, shard
 from tokenmix.data.prepare import DataConfig, PreparedData, prepare_data, split_documents
 from tokenmix.data.tokenizer import DOC_SEPARATOR
-from tokenmix.training.config import RunConfig, apply_overrides, build_run_config
+from tokenmix.runs.lm import LMRunConfig as RunConfig, apply_overrides
+from tokenmix.study.presets.lm import build_run_config
 from tokenmix.training.lm import bigram_baseline
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import MixerState
 from tokenmix.models import left_pad
 
@@ -38,13 +39,13 @@ class SamplingConfig:
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
+            raise InputError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+            raise InputError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+            raise InputError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+            raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
 
 
 def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -87,7 +88,7 @@ def check_fits(model, prompt_len: int, max_new_tokens: int) -> None:
     """Refuse, before any work, a request that would run past the model's learned positions."""
     limit = position_limit(model)
     if limit is not None and prompt_len + max_new_tokens > limit:
-        raise ValueError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds this model's learned "
+        raise InputError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds this model's learned "
                          f"positions (max_seq_len={limit}); shorten the prompt or ask for fewer tokens")
 
 
@@ -118,7 +119,7 @@ def generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] 
 def _generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] | None,
                     on_token: Callable[[int, int], None] | None, start: Tensor | None) -> Tensor:
     if prompt.dim() != 2 or prompt.shape[1] == 0:
-        raise ValueError(f"prompt ids must be [B, T] with T >= 1, got {tuple(prompt.shape)}")
+        raise InputError(f"prompt ids must be [B, T] with T >= 1, got {tuple(prompt.shape)}")
     b = prompt.shape[0]
     check_fits(model, prompt.shape[1], cfg.max_new_tokens)
     seeds = seeds if seeds is not None else [cfg.seed + i for i in range(b)]
@@ -159,7 +160,7 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, device: torch
         return []
     for i, p in enumerate(prompts):
         if len(p) == 0:
-            raise ValueError(f"prompt {i} is empty; give at least one token")
+            raise InputError(f"prompt {i} is empty; give at least one token")
         check_fits(model, len(p), cfg.max_new_tokens)
     ids, start = left_pad(prompts, pad_id=0, device=device)
     new = generate_batch(model, ids, cfg, seeds=[cfg.seed + i for i in range(len(prompts))], on_token=on_token,

@@ -43,6 +43,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
 from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
 from tokenmix.mixers.base import Mixer
@@ -167,7 +168,7 @@ def stated_slope(complexity: str, ns: Sequence[int]) -> float | None:
 def measure_decode_cache(mixer: Mixer, n: int, batch: int = 1, seed: int = 0) -> dict:
     """Decode n tokens with ``mixer.step``; the measured peaks and the seconds per token."""
     if n < 1:
-        raise ValueError(f"decode length must be >= 1, got {n}")
+        raise InputError(f"decode length must be >= 1, got {n}")
     p = next(mixer.parameters(), None)
     dtype = p.dtype if p is not None else torch.float32
     gen = torch.Generator().manual_seed(seed)
@@ -312,7 +313,7 @@ class LengthTimer:
     def __init__(self, mixer: Mixer, n: int, batch: int = 1, warmup: int = 1, seed: int = 0,
                  clock: str = "cpu", projections: bool = True) -> None:
         if clock not in CLOCKS:
-            raise ValueError(f"clock must be one of {CLOCKS}, got '{clock}'")
+            raise InputError(f"clock must be one of {CLOCKS}, got '{clock}'")
         self.mixer, self.n, self.clock = mixer, n, clock
         p = next(mixer.parameters(), None)
         dtype = p.dtype if p is not None else torch.float32

@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
 from tokenmix.analysis import matrices
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
 from tokenmix.core.operator import MixOperator
@@ -47,8 +48,6 @@ CROSSCHECK_LIMIT = 1024      # the gap DP is checked against the graph distances
 GRAPH_CHECK_BUDGET = 3e8     # n^2 x levels of the graph BFS used for the cross-check
 GAP_DP_BUDGET = 4e8          # n x levels of the gap DP (dense patterns grow as n^2)
 DEFAULT_TABLE_N = (256, 512, 1024, 2048, 4096, 8192)
-PAPER_PATTERNS = ("first_order", "window:4", "dense", "pow2", "pow2_ce", "sq1", "sq1_ce")
-PAPER_MIXERS = ("attention", "local_attention")
 
 
 # ----------------------------------------------------------------------------- translation-invariant
@@ -81,7 +80,7 @@ def decomposition(first: np.ndarray, gap: int) -> list[int]:
     hops, g = [], gap
     while g > 0:
         if first[g] < 0:
-            raise ValueError(f"gap {gap} cannot be decomposed into the pattern's hop lengths")
+            raise InputError(f"gap {gap} cannot be decomposed into the pattern's hop lengths")
         hops.append(int(first[g]))
         g -= int(first[g])
     return hops
@@ -124,9 +123,9 @@ class SupportPattern(Pattern):
     def __init__(self, support: np.ndarray, name: str = "support") -> None:
         s = np.asarray(support, dtype=bool)
         if s.ndim != 2 or s.shape[0] != s.shape[1]:
-            raise ValueError(f"support must be [n, n], got {s.shape}")
+            raise InputError(f"support must be [n, n], got {s.shape}")
         if np.triu(s).any():
-            raise ValueError("B support must be strictly lower triangular")
+            raise InputError("B support must be strictly lower triangular")
         self.support, self.name = s, name
         self._rows = [np.nonzero(s[t])[0] for t in range(s.shape[0])]
 
@@ -262,7 +261,7 @@ class CommunicationGraph(_PathMetrics):
 
         d, d1 = self.distances(), self.input_distances()
         if d[i, j] >= UNREACHABLE:
-            raise ValueError(f"no path from position {j} to {i}")
+            raise InputError(f"no path from position {j} to {i}")
         landed: list[int] = []
         u = i
         if self.r_support is not None:
@@ -289,7 +288,7 @@ class GraphFamily(_PathMetrics):
 
     def __init__(self, graphs: Sequence[CommunicationGraph]) -> None:
         if not graphs:
-            raise ValueError("empty graph family")
+            raise InputError("empty graph family")
         self.graphs, self.n = list(graphs), graphs[0].n
         self._d: np.ndarray | None = None
 
@@ -495,7 +494,7 @@ def mixer_pattern(name: str, seed: int = 0, d_model: int = 16, n_heads: int = 2,
     return (pattern if np.array_equal(g_op.distances(), g_pat.distances()) else None), mixer
 
 
-def expressivity_table(patterns: Sequence[str] = PAPER_PATTERNS, mixers: Sequence[str] = PAPER_MIXERS,
+def expressivity_table(patterns: Sequence[str], mixers: Sequence[str],
                        ns: Sequence[int] = DEFAULT_TABLE_N, *, offset: int | None = None, layers: int = 4,
                        operator_limit: int = OPERATOR_GRAPH_LIMIT, path_limit: int = GRAPH_PATH_LIMIT,
                        seed: int = 0, d_model: int = 16, n_heads: int = 2, tol: float = 1e-3,
@@ -508,7 +507,7 @@ def expressivity_table(patterns: Sequence[str] = PAPER_PATTERNS, mixers: Sequenc
     """
     for n in ns:
         if n < 2:
-            raise ValueError(f"n must be >= 2 for pair metrics, got {n}")
+            raise InputError(f"n must be >= 2 for pair metrics, got {n}")
     rows: list[dict] = [{"key": p, "source": "pattern", "pattern": get_pattern(p), "mixers": [], "window": None}
                         for p in patterns]
     for name in mixers:
@@ -530,7 +529,7 @@ def expressivity_table(patterns: Sequence[str] = PAPER_PATTERNS, mixers: Sequenc
                 progress(f"expressivity: {key} n={n}")
             off = n // 2 if offset is None else offset
             if not 0 < off < n:
-                raise ValueError(f"copy offset must be in [1, n), got {off} for n = {n}")
+                raise InputError(f"copy offset must be in [1, n), got {off} for n = {n}")
             if pat is not None:
                 rec = pattern_metrics(pat, n, off, layers, path_limit)
                 rec["pattern"] = pat.name

@@ -24,6 +24,7 @@ from matplotlib import colormaps
 from matplotlib.colors import Normalize
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
 from tokenmix.analysis.outputs import FIGURE_FORMATS, new_figure, save_figure, write_json
 from tokenmix.core.operator import MAX_DENSE_T, MixOperator
 from tokenmix.mixers.registry import build_mixer
@@ -37,9 +38,9 @@ MAX_OPERATOR_BYTES = 2 * 2**30  # a materialised (A, B, R) larger than this is r
 def check_dense_length(n: int, what: str = "this analysis") -> None:
     """Refuse sequence lengths that cannot be materialised densely, naming the limit and the way out."""
     if n < 1:
-        raise ValueError(f"sequence length must be >= 1, got {n}")
+        raise InputError(f"sequence length must be >= 1, got {n}")
     if n > MAX_DENSE_T:
-        raise ValueError(
+        raise InputError(
             f"n = {n} is too long to materialise densely for {what} (limit {MAX_DENSE_T}); the structured "
             f"metrics still run at this length: tokenmix analyze expressivity --n {n} / tokenmix analyze cost")
 
@@ -60,7 +61,7 @@ def check_operator_memory(mixer: Mixer, n: int, what: str = "this analysis", bat
     """Refuse to materialise an operator larger than ``MAX_OPERATOR_BYTES`` (many heads x state channels)."""
     need = operator_bytes(mixer, n, batch)
     if need > MAX_OPERATOR_BYTES:
-        raise ValueError(
+        raise InputError(
             f"materialising {type(mixer).__name__} at n = {n} for {what} needs {need / 2**30:.1f} GiB "
             f"(limit {MAX_OPERATOR_BYTES / 2**30:.0f} GiB: heads x state channels x n^2); use a smaller --n, "
             f"or the structured metrics: tokenmix analyze expressivity / tokenmix analyze cost")
@@ -94,10 +95,10 @@ def materialize_mixer(mixer: Mixer, x: Tensor) -> MixOperator:
 def head_matrices(op: MixOperator, batch: int = 0, channel: int = 0) -> dict[str, Tensor]:
     """Per-head matrices [H, T, T] of one batch element: A, B, (R) of state channel ``channel``, and M."""
     if not 0 <= batch < op.A.shape[0]:
-        raise ValueError(f"batch index {batch} out of range [0, {op.A.shape[0]})")
+        raise InputError(f"batch index {batch} out of range [0, {op.A.shape[0]})")
     pick = (lambda t: t[batch, :, channel]) if op.has_state_axis else (lambda t: t[batch])
     if op.has_state_axis and not 0 <= channel < op.A.shape[2]:
-        raise ValueError(f"state channel {channel} out of range [0, {op.A.shape[2]})")
+        raise InputError(f"state channel {channel} out of range [0, {op.A.shape[2]})")
     out = {"A": pick(op.A), "B": pick(op.B)}
     if op.R is not None:
         out["R"] = pick(op.R)
@@ -117,7 +118,7 @@ def _heads(op: MixOperator, heads: Sequence[int] | None) -> list[int]:
     hs = list(range(min(n_heads, 4))) if heads is None else list(heads)
     bad = [h for h in hs if not 0 <= h < n_heads]
     if bad or not hs:
-        raise ValueError(f"head index(es) {bad or '(none)'} out of range [0, {n_heads})")
+        raise InputError(f"head index(es) {bad or '(none)'} out of range [0, {n_heads})")
     return hs
 
 
@@ -164,9 +165,9 @@ def dependency_levels(op: MixOperator, position: int, head: int = 0, batch: int 
     """Positions j whose output y_j reaches y_position through B-hops -> fewest hops (BFS, 0 = itself)."""
     t = op.A.shape[-1]
     if not 0 <= position < t:
-        raise ValueError(f"position {position} out of range [0, {t})")
+        raise InputError(f"position {position} out of range [0, {t})")
     if not 0 <= head < op.A.shape[1]:
-        raise ValueError(f"head {head} out of range [0, {op.A.shape[1]})")
+        raise InputError(f"head {head} out of range [0, {op.A.shape[1]})")
     nz = (_b_support(op, batch, head, channel) != 0).cpu().numpy()
     levels = {position: 0}
     queue = deque([position])

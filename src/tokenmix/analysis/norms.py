@@ -32,6 +32,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
+from tokenmix.analysis.matrices import build_analysis_mixer, check_dense_length, check_operator_memory, random_input
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
 from tokenmix.core.operator import MixOperator
 from tokenmix.mixers.registry import get_mixer_spec, mixer_names
@@ -48,9 +50,9 @@ def gram_spectral_bound(w: Tensor, n_iter: int = 10) -> Tensor:
     Differentiable (autograd) and deterministic. Returns [...] (same dtype). Exactly 0 for a zero matrix.
     """
     if w.dim() < 2:
-        raise ValueError(f"expected [..., m, k] matrices, got shape {tuple(w.shape)}")
+        raise InputError(f"expected [..., m, k] matrices, got shape {tuple(w.shape)}")
     if n_iter < 0:
-        raise ValueError(f"n_iter must be >= 0, got {n_iter}")
+        raise InputError(f"n_iter must be >= 0, got {n_iter}")
     # G_t = exp(s_t) * g_t with g_t Frobenius-normalised at every step and s_0 = log(peak):
     #   ||W||_2 <= exp(s_T / 2^T) ||g_T||_F^{1/2^T} = peak * exp(sum_t log(f_t) / 2^t + log||g_T||_F / 2^T).
     # The peak factors out exactly and the exponent stays O(log rank), so extreme scales lose no
@@ -195,7 +197,7 @@ def spectral_regularizer(op: MixOperator, which: str = "mixing", target: float =
     elif which == "recurrence":
         mats = recurrence_inverse(op)
     else:
-        raise ValueError(f"which must be 'mixing' or 'recurrence', got '{which}'")
+        raise InputError(f"which must be 'mixing' or 'recurrence', got '{which}'")
     bound = gram_spectral_bound(mats, n_iter)
     return torch.relu(bound - target).pow(2).mean()
 
@@ -278,9 +280,6 @@ def plot_norms(results: Sequence[dict], curves: dict | None, out_dir: Path,
 def run_norms(names: Sequence[str] | None, out_dir: Path, *, n: int = 128, gram_iters: int = 10, d_model: int = 64,
               n_heads: int = 2, seed: int = 0, formats: Sequence[str] = FIGURE_FORMATS, progress=None) -> dict:
     """Norms for each registered mixer (default: all) on a seeded random input; writes norms.json/.md + plot."""
-    from tokenmix.analysis.matrices import (build_analysis_mixer, check_dense_length, check_operator_memory,
-                                            random_input)
-
     check_dense_length(n, "operator norms")
     names = list(names) if names else mixer_names()
     for name in names:

@@ -17,6 +17,9 @@ import matplotlib
 matplotlib.use("Agg")  # files only, never a window; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
+from tokenmix.core.errors import InputError
+from tokenmix.core.files import atomic_path, atomic_write_text  # noqa: E402
+
 FIGURE_FORMATS = ("png", "svg")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
@@ -39,10 +42,10 @@ def prepare_out_dir(path: str | os.PathLike | None, kind: str) -> Path:
         return default_out_dir(kind)
     out = Path(path)
     if out.exists() and not out.is_dir():
-        raise NotADirectoryError(f"output path '{out}' exists and is not a directory")
+        raise InputError(f"output path '{out}' exists and is not a directory")
     out.mkdir(parents=True, exist_ok=True)
     if not os.access(out, os.W_OK):
-        raise PermissionError(f"output directory '{out}' is not writable")
+        raise InputError(f"output directory '{out}' is not writable")
     return out
 
 
@@ -50,16 +53,18 @@ def check_formats(formats: Iterable[str]) -> tuple[str, ...]:
     fmts = tuple(dict.fromkeys(f.strip().lower() for f in formats if f.strip()))
     bad = [f for f in fmts if f not in FIGURE_FORMATS]
     if bad or not fmts:
-        raise ValueError(f"figure format(s) {bad or '(none)'} not supported; choose from {FIGURE_FORMATS}")
+        raise InputError(f"figure format(s) {bad or '(none)'} not supported; choose from {FIGURE_FORMATS}")
     return fmts
 
 
 def save_figure(fig, out_dir: Path, stem: str, formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
-    """Save ``fig`` as ``out_dir/stem.<fmt>`` for each format, close it, return the paths."""
+    """The one figure writer: ``fig`` as ``out_dir/stem.<fmt>`` for each format, each file written
+    atomically (a killed run leaves the old figure or the new one), then the figure is closed."""
     paths = []
     for fmt in check_formats(formats):
         p = Path(out_dir) / f"{stem}.{fmt}"
-        fig.savefig(p, format=fmt, dpi=110)  # callers lay out with tight_layout
+        with atomic_path(p, suffix=f".{fmt}") as tmp:
+            fig.savefig(tmp, format=fmt, dpi=110)  # callers lay out with tight_layout
         paths.append(p)
     plt.close(fig)
     return paths
@@ -86,11 +91,8 @@ def json_text(data: Any) -> str:
 
 
 def write_json(path: Path, data: Any) -> Path:
-    """Write JSON atomically (temp file + rename) so a killed run leaves no half-written file."""
-    tmp = Path(f"{path}.tmp")
-    tmp.write_text(json_text(data) + "\n")
-    tmp.replace(path)
-    return path
+    """Write JSON atomically, so a killed run leaves no half-written file."""
+    return atomic_write_text(path, json_text(data) + "\n")
 
 
 def fmt_value(v: Any, digits: int = 4) -> str:
@@ -109,14 +111,18 @@ def fmt_value(v: Any, digits: int = 4) -> str:
     return str(v)
 
 
-def markdown_table(rows: Sequence[dict], columns: Sequence[str] | None = None) -> str:
-    """Rows of dicts -> a GitHub Markdown table (missing cells '—')."""
+def markdown_table(rows: Sequence[dict] | Sequence[Sequence[Any]], columns: Sequence[str] | None = None) -> str:
+    """The one Markdown-table writer: rows of dicts (cells looked up by column, missing ones '—') or
+    rows of cells in ``columns``' order -> a GitHub Markdown table ending in a newline."""
     if not rows:
         return "(no rows)\n"
-    cols = list(columns) if columns is not None else list(dict.fromkeys(k for r in rows for k in r))
+    if columns is None:
+        columns = list(dict.fromkeys(k for r in rows for k in r))
+    cols = list(columns)
+    cells = [[r.get(c) for c in cols] if isinstance(r, dict) else list(r) for r in rows]
     lines = ["| " + " | ".join(cols) + " |", "|" + "|".join("---" for _ in cols) + "|"]
-    for r in rows:
-        lines.append("| " + " | ".join(fmt_value(r.get(c)).replace("|", "\\|") for c in cols) + " |")
+    for r in cells:
+        lines.append("| " + " | ".join(fmt_value(v).replace("|", "\\|") for v in r) + " |")
     return "\n".join(lines) + "\n"
 
 

@@ -7,11 +7,8 @@ PNG figures are embedded (SVG only when no PNG of the same name exists). In the 
 is a base64 data URI, so the page references nothing outside itself; the Markdown copy references
 only the figures copied next to it (``figures/``).
 
-A preset name instead of a directory first runs that analysis preset into a fresh run directory
-(``runs/report-<preset>-<time>``), then reports it:
-    quick   a first look in a few minutes on 2 cores (about 2 CPU-minutes): the paper's structures at
-            small n, timings shown but not judged
-    full    every registered mixer, timing over n = 1k..16k and the §4.2–4.3 table to n = 8192
+``tokenmix report PRESET`` first runs an analysis preset (``study/presets/analysis.py``) into a fresh
+run directory, then reports it (``study/analysis_suite.py``).
 """
 from __future__ import annotations
 
@@ -23,76 +20,16 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Sequence
 
+from tokenmix.core.errors import MissingInput
 from tokenmix.analysis.outputs import fmt_value, markdown_table, prepare_out_dir
-from tokenmix.mixers.registry import mixer_names
 
 MAX_EMBED_BYTES = 8 * 1024 * 1024   # larger files are listed, not embedded
 MAX_TABLE_ROWS = 300
 MAX_TEXT_CHARS = 20000
 MAX_CHILD_DIRS = 20                 # a folder with more sub-folders (a sweep's runs) is not expanded
 REPORT_DIR_NAME = "report"
-
-PAPER_MIXERS = ("attention", "local_attention", "diag_ssm", "first_order", "kth_order", "dense_recurrence",
-                "pow2", "pow2_ce", "sq1", "sq1_ce")
-
-PRESETS: dict[str, dict] = {
-    "quick": {
-        "matrix": {"mixers": ("pow2", "sq1_ce", "attention"), "n": 48, "d_model": 32, "n_heads": 2},
-        "cost": {"mixers": PAPER_MIXERS, "cache_ns": (16, 48), "time_ns": (256, 512, 1024), "d_model": 64,
-                 "n_heads": 2, "repeats": 1, "time_budget_s": 5.0, "decode_budget_s": 10.0, "judge_time": False},
-        "expressivity": {"ns": (256, 512, 1024)},
-        "norms": {"mixers": PAPER_MIXERS, "n": 64, "gram_iters": 10, "d_model": 32, "n_heads": 2},
-    },
-    "full": {
-        "matrix": {"mixers": None, "n": 128, "d_model": 64, "n_heads": 2},
-        "cost": {"mixers": None, "cache_ns": (64, 256, 1024), "time_ns": (1024, 2048, 4096, 8192, 16384),
-                 "d_model": 256, "n_heads": 4, "repeats": 3, "time_budget_s": 60.0, "decode_budget_s": 120.0,
-                 "threads": 1, "clock": "cpu", "min_time_s": 2.0},  # as `tokenmix analyze cost` by default
-        "expressivity": {"ns": (256, 512, 1024, 2048, 4096, 8192), "all_mixers": True},
-        "norms": {"mixers": None, "n": 256, "gram_iters": 10, "d_model": 64, "n_heads": 2},
-    },
-}
-
-
-# ----------------------------------------------------------------------------- presets
-def _registered(wanted: Sequence[str] | None) -> list[str]:
-    known = mixer_names()
-    return list(known) if wanted is None else [m for m in wanted if m in known]
-
-
-def run_preset(preset: str, out_dir: Path, progress: Callable[[str], None] | None = None) -> Path:
-    """Run every analysis of ``preset`` into sub-folders of ``out_dir``; returns out_dir."""
-    from tokenmix.analysis.accounting import run_accounting
-    from tokenmix.analysis.expressivity import PAPER_MIXERS as EXPR_MIXERS, PAPER_PATTERNS, run_expressivity
-    from tokenmix.analysis.matrices import analyze_registered
-    from tokenmix.analysis.norms import run_norms
-
-    if preset not in PRESETS:
-        raise ValueError(f"unknown preset '{preset}'; presets: {', '.join(PRESETS)}")
-    cfg = PRESETS[preset]
-    out_dir = Path(out_dir)
-    say = progress or (lambda msg: None)
-    mc = cfg["matrix"]
-    for name in _registered(mc["mixers"]):
-        say(f"matrix: {name}")
-        sub = prepare_out_dir(out_dir / f"matrix-{name}", "matrix")
-        analyze_registered(name, mc["n"], sub, d_model=mc["d_model"], n_heads=mc["n_heads"], formats=("png",))
-    cc = dict(cfg["cost"])
-    run_accounting(_registered(cc.pop("mixers")), prepare_out_dir(out_dir / "cost", "cost"), formats=("png",),
-                   progress=say, **cc)
-    ec = cfg["expressivity"]
-    mixers = _registered(None) if ec.get("all_mixers") else _registered(EXPR_MIXERS)
-    pattern_backed = {"first_order", "kth_order", "dense_recurrence", "pow2", "pow2_ce", "sq1", "sq1_ce"}
-    run_expressivity(prepare_out_dir(out_dir / "expressivity", "expressivity"), formats=("png",),
-                     patterns=PAPER_PATTERNS, mixers=[m for m in mixers if m not in pattern_backed], ns=ec["ns"],
-                     progress=say)
-    nc = dict(cfg["norms"])
-    run_norms(_registered(nc.pop("mixers")), prepare_out_dir(out_dir / "norms", "norms"), formats=("png",),
-              progress=say, **nc)
-    return out_dir
-
 
 # ----------------------------------------------------------------------------- reading artifacts
 def _esc(text: str) -> str:
@@ -261,7 +198,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: 
     """Write report.html (self-contained) and report.md (+ figures/) for ``run_dir``; returns the paths."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory '{run_dir}' does not exist")
+        raise MissingInput(f"run directory '{run_dir}' does not exist")
     out = Path(out_dir) if out_dir is not None else run_dir / REPORT_DIR_NAME
     out = prepare_out_dir(out, "report")
     fig_dir = out / "figures"
@@ -355,25 +292,3 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: 
     html_path.write_text(page, encoding="utf-8")
     md_path.write_text("\n".join(md_parts) + "\n", encoding="utf-8")
     return {"html": html_path, "markdown": md_path, "figures": n_figures, "sections": len(sections)}
-
-
-def report(source: str, out_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
-           runs_root: str | Path = "runs") -> dict:
-    """Report a run directory, or run a preset first (see module docstring)."""
-    path = Path(source)
-    if path.is_dir():
-        return {"run_dir": path, **build_report(path, out_dir)}
-    if source in PRESETS:
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(runs_root) / f"report-{source}-{stamp}"
-        k = 1
-        while run_dir.exists():
-            k += 1
-            run_dir = Path(runs_root) / f"report-{source}-{stamp}-{k}"
-        run_dir.mkdir(parents=True)
-        run_preset(source, run_dir, progress)
-        return {"run_dir": run_dir, **build_report(run_dir, out_dir, title=f"tokenmix report: preset '{source}'")}
-    if path.exists():
-        raise NotADirectoryError(f"'{source}' is not a directory (expected a run directory or a preset: "
-                                 f"{', '.join(PRESETS)})")
-    raise FileNotFoundError(f"no run directory or preset '{source}' (presets: {', '.join(PRESETS)})")

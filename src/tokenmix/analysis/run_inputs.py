@@ -1,7 +1,7 @@
 """Layer inputs of a trained run for a text, so the matrix viewer can show what a trained mixer does.
 
 A run directory is read, never written. A language-model run of ``tokenmix train lm`` (with
-``checkpoints/latest.json``) is loaded by ``tokenmix.training.lm.load_run``, which verifies its
+``checkpoints/latest.json``) is loaded by ``tokenmix.runs.lm.load_run``, which verifies its
 checkpoint. Any other directory may hold the plain layout:
     config.json       the model fields under "model" (or "model_config"), or at the top level
                       (ModelConfig fields: vocab_size, d_model, layers, n_heads, ...)
@@ -18,9 +18,13 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors.torch import load_file
+from tokenizers import Tokenizer
 from torch import Tensor
 
+from tokenmix.core.errors import InputError, MissingInput
 from tokenmix.models.model import MixerModel, ModelConfig
+from tokenmix.runs.lm import load_run  # the LM run layout, with checkpoint verification
 
 _CONFIG_KEYS = ("model", "model_config")
 
@@ -33,7 +37,7 @@ def _model_config(raw: dict, path: Path) -> ModelConfig:
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     picked = {k: v for k, v in raw.items() if k in fields}
     if "layers" not in picked:
-        raise ValueError(f"{path} has no model 'layers' field (looked at the top level and under "
+        raise InputError(f"{path} has no model 'layers' field (looked at the top level and under "
                          f"{', '.join(repr(k) for k in _CONFIG_KEYS)}); is this a tokenmix run directory?")
     if isinstance(picked["layers"], list):
         picked["layers"] = tuple(picked["layers"])
@@ -48,7 +52,7 @@ def _weights_file(run: Path) -> Path:
                     *run.glob("checkpoints/*/model.safetensors")],
                    key=lambda p: p.stat().st_mtime)
     if not found:
-        raise FileNotFoundError(f"run directory '{run}' has no *.safetensors weights")
+        raise MissingInput(f"run directory '{run}' has no *.safetensors weights")
     return found[-1]
 
 
@@ -56,40 +60,34 @@ def load_run_model(run_dir: str | Path) -> tuple[MixerModel, Callable[[str], lis
     """(model in eval mode with the run's weights, text -> token ids)."""
     run = Path(run_dir)
     if not run.is_dir():
-        raise FileNotFoundError(f"run directory '{run}' does not exist")
+        raise MissingInput(f"run directory '{run}' does not exist")
     if (run / "checkpoints" / "latest.json").is_file():
-        from tokenmix.training.lm import load_run  # the LM run layout, with checkpoint verification
-
         loaded = load_run(run)
         return loaded.model, lambda text: loaded.tokenizer.encode(text).ids
     cfg_path = run / "config.json"
     if not cfg_path.is_file():
-        raise FileNotFoundError(f"run directory '{run}' has no config.json")
+        raise MissingInput(f"run directory '{run}' has no config.json")
     try:
         raw = json.loads(cfg_path.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{cfg_path} is not valid JSON: {e}") from None
+        raise InputError(f"{cfg_path} is not valid JSON: {e}") from None
     cfg = _model_config(raw, cfg_path)
     model = MixerModel(cfg)
-    from safetensors.torch import load_file  # imported here: only runs need it
-
     weights = load_file(str(_weights_file(run)))
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not (cfg.tie_weights and k == "head.weight")]
     if missing or unexpected:
-        raise ValueError(f"weights in '{run}' do not match the model config (missing {missing[:3]}, "
+        raise InputError(f"weights in '{run}' do not match the model config (missing {missing[:3]}, "
                          f"unexpected {unexpected[:3]})")
     model.eval()
     tok_path = run / "tokenizer.json"
     if tok_path.is_file():
-        from tokenizers import Tokenizer
-
         tok = Tokenizer.from_file(str(tok_path))
         encode = lambda text: tok.encode(text).ids  # noqa: E731
     elif cfg.vocab_size >= 256:
         encode = lambda text: list(text.encode("utf-8"))  # noqa: E731
     else:
-        raise ValueError(f"run '{run}' has no tokenizer.json and vocab_size {cfg.vocab_size} < 256 "
+        raise InputError(f"run '{run}' has no tokenizer.json and vocab_size {cfg.vocab_size} < 256 "
                          "rules out byte encoding")
     return model, encode
 
@@ -112,10 +110,10 @@ def text_layer_input(run_dir: str | Path, text: str, layer: int) -> tuple[object
     """(mixer of ``layer``, its input x [1, T, D] for ``text``, its registry name) from a trained run."""
     model, encode = load_run_model(run_dir)
     if not 0 <= layer < len(model.blocks):
-        raise ValueError(f"layer {layer} out of range: the run has {len(model.blocks)} layers")
+        raise InputError(f"layer {layer} out of range: the run has {len(model.blocks)} layers")
     ids = encode(text)
     if not ids:
-        raise ValueError("the text encodes to no tokens")
+        raise InputError("the text encodes to no tokens")
     idx = torch.tensor([ids], dtype=torch.long)
     x = layer_inputs(model, idx)[layer]
     return model.blocks[layer].mixer, x, model.cfg.layers[layer]

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
 from tokenmix.checks import fla_naive, register_crosscheck
 from tokenmix.checks.equivalence import small_mixer
 from tokenmix.mixers.registry import build_mixer
@@ -36,7 +37,7 @@ HLRU_LOOP_ATOL = 1e-10        # float64, the same arithmetic in another order
 def max_abs_err(actual: Tensor, expected: Tensor) -> float:
     """max |actual - expected| in float64; shapes must match (no silent broadcasting)."""
     if actual.shape != expected.shape:
-        raise ValueError(f"shape {tuple(actual.shape)} != reference shape {tuple(expected.shape)}")
+        raise InputError(f"shape {tuple(actual.shape)} != reference shape {tuple(expected.shape)}")
     return (actual.double() - expected.double()).abs().max().item() if actual.numel() else 0.0
 
 
@@ -58,7 +59,7 @@ def run_in_pieces(m: Mixer, x: Tensor, mode: str, sizes: Sequence[int]):
         (the concatenated output [B, T, D], the final state).
     """
     if sum(sizes) != x.shape[1]:
-        raise ValueError(f"piece sizes {list(sizes)} do not add up to T = {x.shape[1]}")
+        raise InputError(f"piece sizes {list(sizes)} do not add up to T = {x.shape[1]}")
     ys, state, t0 = [], None, 0
     for size in sizes:
         y, state = m(x[:, t0 : t0 + size], state, mode=mode)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
 from tokenmix.checks import fla_naive, register_crosscheck
 from tokenmix.checks.attention_family import max_rel_err, run_in_pieces
 from tokenmix.mixers.registry import build_mixer
@@ -105,7 +106,7 @@ def reference_features(name: str, m: Mixer, x: Tensor) -> dict:
         a = -m.A_log.exp()
         return dict(q=cs[:, :, None].expand(b, t, d, n) * math.sqrt(n), k=bs[:, :, None].expand(b, t, d, n),
                     v=(delta * u)[..., None], gk=delta[..., None] * a, skip=(m.D * u)[..., None])
-    raise ValueError(f"no fla reference features for {name!r}")
+    raise InputError(f"no fla reference features for {name!r}")
 
 
 def _mixer_against(name: str, fla_run, segments=MIXER_SEGMENTS) -> dict[str, float]:

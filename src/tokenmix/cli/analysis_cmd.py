@@ -7,7 +7,20 @@ from __future__ import annotations
 
 import sys
 
-from tokenmix.cli.main import UsageError
+import torch
+
+from tokenmix.analysis import expressivity as ex
+from tokenmix.analysis.accounting import CLOCKS, run_accounting
+from tokenmix.analysis.matrices import analyze_matrix, build_analysis_mixer, check_dense_length, random_input
+from tokenmix.analysis.norms import run_norms
+from tokenmix.analysis.outputs import check_formats, json_text, prepare_out_dir, text_table
+from tokenmix.analysis.run_inputs import text_layer_input
+from tokenmix.core.errors import InputError
+from tokenmix.mixers.registry import get_mixer_spec, mixer_names
+from tokenmix.patterns import get_pattern
+from tokenmix.study.analysis_suite import report
+from tokenmix.study.paper import PAPER_ATTENTION, PAPER_PATTERNS
+from tokenmix.study.presets import presets
 
 
 def _names(text: str | None, what: str) -> list[str] | None:
@@ -16,7 +29,7 @@ def _names(text: str | None, what: str) -> list[str] | None:
         return None
     names = [t.strip() for t in text.split(",") if t.strip()]
     if not names:
-        raise UsageError(f"--{what} is empty; give comma-separated names or 'all'")
+        raise InputError(f"--{what} is empty; give comma-separated names or 'all'")
     return names
 
 
@@ -29,7 +42,7 @@ def _progress(args):
 def _positive(values, flag: str, minimum: int = 1) -> None:
     for v in values:
         if v < minimum:
-            raise UsageError(f"{flag} values must be >= {minimum}, got {v}")
+            raise InputError(f"{flag} values must be >= {minimum}, got {v}")
 
 
 def _common(p, default_formats: str = "png,svg") -> None:
@@ -113,15 +126,14 @@ def register(sub) -> None:
     p.set_defaults(func=run_norms_cmd)
 
     p = sub.add_parser("report", help="one self-contained HTML page + Markdown from a run directory or a preset")
-    p.add_argument("source", metavar="RUN_DIR_OR_PRESET", help="a run directory, or a preset: quick, full")
+    p.add_argument("source", metavar="RUN_DIR_OR_PRESET",
+                   help="a run directory, or an analysis preset: " + ", ".join(pr.name for pr in presets("analysis")))
     p.add_argument("--out", default=None, help="report folder (default <run dir>/report)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run_report)
 
 
 def _finish(args, out_dir, rows, payload) -> int:
-    from tokenmix.analysis.outputs import json_text, text_table
-
     if args.json:
         print(json_text({"out_dir": str(out_dir), **payload}))
     else:
@@ -131,19 +143,11 @@ def _finish(args, out_dir, rows, payload) -> int:
 
 
 def run_matrix(args) -> int:
-    import torch
-
-    from tokenmix.analysis.matrices import (analyze_matrix, build_analysis_mixer, check_dense_length,
-                                            random_input)
-    from tokenmix.analysis.outputs import check_formats, prepare_out_dir
-    from tokenmix.mixers.registry import get_mixer_spec
-
     formats = check_formats(args.formats.split(","))
     heads = None if args.show_heads is None else [int(h) for h in args.show_heads.split(",") if h.strip()]
     if args.run is not None:
         if args.text is None:
-            raise UsageError("--run needs --text (the text fed through the trained model)")
-        from tokenmix.analysis.run_inputs import text_layer_input
+            raise InputError("--run needs --text (the text fed through the trained model)")
 
         mixer, x, name = text_layer_input(args.run, args.text, args.layer)
         check_dense_length(x.shape[1], "the matrix viewer")
@@ -151,7 +155,7 @@ def run_matrix(args) -> int:
         note = f"layer {args.layer} of run {args.run} on a {x.shape[1]}-token text"
     else:
         if args.mixer is None:
-            raise UsageError("give --mixer NAME (random input) or --run DIR --text TEXT")
+            raise InputError("give --mixer NAME (random input) or --run DIR --text TEXT")
         get_mixer_spec(args.mixer)
         check_dense_length(args.n, "the matrix viewer")
         mixer = build_analysis_mixer(args.mixer, args.d_model, args.heads, args.seed)
@@ -170,23 +174,17 @@ def run_matrix(args) -> int:
 
 
 def run_cost(args) -> int:
-    from tokenmix.analysis.accounting import run_accounting
-    from tokenmix.analysis.outputs import check_formats, prepare_out_dir
-
-    from tokenmix.analysis.accounting import CLOCKS
-
     formats = check_formats(args.formats.split(","))
     if args.clock not in CLOCKS:
-        raise UsageError(f"--clock must be one of {', '.join(CLOCKS)}, got '{args.clock}'")
+        raise InputError(f"--clock must be one of {', '.join(CLOCKS)}, got '{args.clock}'")
     _positive(args.cache_n, "--cache-n")
     if not args.min_time >= 0:
-        raise UsageError(f"--min-time must be >= 0, got {args.min_time}")
+        raise InputError(f"--min-time must be >= 0, got {args.min_time}")
     _positive(args.time_n, "--time-n", 2)
     for flag, v in (("--d-model", args.d_model), ("--heads", args.heads), ("--batch", args.batch),
                     ("--repeats", args.repeats), ("--threads", args.threads)):
         _positive([v], flag)
     names = _names(args.mixers, "mixers")
-    from tokenmix.mixers.registry import get_mixer_spec
 
     for n in names or []:
         get_mixer_spec(n)
@@ -200,16 +198,11 @@ def run_cost(args) -> int:
 
 
 def run_expressivity_cmd(args) -> int:
-    from tokenmix.analysis import expressivity as ex
-    from tokenmix.analysis.outputs import check_formats, prepare_out_dir
-    from tokenmix.mixers.registry import get_mixer_spec, mixer_names
-    from tokenmix.patterns import get_pattern
-
     formats = check_formats(args.formats.split(","))
     _positive(args.n, "--n", 2)
     _positive([args.layers], "--layers")
     if args.patterns is None:
-        patterns = list(ex.PAPER_PATTERNS)
+        patterns = list(PAPER_PATTERNS)
     elif args.patterns.strip() == "none":
         patterns = []
     else:
@@ -217,7 +210,7 @@ def run_expressivity_cmd(args) -> int:
     for p in patterns:
         get_pattern(p)
     if args.mixers is None:
-        mixers = [m for m in ex.PAPER_MIXERS if m in mixer_names()]
+        mixers = [m for m in PAPER_ATTENTION if m in mixer_names()]
     elif args.mixers.strip() == "none":
         mixers = []
     elif args.mixers.strip() == "all":
@@ -227,11 +220,11 @@ def run_expressivity_cmd(args) -> int:
     for m in mixers:
         get_mixer_spec(m)
     if not patterns and not mixers:
-        raise UsageError("nothing to analyse: give --patterns and/or --mixers")
+        raise InputError("nothing to analyse: give --patterns and/or --mixers")
     if args.offset is not None:
         bad = [n for n in args.n if not 0 < args.offset < n]
         if bad:
-            raise UsageError(f"--offset {args.offset} must be in [1, n) for every n; fails for n = {bad}")
+            raise InputError(f"--offset {args.offset} must be in [1, n) for every n; fails for n = {bad}")
     out_dir = prepare_out_dir(args.out, "expressivity")
     kwargs = {}
     if args.path_limit is not None:
@@ -244,11 +237,6 @@ def run_expressivity_cmd(args) -> int:
 
 
 def run_norms_cmd(args) -> int:
-    from tokenmix.analysis.norms import run_norms
-    from tokenmix.analysis.outputs import check_formats, prepare_out_dir
-    from tokenmix.mixers.registry import get_mixer_spec
-    from tokenmix.analysis.matrices import check_dense_length
-
     formats = check_formats(args.formats.split(","))
     check_dense_length(args.n, "operator norms")
     _positive([args.gram_iters], "--gram-iters", 0)
@@ -262,8 +250,6 @@ def run_norms_cmd(args) -> int:
 
 
 def run_report(args) -> int:
-    from tokenmix.analysis.report import report
-
     res = report(args.source, args.out, progress=None if args.quiet else
                  (lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)))
     print(f"report: {res['html']}")

@@ -4,6 +4,11 @@ from __future__ import annotations
 import json
 import sys
 
+from tokenmix.bench import decode, mixers, solver
+from tokenmix.bench.lm import LMBenchConfig
+from tokenmix.bench.lm import run as run_lm_bench
+from tokenmix.core.errors import InputError
+
 
 def _progress(r: dict) -> None:
     keys = ("mixer", "mode", "n", "time_s", "latency_ms", "peak_mb", "error")
@@ -26,37 +31,63 @@ def register(sub) -> None:
     m.add_argument("--n", type=int, nargs="+", default=None, help="sequence lengths (default 512 2048 8192)")
     m.add_argument("--mixers", nargs="+", default=None)
     m.set_defaults(func=_run_mixers)
-    try:
-        from tokenmix.training import bench_lm
-    except ImportError:
-        return
     lm = bsub.add_parser("lm", help="LM training and decode tokens/s per mixer at equal parameter count")
-    bench_lm.add_arguments(lm)
-    lm.set_defaults(func=bench_lm.run)
+    d = LMBenchConfig()
+    lm.add_argument("--mixers", default=d.mixers,
+                    help="comma list; unregistered names among the defaults are skipped; 'all' = every mixer")
+    lm.add_argument("--contexts", type=int, nargs="+", default=list(d.contexts))
+    lm.add_argument("--layers", type=int, default=d.layers, help="layers of the one mixer per model")
+    lm.add_argument("--n-heads", type=int, default=d.n_heads)
+    lm.add_argument("--target-params", type=int, default=d.target_params,
+                    help="non-embedding parameters every model is sized to")
+    lm.add_argument("--vocab-size", type=int, default=d.vocab_size,
+                    help="small by default: the embedding and head cost the same for every mixer and "
+                         "would only dilute the differences between mixers")
+    lm.add_argument("--batch-tokens", type=int, default=d.batch_tokens, help="tokens per training step")
+    lm.add_argument("--train-steps", type=int, default=d.train_steps,
+                    help="timed training steps (the median is reported)")
+    lm.add_argument("--decode-tokens", type=int, default=d.decode_tokens,
+                    help="timed decode steps at the end of the context (the median is reported)")
+    lm.add_argument("--decode-block", type=int, default=d.decode_block,
+                    help="decode tokens a mixer runs back to back before the next mixer's turn")
+    lm.add_argument("--threads", type=int, default=d.threads, help="torch threads (0 = default)")
+    lm.add_argument("--seed", type=int, default=d.seed)
+    lm.add_argument("--out", default=None, help="also write the JSON here")
+    lm.set_defaults(func=_run_lm)
+
+
+def lm_bench_config(args) -> LMBenchConfig:
+    """The ``bench lm`` flags as the benchmark's config."""
+    return LMBenchConfig(mixers=args.mixers, contexts=tuple(args.contexts), layers=args.layers, n_heads=args.n_heads,
+                         target_params=args.target_params, vocab_size=args.vocab_size, batch_tokens=args.batch_tokens,
+                         train_steps=args.train_steps, decode_tokens=args.decode_tokens,
+                         decode_block=args.decode_block, threads=args.threads, seed=args.seed, out=args.out)
+
+
+def _run_lm(args) -> int:
+    print(json.dumps(run_lm_bench(lm_bench_config(args)), indent=2))
+    return 0
 
 
 def _check_sizes(ns):
     for n in ns or []:
         if n < 1:
-            raise ValueError(f"--n must be >= 1, got {n}")
+            raise InputError(f"--n must be >= 1, got {n}")
 
 
 def _run_solver(args) -> int:
-    from tokenmix.bench import solver
     _check_sizes(args.n)
     print(json.dumps(solver.run(args.n, args.patterns, _progress), indent=1))
     return 0
 
 
 def _run_decode(args) -> int:
-    from tokenmix.bench import decode
     _check_sizes(args.n)
     print(json.dumps(decode.run(args.n, args.mixers, _progress), indent=1))
     return 0
 
 
 def _run_mixers(args) -> int:
-    from tokenmix.bench import mixers
     _check_sizes(args.n)
     print(json.dumps(mixers.run(args.n, args.mixers, _progress), indent=1))
     return 0

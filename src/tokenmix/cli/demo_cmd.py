@@ -7,6 +7,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from tokenmix.core.errors import InputError
 from tokenmix.mixers import build_mixer
 from tokenmix.patterns import get_pattern, pattern_report
 
@@ -19,7 +20,7 @@ def register(sub) -> None:
 
 def run(args) -> int:
     if args.n < 2:
-        raise ValueError(f"--n must be >= 2, got {args.n}")
+        raise InputError(f"--n must be >= 2, got {args.n}")
     console = Console()
     n = args.n
     table = Table(title=f"Patterns at n = {n} (derived)")

@@ -17,7 +17,14 @@ import sys
 import time
 from pathlib import Path
 
-from tokenmix.cli.main import UsageError
+from tokenmix.core.errors import InputError
+from tokenmix.data.prepare import prepare_data
+from tokenmix.data.tokenizer import separator_id
+from tokenmix.generation import SamplingConfig, generate, position_limit
+from tokenmix.runs.lm import LMRunConfig, apply_overrides, load_run
+from tokenmix.study.presets import presets
+from tokenmix.study.presets.lm import build_run_config
+from tokenmix.training.lm import evaluate_run, train_lm
 
 
 def register(sub) -> None:
@@ -65,7 +72,8 @@ def add_train_lm_parser(train_sub) -> None:
     """``tokenmix train lm``; separate so that another ``train`` front end can host it."""
     p = train_sub.add_parser("lm", help="train a language model on real text")
     p.add_argument("--corpus", default=None, help="excerpt (default) | shakespeare | kjv | pydocs | PATH")
-    p.add_argument("--preset", default="default", help="default | small | tiny")
+    p.add_argument("--preset", default="default",
+                   help="an lm preset: " + " | ".join(pr.name for pr in presets("lm")) + " (`tokenmix presets`)")
     p.add_argument("--layers", default=None, help='layer pattern, e.g. "pow2,pow2,attention,pow2" or "pow2*3,attention"')
     p.add_argument("--out", default=None, help="run directory (default: runs/lm-<corpus>-<time>)")
     p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
@@ -78,8 +86,6 @@ def add_train_lm_parser(train_sub) -> None:
 
 # ------------------------------------------------------------------------------------------ handlers
 def run_data_prepare(args) -> int:
-    from tokenmix.data.prepare import prepare_data
-    from tokenmix.training.config import RunConfig, apply_overrides
 
     overrides = [f"data.corpus={args.corpus}"]
     if args.vocab_size is not None:
@@ -88,8 +94,8 @@ def run_data_prepare(args) -> int:
         overrides.append(f"data.dir={args.out}")
     for item in args.set:
         if not item.startswith("data."):
-            raise UsageError(f"`data prepare` takes only data.* overrides, got '{item}'")
-    cfg = apply_overrides(RunConfig(), overrides + list(args.set)).data
+            raise InputError(f"`data prepare` takes only data.* overrides, got '{item}'")
+    cfg = apply_overrides(LMRunConfig(), overrides + list(args.set)).data
     t0 = time.perf_counter()
     data = prepare_data(cfg, verbose=not args.json)
     summary = data.summary() | {"seconds": round(time.perf_counter() - t0, 2)}
@@ -112,21 +118,19 @@ def _default_run_dir(corpus: str) -> Path:
 
 
 def run_train_lm(args) -> int:
-    from tokenmix.training.config import RunConfig, build_run_config
-    from tokenmix.training.lm import train_lm
 
     if args.resume:
         if args.set or args.corpus or args.layers or args.preset != "default" or args.out:
-            raise UsageError("--resume continues a run with its saved config; it takes no --corpus, --preset, "
+            raise InputError("--resume continues a run with its saved config; it takes no --corpus, --preset, "
                              "--layers, --set or --out")
         run_dir = Path(args.resume)
         cfg_path = run_dir / "config.json"
         if not cfg_path.is_file():
-            raise UsageError(f"cannot resume: '{run_dir}' is not a run directory (no config.json)")
+            raise InputError(f"cannot resume: '{run_dir}' is not a run directory (no config.json)")
         try:
-            cfg = RunConfig.from_dict(json.loads(cfg_path.read_text()))
+            cfg = LMRunConfig.from_dict(json.loads(cfg_path.read_text()))
         except json.JSONDecodeError as e:
-            raise UsageError(f"cannot resume: '{cfg_path}' is not valid JSON ({e})") from None
+            raise InputError(f"cannot resume: '{cfg_path}' is not valid JSON ({e})") from None
         resume = True
     else:
         overrides = []
@@ -143,10 +147,9 @@ def run_train_lm(args) -> int:
 
 
 def run_eval(args) -> int:
-    from tokenmix.training.lm import evaluate_run
 
     if args.max_windows < 0:
-        raise UsageError(f"--max-windows must be >= 0, got {args.max_windows}")
+        raise InputError(f"--max-windows must be >= 0, got {args.max_windows}")
     res = evaluate_run(args.run, args.split, args.max_windows)
     if args.json:
         print(json.dumps(res, indent=2))
@@ -164,18 +167,15 @@ def run_eval(args) -> int:
 
 
 def run_generate(args) -> int:
-    from tokenmix.data.tokenizer import separator_id
-    from tokenmix.generation import SamplingConfig, generate, position_limit
-    from tokenmix.training.lm import load_run
 
     run = load_run(args.run)
     tok = run.tokenizer
     max_context = args.max_context if args.max_context is not None else run.config.train.seq_len
     if max_context < 2:
-        raise UsageError(f"--max-context must be >= 2, got {max_context}")
+        raise InputError(f"--max-context must be >= 2, got {max_context}")
     limit = position_limit(run.model)
     if limit is not None and max_context > limit:
-        raise UsageError(f"--max-context {max_context} exceeds this model's learned positions (max_seq_len={limit})")
+        raise InputError(f"--max-context {max_context} exceeds this model's learned positions (max_seq_len={limit})")
     texts = args.prompt if args.prompt else [""]
     prompts = []
     for text in texts:
@@ -183,7 +183,7 @@ def run_generate(args) -> int:
         if len(ids) >= max_context:
             why = (f"the model's learned positions stop at max_seq_len={limit}" if limit is not None and max_context == limit
                    else f"context {max_context}: the training length train.seq_len, or --max-context")
-            raise UsageError(f"prompt is {len(ids)} tokens; this model allows prompts of at most {max_context - 1} "
+            raise InputError(f"prompt is {len(ids)} tokens; this model allows prompts of at most {max_context - 1} "
                              f"tokens ({why})")
         prompts.append(ids)
     room = max_context - max(len(p) for p in prompts)

@@ -1,39 +1,29 @@
 """``tokenmix`` command line: parsing only. Each subcommand lives in its own module of this package
 with ``register(subparsers)`` (adds its parser and sets ``func``) and does its work by calling the
-library. Bad input ends as one line on stderr and exit status 2.
+library.
+
+Errors: bad input raises ``tokenmix.core.errors.InputError`` (or a subclass) somewhere in the
+library; it ends here as one line on stderr and exit status 2. Any other exception is a bug and
+keeps its traceback.
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import sys
 
-# Subcommand modules, one line each (tokenmix.cli.<module>).
-COMMAND_MODULES = [
-    "patterns_cmd",   # tokenmix patterns
-    "bench_cmd",      # tokenmix bench solver|decode|mixers|lm
-    "demo_cmd",       # tokenmix demo
-    "registry_cmd",   # tokenmix list / tokenmix check
-    "compare_cmd",    # tokenmix compare
-    "lm_cmd",         # tokenmix data prepare / train lm / generate / eval
-    "analysis_cmd",   # tokenmix analyze / report
-]
+from tokenmix.cli import (analysis_cmd, bench_cmd, compare_cmd, demo_cmd, lm_cmd, patterns_cmd,
+                          registry_cmd)
+from tokenmix.core.errors import InputError
 
-
-class UsageError(Exception):
-    """Raised by subcommands for bad input; printed as one line, exit status 2."""
+# Subcommand modules, one each: patterns; bench solver|decode|mixers|lm; demo; list / check;
+# compare / presets; data prepare / train lm / generate / eval; analyze / report.
+COMMAND_MODULES = (patterns_cmd, bench_cmd, demo_cmd, registry_cmd, compare_cmd, lm_cmd, analysis_cmd)
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tokenmix", description="Causal token mixers as (A, B) pairs")
     sub = parser.add_subparsers(dest="command", required=True)
-    for mod_name in COMMAND_MODULES:
-        try:
-            mod = importlib.import_module(f"tokenmix.cli.{mod_name}")
-        except ModuleNotFoundError as e:
-            if e.name == f"tokenmix.cli.{mod_name}":
-                continue  # command not built yet in this checkout
-            raise
+    for mod in COMMAND_MODULES:
         mod.register(sub)
     return parser
 
@@ -43,8 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (UsageError, ValueError, TypeError, FileNotFoundError, PermissionError, NotADirectoryError,
-            IsADirectoryError, UnicodeDecodeError) as e:
+    except InputError as e:
         print(f"tokenmix {args.command}: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 
+from tokenmix.core.errors import InputError
 from tokenmix.patterns import get_pattern, pattern_report
 
 
@@ -20,7 +21,7 @@ def run(args) -> int:
     pat = get_pattern(args.pattern, args.cache_efficient)
     for n in args.n:
         if n < 1:
-            raise ValueError(f"--n must be >= 1, got {n}")
+            raise InputError(f"--n must be >= 1, got {n}")
     reports = [pattern_report(pat, n, args.path_limit) for n in args.n]
     if args.json:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))

@@ -7,6 +7,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from tokenmix.checks import CROSSCHECKS, ReferenceUnavailable, load_all_crosschecks
+from tokenmix.checks.equivalence import mode_errors
+from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
 
 EXACT_TOL = 1e-10
@@ -47,11 +50,8 @@ def run_list(args) -> int:
 
 
 def run_check(args) -> int:
-    from tokenmix.checks import CROSSCHECKS, ReferenceUnavailable, load_all_crosschecks
-    from tokenmix.checks.equivalence import mode_errors
-
     if args.all == bool(args.mixer):
-        raise ValueError("give either --mixer NAME ... or --all")
+        raise InputError("give either --mixer NAME ... or --all")
     names = mixer_names() if args.all else args.mixer
     for n in names:
         get_mixer_spec(n)  # unknown names fail before any work, listing the known ones

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from tokenmix.core.errors import InputError, WrongInputType
+
 MAX_DENSE_T = 4096  # materialising [B, H, T, T] beyond this is refused (use the structured paths)
 
 
@@ -39,9 +41,9 @@ def solve_unit_lower(lower: Tensor, rhs: Tensor, transpose: bool = False) -> Ten
 
 def _check_square_last2(name: str, m: Tensor) -> int:
     if m.dim() < 2 or m.shape[-1] != m.shape[-2]:
-        raise ValueError(f"{name} must have shape [..., T, T], got {tuple(m.shape)}")
+        raise InputError(f"{name} must have shape [..., T, T], got {tuple(m.shape)}")
     if not m.is_floating_point():
-        raise TypeError(f"{name} must be a floating-point tensor, got {m.dtype}")
+        raise WrongInputType(f"{name} must be a floating-point tensor, got {m.dtype}")
     return m.shape[-1]
 
 
@@ -52,7 +54,7 @@ def check_lower(name: str, m: Tensor, strict: bool, atol: float = 0.0) -> None:
     bad = upper.abs().max().item() if upper.numel() else 0.0
     if bad > atol:
         what = "strictly lower triangular" if strict else "lower triangular"
-        raise ValueError(f"{name} must be {what} (causal); found |entry| = {bad:.3g} at or above the "
+        raise InputError(f"{name} must be {what} (causal); found |entry| = {bad:.3g} at or above the "
                          f"{'diagonal' if strict else 'super-diagonal'}")
 
 
@@ -75,18 +77,18 @@ class MixOperator:
         t = _check_square_last2("A", self.A)
         _check_square_last2("B", self.B)
         if self.A.shape != self.B.shape:
-            raise ValueError(f"A and B shapes differ: {tuple(self.A.shape)} vs {tuple(self.B.shape)}")
+            raise InputError(f"A and B shapes differ: {tuple(self.A.shape)} vs {tuple(self.B.shape)}")
         if self.A.dtype != self.B.dtype or self.A.device != self.B.device:
-            raise TypeError(f"A and B must share dtype/device, got {self.A.dtype}/{self.A.device} "
+            raise WrongInputType(f"A and B must share dtype/device, got {self.A.dtype}/{self.A.device} "
                             f"and {self.B.dtype}/{self.B.device}")
         if self.R is not None:
             _check_square_last2("R", self.R)
             if self.R.shape != self.A.shape:
-                raise ValueError(f"R shape {tuple(self.R.shape)} differs from A {tuple(self.A.shape)}")
+                raise InputError(f"R shape {tuple(self.R.shape)} differs from A {tuple(self.A.shape)}")
         if self.A.dim() not in (4, 5):
-            raise ValueError(f"A must be [B, H, T, T] or [B, H, G, T, T], got {tuple(self.A.shape)}")
+            raise InputError(f"A must be [B, H, T, T] or [B, H, G, T, T], got {tuple(self.A.shape)}")
         if t > MAX_DENSE_T:
-            raise ValueError(f"T = {t} is too long to materialise densely (limit {MAX_DENSE_T}); "
+            raise InputError(f"T = {t} is too long to materialise densely (limit {MAX_DENSE_T}); "
                              "use the chunked or recurrent mode")
 
     def validate(self, atol: float = 0.0) -> "MixOperator":
@@ -125,20 +127,20 @@ def solve_dense(op: MixOperator, x: Tensor, offset: Tensor | None = None) -> Ten
     Cost O(T^2 V) per head, memory O(T^2). Differentiable, any float dtype.
     """
     if x.dim() != 4:
-        raise ValueError(f"x must be [B, T, H, V], got {tuple(x.shape)}")
+        raise InputError(f"x must be [B, T, H, V], got {tuple(x.shape)}")
     b, t, h, _ = x.shape
     if (op.A.shape[0], op.A.shape[1], op.A.shape[-1]) != (b, h, t):
-        raise ValueError(f"operator [B, H, T] = {(op.A.shape[0], op.A.shape[1], op.A.shape[-1])} does not "
+        raise InputError(f"operator [B, H, T] = {(op.A.shape[0], op.A.shape[1], op.A.shape[-1])} does not "
                          f"match x [B, T, H, V] = {tuple(x.shape)}")
     if x.dtype != op.A.dtype or x.device != op.A.device:
-        raise TypeError(f"x is {x.dtype}/{x.device} but the operator is {op.A.dtype}/{op.A.device}")
+        raise WrongInputType(f"x is {x.dtype}/{x.device} but the operator is {op.A.dtype}/{op.A.device}")
     xh = x.transpose(1, 2)  # [B, H, T, V]
     if op.has_state_axis:
         xh = xh.unsqueeze(2)  # [B, H, 1, T, V] broadcast over G
     rhs = op.A @ xh
     if offset is not None:
         if op.has_state_axis or offset.shape != x.shape:
-            raise ValueError(f"offset must be [B, T, H, V] = {tuple(x.shape)} on a G = 1 operator")
+            raise InputError(f"offset must be [B, T, H, V] = {tuple(x.shape)} on a G = 1 operator")
         rhs = rhs + offset.transpose(1, 2)
     z = solve_unit_lower(op.B, rhs)
     if op.R is not None:

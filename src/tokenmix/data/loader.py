@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
+
 
 @dataclass
 class DataPosition:
@@ -45,9 +47,9 @@ class TokenBatches:
     def __init__(self, ids: np.ndarray, seq_len: int, batch_size: int, seed: int,
                  position: DataPosition | None = None) -> None:
         if seq_len <= 0 or batch_size <= 0:
-            raise ValueError(f"seq_len and batch_size must be > 0, got {seq_len}, {batch_size}")
+            raise InputError(f"seq_len and batch_size must be > 0, got {seq_len}, {batch_size}")
         if len(ids) < seq_len + 1 + seq_len:
-            raise ValueError(f"the train split has {len(ids)} tokens; train.seq_len={seq_len} needs at least "
+            raise InputError(f"the train split has {len(ids)} tokens; train.seq_len={seq_len} needs at least "
                              f"{2 * seq_len + 1}: use a larger corpus or a smaller train.seq_len")
         self.ids, self.seq_len, self.batch_size, self.seed = ids, seq_len, batch_size, seed
         self.position = position or DataPosition()
@@ -88,7 +90,7 @@ def shard(batch: Tensor, micro_step: int, n_micro: int, rank: int, world: int) -
     g = batch.shape[0]
     per = g // (n_micro * world)
     if per * n_micro * world != g:
-        raise ValueError(f"batch_size {g} is not divisible by grad_accum * world_size = {n_micro * world}")
+        raise InputError(f"batch_size {g} is not divisible by grad_accum * world_size = {n_micro * world}")
     start = (micro_step * world + rank) * per
     return batch[start : start + per]
 

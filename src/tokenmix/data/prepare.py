@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from tokenmix.core.errors import InputError, MissingInput
 from tokenmix.data.corpora import CorpusError, Document, corpus_identity, default_cache_dir, load_corpus
 from tokenmix.data.tokenizer import encode_documents, load_tokenizer, separator_id, train_bpe
 
@@ -45,15 +46,15 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if not self.corpus:
-            raise ValueError("data.corpus must not be empty")
+            raise InputError("data.corpus must not be empty")
         for name in ("val_fraction", "test_fraction"):
             v = getattr(self, name)
             if not 0.0 < v < 0.5:
-                raise ValueError(f"data.{name} must be in (0, 0.5), got {v}")
+                raise InputError(f"data.{name} must be in (0, 0.5), got {v}")
         if self.doc_chars <= 0:
-            raise ValueError(f"data.doc_chars must be > 0, got {self.doc_chars}")
+            raise InputError(f"data.doc_chars must be > 0, got {self.doc_chars}")
         if self.vocab_size < 257:
-            raise ValueError(f"data.vocab_size must be >= 257 (256 bytes + separator), got {self.vocab_size}")
+            raise InputError(f"data.vocab_size must be >= 257 (256 bytes + separator), got {self.vocab_size}")
 
     def key(self) -> dict:
         """Everything the prepared arrays depend on."""
@@ -68,14 +69,14 @@ class PreparedData:
         self.dir = Path(directory)
         meta_path = self.dir / "meta.json"
         if not meta_path.is_file():
-            raise FileNotFoundError(f"'{self.dir}' is not a prepared data directory (no meta.json); "
+            raise MissingInput(f"'{self.dir}' is not a prepared data directory (no meta.json); "
                                     "run `tokenmix data prepare` first")
         try:
             self.meta = json.loads(meta_path.read_text())
             self.dtype = np.dtype(self.meta["dtype"])
             self.vocab_size = int(self.meta["vocab_size"])
         except (ValueError, KeyError, TypeError) as e:
-            raise ValueError(f"'{meta_path}' is corrupt ({e}); delete the directory and prepare again") from None
+            raise InputError(f"'{meta_path}' is corrupt ({e}); delete the directory and prepare again") from None
         self._tokenizer = None
 
     @property
@@ -87,11 +88,11 @@ class PreparedData:
     def split(self, name: str) -> np.ndarray:
         """Token ids of one split, [N] memory-mapped (read only)."""
         if name not in SPLITS:
-            raise ValueError(f"unknown split '{name}'; splits: {', '.join(SPLITS)}")
+            raise InputError(f"unknown split '{name}'; splits: {', '.join(SPLITS)}")
         path = self.dir / f"{name}.bin"
         expected = int(self.meta["splits"][name]["tokens"])
         if not path.is_file() or path.stat().st_size != expected * self.dtype.itemsize:
-            raise ValueError(f"'{path}' is missing or truncated; delete '{self.dir}' and prepare again")
+            raise InputError(f"'{path}' is missing or truncated; delete '{self.dir}' and prepare again")
         if expected == 0:
             return np.zeros(0, dtype=self.dtype)
         return np.memmap(path, dtype=self.dtype, mode="r")
@@ -109,7 +110,7 @@ def split_documents(docs: list[Document], val_fraction: float, test_fraction: fl
         raise CorpusError(f"corpus has {len(docs)} document(s); a train/validation/test split needs at least 3")
     names = [d.name for d in docs]
     if len(set(names)) != len(names):
-        raise ValueError("document names must be unique")
+        raise InputError("document names must be unique")
     order = sorted(docs, key=lambda d: hashlib.sha256(d.name.encode()).hexdigest())
     total = sum(len(d.text) for d in docs)
     out: dict[str, list[Document]] = {s: [] for s in SPLITS}
@@ -137,11 +138,11 @@ def prepare_data(cfg: DataConfig, verbose: bool = False) -> PreparedData:
     if (target / "meta.json").is_file():
         data = PreparedData(target)
         if data.meta.get("key") != key:
-            raise ValueError(f"'{target}' holds data prepared with different settings ({_describe(data.meta.get('key'))}); "
+            raise InputError(f"'{target}' holds data prepared with different settings ({_describe(data.meta.get('key'))}); "
                              f"requested {_describe(key)}: use another directory")
         return data
     if target.exists() and any(target.iterdir()):
-        raise ValueError(f"'{target}' exists and is not a prepared data directory; choose an empty or new directory")
+        raise InputError(f"'{target}' exists and is not a prepared data directory; choose an empty or new directory")
 
     docs = load_corpus(cfg.corpus, cfg.doc_chars)
     splits = split_documents(docs, cfg.val_fraction, cfg.test_fraction)

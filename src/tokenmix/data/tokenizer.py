@@ -10,6 +10,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
+from tokenmix.core.errors import InputError, MissingInput
+
 DOC_SEPARATOR = "<|endoftext|>"
 MIN_VOCAB = 257  # 256 byte symbols + the separator
 
@@ -17,7 +19,7 @@ MIN_VOCAB = 257  # 256 byte symbols + the separator
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
     """Train a byte-level BPE tokenizer of ``vocab_size`` entries (including the separator)."""
     if vocab_size < MIN_VOCAB:
-        raise ValueError(f"vocab_size must be >= {MIN_VOCAB} (256 bytes + separator), got {vocab_size}")
+        raise InputError(f"vocab_size must be >= {MIN_VOCAB} (256 bytes + separator), got {vocab_size}")
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -30,17 +32,17 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> 
 def load_tokenizer(path: str | Path) -> Tokenizer:
     path = Path(path)
     if not path.is_file():
-        raise FileNotFoundError(f"tokenizer file '{path}' does not exist")
+        raise MissingInput(f"tokenizer file '{path}' does not exist")
     try:
         return Tokenizer.from_file(str(path))
     except Exception as e:  # the tokenizers library raises a bare Exception on malformed JSON
-        raise ValueError(f"tokenizer file '{path}' is unreadable: {str(e).splitlines()[0]}") from None
+        raise InputError(f"tokenizer file '{path}' is unreadable: {str(e).splitlines()[0]}") from None
 
 
 def separator_id(tok: Tokenizer) -> int:
     sid = tok.token_to_id(DOC_SEPARATOR)
     if sid is None:
-        raise ValueError(f"tokenizer has no document separator token {DOC_SEPARATOR!r}")
+        raise InputError(f"tokenizer has no document separator token {DOC_SEPARATOR!r}")
     return sid
 
 

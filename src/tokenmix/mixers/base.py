@@ -44,6 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError, WrongInputType
 from tokenmix.core.operator import MixOperator
 
 
@@ -56,15 +57,15 @@ class MixerConfig:
 
     def __post_init__(self) -> None:
         if self.n_heads <= 0:
-            raise ValueError(f"n_heads must be > 0, got {self.n_heads}")
+            raise InputError(f"n_heads must be > 0, got {self.n_heads}")
         if self.head_dim is not None and self.head_dim <= 0:
-            raise ValueError(f"head_dim must be > 0, got {self.head_dim}")
+            raise InputError(f"head_dim must be > 0, got {self.head_dim}")
 
     def resolved_head_dim(self, d_model: int) -> int:
         if self.head_dim is not None:
             return self.head_dim
         if d_model % self.n_heads:
-            raise ValueError(f"head_dim mismatch: d_model={d_model} is not divisible by n_heads={self.n_heads}; "
+            raise InputError(f"head_dim mismatch: d_model={d_model} is not divisible by n_heads={self.n_heads}; "
                              "set head_dim explicitly")
         return d_model // self.n_heads
 
@@ -131,10 +132,10 @@ class MixerState(ABC):
 
     def check(self, owner: str, batch_size: int) -> None:
         if self.owner != owner:
-            raise ValueError(f"state was produced by a different mixer configuration ({self.owner}), "
+            raise InputError(f"state was produced by a different mixer configuration ({self.owner}), "
                              f"cannot be used with {owner}")
         if self.batch_size != batch_size:
-            raise ValueError(f"state batch size {self.batch_size} does not match input batch size {batch_size}")
+            raise InputError(f"state batch size {self.batch_size} does not match input batch size {batch_size}")
 
 
 def kept_derived(module: nn.Module, name: str, source: Tensor, make) -> Tensor:
@@ -163,13 +164,13 @@ def padding_start(start: Tensor | Sequence[int] | None, batch_size: int, device:
         return None
     start = torch.as_tensor(start)
     if start.dtype == torch.bool or start.is_floating_point() or start.is_complex():
-        raise ValueError(f"start (leading padding positions per row) must be integers, got dtype {start.dtype}")
+        raise InputError(f"start (leading padding positions per row) must be integers, got dtype {start.dtype}")
     if tuple(start.shape) != (batch_size,):
-        raise ValueError(f"start (leading padding positions per row) must have shape [batch_size] = "
+        raise InputError(f"start (leading padding positions per row) must have shape [batch_size] = "
                          f"[{batch_size}], got {tuple(start.shape)}")
     if batch_size and bool((start < 0).any()):
         row = int(torch.nonzero(start < 0)[0, 0])
-        raise ValueError(f"start (leading padding positions per row) must be >= 0, got {int(start[row])} "
+        raise InputError(f"start (leading padding positions per row) must be >= 0, got {int(start[row])} "
                          f"for row {row}")
     if batch_size == 0 or not bool(start.any()):
         return None
@@ -258,7 +259,7 @@ class Mixer(nn.Module, metaclass=ABCMeta):
     def __init__(self, config: MixerConfig, d_model: int) -> None:
         super().__init__()
         if d_model <= 0:
-            raise ValueError(f"d_model must be > 0, got {d_model}")
+            raise InputError(f"d_model must be > 0, got {d_model}")
         self.config = config
         self.d_model = d_model
         self.n_heads = config.n_heads
@@ -275,13 +276,13 @@ class Mixer(nn.Module, metaclass=ABCMeta):
                 ) -> tuple[Tensor, MixerState]:
         mode = self.modes[0] if mode is None else mode
         if mode not in self.modes:
-            raise ValueError(f"mixer {type(self).__name__} has no mode '{mode}'; modes: {self.modes}")
+            raise InputError(f"mixer {type(self).__name__} has no mode '{mode}'; modes: {self.modes}")
         self._check_input(x)
         if state is not None:
             state.check(self.owner, x.shape[0])
             if state.position == 0 and state.max_start > x.shape[1]:
                 row = int(torch.argmax(state.start))
-                raise ValueError(f"start (leading padding positions per row) is {state.max_start} for row {row} "
+                raise InputError(f"start (leading padding positions per row) is {state.max_start} for row {row} "
                                  f"but the first segment has only {x.shape[1]} positions: the prefill must "
                                  "contain every row's whole padding")
             if isinstance(state, RowGroupState):
@@ -291,18 +292,18 @@ class Mixer(nn.Module, metaclass=ABCMeta):
     def step(self, x_t: Tensor, state: MixerState | None) -> tuple[Tensor, MixerState]:
         """Decode one token: x_t [B, D] -> y_t [B, D]."""
         if x_t.dim() != 2:
-            raise ValueError(f"step expects x_t of shape [B, D], got {tuple(x_t.shape)}")
+            raise InputError(f"step expects x_t of shape [B, D], got {tuple(x_t.shape)}")
         y, state = self.forward(x_t[:, None], state, mode="recurrent")
         return y[:, 0], state
 
     def _check_input(self, x: Tensor) -> None:
         if x.dim() != 3 or x.shape[-1] != self.d_model:
-            raise ValueError(f"expected x of shape [B, T, {self.d_model}], got {tuple(x.shape)}")
+            raise InputError(f"expected x of shape [B, T, {self.d_model}], got {tuple(x.shape)}")
         if x.shape[1] == 0:
-            raise ValueError("empty sequence (T = 0)")
+            raise InputError("empty sequence (T = 0)")
         p = next(self.parameters(), None)
         if p is not None and (x.dtype != p.dtype or x.device != p.device):
-            raise TypeError(f"input is {x.dtype} on {x.device} but the mixer's parameters are "
+            raise WrongInputType(f"input is {x.dtype} on {x.device} but the mixer's parameters are "
                             f"{p.dtype} on {p.device}")
 
     # Each mode m in ``modes`` is a method ``forward_m(x, state) -> (y, state)`` of the subclass.

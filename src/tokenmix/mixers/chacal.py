@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.attention import attention_probs, mask_padding_keys
@@ -53,9 +54,9 @@ class ChacalConfig(MixerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0.0 <= self.gamma < 1.0:
-            raise ValueError(f"gamma must be in [0, 1), got {self.gamma}")
+            raise InputError(f"gamma must be in [0, 1), got {self.gamma}")
         if self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
 
 
 class ChainCache(MixerState):

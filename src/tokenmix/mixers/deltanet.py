@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
@@ -51,7 +52,7 @@ class DeltaNetConfig(MixerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
 
 
 class DeltaState(MixerState):

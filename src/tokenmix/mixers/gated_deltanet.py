@@ -40,6 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.deltanet import DeltaNet, DeltaNetConfig
 
@@ -52,7 +53,7 @@ class GatedDeltaNetConfig(DeltaNetConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0 < self.dt_min <= self.dt_max:
-            raise ValueError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+            raise InputError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
 
 
 @register_mixer("gated_deltanet", GatedDeltaNetConfig, family="delta rule",

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
@@ -38,11 +39,11 @@ class GLAConfig(MixerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
         if self.gate_low_rank_dim <= 0:
-            raise ValueError(f"gate_low_rank_dim must be > 0, got {self.gate_low_rank_dim}")
+            raise InputError(f"gate_low_rank_dim must be > 0, got {self.gate_low_rank_dim}")
         if not self.gate_logit_normalizer > 0:
-            raise ValueError(f"gate_logit_normalizer must be > 0, got {self.gate_logit_normalizer}")
+            raise InputError(f"gate_logit_normalizer must be > 0, got {self.gate_logit_normalizer}")
 
 
 @register_mixer("gla", GLAConfig, family="linear attention",

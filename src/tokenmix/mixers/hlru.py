@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
@@ -55,11 +56,11 @@ class HLRUConfig(MixerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.order < 1:
-            raise ValueError(f"order must be >= 1, got {self.order}")
+            raise InputError(f"order must be >= 1, got {self.order}")
         if self.normalization not in NORMALIZATIONS:
-            raise ValueError(f"normalization must be one of {NORMALIZATIONS}, got '{self.normalization}'")
+            raise InputError(f"normalization must be one of {NORMALIZATIONS}, got '{self.normalization}'")
         if self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
 
 
 class LagState(MixerState):

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
@@ -39,9 +40,9 @@ class LinearAttentionConfig(MixerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
         if self.feature_map not in FEATURE_MAPS:
-            raise ValueError(f"feature_map must be one of {sorted(FEATURE_MAPS)}, got '{self.feature_map}'")
+            raise InputError(f"feature_map must be one of {sorted(FEATURE_MAPS)}, got '{self.feature_map}'")
 
 
 @register_mixer("linear_attention", LinearAttentionConfig, family="linear attention",

@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.attention import KVCache, SoftmaxAttention, allowed_keys
 from tokenmix.mixers.base import MixerConfig
@@ -35,7 +36,7 @@ class LocalAttentionConfig(MixerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.window <= 0:
-            raise ValueError(f"window must be > 0, got {self.window}")
+            raise InputError(f"window must be > 0, got {self.window}")
 
 
 def banded_attention(q: Tensor, kbuf: Tensor, vbuf: Tensor, window: int, key_start: Tensor | None = None
@@ -58,7 +59,7 @@ def banded_attention(q: Tensor, kbuf: Tensor, vbuf: Tensor, window: int, key_sta
     b, t, h, k = q.shape
     p, dv, w = kbuf.shape[1] - t, vbuf.shape[-1], window
     if p > w - 1:
-        raise ValueError(f"cache holds {p} positions but a window of {w} reads at most {w - 1}")
+        raise InputError(f"cache holds {p} positions but a window of {w} reads at most {w - 1}")
     if t <= w:
         # a single block: the [T, P + T] band mask is already O(T w), and padding a short segment
         # to a whole [w, 2w] block would waste work when w is large

@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
@@ -52,11 +53,11 @@ class LogLinearConfig(MixerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.chunk_size <= 0 or self.chunk_size & (self.chunk_size - 1):
-            raise ValueError(f"chunk_size must be a power of two > 0, got {self.chunk_size}")
+            raise InputError(f"chunk_size must be a power of two > 0, got {self.chunk_size}")
         if self.max_levels <= 0:
-            raise ValueError(f"max_levels must be > 0, got {self.max_levels}")
+            raise InputError(f"max_levels must be > 0, got {self.max_levels}")
         if not 0 < self.dt_min <= self.dt_max:
-            raise ValueError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+            raise InputError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
 
 
 class FenwickState(MixerState):
@@ -97,7 +98,7 @@ class LogLinearAttention(Mixer):
         b, t, _ = x.shape
         need = n_levels(start + t)
         if need > self.config.max_levels:
-            raise ValueError(f"position {start + t - 1} needs {need} Fenwick levels but max_levels="
+            raise InputError(f"position {start + t - 1} needs {need} Fenwick levels but max_levels="
                              f"{self.config.max_levels}; raise max_levels")
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
         g = -self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)

@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import MixerConfig, kept_derived
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
@@ -47,11 +48,11 @@ class SelectiveSSMConfig(MixerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.state_dim <= 0:
-            raise ValueError(f"state_dim must be > 0, got {self.state_dim}")
+            raise InputError(f"state_dim must be > 0, got {self.state_dim}")
         if self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
         if not 0 < self.dt_min <= self.dt_max:
-            raise ValueError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
+            raise InputError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
 
 
 @dataclass(frozen=True)

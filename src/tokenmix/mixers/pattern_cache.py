@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import MixerState
 
 _MIN_CAPACITY = 16
@@ -161,7 +162,7 @@ class PatternCache(MixerState):
         found = ok & (held[slot] == wanted) if self._size else torch.zeros_like(ok)
         if (ok & ~found).any():
             missing = wanted[ok & ~found][0].item()
-            raise ValueError(f"cache does not hold position {missing} that the pattern reads; was the "
+            raise InputError(f"cache does not hold position {missing} that the pattern reads; was the "
                              "state produced with another pattern or sequence?")
         return torch.where(ok, slot, torch.full_like(slot, -1))
 
@@ -173,7 +174,7 @@ class PatternCache(MixerState):
         n = keys.shape[1]
         new_pos = torch.arange(self.position, new_position, dtype=torch.long)
         if n != new_pos.shape[0]:
-            raise ValueError(f"{n} new entries for positions {self.position}..{new_position - 1}")
+            raise InputError(f"{n} new entries for positions {self.position}..{new_position - 1}")
         if keep_from is None:
             return self._select(keys, values, new_pos, new_position, keep)
         # entries are sorted by position: evict the first `drop` of (held, then new)

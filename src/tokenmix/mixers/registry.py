@@ -11,6 +11,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
+from tokenmix.core.errors import InputError
+
 _REGISTRY: dict[str, "MixerSpec"] = {}
 
 
@@ -27,7 +29,7 @@ class MixerSpec:
         fields = {f.name for f in dataclasses.fields(self.config_cls)}
         unknown = sorted(set(overrides) - fields)
         if unknown:
-            raise ValueError(f"mixer '{self.name}' has no config field(s) {unknown}; known: {sorted(fields)}")
+            raise InputError(f"mixer '{self.name}' has no config field(s) {unknown}; known: {sorted(fields)}")
         return self.config_cls(**{**self.defaults, **overrides})
 
 
@@ -36,7 +38,7 @@ def register_mixer(name: str, config_cls: type, *, family: str, ab_form: str, **
 
     def deco(cls: type) -> type:
         if name in _REGISTRY:
-            raise ValueError(f"mixer name '{name}' registered twice")
+            raise InputError(f"mixer name '{name}' registered twice")
         _REGISTRY[name] = MixerSpec(name, cls, config_cls, dict(defaults), family, ab_form)
         return cls
 
@@ -49,7 +51,7 @@ def mixer_names() -> list[str]:
 
 def get_mixer_spec(name: str) -> MixerSpec:
     if name not in _REGISTRY:
-        raise ValueError(f"unknown mixer '{name}'; known mixers: {', '.join(_REGISTRY)}")
+        raise InputError(f"unknown mixer '{name}'; known mixers: {', '.join(_REGISTRY)}")
     return _REGISTRY[name]
 
 
@@ -64,7 +66,7 @@ def build_mixer(name: str, d_model: int, **overrides: Any):
         try:
             cls = getattr(importlib.import_module(mod_name), cls_name)
         except (ImportError, AttributeError) as e:
-            raise ValueError(f"cannot import mixer class '{name}': {e}") from None
+            raise InputError(f"cannot import mixer class '{name}': {e}") from None
         return cls(cls.config_cls(**overrides), d_model)
     spec = get_mixer_spec(name)
     return spec.cls(spec.make_config(**overrides), d_model)

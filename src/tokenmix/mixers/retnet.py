@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
@@ -38,7 +39,7 @@ class RetNetConfig(MixerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
 
 
 @register_mixer("retnet", RetNetConfig, family="linear attention",

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig
@@ -58,11 +59,11 @@ class StructuredConfig(MixerConfig):
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.coefficients not in COEFFICIENTS:
-            raise ValueError(f"coefficients must be one of {COEFFICIENTS}, got '{self.coefficients}'")
+            raise InputError(f"coefficients must be one of {COEFFICIENTS}, got '{self.coefficients}'")
         if self.chunk_size <= 0:
-            raise ValueError(f"chunk_size must be > 0, got {self.chunk_size}")
+            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
         if self.max_levels <= 0:
-            raise ValueError(f"max_levels must be > 0, got {self.max_levels}")
+            raise InputError(f"max_levels must be > 0, got {self.max_levels}")
         get_pattern(self.pattern, self.cache_efficient)  # validate now, with a clear message
 
 
@@ -149,7 +150,7 @@ class StructuredRecurrence(Mixer):
             mode = "softmax"
         else:
             if w > self.config.max_levels:
-                raise ValueError(f"pattern '{self.pattern.name}' needs {w} level slots at this length but "
+                raise InputError(f"pattern '{self.pattern.name}' needs {w} level slots at this length but "
                                  f"max_levels={self.config.max_levels}; raise max_levels")
             g = self.gates(x).view(b, t, h, self.config.max_levels + 1)
             logits = g[..., : w + 1]

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import build_mixer, get_mixer_spec
 from tokenmix.mixers.base import MixerState, kept_derived, padding_start
 
@@ -51,14 +52,14 @@ def parse_layers(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
         if "*" in name:
             name, _, r = name.partition("*")
             if not r.strip().isdigit() or int(r) < 1:
-                raise ValueError(f"invalid layer repeat '{raw}' (use NAME*COUNT with COUNT >= 1)")
+                raise InputError(f"invalid layer repeat '{raw}' (use NAME*COUNT with COUNT >= 1)")
             reps = int(r)
         if not name:
-            raise ValueError(f"empty mixer name in layer pattern {spec!r}")
+            raise InputError(f"empty mixer name in layer pattern {spec!r}")
         get_mixer_spec(name.strip())  # raises with the list of known mixers
         out += [name.strip()] * reps
     if not out:
-        raise ValueError("layer pattern is empty")
+        raise InputError("layer pattern is empty")
     return tuple(out)
 
 
@@ -80,11 +81,11 @@ class ModelConfig:
         for name, val in (("vocab_size", self.vocab_size), ("d_model", self.d_model), ("n_heads", self.n_heads),
                           ("mlp_ratio", self.mlp_ratio)):
             if val <= 0:
-                raise ValueError(f"model config: {name} must be > 0, got {val}")
+                raise InputError(f"model config: {name} must be > 0, got {val}")
         if not 0.0 <= self.dropout < 1.0:
-            raise ValueError(f"model config: dropout must be in [0, 1), got {self.dropout}")
+            raise InputError(f"model config: dropout must be in [0, 1), got {self.dropout}")
         if self.positions not in POSITIONS:
-            raise ValueError(f"model config: positions must be one of {POSITIONS}, got '{self.positions}'")
+            raise InputError(f"model config: positions must be one of {POSITIONS}, got '{self.positions}'")
         object.__setattr__(self, "layers", parse_layers(self.layers))
 
 
@@ -114,7 +115,7 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0, device: torch.
     takes. The padding id's value never reaches a real logit.
     """
     if not sequences:
-        raise ValueError("left_pad: no sequences")
+        raise InputError("left_pad: no sequences")
     t = max(len(s) for s in sequences)
     ids = torch.full((len(sequences), t), pad_id, dtype=torch.long)
     for b, s in enumerate(sequences):
@@ -129,11 +130,10 @@ class Linear(nn.Linear):
 
     At batch 1 a decode step's linear layers are matrix-vector products that stream their whole
     weight, and MKL streams the weight for x Wᵀ with W in nn.Linear's [out, in] layout at about
-    half the rate it streams Wᵀ stored [in, out] for x (Wᵀ) (an 800 x 200 weight not in cache:
-    160 µs against 90 µs on the 2-core EPYC the benchmarks run on). The copy is made on first use
-    and again whenever the weight changes (another tensor or an in-place update), costs one more
-    weight's memory per layer once decoding starts, and is no parameter (state dicts are
-    unchanged). Same numbers up to rounding (another summation order). ``MixerModel`` gives every
+    half the rate it streams Wᵀ stored [in, out] for x (Wᵀ) (measured: docs/notes/model.md). The
+    copy is made on first use and again whenever the weight changes (another tensor or an in-place
+    update), costs one more weight's memory per layer once decoding starts, and is no parameter
+    (state dicts are unchanged). Same numbers up to rounding (another summation order). ``MixerModel`` gives every
     linear layer of the model, mixers' included, this forward.
     """
 
@@ -248,13 +248,13 @@ class MixerModel(nn.Module):
     def forward(self, idx: Tensor, states: list[MixerState] | None = None, mode: str | None = None
                 ) -> tuple[Tensor, list[MixerState]]:
         if idx.dim() != 2:
-            raise ValueError(f"expected token ids [B, T], got {tuple(idx.shape)}")
+            raise InputError(f"expected token ids [B, T], got {tuple(idx.shape)}")
         lo, hi = torch.aminmax(idx) if idx.numel() else (0, 0)  # one reduction: a decode step pays this per token
         if int(lo) < 0 or int(hi) >= self.cfg.vocab_size:
-            raise ValueError(f"token id out of range [0, {self.cfg.vocab_size})")
+            raise InputError(f"token id out of range [0, {self.cfg.vocab_size})")
         states = states if states is not None else [None] * len(self.blocks)
         if len(states) != len(self.blocks):
-            raise ValueError(f"got {len(states)} layer states for {len(self.blocks)} layers")
+            raise InputError(f"got {len(states)} layer states for {len(self.blocks)} layers")
         x = self.embed(idx)
         if self.cfg.positions != "none":
             x = x + self._position_codes(states, idx.shape[1], x)
@@ -279,7 +279,7 @@ class MixerModel(nn.Module):
             return sinusoidal_codes(pos, self.cfg.d_model, x.dtype)
         last = first + t - (state.min_start if padded else 0)  # one past the largest position coded
         if last > self.cfg.max_seq_len:
-            raise ValueError(f"sequence reaches position {last} but the model's learned positions stop at "
+            raise InputError(f"sequence reaches position {last} but the model's learned positions stop at "
                              f"max_seq_len={self.cfg.max_seq_len}")
         return self.pos_embed(pos)
 

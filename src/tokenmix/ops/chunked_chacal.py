@@ -30,6 +30,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from tokenmix.core.errors import InputError
+
 
 def _padding_mask(key_start: Tensor | None, e: int, c: int) -> Tensor | None:
     """[B, 1, c, e + c] bool, True at the padding keys of a chunk's rows (own key excepted), or None.
@@ -175,10 +177,10 @@ def chunked_chacal(q: Tensor, keys: Tensor, values: Tensor, y_prefix: Tensor, ga
         torch.Size([1, 2, 6, 3])
     """
     if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+        raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     b, h, t, _ = q.shape
     p = y_prefix.shape[2]
     if keys.shape[:3] != (b, h, p + t) or values.shape[:3] != (b, h, p + t) or y_prefix.shape[:2] != (b, h):
-        raise ValueError(f"expected keys, values [B, H, P + T, .] and y_prefix [B, H, P, V]; got q {tuple(q.shape)}, "
+        raise InputError(f"expected keys, values [B, H, P + T, .] and y_prefix [B, H, P, V]; got q {tuple(q.shape)}, "
                          f"keys {tuple(keys.shape)}, values {tuple(values.shape)}, y_prefix {tuple(y_prefix.shape)}")
     return _ChainChunked.apply(q, keys, values, y_prefix, gamma, int(chunk_size), key_start)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
+
 
 def _pad_time(x: Tensor, pad: int) -> Tensor:
     """Zero-pad dim 1 (time) of [B, T, ...] at the end."""
@@ -91,14 +93,14 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor 
         (torch.Size([1, 10, 2, 3]), torch.Size([1, 2, 4, 3]))
     """
     if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+        raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     if k.shape != q.shape or v.shape[:3] != (b, t, h) or beta.shape != (b, t, h):
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+        raise InputError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"beta {tuple(beta.shape)}")
     if g is not None and g.shape != (b, t, h):
-        raise ValueError(f"g must be [B, T, H] = {(b, t, h)}, got {tuple(g.shape)}")
+        raise InputError(f"g must be [B, T, H] = {(b, t, h)}, got {tuple(g.shape)}")
     scale = dk ** -0.5 if scale is None else scale
     c = chunk_size
     n = -(-t // c)
@@ -137,7 +139,7 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor 
 
     s = q.new_zeros(b, h, dk, dv) if initial_state is None else initial_state
     if s.shape != (b, h, dk, dv):
-        raise ValueError(f"initial_state must be [B, H, K, V] = {(b, h, dk, dv)}, got {tuple(s.shape)}")
+        raise InputError(f"initial_state must be [B, H, K, V] = {(b, h, dk, dv)}, got {tuple(s.shape)}")
     # unbind once: indexing chunk i inside the loop would make autograd scatter every chunk's
     # gradient into a full-size zero tensor, O(N^2) memory traffic
     u0s, ws, ks = u0.unbind(2), w.unbind(2), k_state.transpose(-1, -2).unbind(2)

@@ -56,6 +56,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from tokenmix.core.errors import InputError
+
 _NONE, _PER_HEAD, _PER_KEY = "none", "per_head", "per_key"
 _BASE_BLOCK = 4  # safe per-key scores: pairs inside blocks of at most this many tokens are built elementwise
 
@@ -433,15 +435,15 @@ def chunked_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, scale:
         (torch.Size([1, 10, 2, 3]), torch.Size([1, 2, 4, 3]))
     """
     if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+        raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise ValueError(f"expected q, k [B, T, H, K] and v [B, T, H, V]; got q {tuple(q.shape)}, "
+        raise InputError(f"expected q, k [B, T, H, K] and v [B, T, H, V]; got q {tuple(q.shape)}, "
                          f"k {tuple(k.shape)}, v {tuple(v.shape)}")
     b, t, h, dk = q.shape
     if g is not None and g.shape not in ((b, t, h), (b, t, h, dk)):
-        raise ValueError(f"g must be [B, T, H] = {(b, t, h)} or [B, T, H, K] = {(b, t, h, dk)}, "
+        raise InputError(f"g must be [B, T, H] = {(b, t, h)} or [B, T, H, K] = {(b, t, h, dk)}, "
                          f"got {tuple(g.shape)}")
     if initial_state is not None and initial_state.shape != (b, h, dk, v.shape[-1]):
-        raise ValueError(f"initial_state must be [B, H, K, V] = {(b, h, dk, v.shape[-1])}, "
+        raise InputError(f"initial_state must be [B, H, K, V] = {(b, h, dk, v.shape[-1])}, "
                          f"got {tuple(initial_state.shape)}")
     return _ChunkedGLA.apply(q, k, v, g, initial_state, float(scale), int(chunk_size))

@@ -38,6 +38,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
 from tokenmix.patterns import fenwick_level
 
 
@@ -73,18 +74,18 @@ def _check(q: Tensor, k: Tensor, v: Tensor, g: Tensor, level_scales: Tensor, sta
            initial_levels: Tensor | None) -> None:
     b, t, h, dk = q.shape
     if k.shape != q.shape or v.shape[:3] != (b, t, h) or g.shape != (b, t, h) or level_scales.shape[:3] != (b, t, h):
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+        raise InputError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
                          f"g {tuple(g.shape)}, level_scales {tuple(level_scales.shape)}")
     if start < 0:
-        raise ValueError(f"start must be >= 0, got {start}")
+        raise InputError(f"start must be >= 0, got {start}")
     need = n_levels(start + t)
     if level_scales.shape[-1] < need:
-        raise ValueError(f"level_scales has {level_scales.shape[-1]} levels but positions up to {start + t - 1} "
+        raise InputError(f"level_scales has {level_scales.shape[-1]} levels but positions up to {start + t - 1} "
                          f"need {need}")
     want = (b, h, start.bit_length(), dk, v.shape[-1])
     if start > 0 and (initial_levels is None or tuple(initial_levels.shape) != want):
         got = None if initial_levels is None else tuple(initial_levels.shape)
-        raise ValueError(f"a segment starting at {start} needs initial_levels of shape {want}, got {got}")
+        raise InputError(f"a segment starting at {start} needs initial_levels of shape {want}, got {got}")
 
 
 def log_linear_operator(q: Tensor, k: Tensor, g: Tensor, level_scales: Tensor, scale: float,
@@ -177,7 +178,7 @@ def chunked_log_linear_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor, lev
     """
     _check(q, k, v, g, level_scales, start, initial_levels)
     if chunk_size <= 0 or chunk_size & (chunk_size - 1):
-        raise ValueError(f"chunk_size must be a power of two, got {chunk_size}")
+        raise InputError(f"chunk_size must be a power of two, got {chunk_size}")
     b, t, h, dk = q.shape
     dv, n_lam = v.shape[-1], level_scales.shape[-1]
     c = chunk_size

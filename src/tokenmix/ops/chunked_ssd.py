@@ -37,6 +37,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from tokenmix.core.errors import InputError
 from tokenmix.ops.chunked_gla import _PER_HEAD, _safe_backward, _safe_forward, chunked_gla, factored_bound
 
 
@@ -240,16 +241,16 @@ def chunked_ssd(c: Tensor, b: Tensor, x: Tensor, g: Tensor, scale: float = 1.0,
         (torch.Size([1, 10, 2, 3]), torch.Size([1, 2, 4, 3]))
     """
     if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+        raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     if c.dim() != 3 or b.shape != c.shape or x.dim() != 4 or x.shape[:2] != c.shape[:2]:
-        raise ValueError(f"expected c, b [B, T, N] and x [B, T, H, P]; got c {tuple(c.shape)}, "
+        raise InputError(f"expected c, b [B, T, N] and x [B, T, H, P]; got c {tuple(c.shape)}, "
                          f"b {tuple(b.shape)}, x {tuple(x.shape)}")
     bsz, t, nd = c.shape
     h, p = x.shape[2], x.shape[3]
     if g.shape != (bsz, t, h):
-        raise ValueError(f"g must be [B, T, H] = {(bsz, t, h)}, got {tuple(g.shape)}")
+        raise InputError(f"g must be [B, T, H] = {(bsz, t, h)}, got {tuple(g.shape)}")
     if initial_state is not None and initial_state.shape != (bsz, h, nd, p):
-        raise ValueError(f"initial_state must be [B, H, N, P] = {(bsz, h, nd, p)}, "
+        raise InputError(f"initial_state must be [B, H, N, P] = {(bsz, h, nd, p)}, "
                          f"got {tuple(initial_state.shape)}")
     n = -(-t // chunk_size)
     with torch.no_grad():

@@ -50,6 +50,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
 from tokenmix.core.operator import solve_unit_lower
 
 _GATHER_BLOCK_ELEMS = 1 << 21  # gathered values per block of irregular entries (bounds their memory)
@@ -207,7 +208,7 @@ class PatternPlan:
 
     def __init__(self, idx: Tensor, prefix: int, chunk: int, reach: int | None = None) -> None:
         if chunk <= 0:
-            raise ValueError(f"chunk_size must be > 0, got {chunk}")
+            raise InputError(f"chunk_size must be > 0, got {chunk}")
         tab = idx.detach().cpu().numpy().astype(np.int64)
         t, w = tab.shape
         self.t, self.w, self.p, self.chunk = t, w, prefix, chunk
@@ -219,7 +220,7 @@ class PatternPlan:
         if reach is None:
             reach = _band_chunks(dist[valid], t, chunk)
         elif reach < 1:
-            raise ValueError(f"reach must be >= 1 chunk, got {reach}")
+            raise InputError(f"reach must be >= 1 chunk, got {reach}")
         self.reach = chunk * reach
         self.runs = [r for c in range(w) if (r := _fit_run(tab_l[c], c, prefix)) is not None]
         in_run = np.zeros_like(valid)
@@ -293,9 +294,9 @@ class PatternPlan:
 
 def _check_table(idx: Tensor, prefix: int, t: int) -> None:
     if idx.dim() != 2 or idx.shape[0] != t:
-        raise ValueError(f"shape mismatch: idx {tuple(idx.shape)} for T = {t}")
+        raise InputError(f"shape mismatch: idx {tuple(idx.shape)} for T = {t}")
     if idx.numel() and (idx >= prefix + torch.arange(t, device=idx.device)[:, None]).any():
-        raise ValueError("idx reads a position that is not strictly earlier (not causal)")
+        raise InputError("idx reads a position that is not strictly earlier (not causal)")
 
 
 def plan_pattern(idx: Tensor, prefix: int, chunk_size: int = 64, reach: int | None = None) -> PatternPlan:
@@ -393,10 +394,10 @@ def pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan: PatternPlan | Non
     b, t, h, k = q.shape
     p = kbuf.shape[1] - t
     if kbuf.shape[0] != b or kbuf.shape[2:] != (h, k) or p < 0:
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}")
+        raise InputError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}")
     plan = plan if plan is not None else plan_pattern(idx, p)
     if (plan.t, plan.w, plan.p) != (t, idx.shape[1], p):
-        raise ValueError(f"plan for T={plan.t}, W={plan.w}, P={plan.p} used with idx {tuple(idx.shape)}, P={p}")
+        raise InputError(f"plan for T={plan.t}, W={plan.w}, P={plan.p} used with idx {tuple(idx.shape)}, P={p}")
     # contiguous operands: the per-level slices are then dense blocks (strided q, e.g. a view of a
     # fused qkv projection, makes every level's product several times slower)
     return _PatternScores.apply(q.contiguous(), kbuf.contiguous(), plan)
@@ -550,17 +551,17 @@ def chunked_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y
         y: [B, T, H, V].
     """
     if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+        raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     b, t, h, v = x.shape
     if y_prefix is None:
         y_prefix = x.new_zeros(b, 0, h, v)
     if idx.shape[0] != t or beta.shape[:3] != (b, t, h) or beta.shape[3] != idx.shape[1]:
-        raise ValueError(f"shape mismatch: x {tuple(x.shape)}, beta {tuple(beta.shape)}, idx {tuple(idx.shape)}")
+        raise InputError(f"shape mismatch: x {tuple(x.shape)}, beta {tuple(beta.shape)}, idx {tuple(idx.shape)}")
     p = y_prefix.shape[1]
     if plan is None:
         plan = plan_pattern(idx, p, chunk_size)
     elif (plan.t, plan.w, plan.p, plan.chunk) != (t, idx.shape[1], p, chunk_size):
-        raise ValueError(f"plan for T={plan.t}, W={plan.w}, P={plan.p}, C={plan.chunk} used with "
+        raise InputError(f"plan for T={plan.t}, W={plan.w}, P={plan.p}, C={plan.chunk} used with "
                          f"idx {tuple(idx.shape)}, P={p}, C={chunk_size}")
     y = _PatternSolve.apply(alpha.transpose(1, 2), beta.transpose(1, 2), x.transpose(1, 2),
                             y_prefix.transpose(1, 2), plan)
@@ -677,15 +678,15 @@ def chunked_window_softmax(q: Tensor, kbuf: Tensor, x: Tensor, y_prefix: Tensor 
         y: [B, T, H, V].
     """
     if chunk_size <= 0:
-        raise ValueError(f"chunk_size must be > 0, got {chunk_size}")
+        raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     if window < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
+        raise InputError(f"window must be >= 1, got {window}")
     b, t, h, k = q.shape
     if y_prefix is None:
         y_prefix = x.new_zeros(b, 0, h, x.shape[-1])
     p = y_prefix.shape[1]
     if kbuf.shape != (b, p + t, h, k) or x.shape[:3] != (b, t, h) or y_prefix.shape[0::2] != (b, h):
-        raise ValueError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}, x {tuple(x.shape)}, "
+        raise InputError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}, x {tuple(x.shape)}, "
                          f"y_prefix {tuple(y_prefix.shape)}")
     scale = 1.0 / math.sqrt(k) if scale is None else scale
     y = _WindowSoftmaxSolve.apply(q.transpose(1, 2), kbuf.transpose(1, 2), x.transpose(1, 2),

@@ -27,6 +27,8 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
+from tokenmix.core.errors import InputError
+
 
 def _block_factors(delta: Tensor, x: Tensor, a: Tensor, b: Tensor) -> tuple[Tensor, Tensor]:
     """Per-token decay exp(Delta A) and input x B of a block, time-major.
@@ -140,15 +142,15 @@ def selective_scan(x: Tensor, delta: Tensor, a: Tensor, b: Tensor, c: Tensor,
         (torch.Size([1, 10, 3]), torch.Size([1, 3, 4]))
     """
     if block_size <= 0:
-        raise ValueError(f"block_size must be > 0, got {block_size}")
+        raise InputError(f"block_size must be > 0, got {block_size}")
     if x.dim() != 3 or delta.shape != x.shape:
-        raise ValueError(f"expected x and delta [B, T, D], got x {tuple(x.shape)}, delta {tuple(delta.shape)}")
+        raise InputError(f"expected x and delta [B, T, D], got x {tuple(x.shape)}, delta {tuple(delta.shape)}")
     bsz, t, d = x.shape
     if a.dim() != 2 or a.shape[0] != d:
-        raise ValueError(f"a must be [D, N] with D = {d}, got {tuple(a.shape)}")
+        raise InputError(f"a must be [D, N] with D = {d}, got {tuple(a.shape)}")
     n = a.shape[1]
     if b.shape != (bsz, t, n) or c.shape != (bsz, t, n):
-        raise ValueError(f"b and c must be [B, T, N] = {(bsz, t, n)}, got b {tuple(b.shape)}, c {tuple(c.shape)}")
+        raise InputError(f"b and c must be [B, T, N] = {(bsz, t, n)}, got b {tuple(b.shape)}, c {tuple(c.shape)}")
     if initial_state is not None and initial_state.shape != (bsz, d, n):
-        raise ValueError(f"initial_state must be [B, D, N] = {(bsz, d, n)}, got {tuple(initial_state.shape)}")
+        raise InputError(f"initial_state must be [B, D, N] = {(bsz, d, n)}, got {tuple(initial_state.shape)}")
     return _SelectiveScan.apply(x, delta, a, b, c, initial_state, int(block_size))

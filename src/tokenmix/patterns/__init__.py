@@ -11,6 +11,7 @@ import ast
 import operator
 from typing import Callable
 
+from tokenmix.core.errors import InputError
 from tokenmix.patterns.base import Pattern
 from tokenmix.patterns.graph import shortest_paths
 from tokenmix.patterns.translation import Fenwick, Lattice, TranslationInvariant, fenwick_level
@@ -35,7 +36,7 @@ def parse_f(expr: str) -> Callable[[int], int]:
     try:
         tree = ast.parse(expr, mode="eval").body
     except SyntaxError:
-        raise ValueError(f"invalid pattern function 'f:{expr}': not an expression in k") from None
+        raise InputError(f"invalid pattern function 'f:{expr}': not an expression in k") from None
 
     def ev(node: ast.AST, k: int) -> int:
         if isinstance(node, ast.Constant) and isinstance(node.value, int) and not isinstance(node.value, bool):
@@ -46,7 +47,7 @@ def parse_f(expr: str) -> Callable[[int], int]:
             return _OPS[type(node.op)](ev(node.left, k), ev(node.right, k))
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return -ev(node.operand, k)
-        raise ValueError(f"invalid pattern function 'f:{expr}': only integers, k and + - * ** // % allowed")
+        raise InputError(f"invalid pattern function 'f:{expr}': only integers, k and + - * ** // % allowed")
 
     ev(tree, 0)  # surface syntax errors now, not at first use
     return lambda k: ev(tree, k)
@@ -62,7 +63,7 @@ def get_pattern(spec: str | Pattern, cache_efficient: bool = False) -> Pattern:
         pat = spec
     else:
         if not isinstance(spec, str) or not spec:
-            raise ValueError(f"pattern spec must be a non-empty string, got {spec!r}")
+            raise InputError(f"pattern spec must be a non-empty string, got {spec!r}")
         if spec.endswith("_ce"):
             spec, cache_efficient = spec[:-3], True
         if spec in _BUILTIN:
@@ -71,19 +72,19 @@ def get_pattern(spec: str | Pattern, cache_efficient: bool = False) -> Pattern:
             try:
                 m = int(spec.split(":", 1)[1])
             except ValueError:
-                raise ValueError(f"invalid pattern '{spec}': window size must be an integer") from None
+                raise InputError(f"invalid pattern '{spec}': window size must be an integer") from None
             if m < 1:
-                raise ValueError(f"invalid pattern '{spec}': window size (order) must be >= 1")
+                raise InputError(f"invalid pattern '{spec}': window size (order) must be >= 1")
             pat = TranslationInvariant(lambda k: k + 1, spec, max_levels=m)
         elif spec.startswith("f:"):
             pat = TranslationInvariant(parse_f(spec[2:]), spec)
         else:
-            raise ValueError(f"unknown pattern '{spec}'; known: {', '.join(pattern_names())}")
+            raise InputError(f"unknown pattern '{spec}'; known: {', '.join(pattern_names())}")
     if cache_efficient:
         if not isinstance(pat, TranslationInvariant):
-            raise ValueError(f"pattern '{pat.name}' has no cache-efficient variant (needs a translation-invariant f)")
+            raise InputError(f"pattern '{pat.name}' has no cache-efficient variant (needs a translation-invariant f)")
         if pat.max_levels is not None or pat.name == "dense":
-            raise ValueError(f"pattern '{pat.name}' is already bounded or dense; the lattice variant is for "
+            raise InputError(f"pattern '{pat.name}' is already bounded or dense; the lattice variant is for "
                              "unbounded sparse f such as pow2 or sq1")
         pat = Lattice(pat)
     return pat
@@ -92,7 +93,7 @@ def get_pattern(spec: str | Pattern, cache_efficient: bool = False) -> Pattern:
 def pattern_report(pattern: Pattern, n: int, path_limit: int = 4096) -> dict:
     """The derived facts of a pattern at length n (shortest paths only up to ``path_limit``)."""
     if n < 1:
-        raise ValueError(f"n must be >= 1, got {n}")
+        raise InputError(f"n must be >= 1, got {n}")
     rep = {
         "pattern": pattern.name,
         "n": n,

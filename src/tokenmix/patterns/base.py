@@ -24,6 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
+
 
 class Pattern(ABC):
     name: str
@@ -48,7 +50,7 @@ class Pattern(ABC):
 
     def neighbor_table(self, t0: int, t1: int) -> Tensor:
         if t0 < 0 or t1 <= t0:
-            raise ValueError(f"invalid position range [{t0}, {t1})")
+            raise InputError(f"invalid position range [{t0}, {t1})")
         return torch.from_numpy(self._dedupe(self._table_np(np.arange(t0, t1, dtype=np.int64))))
 
     def neighbors(self, t: int) -> list[int]:

@@ -18,6 +18,7 @@ from typing import Callable
 
 import numpy as np
 
+from tokenmix.core.errors import InputError
 from tokenmix.patterns.base import Pattern
 
 _F_CHECK = 64  # how many values of f are checked for strict monotonicity up front
@@ -36,7 +37,7 @@ class TranslationInvariant(Pattern):
 
     def __init__(self, f: Callable[[int], int], name: str, max_levels: int | None = None) -> None:
         if max_levels is not None and max_levels < 1:
-            raise ValueError(f"pattern '{name}': number of levels must be >= 1, got {max_levels}")
+            raise InputError(f"pattern '{name}': number of levels must be >= 1, got {max_levels}")
         self.f, self.name, self.max_levels = f, name, max_levels
         self._dist: list[int] = []
         self._extend(min(_F_CHECK, max_levels or _F_CHECK), bound=None)
@@ -54,14 +55,14 @@ class TranslationInvariant(Pattern):
             try:
                 v = self.f(k)
             except Exception as e:  # user-supplied f
-                raise ValueError(f"pattern '{self.name}': f({k}) raised {type(e).__name__}: {e}") from None
+                raise InputError(f"pattern '{self.name}': f({k}) raised {type(e).__name__}: {e}") from None
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
-                raise ValueError(f"pattern '{self.name}': f({k}) = {v!r} is not an integer")
+                raise InputError(f"pattern '{self.name}': f({k}) = {v!r} is not an integer")
             v = int(v)
             if v < 1:
-                raise ValueError(f"pattern '{self.name}': f({k}) = {v} must be >= 1 (a distance)")
+                raise InputError(f"pattern '{self.name}': f({k}) = {v} must be >= 1 (a distance)")
             if self._dist and v <= self._dist[-1]:
-                raise ValueError(f"pattern '{self.name}': f must be strictly increasing, but "
+                raise InputError(f"pattern '{self.name}': f must be strictly increasing, but "
                                  f"f({k - 1}) = {self._dist[-1]} >= f({k}) = {v}")
             self._dist.append(v)
 
@@ -106,11 +107,11 @@ class Lattice(Pattern):
 
     def __init__(self, base: TranslationInvariant) -> None:
         if base.max_levels is not None:
-            raise ValueError(f"the lattice variant is defined for unbounded patterns, not '{base.name}'")
+            raise InputError(f"the lattice variant is defined for unbounded patterns, not '{base.name}'")
         if base.distances(2)[:1] != [1]:
             # The nesting argument needs level 0 to be the previous output: with f(0) > 1, token t
             # reads t - f(0), which is neither in S_{t-1} nor t - 1, and the cache would not be S_t.
-            raise ValueError(f"the cache-efficient lattice of '{base.name}' needs f(0) = 1 (the previous "
+            raise InputError(f"the cache-efficient lattice of '{base.name}' needs f(0) = 1 (the previous "
                              f"output), got f(0) = {base._dist[0]}")
         self.base = base
         self.name = f"{base.name}_ce"
@@ -181,7 +182,7 @@ class Fenwick(Pattern):
 def fenwick_level(t: int, s: int) -> int:
     """Log-linear attention's level map l(t, s) for 0 <= s <= t (0 = the sentinel bucket {t})."""
     if not 0 <= s <= t:
-        raise ValueError(f"need 0 <= s <= t, got s={s}, t={t}")
+        raise InputError(f"need 0 <= s <= t, got s={s}, t={t}")
     if s == t:
         return 0
     return int(t ^ s).bit_length()

@@ -20,6 +20,8 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
+from tokenmix.core.errors import InputError
+
 IGNORE_INDEX = -100
 
 _TASKS: dict[str, type["TaskConfig"]] = {}
@@ -47,19 +49,19 @@ class TaskData:
 
     def __post_init__(self) -> None:
         if self.inputs.shape != self.labels.shape or self.inputs.dim() != 2:
-            raise ValueError(f"inputs {tuple(self.inputs.shape)} and labels {tuple(self.labels.shape)} "
+            raise InputError(f"inputs {tuple(self.inputs.shape)} and labels {tuple(self.labels.shape)} "
                              "must both be [N, T]")
         if self.score_mask is not None:
             if self.score_mask.shape != self.labels.shape or self.score_mask.dtype != torch.bool:
-                raise ValueError(f"score_mask must be a bool tensor shaped like labels {tuple(self.labels.shape)}")
+                raise InputError(f"score_mask must be a bool tensor shaped like labels {tuple(self.labels.shape)}")
             if bool((self.score_mask & (self.labels == IGNORE_INDEX)).any()):
-                raise ValueError("score_mask marks positions without an answer")
+                raise InputError("score_mask marks positions without an answer")
         if self.groups is not None:
             if self.groups.shape != self.labels.shape or self.groups.dtype != torch.long:
-                raise ValueError(f"groups must be a long tensor shaped like labels {tuple(self.labels.shape)}")
+                raise InputError(f"groups must be a long tensor shaped like labels {tuple(self.labels.shape)}")
             grouped = self.groups >= 0
             if bool((grouped & (self.labels == IGNORE_INDEX)).any()) or bool((self.groups >= len(self.group_names)).any()):
-                raise ValueError("groups must index group_names at answer positions and be -1 elsewhere")
+                raise InputError("groups must index group_names at answer positions and be -1 elsewhere")
 
     def __len__(self) -> int:
         return self.inputs.shape[0]
@@ -101,7 +103,7 @@ class TaskConfig(ABC):
     def build(self, num_examples: int, seed: int) -> TaskData:
         """Generate ``num_examples`` examples; identical for identical (config, seed)."""
         if num_examples <= 0:
-            raise ValueError(f"{self.name}: num_examples must be > 0, got {num_examples}")
+            raise InputError(f"{self.name}: num_examples must be > 0, got {num_examples}")
         data = self._generate(num_examples, seed)
         if data.inputs.shape != (num_examples, self.length):
             raise RuntimeError(f"{self.name} generated {tuple(data.inputs.shape)}, expected "
@@ -125,9 +127,9 @@ class TaskConfig(ABC):
 def register_task(cls: type[TaskConfig]) -> type[TaskConfig]:
     """Class decorator: registers a task config under its ``name`` class attribute."""
     if not cls.name:
-        raise ValueError(f"task config {cls.__name__} has no name")
+        raise InputError(f"task config {cls.__name__} has no name")
     if cls.name in _TASKS:
-        raise ValueError(f"task name '{cls.name}' registered twice")
+        raise InputError(f"task name '{cls.name}' registered twice")
     _TASKS[cls.name] = cls
     return cls
 
@@ -138,7 +140,7 @@ def task_names() -> list[str]:
 
 def get_task_cls(name: str) -> type[TaskConfig]:
     if name not in _TASKS:
-        raise ValueError(f"unknown task '{name}'; known tasks: {', '.join(_TASKS)}")
+        raise InputError(f"unknown task '{name}'; known tasks: {', '.join(_TASKS)}")
     return _TASKS[name]
 
 
@@ -148,7 +150,7 @@ def make_task(name: str, **fields: Any) -> TaskConfig:
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - known)
     if unknown:
-        raise ValueError(f"task '{name}' has no field(s) {unknown}; known: {sorted(known)}")
+        raise InputError(f"task '{name}' has no field(s) {unknown}; known: {sorted(known)}")
     return cls(**fields)
 
 
@@ -170,13 +172,13 @@ def masked_accuracy(logits: Tensor, labels: Tensor, score_mask: Tensor | None = 
 def require(cond: bool, task: str, constraint: str, detail: str) -> None:
     """Raise ``ValueError("<task>: constraint <constraint> violated (<detail>)")`` if not cond."""
     if not cond:
-        raise ValueError(f"{task}: constraint {constraint} violated ({detail})")
+        raise InputError(f"{task}: constraint {constraint} violated ({detail})")
 
 
 def positive(task: str, **values: int) -> None:
     for field_name, v in values.items():
         if not isinstance(v, int) or isinstance(v, bool) or v <= 0:
-            raise ValueError(f"{task}: {field_name} must be a positive integer, got {v!r}")
+            raise InputError(f"{task}: {field_name} must be a positive integer, got {v!r}")
 
 
 def long_tensor(a) -> Tensor:

@@ -19,6 +19,7 @@ from functools import lru_cache
 import numpy as np
 import torch
 
+from tokenmix.core.errors import InputError
 from tokenmix.tasks.base import TaskConfig, TaskData, positive, register_task, require
 
 
@@ -36,12 +37,12 @@ def _parse_group(group: str) -> tuple[str, int]:
         spec = "Z" + spec.split(":", 1)[1]
     kind, digits = spec[:1], spec[1:]
     if kind not in ("S", "A", "Z") or not digits.isdigit() or int(digits) < 1:
-        raise ValueError(f"state_tracking: unknown group {group!r} (use S<m>, A<m>, Z<m>, cyclic:<m> or parity)")
+        raise InputError(f"state_tracking: unknown group {group!r} (use S<m>, A<m>, Z<m>, cyclic:<m> or parity)")
     m = int(digits)
     if kind == "Z" and m > 4096:
-        raise ValueError(f"state_tracking: group Z{m} too large (order must be <= 4096)")
+        raise InputError(f"state_tracking: group Z{m} too large (order must be <= 4096)")
     if kind != "Z" and m > 7:
-        raise ValueError(f"state_tracking: group {kind}{m} too large (m must be <= 7)")
+        raise InputError(f"state_tracking: group {kind}{m} too large (m must be <= 7)")
     return kind, m
 
 

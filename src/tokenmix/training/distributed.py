@@ -13,6 +13,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tokenmix.core.errors import InputError
+
 
 @dataclass
 class DistContext:
@@ -65,7 +67,7 @@ def setup_distributed(device: str = "auto") -> DistContext:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = torch.cuda.is_available() if device == "auto" else device == "cuda"
     if use_cuda and not torch.cuda.is_available():
-        raise ValueError("train.device=cuda but no CUDA device is available")
+        raise InputError("train.device=cuda but no CUDA device is available")
     dev = torch.device(f"cuda:{local_rank}" if use_cuda else "cpu")
     if use_cuda:
         torch.cuda.set_device(dev)
@@ -94,5 +96,5 @@ def wrap_model(model: nn.Module, ctx: DistContext, parallel: str) -> nn.Module:
             fully_shard(block)
         fully_shard(model)  # the root unit holds the embedding, final norm and (tied) head
         return model
-    raise ValueError(f"train.parallel must be 'ddp' or 'fsdp', got '{parallel}'")
+    raise InputError(f"train.parallel must be 'ddp' or 'fsdp', got '{parallel}'")
 

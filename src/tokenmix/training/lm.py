@@ -5,7 +5,7 @@
     bigram_baseline(train_ids, windows, vocab_size) -> {"bigram_ppl", "unigram_ppl", ...}
     load_run(run_dir) -> LoadedRun (config, model with the latest weights, tokenizer)
 
-A run directory holds ``config.json`` (the resolved RunConfig), ``tokenizer.json``,
+A run directory holds ``config.json`` (the resolved LMRunConfig), ``tokenizer.json``,
 ``metrics.jsonl`` (one JSON object per optimizer step, plus validation and baseline records),
 ``checkpoints/`` (see checkpoint.py), ``summary.json`` and, when tensorboard is installed, ``tb/``.
 
@@ -37,12 +37,13 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tokenmix.core.errors import InputError
 from tokenmix.data.loader import DataPosition, TokenBatches, eval_windows, shard
 from tokenmix.data.prepare import PreparedData, prepare_data
 from tokenmix.models import MixerModel
-from tokenmix.training.checkpoint import (CheckpointError, latest_checkpoint, load_model_weights, load_training_state,
-                                          save_checkpoint, write_json_atomic)
-from tokenmix.training.config import RunConfig, with_vocab
+from tokenmix.core.files import atomic_write_json, atomic_write_text
+from tokenmix.runs.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
+from tokenmix.runs.lm import LMRunConfig, load_run, with_vocab
 from tokenmix.training.distributed import DistContext, setup_distributed, wrap_model
 from tokenmix.training.optim import build_optimizer
 from tokenmix.training.schedule import warmup_cosine
@@ -52,7 +53,7 @@ from tokenmix.training.schedule import warmup_cosine
 BIGRAM_SMOOTHING_GRID = (0.01, 0.1, 1.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0)
 
 
-class TrainingDiverged(ValueError):
+class TrainingDiverged(InputError):
     """The loss became non-finite (a configuration problem: usually the learning rate)."""
 
 
@@ -263,18 +264,11 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
             continue  # a line cut by the kill
         if rec.get("step", 0) <= last_step:
             keep.append(line)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("".join(l + "\n" for l in keep))
-    tmp.replace(path)
-
-
-def read_metrics(run_dir: Path) -> list[dict]:
-    path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
+    atomic_write_text(path, "".join(l + "\n" for l in keep))
 
 
 # ------------------------------------------------------------------------------------ training
-def _prepare(cfg: RunConfig, ctx: DistContext, verbose: bool) -> tuple[RunConfig, PreparedData]:
+def _prepare(cfg: LMRunConfig, ctx: DistContext, verbose: bool) -> tuple[LMRunConfig, PreparedData]:
     """Prepare the data on rank 0, then open it everywhere; resolve vocab size and data directory."""
     data = None
     err: str | None = None
@@ -287,7 +281,7 @@ def _prepare(cfg: RunConfig, ctx: DistContext, verbose: bool) -> tuple[RunConfig
                 raise
     err = ctx.broadcast_object(err)
     if err is not None:
-        raise ValueError(err.split(": ", 1)[1])
+        raise InputError(err.split(": ", 1)[1])
     ddir = ctx.broadcast_object(str(data.dir) if data is not None else None)
     if data is None:
         data = PreparedData(ddir)
@@ -296,7 +290,7 @@ def _prepare(cfg: RunConfig, ctx: DistContext, verbose: bool) -> tuple[RunConfig
     return cfg, data
 
 
-def train_lm(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress: bool | None = None,
+def train_lm(cfg: LMRunConfig, run_dir: str | Path, resume: bool = False, progress: bool | None = None,
              quiet: bool = False) -> TrainResult:
     """Train (or resume) the language model of ``cfg`` in ``run_dir``; see the module docstring."""
     session_t0 = time.perf_counter()
@@ -309,7 +303,7 @@ def train_lm(cfg: RunConfig, run_dir: str | Path, resume: bool = False, progress
         ctx.close()
 
 
-def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, quiet: bool,
+def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None, quiet: bool,
            ctx: DistContext, session_t0: float) -> TrainResult:
     tc = cfg.train
     if tc.threads:
@@ -319,11 +313,11 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, q
     if resume:
         start_ckpt = latest_checkpoint(ckpt_root)
         if start_ckpt is None:
-            raise ValueError(f"cannot resume: {run_dir} has no checkpoint (checkpoints/latest.json)")
+            raise InputError(f"cannot resume: {run_dir} has no checkpoint (checkpoints/latest.json)")
     elif (ckpt_root / "latest.json").exists():
-        raise ValueError(f"run directory {run_dir} already holds a run; use --resume {run_dir} or another --out")
+        raise InputError(f"run directory {run_dir} already holds a run; use --resume {run_dir} or another --out")
     if tc.batch_size % (tc.grad_accum * ctx.world_size):
-        raise ValueError(f"train.batch_size={tc.batch_size} must be divisible by grad_accum * world size = "
+        raise InputError(f"train.batch_size={tc.batch_size} must be divisible by grad_accum * world size = "
                          f"{tc.grad_accum * ctx.world_size}")
 
     cfg, data = _prepare(cfg, ctx, verbose=ctx.is_main and not quiet)
@@ -335,7 +329,7 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, q
         if not resume:
             for stale in ("metrics.jsonl", "summary.json"):  # left by a run killed before its first checkpoint
                 (run_dir / stale).unlink(missing_ok=True)
-            write_json_atomic(run_dir / "config.json", cfg.to_dict())
+            atomic_write_json(run_dir / "config.json", cfg.to_dict(), indent=1)
             shutil.copyfile(data.dir / "tokenizer.json", run_dir / "tokenizer.json")
     ctx.barrier()
 
@@ -344,7 +338,7 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, q
     final_windows = (val_windows if tc.final_eval_windows == tc.eval_windows
                      else eval_windows(data.split("val"), tc.seq_len, tc.final_eval_windows))
     if not val_windows:
-        raise ValueError("the validation split is empty; use a larger corpus or a larger data.val_fraction")
+        raise InputError("the validation split is empty; use a larger corpus or a larger data.val_fraction")
 
     torch.manual_seed(tc.seed)  # identical initial weights on every rank and in every run
     model = MixerModel(cfg.model).to(ctx.device)
@@ -372,7 +366,7 @@ def _train(cfg: RunConfig, run_dir: Path, resume: bool, progress: bool | None, q
         log.close()
 
 
-def _loop(cfg: RunConfig, run_dir: Path, ctx: DistContext, data: PreparedData, wrapped: nn.Module,
+def _loop(cfg: LMRunConfig, run_dir: Path, ctx: DistContext, data: PreparedData, wrapped: nn.Module,
           optimizer: torch.optim.Optimizer, batches: TokenBatches, val_windows: list[Tensor],
           final_windows: list[Tensor], step: int, tokens_seen: int, num_params: int, log: RunLogger,
           resumed: bool, session_t0: float) -> TrainResult:
@@ -482,7 +476,7 @@ def _loop(cfg: RunConfig, run_dir: Path, ctx: DistContext, data: PreparedData, w
                    "train_seconds_this_session": round(seconds, 1),
                    "wall_seconds_this_session": round(session_seconds, 1),
                    "process_cpu_seconds": round(cpu_seconds, 1)}
-        write_json_atomic(run_dir / "summary.json", summary)
+        atomic_write_json(run_dir / "summary.json", summary, indent=1)
         ratio = final_baseline["bigram_ppl"] / final["ppl"]
         log.say(f"done: val ppl {final['ppl']:.2f} vs bigram {final_baseline['bigram_ppl']:.2f} ({ratio:.2f}x lower), "
                 f"unigram {final_baseline['unigram_ppl']:.2f}, on {final['tokens']:,} validation tokens"
@@ -519,43 +513,7 @@ def _grad_sync(model: nn.Module, enabled: bool):
         yield
 
 
-# ------------------------------------------------------------------------------------ loading runs
-@dataclass
-class LoadedRun:
-    config: RunConfig
-    model: MixerModel
-    tokenizer: object
-    checkpoint: Path
-    meta: dict
-
-
-def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
-    """The run's config, its model with the latest checkpoint's weights (verified), and its tokenizer."""
-    from tokenmix.data.tokenizer import load_tokenizer
-
-    run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise FileNotFoundError(f"run directory '{run_dir}' does not exist")
-    cfg_path = run_dir / "config.json"
-    if not cfg_path.is_file():
-        raise FileNotFoundError(f"'{run_dir}' is not a run directory (no config.json)")
-    try:
-        cfg = RunConfig.from_dict(json.loads(cfg_path.read_text()))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"'{cfg_path}' is not valid JSON ({e})") from None
-    ckpt = latest_checkpoint(run_dir / "checkpoints")
-    if ckpt is None:
-        raise CheckpointError(f"run directory '{run_dir}' has no checkpoint yet")
-    model = MixerModel(cfg.model)
-    meta = load_model_weights(ckpt, model)
-    model.to(device).eval()
-    tok = load_tokenizer(run_dir / "tokenizer.json")
-    if tok.get_vocab_size() != cfg.model.vocab_size:
-        raise ValueError(f"'{run_dir}/tokenizer.json' has {tok.get_vocab_size()} tokens but the model "
-                         f"{cfg.model.vocab_size}")
-    return LoadedRun(cfg, model, tok, ckpt, meta)
-
-
+# ------------------------------------------------------------------------------------ evaluating runs
 def evaluate_run(run_dir: str | Path, split: str = "test", max_windows: int = 0, batch_size: int = 8) -> dict:
     """Perplexity and per-position loss of a run's latest checkpoint on a split of its data, with the
     bigram and unigram baselines (counted on the train split) on the same tokens."""
@@ -563,7 +521,7 @@ def evaluate_run(run_dir: str | Path, split: str = "test", max_windows: int = 0,
     data = prepare_data(run.config.data)  # reuses the run's prepared directory (re-made if it was deleted)
     windows = eval_windows(data.split(split), run.config.train.seq_len, max_windows)
     if not windows:
-        raise ValueError(f"the {split} split of {data.dir} is empty")
+        raise InputError(f"the {split} split of {data.dir} is empty")
     res = evaluate_windows(run.model, windows, batch_size, torch.device("cpu"), "fp32")
     base = bigram_baseline(data.split("train"), windows, data.vocab_size)
     return {"split": split, "step": run.meta["step"], "checkpoint": str(run.checkpoint), **res,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from tokenmix.core.errors import InputError
+
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     """Two AdamW groups: parameters with dim >= 2 decay, the rest do not. Tied weights appear once."""
@@ -21,7 +23,7 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1,
                     betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-8) -> torch.optim.AdamW:
     """AdamW over ``param_groups(model, weight_decay)``; ``lr`` is the peak rate the schedule scales."""
     if lr <= 0:
-        raise ValueError(f"lr must be > 0, got {lr}")
+        raise InputError(f"lr must be > 0, got {lr}")
     if weight_decay < 0:
-        raise ValueError(f"weight_decay must be >= 0, got {weight_decay}")
+        raise InputError(f"weight_decay must be >= 0, got {weight_decay}")
     return torch.optim.AdamW(param_groups(model, weight_decay), lr=lr, betas=betas, eps=eps)

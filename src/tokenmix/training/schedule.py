@@ -5,6 +5,8 @@ import math
 
 import torch
 
+from tokenmix.core.errors import InputError
+
 
 def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_ratio: float = 0.1) -> float:
     """Multiplier of the peak learning rate at optimiser step ``step`` (0-based).
@@ -13,11 +15,11 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_ratio: flo
     ``total_steps``; constant ``min_ratio`` beyond.
     """
     if total_steps <= 0:
-        raise ValueError(f"total_steps must be > 0, got {total_steps}")
+        raise InputError(f"total_steps must be > 0, got {total_steps}")
     if warmup_steps < 0:
-        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        raise InputError(f"warmup_steps must be >= 0, got {warmup_steps}")
     if not 0.0 <= min_ratio <= 1.0:
-        raise ValueError(f"min_ratio must be in [0, 1], got {min_ratio}")
+        raise InputError(f"min_ratio must be in [0, 1], got {min_ratio}")
     if step < warmup_steps:
         return (step + 1) / warmup_steps
     decay_steps = max(total_steps - warmup_steps, 1)

@@ -22,17 +22,19 @@ from other processes falls on all of them alike instead of on whichever mixer wa
 """
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import platform
 import statistics
 import time
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from tokenmix.core.errors import InputError
+from tokenmix.core.files import atomic_write_text
 from tokenmix.mixers.registry import mixer_names
 from tokenmix.models import MixerModel, ModelConfig
 
@@ -42,33 +44,30 @@ DECODE_TARGET_AT_LONG = 3.0   # decode speed-up per token vs attention at the lo
 WITHIN_AT_SHORT = 1.5         # at the short context: within this factor of attention
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--mixers", default=",".join(DEFAULT_MIXERS),
-                        help="comma list; unregistered names among the defaults are skipped; 'all' = every mixer")
-    parser.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
-    parser.add_argument("--layers", type=int, default=2, help="layers of the one mixer per model")
-    parser.add_argument("--n-heads", type=int, default=4)
-    parser.add_argument("--target-params", type=int, default=1_000_000,
-                        help="non-embedding parameters every model is sized to")
-    parser.add_argument("--vocab-size", type=int, default=512,
-                        help="small by default: the embedding and head cost the same for every mixer and "
-                             "would only dilute the differences between mixers")
-    parser.add_argument("--batch-tokens", type=int, default=8192, help="tokens per training step")
-    parser.add_argument("--train-steps", type=int, default=5, help="timed training steps (the median is reported)")
-    parser.add_argument("--decode-tokens", type=int, default=32,
-                        help="timed decode steps at the end of the context (the median is reported)")
-    parser.add_argument("--decode-block", type=int, default=8,
-                        help="decode tokens a mixer runs back to back before the next mixer's turn")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", default=None, help="also write the JSON here")
+@dataclass(frozen=True)
+class LMBenchConfig:
+    """Settings of ``tokenmix bench lm`` (the CLI's flags, one field each)."""
+
+    mixers: str = ",".join(DEFAULT_MIXERS)  # comma list; unregistered defaults are skipped; 'all' = every mixer
+    contexts: tuple[int, ...] = (512, 4096)
+    layers: int = 2                 # layers of the one mixer per model
+    n_heads: int = 4
+    target_params: int = 1_000_000  # non-embedding parameters every model is sized to
+    vocab_size: int = 512           # small: embedding and head cost the same for every mixer and would dilute
+    batch_tokens: int = 8192        # tokens per training step
+    train_steps: int = 5            # timed training steps (the median is reported)
+    decode_tokens: int = 32         # timed decode steps at the end of the context (the median is reported)
+    decode_block: int = 8           # decode tokens a mixer runs back to back before the next mixer's turn
+    threads: int = 0                # torch threads (0 = default)
+    seed: int = 0
+    out: str | None = None          # also write the JSON here
 
 
-def _layers_config(mixer: str, d_model: int, args) -> ModelConfig:
+def _layers_config(mixer: str, d_model: int, args: LMBenchConfig) -> ModelConfig:
     return ModelConfig(vocab_size=args.vocab_size, d_model=d_model, layers=(mixer,) * args.layers, n_heads=args.n_heads)
 
 
-def size_model(mixer: str, args) -> tuple[ModelConfig, int]:
+def size_model(mixer: str, args: LMBenchConfig) -> tuple[ModelConfig, int]:
     """The d_model (a multiple of 2 * n_heads) whose non-embedding parameter count is closest to the target."""
     step = 2 * args.n_heads
     best = None
@@ -83,7 +82,7 @@ def size_model(mixer: str, args) -> tuple[ModelConfig, int]:
     return _layers_config(mixer, best[0], args), best[1]
 
 
-def _train_stepper(model: MixerModel, t: int, args) -> tuple[int, Callable[[], None]]:
+def _train_stepper(model: MixerModel, t: int, args: LMBenchConfig) -> tuple[int, Callable[[], None]]:
     """(batch size, one forward + backward + AdamW step on a fresh random batch [b, t + 1])."""
     b = max(1, args.batch_tokens // t)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -100,7 +99,7 @@ def _train_stepper(model: MixerModel, t: int, args) -> tuple[int, Callable[[], N
     return b, one_step
 
 
-def _decode_stepper(model: MixerModel, t: int, args) -> tuple[int, float, Callable[[int], None]]:
+def _decode_stepper(model: MixerModel, t: int, args: LMBenchConfig) -> tuple[int, float, Callable[[int], None]]:
     """Prefill t - n tokens (batch 1), then a function decoding token i (t - n <= i < t) on the cache.
 
     Returns (prefill length, prefill seconds, step function).
@@ -155,7 +154,7 @@ def _round_robin(calls: dict[str, Callable[[int], None]], indices: range, block:
     return {m: (statistics.median(walls[m]), statistics.median(cpus[m])) for m in names}
 
 
-def _time_context(models: dict[str, MixerModel], t: int, args) -> dict[str, dict]:
+def _time_context(models: dict[str, MixerModel], t: int, args: LMBenchConfig) -> dict[str, dict]:
     """Training and decode timings of every model at context t, each step of one mixer next to the others'."""
     out: dict[str, dict] = {m: {} for m in models}
     trainers = {}
@@ -179,7 +178,7 @@ def _time_context(models: dict[str, MixerModel], t: int, args) -> dict[str, dict
     return out
 
 
-def run(args) -> int:
+def run(args: LMBenchConfig) -> dict:
     if args.threads:
         torch.set_num_threads(args.threads)
     known = mixer_names()
@@ -190,13 +189,13 @@ def run(args) -> int:
         explicit = args.mixers != ",".join(DEFAULT_MIXERS)
         unknown = [m for m in requested if m not in known]
         if unknown and explicit:
-            raise ValueError(f"unknown mixer(s) {unknown}; known mixers: {', '.join(known)}")
+            raise InputError(f"unknown mixer(s) {unknown}; known mixers: {', '.join(known)}")
         mixers = [m for m in requested if m in known]
     if "attention" not in mixers and "attention" in known:
         mixers = ["attention"] + mixers
     for t in args.contexts:
         if t < 2:
-            raise ValueError(f"--contexts must be >= 2, got {t}")
+            raise InputError(f"--contexts must be >= 2, got {t}")
     torch.manual_seed(args.seed)
     sized = {m: size_model(m, args) for m in mixers}
     models = {m: MixerModel(cfg) for m, (cfg, _) in sized.items()}
@@ -210,13 +209,11 @@ def run(args) -> int:
     results.sort(key=lambda r: (mixers.index(r["mixer"]), r["context"]))
     report = {"benchmark": "lm", "torch": torch.__version__, "threads": torch.get_num_threads(),
               "machine": platform.processor() or platform.machine(),
-              "config": {k: v for k, v in vars(args).items() if k not in ("func",) and not callable(v)},
+              "config": dataclasses.asdict(args),
               "results": results, "ratios": _ratios(results, args.contexts)}
-    text = json.dumps(report, indent=2)
-    print(text)
     if args.out:
-        Path(args.out).write_text(text + "\n")
-    return 0
+        atomic_write_text(args.out, json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def _ratios(results: list[dict], contexts: list[int]) -> dict:

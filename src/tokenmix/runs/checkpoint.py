@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
@@ -33,11 +32,14 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 from torch import nn
 
+from tokenmix.core.errors import InputError
+from tokenmix.core.files import atomic_path, atomic_write_json
+
 FORMAT_VERSION = 1
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
 
 
-class CheckpointError(ValueError):
+class CheckpointError(InputError):
     """A checkpoint is missing, incomplete, corrupt, tampered with or from another model."""
 
 
@@ -48,29 +50,6 @@ def _sha256(path: Path) -> str:
         for block in iter(lambda: f.read(1 << 20), b""):
             h.update(block)
     return h.hexdigest()
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def write_json_atomic(path: Path, obj) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    _fsync_dir(path.parent)
 
 
 def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tuple[dict, dict]:
@@ -98,10 +77,11 @@ def save_checkpoint(ckpt_root: Path, step: int, model: nn.Module, optimizer: tor
     ckpt_root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:07d}"
     final = ckpt_root / name
-    tmp = ckpt_root / f".tmp-{name}-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    try:
+    if final.exists():  # left by a run that died before moving latest.json to it; never the latest one
+        if _latest_name(ckpt_root) == name:
+            raise CheckpointError(f"refusing to overwrite the latest checkpoint {final}")
+        shutil.rmtree(final)
+    with atomic_path(final, folder=True) as tmp:
         # clone: tied weights share storage, which safetensors refuses to write twice
         weights = {k: v.detach().to("cpu").clone().contiguous() for k, v in msd.items()}
         save_file(weights, str(tmp / "model.safetensors"))
@@ -119,24 +99,10 @@ def save_checkpoint(ckpt_root: Path, step: int, model: nn.Module, optimizer: tor
         groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in osd.get("param_groups", [])]
         full_meta = {"format": FORMAT_VERSION, "step": step, **meta, "param_groups": groups,
                      "shapes": {k: list(v.shape) for k, v in weights.items()},
-                     "files": {}}
-        for f in CHECKPOINT_FILES:
-            _fsync_file(tmp / f)
-            full_meta["files"][f] = _sha256(tmp / f)
+                     "files": {f: _sha256(tmp / f) for f in CHECKPOINT_FILES}}
         (tmp / "meta.json").write_text(json.dumps(full_meta, indent=1))
-        _fsync_file(tmp / "meta.json")
-        _fsync_dir(tmp)
-        if final.exists():  # left by a run that died before moving latest.json to it; never the latest one
-            if _latest_name(ckpt_root) == name:
-                raise CheckpointError(f"refusing to overwrite the latest checkpoint {final}")
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        _fsync_dir(ckpt_root)
-        write_json_atomic(ckpt_root / "latest.json", {"checkpoint": name, "step": step,
-                                                      "meta_sha256": _sha256(final / "meta.json")})
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    atomic_write_json(ckpt_root / "latest.json", {"checkpoint": name, "step": step,
+                                                  "meta_sha256": _sha256(final / "meta.json")}, indent=1)
     _prune(ckpt_root, keep, name)
     return final
 

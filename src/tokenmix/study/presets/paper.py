@@ -1,7 +1,6 @@
 """The full-size grid (hours on a GPU, days on a CPU): zoology's MQAR protocol applied to the
-paper's three tasks, with the quick preset's model recipe (``experiments/quick.py``: a window-2
-token shift, window 3 on MQAR so that the key-value binding sits at both parities, then the row's
-mixer; one head, learned positions, untied head, no MLP).
+paper's three tasks, with the quick preset's model recipe (``quick.model_for``: a window-2 token
+shift, window 3 on MQAR, then the row's mixer; one head, learned positions, untied head, no MLP).
 
 Length 256: MQAR with vocab 8192 and 16 key-value pairs (zoology's ICLR'24 Figure 2 setting at
 L = 256), 2-hop recall with 16 chains (their middle entities asked too, not scored), copy of 96
@@ -9,16 +8,18 @@ tokens at offset 150 (pow2: 4 hops, 128 + 16 + 4 + 2; sq1: 2 hops, 145 + 5; beyo
 two windows of 32). Widths 64, 128, 256; learning rates logspace(-4, -2, 4); three seeds; up to
 20 000 steps of 64 sequences with early stopping at 99 % validation accuracy.
 Run it with ``tokenmix compare --preset paper --device cuda`` where a GPU exists.
+
+Design notes: docs/notes/compare-presets.md.
 """
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Sequence
 
-from tokenmix.training.harness import RunConfig, TrainConfig
-from tokenmix.training.presets import load_preset, registered
+from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
+from tokenmix.study.presets.base import Preset, register_preset, registered
 
-_, _, QUICK = load_preset("quick")  # the row recipe is shared with the quick preset
+from tokenmix.study.presets import quick as QUICK  # the row recipe is shared with the quick preset
 DEFAULT_MIXERS = QUICK.DEFAULT_MIXERS
 
 TASKS = {
@@ -29,7 +30,7 @@ TASKS = {
 WIDTHS = (64, 128, 256)
 LRS = (1e-4, 4.6416e-4, 2.1544e-3, 1e-2)
 LOCAL_WINDOW = 32
-TRAIN = TrainConfig(steps=20_000, batch_size=64, warmup_steps=500, train_examples=100_000,
+TRAIN = SyntheticTrainConfig(steps=20_000, batch_size=64, warmup_steps=500, train_examples=100_000,
                     val_examples=1_000, test_examples=3_000, eval_every=500, early_stop_acc=0.99)
 SEEDS = (0, 1, 2)
 
@@ -42,8 +43,12 @@ def model_for(mixer: str, d_model: int, task: str | None = None) -> dict:
     return {**model, "d_model": d_model, "max_seq_len": 256, "mixer_overrides": overrides}
 
 
-def paper(extra_mixers: Sequence[str] = ()) -> list[RunConfig]:
+def paper(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
     mixers = registered(DEFAULT_MIXERS)[0] + [m for m in extra_mixers if m not in DEFAULT_MIXERS]
-    return [RunConfig(label=m, task=task, task_args=args, model=model_for(m, d, task),
+    return [SyntheticRunConfig(label=m, task=task, task_args=args, model=model_for(m, d, task),
                       train=replace(TRAIN, lr=lr), seed=seed)
             for seed in SEEDS for task, args in TASKS.items() for d in WIDTHS for lr in LRS for m in mixers]
+
+
+PRESET = register_preset(Preset(name="paper", kind="compare", summary="the full grid at the paper's lengths: widths 64-256, four learning rates (hours)", build=paper,
+                                notes="", default_mixers=DEFAULT_MIXERS, source=__name__))

@@ -1,8 +1,4 @@
-"""Train/evaluate the one generic model on synthetic tasks over a grid, resumably.
-
-A run is a ``RunConfig``: which task (and its sizes), which model (``ModelConfig`` fields: layers of
-registered mixers, width, heads, MLP), how to train (``TrainConfig``) and the seed. A sweep is a list
-of runs (``experiments/*.py`` build them with comprehensions).
+"""Train and evaluate the one generic model on synthetic tasks over a grid of runs, resumably.
 
 Protocol (zoology's): AdamW, linear warmup + cosine decay, early stopping once the validation
 accuracy reaches ``early_stop_acc``; the checkpoint with the best validation accuracy is scored on
@@ -11,34 +7,19 @@ run's seed, validation and test sets from ``val_seed`` / ``test_seed`` (the same
 all mixers are scored on the same examples). ``summarize`` reports, per (row, task, width), the
 learning rate whose mean test accuracy over seeds is highest, with that mean ± std.
 
-Run directory layout (``run_sweep``)::
-
-    <out>/sweep.json                   every resolved run config of the sweep
-    <out>/runs/<run_id>/config.json    resolved config of one run (written when it starts)
-    <out>/runs/<run_id>/result.json    its result (written atomically when it finishes)
-    <out>/runs/<run_id>/result.csv     the same as one CSV row
-    <out>/results.json, results.csv    all finished runs
-
-Resuming: a run whose ``result.json`` exists is not trained again. The run id ends with a hash of
-the resolved config, so changing anything about a run gives it a new id.
+What a run is and where its files go: ``runs/synthetic.py``. ``run_sweep`` trains every run of a
+sweep that has no result yet (so a killed sweep resumes where it stopped), in worker processes.
 """
 from __future__ import annotations
 
-import csv
-import dataclasses
-import hashlib
-import io
 import json
 import math
 import multiprocessing as mp
-import os
 import queue as queue_mod
-import re
 import statistics
-import tempfile
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
@@ -46,187 +27,13 @@ from typing import Any, Callable, Iterable, Sequence
 import torch
 import torch.nn.functional as F
 
-from tokenmix.models import MixerModel, ModelConfig
+from tokenmix.core.errors import InputError
+from tokenmix.core.files import atomic_write_json, atomic_write_text, prepare_output_dir
+from tokenmix.models import MixerModel
+from tokenmix.runs.synthetic import SyntheticRunConfig, load_result, results_to_csv, run_dir
 from tokenmix.tasks import IGNORE_INDEX, TaskConfig, TaskData, make_task, masked_accuracy
 from tokenmix.training.optim import build_optimizer
 from tokenmix.training.schedule import build_scheduler
-
-# ---------------------------------------------------------------------------------------- configs
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Optimisation and evaluation of one run."""
-
-    lr: float = 1e-3                # peak learning rate
-    steps: int = 1000               # maximum optimiser steps
-    batch_size: int = 64
-    warmup_steps: int = 50
-    min_lr_ratio: float = 0.1       # cosine decays to this fraction of the peak
-    weight_decay: float = 0.1
-    grad_clip: float = 1.0          # max global gradient norm (0 = off)
-    train_examples: int = 10_000    # size of the training set (generated from the run's seed)
-    val_examples: int = 256
-    test_examples: int = 1_000
-    eval_every: int = 50            # steps between validation passes
-    early_stop_acc: float = 0.99    # stop once validation accuracy reaches this (> 1 = never)
-    patience: int = 0               # stop after this many validations without improvement (0 = off)
-    val_seed: int = 1_000_003
-    test_seed: int = 2_000_003
-    mode: str | None = None         # mixer mode used for training and evaluation (None = fast default)
-
-    def __post_init__(self) -> None:
-        for name in ("steps", "batch_size", "train_examples", "val_examples", "test_examples", "eval_every"):
-            v = getattr(self, name)
-            if not isinstance(v, int) or v <= 0:
-                raise ValueError(f"train config: {name} must be a positive integer, got {v!r}")
-        if not self.lr > 0:
-            raise ValueError(f"train config: lr must be > 0, got {self.lr}")
-        if self.warmup_steps < 0 or self.patience < 0:
-            raise ValueError("train config: warmup_steps and patience must be >= 0")
-        if self.grad_clip < 0 or self.weight_decay < 0:
-            raise ValueError("train config: grad_clip and weight_decay must be >= 0")
-        if self.val_seed == self.test_seed:
-            raise ValueError("train config: val_seed and test_seed must differ (held-out test set)")
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    """One training run: a row label, a task, a model and its training."""
-
-    label: str                                        # row name in tables, e.g. "pow2" or "attention x3"
-    task: str                                         # registered task name
-    task_args: dict[str, Any] = field(default_factory=dict)
-    model: dict[str, Any] = field(default_factory=dict)   # ModelConfig fields (vocab_size comes from the task)
-    train: TrainConfig = field(default_factory=TrainConfig)
-    seed: int = 0
-    column: str | None = None                         # table column; None = the task name
-
-    @property
-    def column_name(self) -> str:
-        return self.column or self.task
-
-    def task_config(self) -> TaskConfig:
-        return make_task(self.task, **self.task_args)
-
-    def model_config(self) -> ModelConfig:
-        if "vocab_size" in self.model:
-            raise ValueError(f"run '{self.label}': vocab_size is set by the task, not the model config")
-        known = {f.name for f in dataclasses.fields(ModelConfig)}
-        unknown = sorted(set(self.model) - known)
-        if unknown:
-            raise ValueError(f"run '{self.label}': model config has no field(s) {unknown}; known: {sorted(known)}")
-        kw = dict(self.model)
-        if "layers" in kw and isinstance(kw["layers"], list):
-            kw["layers"] = tuple(kw["layers"])
-        return ModelConfig(vocab_size=self.task_config().model_vocab_size, **kw)
-
-    def validate(self) -> None:
-        """Build the task and model configs (raises ValueError on unknown names or impossible sizes)."""
-        task = self.task_config()
-        self.model_config()
-        if self.seed in (self.train.val_seed, self.train.test_seed):
-            raise ValueError(f"run '{self.label}': seed {self.seed} collides with the validation/test seeds")
-        if self.train.mode is not None:
-            from tokenmix.mixers.registry import get_mixer_spec
-            for name in self.model_config().layers:
-                if self.train.mode not in get_mixer_spec(name).cls.modes:
-                    raise ValueError(f"run '{self.label}': mixer '{name}' has no mode '{self.train.mode}'")
-        del task
-
-    def to_dict(self) -> dict[str, Any]:
-        """Resolved config: task and model with every default filled in (what run dirs store)."""
-        task = self.task_config().to_dict()
-        task.pop("task")
-        model = dataclasses.asdict(self.model_config())
-        model["layers"] = list(model["layers"])
-        return {"label": self.label, "task": self.task, "column": self.column_name, "task_args": task,
-                "model": model, "train": dataclasses.asdict(self.train), "seed": self.seed}
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "RunConfig":
-        model = {k: v for k, v in d["model"].items() if k != "vocab_size"}
-        return cls(label=d["label"], task=d["task"], task_args=dict(d["task_args"]), model=model,
-                   train=TrainConfig(**d["train"]), seed=int(d["seed"]),
-                   column=None if d.get("column", d["task"]) == d["task"] else d["column"])
-
-    @property
-    def run_id(self) -> str:
-        resolved = self.to_dict()
-        digest = hashlib.sha1(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:10]
-        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.label).strip("-") or "run"
-        col = "" if self.column_name == self.task else "-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", self.column_name)
-        return (f"{self.task}{col}__{slug}__d{resolved['model']['d_model']}__lr{self.train.lr:g}"
-                f"__s{self.seed}__{digest}")
-
-
-# ------------------------------------------------------------------------------------ file output
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """Write via a temporary file in the same directory and ``os.replace``: never half-written."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    atomic_write_text(path, json.dumps(obj, indent=2) + "\n")
-
-
-def prepare_output_dir(path: str | Path) -> Path:
-    """Create ``path`` (and parents) and check it is writable; one clear ``ValueError`` otherwise.
-
-    Nothing is left behind on failure: directories this call created are removed again.
-    """
-    path = Path(path)
-    created: list[Path] = []
-    try:
-        missing = [p for p in [path, *path.parents] if not p.exists()]
-        for p in reversed(missing):
-            p.mkdir()
-            created.append(p)
-        if not path.is_dir():
-            raise NotADirectoryError("exists and is not a directory")
-        fd, probe = tempfile.mkstemp(prefix=".write-probe.", dir=path)
-        os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        for p in reversed(created):
-            try:
-                p.rmdir()
-            except OSError:
-                pass
-        reason = e.strerror or str(e)
-        raise ValueError(f"cannot write to output directory '{path}': {reason}") from None
-    return path
-
-
-def result_csv_row(result: dict[str, Any]) -> dict[str, Any]:
-    keys = ("run_id", "label", "task", "column", "layers", "d_model", "lr", "seed", "test_acc", "best_val_acc",
-            "steps_done", "stop_reason", "train_loss_first", "train_loss_last", "tokens_per_s",
-            "tokens_per_cpu_s", "train_seconds", "train_cpu_seconds", "num_params")
-    row = {k: result.get(k) for k in keys}
-    row["layers"] = "+".join(result.get("layers", []))
-    return row
-
-
-def results_to_csv(results: Sequence[dict[str, Any]]) -> str:
-    buf = io.StringIO()
-    rows = [result_csv_row(r) for r in results]
-    fieldnames = list(result_csv_row({}).keys())
-    writer = csv.DictWriter(buf, fieldnames=fieldnames)
-    writer.writeheader()
-    writer.writerows(rows)
-    return buf.getvalue()
-
 
 # ---------------------------------------------------------------------------------------- training
 
@@ -274,7 +81,7 @@ def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str
     return correct / max(total, 1)
 
 
-def train_one(cfg: RunConfig, on_steps: Callable[[int], None] | None = None, device: str = "cpu") -> dict[str, Any]:
+def train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int], None] | None = None, device: str = "cpu") -> dict[str, Any]:
     """Train and evaluate one run on ``device``; returns its result dict (see module docstring).
 
     ``on_steps(k)`` is called as training advances by k steps (progress bars); when training
@@ -399,35 +206,19 @@ class SweepOutcome:
     wall_seconds: float
 
 
-def _run_dir(out: Path, cfg: RunConfig) -> Path:
-    return out / "runs" / cfg.run_id
-
-
-def load_result(out: Path, cfg: RunConfig) -> dict[str, Any] | None:
-    """The finished result of ``cfg`` under ``out``, or None if it has not finished."""
-    path = _run_dir(out, cfg) / "result.json"
-    if not path.is_file():
-        return None
-    try:
-        res = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
-        return None
-    return res if res.get("run_id") == cfg.run_id else None
-
-
 def _execute(cfg_dict: dict[str, Any], out: str, threads: int | None, progress_queue: Any = None,
              device: str = "cpu") -> dict[str, Any]:
     """Train one run and write its files (used in-process and by pool workers)."""
     if threads:
         torch.set_num_threads(threads)
-    cfg = RunConfig.from_dict(cfg_dict)
-    run_dir = _run_dir(Path(out), cfg)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(run_dir / "config.json", cfg.to_dict())
+    cfg = SyntheticRunConfig.from_dict(cfg_dict)
+    rdir = run_dir(Path(out), cfg)
+    rdir.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(rdir / "config.json", cfg.to_dict())
     on_steps = (lambda k: progress_queue.put(k)) if progress_queue is not None else None
     result = train_one(cfg, on_steps, device)
-    atomic_write_text(run_dir / "result.csv", results_to_csv([result]))
-    atomic_write_json(run_dir / "result.json", result)  # last: its presence marks the run finished
+    atomic_write_text(rdir / "result.csv", results_to_csv([result]))
+    atomic_write_json(rdir / "result.json", result)  # last: its presence marks the run finished
     return result
 
 
@@ -441,25 +232,25 @@ def check_device(device: str) -> None:
     try:
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as e:
-        raise ValueError(f"device '{device}' is not usable: {str(e).splitlines()[0]}") from None
+        raise InputError(f"device '{device}' is not usable: {str(e).splitlines()[0]}") from None
 
 
-def validate_sweep(configs: Iterable[RunConfig]) -> list[RunConfig]:
+def validate_sweep(configs: Iterable[SyntheticRunConfig]) -> list[SyntheticRunConfig]:
     """Validate every run up front and refuse duplicate runs; returns the list."""
     configs = list(configs)
     if not configs:
-        raise ValueError("the sweep has no runs")
-    seen: dict[str, RunConfig] = {}
+        raise InputError("the sweep has no runs")
+    seen: dict[str, SyntheticRunConfig] = {}
     for cfg in configs:
         cfg.validate()
         rid = cfg.run_id
         if rid in seen:
-            raise ValueError(f"the sweep lists run '{rid}' twice")
+            raise InputError(f"the sweep lists run '{rid}' twice")
         seen[rid] = cfg
     return configs
 
 
-def run_sweep(configs: Sequence[RunConfig], out: str | Path, workers: int = 1, threads: int | None = None,
+def run_sweep(configs: Sequence[SyntheticRunConfig], out: str | Path, workers: int = 1, threads: int | None = None,
               progress: bool = True, console: Any = None, device: str = "cpu") -> SweepOutcome:
     """Run every config not finished yet under ``out``; write per-run and sweep-level files.
 
@@ -474,13 +265,13 @@ def run_sweep(configs: Sequence[RunConfig], out: str | Path, workers: int = 1, t
     configs = validate_sweep(configs)
     check_device(device)
     if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
+        raise InputError(f"workers must be >= 1, got {workers}")
     out = prepare_output_dir(out)
     (out / "runs").mkdir(exist_ok=True)
     atomic_write_json(out / "sweep.json", [c.to_dict() for c in configs])
     t0 = time.perf_counter()
     done: dict[str, dict[str, Any]] = {}
-    pending: list[RunConfig] = []
+    pending: list[SyntheticRunConfig] = []
     for cfg in configs:
         res = load_result(out, cfg)
         if res is None:

@@ -1,0 +1,110 @@
+"""One preset mechanism for every kind of job: a named, typed starting point in Python, shipped
+inside the package (so a wheel has them), registered by the file that defines it.
+
+    kind       build() returns                       run by
+    compare    list[SyntheticRunConfig] (one sweep)  tokenmix compare --preset NAME
+    lm         list[str] of dotted overrides         tokenmix train lm --preset NAME
+    analysis   AnalysisPlan                          tokenmix report NAME
+
+A preset is a ``Preset`` record; sweeps are comprehensions (zoology's experiments as Python
+configs). ``tokenmix presets`` lists every one with its line. A compare preset may also come from a
+user's own ``.py`` file (``load_preset_file``): it defines ``<stem>(extra_mixers=())`` returning the
+runs, and optionally ``DEFAULT_MIXERS`` and ``NOTES``; it is the user's code, run as such.
+"""
+from __future__ import annotations
+
+import importlib.util
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+from tokenmix.core.errors import InputError
+from tokenmix.mixers.registry import mixer_names
+
+KINDS = ("compare", "lm", "analysis")
+
+
+@dataclass(frozen=True)
+class Preset:
+    """A named starting point of one kind (see the module docstring for what ``build`` returns)."""
+
+    name: str
+    kind: str
+    summary: str                                  # one line for `tokenmix presets`
+    build: Callable[..., Any]
+    notes: str = ""                               # compare: the report's "about this preset" paragraph
+    default_mixers: tuple[str, ...] = ()          # compare: rows run when their mixers are registered
+    source: str = ""                              # where it was defined (module or file)
+
+    def __post_init__(self) -> None:
+        if self.kind not in KINDS:
+            raise InputError(f"preset '{self.name}': kind must be one of {KINDS}, got '{self.kind}'")
+
+
+@dataclass(frozen=True)
+class AnalysisPlan:
+    """What an analysis preset runs (``tokenmix report NAME``): keyword arguments of each analysis;
+    ``mixers=None`` means every registered mixer."""
+
+    matrix: dict[str, Any] = field(default_factory=dict)
+    cost: dict[str, Any] = field(default_factory=dict)
+    expressivity: dict[str, Any] = field(default_factory=dict)
+    norms: dict[str, Any] = field(default_factory=dict)
+
+
+_PRESETS: dict[tuple[str, str], Preset] = {}
+
+
+def register_preset(preset: Preset) -> Preset:
+    key = (preset.kind, preset.name)
+    if key in _PRESETS:
+        raise InputError(f"{preset.kind} preset '{preset.name}' is registered twice")
+    _PRESETS[key] = preset
+    return preset
+
+
+def presets(kind: str | None = None) -> list[Preset]:
+    """Every registered preset (of one kind), in registration order."""
+    return [p for (k, _), p in _PRESETS.items() if kind is None or k == kind]
+
+
+def get_preset(kind: str, name: str) -> Preset:
+    if (kind, name) not in _PRESETS:
+        known = ", ".join(p.name for p in presets(kind)) or "(none)"
+        raise InputError(f"unknown preset '{name}' (kind {kind}); known: {known}")
+    return _PRESETS[(kind, name)]
+
+
+def registered(names: Sequence[str]) -> tuple[list[str], list[str]]:
+    """Split mixer names into (registered, missing)."""
+    known = set(mixer_names())
+    return [n for n in names if n in known], [n for n in names if n not in known]
+
+
+def load_preset_file(path: str | Path) -> Preset:
+    """A compare preset from a user's ``.py`` file (see the module docstring for its contract)."""
+    path = Path(path)
+    if not path.is_file():
+        raise InputError(f"preset file '{path}' not found")
+    mod_name = f"tokenmix_user_preset_{path.stem}"
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    if spec is None or spec.loader is None:
+        raise InputError(f"cannot load preset file '{path}'")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    fn = getattr(module, path.stem, None)
+    if not callable(fn):
+        raise InputError(f"preset file '{path}' defines no function '{path.stem}(extra_mixers=())'")
+    doc = (module.__doc__ or "").strip().splitlines()
+    return Preset(name=path.stem, kind="compare", summary=doc[0] if doc else f"from {path}", build=fn,
+                  notes=getattr(module, "NOTES", ""), default_mixers=tuple(getattr(module, "DEFAULT_MIXERS", ())),
+                  source=str(path))
+
+
+def compare_preset(spec: str) -> Preset:
+    """A compare preset by name, or from a ``.py`` file given by path."""
+    if spec.endswith(".py") or "/" in spec or "\\" in spec:
+        return load_preset_file(spec)
+    return get_preset("compare", spec)
