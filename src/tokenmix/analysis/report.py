@@ -22,8 +22,10 @@ import time
 from pathlib import Path
 from typing import Sequence
 
-from tokenmix.core.errors import MissingInput
+from markdown_it import MarkdownIt
+
 from tokenmix.analysis.outputs import fmt_value, markdown_table, prepare_out_dir
+from tokenmix.core.errors import MissingInput
 
 MAX_EMBED_BYTES = 8 * 1024 * 1024   # larger files are listed, not embedded
 MAX_TABLE_ROWS = 300
@@ -36,68 +38,18 @@ def _esc(text: str) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _inline(text: str) -> str:
-    """Escape, then the little inline Markdown that analysis files use: `code` and **bold**."""
-    out = _esc(text)
-    out = re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
-    return re.sub(r"\*\*([^*]+)\*\*", r"<strong>\1</strong>", out)
-
-
-def _split_row(line: str) -> list[str]:
-    cells = re.split(r"(?<!\\)\|", line.strip().strip("|"))
-    return [c.strip().replace("\\|", "|") for c in cells]
+# CommonMark with GitHub's pipe tables; raw HTML in a Markdown file is shown as text, never passed through
+_MARKDOWN = MarkdownIt("commonmark", {"html": False}).enable("table")
 
 
 def markdown_to_html(md: str, heading_offset: int = 2) -> str:
-    """A small Markdown subset: headings, pipe tables, fenced code, paragraphs, inline code/bold."""
-    lines = md.splitlines()
-    out: list[str] = []
-    i = 0
-    para: list[str] = []
-
-    def flush():
-        if para:
-            out.append("<p>" + _inline(" ".join(para)) + "</p>")
-            para.clear()
-
-    while i < len(lines):
-        line = lines[i]
-        if line.startswith("```"):
-            flush()
-            j = i + 1
-            while j < len(lines) and not lines[j].startswith("```"):
-                j += 1
-            out.append("<pre>" + _esc("\n".join(lines[i + 1 : j])) + "</pre>")
-            i = j + 1
-            continue
-        m = re.match(r"(#{1,6})\s+(.*)", line)
-        if m:
-            flush()
-            level = min(6, len(m.group(1)) + heading_offset)
-            out.append(f"<h{level}>{_inline(m.group(2))}</h{level}>")
-            i += 1
-            continue
-        if line.lstrip().startswith("|"):
-            flush()
-            block = []
-            while i < len(lines) and lines[i].lstrip().startswith("|"):
-                block.append(lines[i])
-                i += 1
-            rows = [_split_row(b) for b in block if not re.fullmatch(r"\s*\|?[\s:|-]+\|?\s*", b)]
-            if rows:
-                head, body = rows[0], rows[1:]
-                out.append("<table><thead><tr>" + "".join(f"<th>{_inline(c)}</th>" for c in head) +
-                           "</tr></thead><tbody>" + "".join(
-                               "<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>" for r in body) +
-                           "</tbody></table>")
-            continue
-        if not line.strip():
-            flush()
-        else:
-            para.append(line.strip())
-        i += 1
-    flush()
-    return "\n".join(out)
+    """Render Markdown with markdown-it-py; headings move down ``heading_offset`` levels so that a
+    file's ``#`` sits below the report's own section headings."""
+    tokens = _MARKDOWN.parse(md)
+    for tok in tokens:
+        if tok.type in ("heading_open", "heading_close"):
+            tok.tag = f"h{min(6, int(tok.tag[1]) + heading_offset)}"
+    return _MARKDOWN.renderer.render(tokens, _MARKDOWN.options, {})
 
 
 def _flat(v) -> bool:

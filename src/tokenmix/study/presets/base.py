@@ -6,8 +6,8 @@ inside the package (so a wheel has them), registered by the file that defines it
     lm         list[str] of dotted overrides         tokenmix train lm --preset NAME
     analysis   AnalysisPlan                          tokenmix report NAME
 
-A preset is a ``Preset`` record; sweeps are comprehensions (zoology's experiments as Python
-configs). ``tokenmix presets`` lists every one with its line. A compare preset may also come from a
+A preset is a ``Preset`` record; sweeps are comprehensions (zoology's experiments
+as Python configs). ``tokenmix presets`` lists every one with its line. A compare preset may also come from a
 user's own ``.py`` file (``load_preset_file``): it defines ``<stem>(extra_mixers=())`` returning the
 runs, and optionally ``DEFAULT_MIXERS`` and ``NOTES``; it is the user's code, run as such.
 """
