@@ -1,0 +1,178 @@
+"""The record of a synthetic-task run: its config, its result row, and where both live on disk.
+
+A run is a ``SyntheticRunConfig``: which task (and its sizes), which model (``ModelConfig`` fields:
+layers of registered mixers, width, heads, MLP), how to train (``SyntheticTrainConfig``) and the
+seed. A sweep is a list of runs (the compare presets in ``study/presets`` build them with
+comprehensions); ``training/synthetic.py`` trains them and writes these files, ``study`` reads them.
+
+Run directory layout::
+
+    <out>/sweep.json                   every resolved run config of the sweep
+    <out>/runs/<run_id>/config.json    resolved config of one run (written when it starts)
+    <out>/runs/<run_id>/result.json    its result (written atomically when it finishes)
+    <out>/runs/<run_id>/result.csv     the same as one CSV row
+    <out>/results.json, results.csv    all finished runs
+
+The run id ends with a hash of the resolved config, so changing anything about a run gives it a new
+id, and a run whose ``result.json`` exists is finished.
+"""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import hashlib
+import io
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from tokenmix.core.errors import InputError
+from tokenmix.mixers.registry import get_mixer_spec
+from tokenmix.models import ModelConfig
+from tokenmix.tasks import TaskConfig, make_task
+
+
+
+@dataclass(frozen=True)
+class SyntheticTrainConfig:
+    """Optimisation and evaluation of one run."""
+
+    lr: float = 1e-3                # peak learning rate
+    steps: int = 1000               # maximum optimiser steps
+    batch_size: int = 64
+    warmup_steps: int = 50
+    min_lr_ratio: float = 0.1       # cosine decays to this fraction of the peak
+    weight_decay: float = 0.1
+    grad_clip: float = 1.0          # max global gradient norm (0 = off)
+    train_examples: int = 10_000    # size of the training set (generated from the run's seed)
+    val_examples: int = 256
+    test_examples: int = 1_000
+    eval_every: int = 50            # steps between validation passes
+    early_stop_acc: float = 0.99    # stop once validation accuracy reaches this (> 1 = never)
+    patience: int = 0               # stop after this many validations without improvement (0 = off)
+    val_seed: int = 1_000_003
+    test_seed: int = 2_000_003
+    mode: str | None = None         # mixer mode used for training and evaluation (None = fast default)
+
+    def __post_init__(self) -> None:
+        for name in ("steps", "batch_size", "train_examples", "val_examples", "test_examples", "eval_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v <= 0:
+                raise InputError(f"train config: {name} must be a positive integer, got {v!r}")
+        if not self.lr > 0:
+            raise InputError(f"train config: lr must be > 0, got {self.lr}")
+        if self.warmup_steps < 0 or self.patience < 0:
+            raise InputError("train config: warmup_steps and patience must be >= 0")
+        if self.grad_clip < 0 or self.weight_decay < 0:
+            raise InputError("train config: grad_clip and weight_decay must be >= 0")
+        if self.val_seed == self.test_seed:
+            raise InputError("train config: val_seed and test_seed must differ (held-out test set)")
+
+
+@dataclass(frozen=True)
+class SyntheticRunConfig:
+    """One training run: a row label, a task, a model and its training."""
+
+    label: str                                        # row name in tables, e.g. "pow2" or "attention x3"
+    task: str                                         # registered task name
+    task_args: dict[str, Any] = field(default_factory=dict)
+    model: dict[str, Any] = field(default_factory=dict)   # ModelConfig fields (vocab_size comes from the task)
+    train: SyntheticTrainConfig = field(default_factory=SyntheticTrainConfig)
+    seed: int = 0
+    column: str | None = None                         # table column; None = the task name
+
+    @property
+    def column_name(self) -> str:
+        return self.column or self.task
+
+    def task_config(self) -> TaskConfig:
+        return make_task(self.task, **self.task_args)
+
+    def model_config(self) -> ModelConfig:
+        if "vocab_size" in self.model:
+            raise InputError(f"run '{self.label}': vocab_size is set by the task, not the model config")
+        known = {f.name for f in dataclasses.fields(ModelConfig)}
+        unknown = sorted(set(self.model) - known)
+        if unknown:
+            raise InputError(f"run '{self.label}': model config has no field(s) {unknown}; known: {sorted(known)}")
+        kw = dict(self.model)
+        if "layers" in kw and isinstance(kw["layers"], list):
+            kw["layers"] = tuple(kw["layers"])
+        return ModelConfig(vocab_size=self.task_config().model_vocab_size, **kw)
+
+    def validate(self) -> None:
+        """Build the task and model configs (raises ValueError on unknown names or impossible sizes)."""
+        task = self.task_config()
+        self.model_config()
+        if self.seed in (self.train.val_seed, self.train.test_seed):
+            raise InputError(f"run '{self.label}': seed {self.seed} collides with the validation/test seeds")
+        if self.train.mode is not None:
+            for name in self.model_config().layers:
+                if self.train.mode not in get_mixer_spec(name).cls.modes:
+                    raise InputError(f"run '{self.label}': mixer '{name}' has no mode '{self.train.mode}'")
+        del task
+
+    def to_dict(self) -> dict[str, Any]:
+        """Resolved config: task and model with every default filled in (what run dirs store)."""
+        task = self.task_config().to_dict()
+        task.pop("task")
+        model = dataclasses.asdict(self.model_config())
+        model["layers"] = list(model["layers"])
+        return {"label": self.label, "task": self.task, "column": self.column_name, "task_args": task,
+                "model": model, "train": dataclasses.asdict(self.train), "seed": self.seed}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "SyntheticRunConfig":
+        model = {k: v for k, v in d["model"].items() if k != "vocab_size"}
+        return cls(label=d["label"], task=d["task"], task_args=dict(d["task_args"]), model=model,
+                   train=SyntheticTrainConfig(**d["train"]), seed=int(d["seed"]),
+                   column=None if d.get("column", d["task"]) == d["task"] else d["column"])
+
+    @property
+    def run_id(self) -> str:
+        resolved = self.to_dict()
+        digest = hashlib.sha1(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:10]
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.label).strip("-") or "run"
+        col = "" if self.column_name == self.task else "-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", self.column_name)
+        return (f"{self.task}{col}__{slug}__d{resolved['model']['d_model']}__lr{self.train.lr:g}"
+                f"__s{self.seed}__{digest}")
+
+
+# ------------------------------------------------------------------------------------ results
+
+
+def result_csv_row(result: dict[str, Any]) -> dict[str, Any]:
+    keys = ("run_id", "label", "task", "column", "layers", "d_model", "lr", "seed", "test_acc", "best_val_acc",
+            "steps_done", "stop_reason", "train_loss_first", "train_loss_last", "tokens_per_s",
+            "tokens_per_cpu_s", "train_seconds", "train_cpu_seconds", "num_params")
+    row = {k: result.get(k) for k in keys}
+    row["layers"] = "+".join(result.get("layers", []))
+    return row
+
+
+def results_to_csv(results: Sequence[dict[str, Any]]) -> str:
+    buf = io.StringIO()
+    rows = [result_csv_row(r) for r in results]
+    fieldnames = list(result_csv_row({}).keys())
+    writer = csv.DictWriter(buf, fieldnames=fieldnames)
+    writer.writeheader()
+    writer.writerows(rows)
+    return buf.getvalue()
+
+
+def run_dir(out: Path, cfg: SyntheticRunConfig) -> Path:
+    return out / "runs" / cfg.run_id
+
+
+def load_result(out: Path, cfg: SyntheticRunConfig) -> dict[str, Any] | None:
+    """The finished result of ``cfg`` under ``out``, or None if it has not finished."""
+    path = run_dir(out, cfg) / "result.json"
+    if not path.is_file():
+        return None
+    try:
+        res = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+    return res if res.get("run_id") == cfg.run_id else None
