@@ -6,6 +6,8 @@ Levels of interface:
     ops       -- fast kernels (chunked sparse triangular solve, chunkwise scans)
     mixers    -- one mixer per file, registered by name
     models    -- the one generic model (embedding -> blocks -> head)
+Above them: runs (the on-disk record of a run), training / analysis / bench, study (the paper, the
+comparison and every preset), cli (parsing only). Each floor imports only the floors below it.
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from tokenmix.core.errors import InputError
 from tokenmix.data.prepare import prepare_data
 from tokenmix.data.tokenizer import separator_id
 from tokenmix.generation import SamplingConfig, generate, position_limit
-from tokenmix.runs.lm import LMRunConfig, apply_overrides, load_run
+from tokenmix.runs.lm import LMRunConfig, apply_overrides, load_run, read_run_config
 from tokenmix.study.presets import presets
 from tokenmix.study.presets.lm import build_run_config
 from tokenmix.training.lm import evaluate_run, train_lm
@@ -124,13 +124,7 @@ def run_train_lm(args) -> int:
             raise InputError("--resume continues a run with its saved config; it takes no --corpus, --preset, "
                              "--layers, --set or --out")
         run_dir = Path(args.resume)
-        cfg_path = run_dir / "config.json"
-        if not cfg_path.is_file():
-            raise InputError(f"cannot resume: '{run_dir}' is not a run directory (no config.json)")
-        try:
-            cfg = LMRunConfig.from_dict(json.loads(cfg_path.read_text()))
-        except json.JSONDecodeError as e:
-            raise InputError(f"cannot resume: '{cfg_path}' is not valid JSON ({e})") from None
+        cfg = read_run_config(run_dir)
         resume = True
     else:
         overrides = []

@@ -220,8 +220,8 @@ class LoadedRun:
     meta: dict
 
 
-def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
-    """The run's config, its model with the latest checkpoint's weights (verified), and its tokenizer."""
+def read_run_config(run_dir: str | Path) -> LMRunConfig:
+    """The resolved config a run directory was trained with (its ``config.json``)."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise MissingInput(f"run directory '{run_dir}' does not exist")
@@ -229,9 +229,15 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
     if not cfg_path.is_file():
         raise MissingInput(f"'{run_dir}' is not a run directory (no config.json)")
     try:
-        cfg = LMRunConfig.from_dict(json.loads(cfg_path.read_text()))
+        return LMRunConfig.from_dict(json.loads(cfg_path.read_text()))
     except json.JSONDecodeError as e:
         raise InputError(f"'{cfg_path}' is not valid JSON ({e})") from None
+
+
+def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
+    """The run's config, its model with the latest checkpoint's weights (verified), and its tokenizer."""
+    run_dir = Path(run_dir)
+    cfg = read_run_config(run_dir)
     ckpt = latest_checkpoint(run_dir / "checkpoints")
     if ckpt is None:
         raise CheckpointError(f"run directory '{run_dir}' has no checkpoint yet")
@@ -246,4 +252,4 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
 
 
 __all__ = ["LMRunConfig", "LMTrainConfig", "DataConfig", "LoadedRun", "ModelConfig", "apply_overrides", "load_run",
-           "parse_value", "read_metrics", "with_vocab"]
+           "parse_value", "read_metrics", "read_run_config", "with_vocab"]
