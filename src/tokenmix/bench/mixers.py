@@ -20,9 +20,17 @@ process just before its timings; ``matmul_fp32_gflops`` is the same GEMM once at
   * ``core_fraction_of_matmul_peak`` = model_flops / core_time_s: the mixing kernel's efficiency.
   * ``mfu_with_projections`` = (model_flops + projection_flops) / time_s: every counted FLOP of the
     timed work (the usual model-FLOP utilisation).
+Roofline (mixers exposing ``moved_values(n)``, the structured recurrences): the time the work could
+take on this machine, ``roofline_s`` = bytes moved / ``case_stream_gbs`` (a STREAM triad measured in
+the case's own process, like the matmul rate) + projection_flops / ``case_matmul_fp32_gflops``;
+``over_roofline`` = time_s / roofline_s. ``cpu_per_wall`` = cpu_s / time_s, the cores kept busy
+(2 on this machine when both work). ``busy`` > 0 starts that many single-threaded matmul loops for
+the whole run, to measure the mixers under contention (the shared machine's usual state).
 """
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import torch
@@ -48,7 +56,7 @@ def prepare_mixer_case(case: dict):
     n, h, hd, b = case["n"], case["heads"], case["head_dim"], case["batch"]
     # the rate the fractions are taken against, measured in the case's own process seconds before its
     # timings: the shared machine's rate moves by up to 1.6x between runs minutes apart
-    rate = {"case_matmul_fp32_gflops": matmul_gflops()}
+    rate = {"case_matmul_fp32_gflops": matmul_gflops(), "case_stream_gbs": stream_triad_gbs()}
     if case["mixer"] == "sdpa":
         q, k, v = (torch.randn(b, h, n, hd, requires_grad=True) for _ in range(3))
 
@@ -65,6 +73,8 @@ def prepare_mixer_case(case: dict):
         y.sum().backward()
     flops = 3 * 2 * b * sum(m.flops_per_token(t) for t in range(1, n + 1, max(1, n // 256))) * max(1, n // 256)
     extra = {"model_flops": flops, "projection_flops": projection_flops(m, b * n), **rate}
+    if hasattr(m, "moved_values"):
+        extra["moved_bytes"] = b * m.moved_values(n) * x.element_size()
     if hasattr(m, "mixing_core"):
         core, inputs = m.mixing_core(x)
 
@@ -103,13 +113,42 @@ def chunk_matmul_gflops(chunk: int = 64, batch: int = 1024, repeats: int = 3) ->
     return 2 * batch * chunk**3 / best / 1e9
 
 
+def stream_triad_gbs(mib: int = 256, repeats: int = 3) -> float:
+    """Memory bandwidth, GB/s: a = b + s c over three fp32 arrays of ``mib`` MiB each (far beyond
+    the caches), 3 x mib bytes moved per call, best of ``repeats`` (STREAM's triad)."""
+    n = mib * 2**20 // 4
+    a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
+    torch.add(b, c, alpha=3.0, out=a)
+    best = min(_timed(lambda: torch.add(b, c, alpha=3.0, out=a)) for _ in range(repeats))
+    return 3 * n * 4 / best / 1e9
+
+
+_BUSY_LOOP = "import torch; torch.set_num_threads(1); a = torch.randn(512, 512)\nwhile True: a @ a"
+
+
+def start_busy(count: int) -> list[subprocess.Popen]:
+    """``count`` background processes, each a single-threaded matmul loop (stopped by the caller)."""
+    return [subprocess.Popen([sys.executable, "-c", _BUSY_LOOP]) for _ in range(count)]
+
+
 def _timed(fn) -> float:
     t = time.perf_counter()
     fn()
     return time.perf_counter() - t
 
 
-def run(sizes: list[int] | None = None, mixers: list[str] | None = None, progress=None) -> dict:
+def run(sizes: list[int] | None = None, mixers: list[str] | None = None, progress=None, busy: int = 0) -> dict:
+    busy_procs = start_busy(busy)
+    try:
+        out = _run(sizes, mixers, progress)
+    finally:
+        for proc in busy_procs:
+            proc.kill()
+            proc.wait()
+    return {**out, "busy_processes": busy}
+
+
+def _run(sizes: list[int] | None, mixers: list[str] | None, progress) -> dict:
     sizes = sizes or SIZES
     names = mixers or mixer_names()
     peak, chunk_rate = matmul_gflops(), chunk_matmul_gflops()
@@ -128,6 +167,11 @@ def run(sizes: list[int] | None = None, mixers: list[str] | None = None, progres
                 if "core_time_s" in r:
                     r["core_gflops"] = r["model_flops"] / r["core_time_s"] / 1e9
                     r["core_fraction_of_matmul_peak"] = r["core_gflops"] / case_peak
+                if "moved_bytes" in r:
+                    r["roofline_s"] = (r["moved_bytes"] / (r["case_stream_gbs"] * 1e9)
+                                       + r["projection_flops"] / (case_peak * 1e9))
+                    r["over_roofline"] = r["time_s"] / r["roofline_s"]
+                r["cpu_per_wall"] = r["cpu_s"] / r["time_s"]
             if progress:
                 progress(r)
     sdpa = {r["n"]: r["time_s"] for r in results if r["mixer"] == "sdpa" and "time_s" in r}
@@ -137,6 +181,10 @@ def run(sizes: list[int] | None = None, mixers: list[str] | None = None, progres
             row = summary.setdefault(r["mixer"], {})
             row[f"speedup_vs_sdpa@{r['n']}"] = round(sdpa[r["n"]] / r["time_s"], 2)
             row[f"matmul_peak_fraction@{r['n']}"] = round(r["fraction_of_matmul_peak"], 3)
+            row[f"cpu_per_wall@{r['n']}"] = round(r["cpu_per_wall"], 2)
+            if "roofline_s" in r:
+                row[f"roofline_s@{r['n']}"] = round(r["roofline_s"], 3)
+                row[f"over_roofline@{r['n']}"] = round(r["over_roofline"], 2)
             if "mfu_with_projections" in r:
                 row[f"mfu_with_projections@{r['n']}"] = round(r["mfu_with_projections"], 3)
             if "core_time_s" in r:

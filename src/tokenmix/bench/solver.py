@@ -1,5 +1,6 @@
 """``tokenmix bench solver``: forward+backward time and peak memory of the structured mixer's
-``dense`` vs ``chunked`` modes per pattern, with torch SDPA causal attention as the baseline.
+``dense`` vs ``chunked`` (pure PyTorch) vs ``compiled`` (ops/pattern_kernels.py) modes per pattern,
+with torch SDPA causal attention as the baseline.
 
 Shapes: B = 1, H = 4, head dim 64 (d_model 256). The dense mode materialises [B, H, n, n]; it is run
 only up to ``MAX_DENSE_N``. The dense *pattern* (every j < t) in chunked mode takes the matmul
@@ -65,6 +66,7 @@ def cases(sizes: list[int], patterns: list[str], heads: int = 4, head_dim: int =
             if p == "dense_recurrence" and n > MAX_DENSE_PATTERN_N:
                 continue
             out.append({**base, "mixer": p, "mode": "chunked"})
+            out.append({**base, "mixer": p, "mode": "compiled"})
             if n <= MAX_DENSE_N:
                 out.append({**base, "mixer": p, "mode": "dense"})
     return out
@@ -91,7 +93,7 @@ def summarize(results: list[dict]) -> dict:
         entry[f"time_s@{n}"] = round(v, 4)
         if (mixer, mode, n) in cpu:
             entry[f"cpu_s@{n}"] = round(cpu[(mixer, mode, n)], 4)
-        if (mixer, "dense", n) in t and mode == "chunked":
+        if (mixer, "dense", n) in t and mode in ("chunked", "compiled"):
             entry[f"dense_over_chunked@{n}"] = round(t[(mixer, "dense", n)] / v, 2)
             if (mixer, "dense", n) in cpu and (mixer, mode, n) in cpu:
                 entry[f"dense_over_chunked_cpu@{n}"] = round(cpu[(mixer, "dense", n)] / cpu[(mixer, mode, n)], 2)

@@ -30,6 +30,8 @@ def register(sub) -> None:
     m = bsub.add_parser("mixers", help="fwd+bwd time of every registered mixer vs SDPA, with achieved GFLOP/s")
     m.add_argument("--n", type=int, nargs="+", default=None, help="sequence lengths (default 512 2048 8192)")
     m.add_argument("--mixers", nargs="+", default=None)
+    m.add_argument("--busy", type=int, default=0,
+                   help="single-threaded matmul loops kept running during the run (contention test)")
     m.set_defaults(func=_run_mixers)
     lm = bsub.add_parser("lm", help="LM training and decode tokens/s per mixer at equal parameter count")
     d = LMBenchConfig()
@@ -89,5 +91,7 @@ def _run_decode(args) -> int:
 
 def _run_mixers(args) -> int:
     _check_sizes(args.n)
-    print(json.dumps(mixers.run(args.n, args.mixers, _progress), indent=1))
+    if not 0 <= args.busy <= 64:
+        raise InputError(f"--busy must be in 0..64, got {args.busy}")
+    print(json.dumps(mixers.run(args.n, args.mixers, _progress, busy=args.busy), indent=1))
     return 0

@@ -149,6 +149,14 @@ class PatternCache(MixerState):
         return type(self)(self.owner, self.batch_size, self.position + 1, store, self._start + drop,
                           self._size + 1 - drop).carry_over(self)
 
+    def rebuilt(self, keys: Tensor, values: Tensor, positions: Tensor, new_position: int) -> "PatternCache":
+        """The cache at ``new_position`` holding exactly the sorted ``positions`` [P'] with their
+        keys [B, P', H, K] and values [B, P', H, V] (fresh tensors the caller built, e.g. by
+        regathering this cache's entries and a new token's): they become its storage, no copy."""
+        store = _Storage(keys, values, positions, positions.shape[0])
+        return type(self)(self.owner, self.batch_size, new_position, store, 0, positions.shape[0],
+                          contiguous=False).carry_over(self)
+
     def _contiguous_drop(self, keep_from: int, at_most: int) -> int:
         """Entries of a contiguous cache (positions position - size ..) before ``keep_from``, <= at_most."""
         return min(max(keep_from - (self.position - self._size), 0), at_most)

@@ -28,10 +28,13 @@ the row's own clock pad by row groups (``RowGroupState``: rows of equal start ru
 """
 from __future__ import annotations
 
+import functools
 import math
+import warnings
 from collections import OrderedDict
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
@@ -40,11 +43,15 @@ from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig
 from tokenmix.mixers.pattern_cache import PatternCache
+from tokenmix.ops.pattern_kernels import (compiled_pattern_scores, compiled_pattern_solve, kernel_available, regather,
+                                          step_read, supported)
 from tokenmix.ops.pattern_solve import (PatternPlan, chunked_pattern_solve, chunked_window_softmax, pattern_scores,
                                         plan_pattern)
 from tokenmix.patterns import Lattice, Pattern, TranslationInvariant, get_pattern
 
 COEFFICIENTS = ("softmax", "gate_softmax", "gate_l1")
+_ROW_BLOCK = 256  # table rows computed at once for neighbour-cache decode steps
+_ROW_BLOCKS_KEPT = 8
 _PLANS_KEPT = 2  # index tables + plans kept per mixer (a plan of a 16k-token sq1 segment is ~20 MB)
 
 
@@ -75,6 +82,11 @@ class _LazyPlan:
         self.idx, self._args, self._plan = idx, (idx_cpu, prefix, chunk), None
         self.absolute, self._lowest, self._absolute_dev = absolute, None, None  # the last two on first use
 
+    @property
+    def idx_cpu(self) -> Tensor:
+        """The index table on the CPU (what the compiled kernels read)."""
+        return self._args[0]
+
     def get(self) -> PatternPlan:
         if self._plan is None:
             self._plan = plan_pattern(*self._args)
@@ -92,6 +104,14 @@ class _LazyPlan:
         return self._absolute_dev[None] >= start[:, None, None]
 
 
+@functools.cache
+def _warn_no_kernel() -> None:
+    """Once per process: the compiled mode runs the pure-PyTorch kernels."""
+    warnings.warn("tokenmix: the compiled pattern kernels are unavailable (numba not importable or "
+                  "TOKENMIX_NO_COMPILED set); the structured mixers use the pure-PyTorch chunked kernels",
+                  RuntimeWarning, stacklevel=3)
+
+
 def _complexities(p: Pattern) -> tuple[str, str]:
     if isinstance(p, Lattice):
         base = p.base.name
@@ -106,7 +126,7 @@ def _complexities(p: Pattern) -> tuple[str, str]:
 
 class StructuredRecurrence(Mixer):
     config_cls = StructuredConfig
-    modes = ("chunked", "dense", "recurrent")
+    modes = ("compiled", "chunked", "dense", "recurrent")
 
     def __init__(self, config: StructuredConfig, d_model: int) -> None:
         super().__init__(config, d_model)
@@ -116,7 +136,8 @@ class StructuredRecurrence(Mixer):
         self.out = nn.Linear(h * k, d_model, bias=False)
         self.gates = nn.Linear(d_model, h * (config.max_levels + 1)) if config.coefficients != "softmax" else None
         self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, _LazyPlan)
-        self._offsets: tuple | None = None  # ((levels, device), step offsets) of the last step
+        self._offsets: tuple | None = None  # (levels, distances) of the last fixed-distance step
+        self._rows: OrderedDict = OrderedDict()  # first position -> table rows, for neighbour-cache steps
 
     @property
     def pads_by_row_groups(self) -> bool:  # type: ignore[override]
@@ -164,8 +185,10 @@ class StructuredRecurrence(Mixer):
             coef = gt / (gt.abs().sum(-1, keepdim=True) + 1e-6)
         return coef[..., 0], coef[..., 1:]  # exactly 0 at non-neighbours (masked before normalising)
 
-    def _scores(self, q: Tensor, kbuf: Tensor, idx: Tensor, plan: _LazyPlan) -> Tensor | None:
-        """Neighbour scores [B, T, H, W] of a segment (None for gate-based coefficients)."""
+    def _scores(self, q: Tensor, kbuf: Tensor, idx: Tensor, plan: _LazyPlan, compiled: bool = False
+                ) -> Tensor | None:
+        """Neighbour scores [B, T, H, W] of a segment (None for gate-based coefficients); ``compiled``:
+        by the compiled kernel (ops/pattern_kernels.py) instead of the slice kernels."""
         if self.gates is not None:
             return None
         b, t, h, _ = q.shape
@@ -174,6 +197,8 @@ class StructuredRecurrence(Mixer):
             # (nearly) every earlier position is a neighbour: one q @ k^T matmul is cheapest
             full = torch.einsum("bthk,bshk->bths", q, kbuf)  # [B, T, H, P+T]
             return full.gather(-1, idx.clamp(min=0)[None, :, None, :].expand(b, t, h, w)) * (idx >= 0)[None, :, None, :]
+        if compiled:
+            return compiled_pattern_scores(q, kbuf, plan.idx_cpu)
         return pattern_scores(q, kbuf, idx, plan.get())
 
     def _table(self, state: PatternCache, t: int, device) -> tuple[Tensor, _LazyPlan]:
@@ -198,7 +223,7 @@ class StructuredRecurrence(Mixer):
             self._plans.popitem(last=False)
         return plan.idx, plan
 
-    def _segment(self, x: Tensor, state: PatternCache | None):
+    def _segment(self, x: Tensor, state: PatternCache | None, compiled: bool = False):
         """Everything the chunked and dense modes share for a segment: projections, buffer indices,
         the table's plan, coefficients."""
         b, t, _ = x.shape
@@ -210,7 +235,7 @@ class StructuredRecurrence(Mixer):
         # left padding: per row, the neighbours before the row's start do not exist
         valid = None if state.start is None else plan.padded_valid(state.start, state.max_start)  # [B, T, W]
         valid = idx >= 0 if valid is None else valid
-        alpha, beta = self._coefficients(x, q, k, self._scores(q, kbuf, idx, plan), valid)
+        alpha, beta = self._coefficients(x, q, k, self._scores(q, kbuf, idx, plan, compiled), valid)
         return state, q, k, v, idx, plan, alpha, beta
 
     def _finish(self, state: PatternCache, k: Tensor, y: Tensor, t: int) -> tuple[Tensor, PatternCache]:
@@ -232,7 +257,18 @@ class StructuredRecurrence(Mixer):
         return m if m is not None and m >= self.config.chunk_size else None
 
     # ---------------------------------------------------------------- modes
-    def forward_chunked(self, x: Tensor, state: PatternCache | None):
+    def forward_compiled(self, x: Tensor, state: PatternCache | None):
+        """The training default: the chunked mode with the pattern solve and the neighbour scores
+        by the compiled sweeps of ops/pattern_kernels.py (one pass per head over t, forward and
+        backward). Where they cannot run -- numba missing (warned once), a CUDA or half-precision
+        tensor -- this is exactly the chunked mode. Window patterns keep their matmul path."""
+        if not supported(x):
+            if not kernel_available():
+                _warn_no_kernel()
+            return self.forward_chunked(x, state)
+        return self.forward_chunked(x, state, compiled=True)
+
+    def forward_chunked(self, x: Tensor, state: PatternCache | None, compiled: bool = False):
         window = self._window(x.shape[1] + (state.position if state is not None else 0))
         if window is not None:
             # (nearly) dense: scores, softmax and the earlier-chunk contribution as matmuls, no index table
@@ -244,8 +280,11 @@ class StructuredRecurrence(Mixer):
             y = chunked_window_softmax(q, torch.cat([state.keys, k], 1), v, state.values, window,
                                        self.config.chunk_size, 1.0 / math.sqrt(self.head_dim), key_start)
             return self._finish(state, k, y, x.shape[1])
-        state, q, k, v, idx, plan, alpha, beta = self._segment(x, state)
-        y = chunked_pattern_solve(alpha, beta, idx, v, state.values, self.config.chunk_size, plan=plan.get())
+        state, q, k, v, idx, plan, alpha, beta = self._segment(x, state, compiled)
+        if compiled:
+            y = compiled_pattern_solve(alpha, beta, plan.idx_cpu, v, state.values)
+        else:
+            y = chunked_pattern_solve(alpha, beta, idx, v, state.values, self.config.chunk_size, plan=plan.get())
         return self._finish(state, k, y, x.shape[1])
 
     def forward_dense(self, x: Tensor, state: PatternCache | None):
@@ -273,27 +312,34 @@ class StructuredRecurrence(Mixer):
         """Token-by-token reference: read N(t) from the cache, write y_t, evict what no later token
         reads. A step gathers only the |N(t)| neighbours: O(|N(t)| K), whatever the cache size.
 
-        Tokens whose step ``_fixed_distance_step`` can take (translation-invariant pattern, score
-        softmax, no padding neighbour, nothing recorded by autograd) go through it: the same
-        numbers up to rounding, in a few tensor ops instead of the table lookups below."""
+        Decoding without autograd, tokens with score-softmax coefficients take one of two fast
+        steps (the same numbers up to rounding, one compiled call for the reads instead of the
+        table lookups below): ``_fixed_distance_step`` for translation-invariant patterns (fixed
+        distances back in a contiguous cache) and ``_neighbor_cache_step`` for patterns whose
+        cache is their neighbour set (lattices, Fenwick). Each says None where it does not apply
+        (a padding neighbour, a cache of another shape) and the general step runs."""
         b, t, _ = x.shape
         if state is None:
             state = self.empty_state(b, x.device, x.dtype)
         qkv = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim)
-        fixed = (self.gates is None and isinstance(self.pattern, TranslationInvariant)
-                 and not (torch.is_grad_enabled() and qkv.requires_grad))
+        fast = None
+        if self.gates is None and not (torch.is_grad_enabled() and qkv.requires_grad):
+            if isinstance(self.pattern, TranslationInvariant):
+                fast = self._fixed_distance_step
+            elif self.pattern.cache_is_neighbors:
+                fast = self._neighbor_cache_step
         q = k = v = None  # [B, T, H, K] each, split off for the first token of the general step
         ys = []
         for s in range(t):
             state.observe()
             pos = state.position
-            if fixed:
-                # q, k, v of token s as [B, 1, H, K], the shape they broadcast and are stored in
-                token = qkv.view(b, 3, 1, self.n_heads, self.head_dim) if t == 1 else qkv[:, s : s + 1].transpose(1, 2)
-                stepped = self._fixed_distance_step(*token.unbind(1), state)
+            if fast is not None:
+                # q, k, v of token s as [B, H, K] views
+                token = qkv.view(b, 3, self.n_heads, self.head_dim) if t == 1 else qkv[:, s]
+                stepped = fast(*token.unbind(1), state)
                 if stepped is not None:
                     y_t, state = stepped
-                    ys.append(y_t)
+                    ys.append(y_t[:, None])
                     continue
             if q is None:
                 q, k, v = qkv.unbind(2)
@@ -313,14 +359,12 @@ class StructuredRecurrence(Mixer):
         y = ys[0] if t == 1 else torch.cat(ys, 1)  # [B, T, H, V]
         return self.out(y.flatten(2)), state
 
-    def _step_offsets(self, pos: int, device) -> tuple[Tensor, int]:
-        """(offsets [W + 1] long: 0 then the distances f(k) <= pos of the W levels t reads, the
-        largest distance) for the token at position pos. The last tensor is kept: it changes only
-        when pos reaches the next f(k) (every step for the dense pattern, so one, not one per W)."""
+    def _step_offsets(self, pos: int) -> tuple[np.ndarray, int]:
+        """(distances [W] int64: the f(k) <= pos of the W levels token pos reads, the largest
+        distance). The array is kept: it changes only when pos reaches the next f(k)."""
         dist = self.pattern.distances(pos + 1)
-        key = (len(dist), str(device))
-        if self._offsets is None or self._offsets[0] != key:
-            self._offsets = (key, torch.tensor([0, *dist], dtype=torch.long, device=device))
+        if self._offsets is None or self._offsets[0] != len(dist):
+            self._offsets = (len(dist), np.asarray(dist, dtype=np.int64))
         return self._offsets[1], dist[-1] if dist else 0
 
     def _fixed_distance_step(self, q_t: Tensor, k_t: Tensor, v_t: Tensor, state: PatternCache
@@ -328,22 +372,21 @@ class StructuredRecurrence(Mixer):
         """One token of a translation-invariant pattern with score-softmax coefficients.
 
         Args:
-            q_t, k_t, v_t: [B, 1, H, K] projections of the token at position ``state.position``.
+            q_t, k_t, v_t: [B, H, K] projections of the token at position ``state.position``.
             state: its cache; the caller checked that no autograd op is recorded.
         Returns:
-            (y_t [B, 1, H, V], next cache), or None where this step does not apply (a cache that
-            is not the contiguous suffix of positions, a tracked one, or neighbours in a row's
+            (y_t [B, H, V], next cache), or None where this step does not apply (a cache that is
+            not the contiguous suffix of positions, a tracked one, or neighbours in a row's
             padding): the general step then runs.
 
-        N(t) = {t - f(k)} is a set of fixed distances, and a contiguous cache holds position j
-        in storage slot at - (t - j), at the slot of t itself: the neighbours' slots are at minus
-        the distances, with no position lookup. Writing k_t and v_t into slot at first makes
-        slot 0 of one gather the token itself, so the self score and alpha v_t come out of the
-        same softmax and weighted sum as the neighbours (the general step's cat, over
-        {t} ∪ N(t)); slot at then receives y_t, the entry the cache keeps.
+        N(t) = {t - f(k)} is a set of fixed distances, and a contiguous cache holds position j in
+        storage slot at - (t - j), at the slot of t itself: the neighbours' slots are at minus the
+        distances, with no position lookup. k_t goes into slot at, and ``step_read`` (one compiled
+        call: scores, softmax over {t} ∪ N(t), weighted sum) writes y_t straight into the value
+        slot at, the entry the cache keeps.
         """
         pos = state.position
-        offsets, reach = self._step_offsets(pos, q_t.device)
+        dist, reach = self._step_offsets(pos)
         if not state.contiguous or reach > state.cached_positions():
             return None
         if state.start is not None and reach and pos - reach < state.max_start:
@@ -352,17 +395,50 @@ class StructuredRecurrence(Mixer):
             return None  # a cache that autograd tracks (from a recorded prefill) takes the general step
         state, at = state.next_slot()
         keys, values = state.buffers()  # [B, cap, H, K], [B, cap, H, V]
-        keys[:, at : at + 1] = k_t
-        values[:, at : at + 1] = v_t
-        slots = at - offsets  # [W + 1]: t, t - f(0), t - f(1), ...
-        k_read = keys.index_select(1, slots)  # [B, W + 1, H, K]
-        y_read = values.index_select(1, slots)  # [B, W + 1, H, V], slot 0 = v_t
-        # (in place on the gathered copies: no allocations, the same values)
-        logits = k_read.mul_(q_t).sum(-1, keepdim=True).div_(math.sqrt(self.head_dim))  # [B, W + 1, H, 1]
-        coef = torch.softmax(logits, 1)  # alpha = coef[:, 0], beta = coef[:, 1:]
-        # y_t = alpha v_t + sum_w beta_w y_w, summed straight into slot at (the entry the cache keeps)
-        y_t = torch.sum(y_read.mul_(coef), 1, keepdim=True, out=values[:, at : at + 1])  # [B, 1, H, V]
+        keys[:, at] = k_t
+        y_t = step_read(q_t, k_t, v_t, keys, values, at - dist, 1.0 / math.sqrt(self.head_dim), values[:, at])
         return y_t, state.advanced(at, self.pattern.needed_from(pos + 1))
+
+    def _table_row(self, pos: int) -> np.ndarray:
+        """N(pos) as the deduplicated table row, int64 [W'] (-1 = none), from the aligned block of
+        ``_ROW_BLOCK`` rows around it (one table call per block of decoded tokens)."""
+        lo = pos - pos % _ROW_BLOCK
+        block = self._rows.get(lo)
+        if block is None:
+            block = self._rows[lo] = self.pattern.neighbor_table(lo, lo + _ROW_BLOCK).numpy()
+            while len(self._rows) > _ROW_BLOCKS_KEPT:  # several decodes at different lengths
+                self._rows.popitem(last=False)
+        return block[pos - lo]
+
+    def _neighbor_cache_step(self, q_t: Tensor, k_t: Tensor, v_t: Tensor, state: PatternCache
+                             ) -> tuple[Tensor, PatternCache] | None:
+        """One token of a pattern whose decode cache is its neighbour set (``cache_is_neighbors``:
+        the lattice, Fenwick), score-softmax coefficients, no autograd.
+
+        The cache holds exactly sorted N(t), and N(t + 1) ⊆ N(t) ∪ {t}: the step reads the cache
+        (``step_read``) and rebuilds it from two table rows -- each kept entry copied from its old
+        slot, t's entry from the token (``regather``) -- O(|N(t)| (K + V)), no position search in
+        tensors and no eviction pass. Returns (y_t [B, H, V], next cache), or None if the cache is
+        not that set (padding rows, a cache from elsewhere): the general step then runs.
+        """
+        pos = state.position
+        if state.start is not None and pos < state.max_start:
+            return None
+        if torch.is_grad_enabled() and any(z.requires_grad for z in state.buffers()):
+            return None
+        held = state.positions.numpy()
+        row = self._table_row(pos)
+        read = row >= 0
+        if int(read.sum()) != len(held) or not np.array_equal(np.sort(row[read]), held):
+            return None
+        slots = np.where(read, np.searchsorted(held, row), -1)
+        y_t = step_read(q_t, k_t, v_t, state.keys, state.values, slots, 1.0 / math.sqrt(self.head_dim),
+                        v_t.new_empty(v_t.shape))
+        nxt = self._table_row(pos + 1)
+        keep = np.sort(nxt[nxt >= 0])  # positions <= pos
+        src = np.where(keep == pos, -1, np.searchsorted(held, keep))
+        keys, values = regather(state.keys, state.values, src, k_t, y_t)
+        return y_t, state.rebuilt(keys, values, torch.from_numpy(keep), pos + 1)
 
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:
@@ -385,6 +461,15 @@ class StructuredRecurrence(Mixer):
     def flops_per_token(self, n: int) -> int:
         w = self.pattern.neighbors_per_token(n)
         return self.n_heads * (w + 1) * 2 * self.head_dim  # scores + weighted sum
+
+    def moved_values(self, n: int) -> int:
+        """Scalars a training call (forward + backward) over an n-token sequence moves, per batch
+        element, for the roofline of ``tokenmix bench mixers``: each token reads the key and the
+        output of itself and its |N(t)| neighbours (H (K + V) each) in the scores and the solve,
+        and the backward does it twice (the transposed solve, and the gradients of the scores):
+        3 sum_t (|N(t)| + 1) H (K + V). Projections are counted as FLOPs, not here."""
+        nnz = self.pattern.nnz(n)
+        return 3 * (nnz + n) * self.n_heads * 2 * self.head_dim
 
 
 _AB = "A = diag(alpha), B on the pattern (softmax over {t} ∪ N(t))"

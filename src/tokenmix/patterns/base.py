@@ -48,6 +48,10 @@ class Pattern(ABC):
     #: every level slot reads a different position (no deduplication needed), e.g. distinct distances
     distinct_levels: bool = False
 
+    #: needed(t) is exactly sorted(N(t)) (the lattice, Fenwick): the decode cache while token t is
+    #: processed is its own neighbour set, so a decode step can read and rebuild it from two table rows
+    cache_is_neighbors: bool = False
+
     def neighbor_table(self, t0: int, t1: int) -> Tensor:
         if t0 < 0 or t1 <= t0:
             raise InputError(f"invalid position range [{t0}, {t1})")

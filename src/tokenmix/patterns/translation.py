@@ -115,6 +115,7 @@ class Lattice(Pattern):
                              f"output), got f(0) = {base._dist[0]}")
         self.base = base
         self.name = f"{base.name}_ce"
+        self.cache_is_neighbors = True
         self._a: list[int] = []
 
     def lattice_steps(self, n_levels: int) -> list[int]:
@@ -156,6 +157,7 @@ class Fenwick(Pattern):
     """
 
     name = "fenwick"
+    cache_is_neighbors = True
 
     def n_levels(self, n: int) -> int:
         return max(1, int(n - 1).bit_length())

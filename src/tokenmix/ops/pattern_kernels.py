@@ -1,0 +1,363 @@
+"""Compiled (numba) pattern solve and neighbour scores: the structured recurrence at memory speed.
+
+The recurrence, per batch element b and head h (buffer positions as in ``pattern_solve``: the P
+cached outputs first, then the T new ones):
+
+    y_t = alpha_t x_t + sum_w beta_{t,w} y_{idx[t,w]}            (idx[t,w] < P + t, -1 = none)
+    s_{t,w} = q_t . k_{idx[t,w]}                                 (the scores the softmax reads)
+
+Why compiled, and why this form. The pure-PyTorch kernels (``pattern_solve.chunked_pattern_solve``)
+must express a sequential solve as tensor operations: dense band blocks per chunk, slice operations
+per run of a level, a batched C x C inverse -- about thirty memory-bound passes over [B, T, H, V]
+plus small matmuls, each paying an operator dispatch. Compiled code can do what the derivation
+says: one forward sweep over t per (b, h), reading |N(t)| earlier rows of an output buffer that
+stays in cache (T V values per head: 2 MB at T = 8192, V = 64, fp32), and one reverse sweep for
+the transposed solve G = (I - B)^{-T} dY with every gradient of the row produced on the spot:
+
+    d alpha_t = G_t . x_t,  d x_t = alpha_t G_t,  d beta_{t,w} = G_t . y_{idx[t,w]},
+    G_{idx[t,w]} += beta_{t,w} G_t                       (rows are final when the sweep reaches them)
+
+That is O(T |N| V) work per head with no band, no chunk inverse and no index plan, for *every*
+table (exact patterns, lattices, Fenwick, reads of a sparse cache) alike. (b, h) pairs are
+independent, so the sweeps run in parallel over B H with ``prange`` (both cores busy); within a
+row the V- and K-loops are contiguous and vectorise.
+
+Availability. numba is a dependency of the package; if it cannot be imported (or a tensor is not a
+float32 / float64 CPU tensor: CUDA, bfloat16), the functions here fall back to the pure-PyTorch
+kernels with the same arguments, and ``kernel_available()`` says which one runs (the mixer's
+``compiled`` mode warns once when it is missing). Both paths are checked against the dense
+reference in float64 by the generic mixer matrix (the ``compiled`` and ``chunked`` modes).
+Reference for the tests: ``pattern_solve.recurrent_pattern_solve`` and
+``pattern_solve.pattern_scores_reference``.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from tokenmix.core.errors import InputError
+from tokenmix.ops.pattern_solve import chunked_pattern_solve, pattern_scores
+
+try:  # the compiled path; everything below works without it (the pure-PyTorch kernels run instead)
+    import numba
+    from numba import njit, prange
+except ImportError:  # pragma: no cover - exercised only where numba is missing
+    numba = None
+
+_JIT = dict(parallel=True, fastmath=True, cache=True, nogil=True)
+_DTYPES = (torch.float32, torch.float64)
+
+
+def kernel_available() -> bool:
+    """Whether the compiled kernels can run here (numba importable and not disabled by
+    ``TOKENMIX_NO_COMPILED=1``)."""
+    return numba is not None and os.environ.get("TOKENMIX_NO_COMPILED", "") not in ("1", "true", "yes")
+
+
+def supported(*tensors: Tensor) -> bool:
+    """Whether the compiled kernels take these tensors: float32 or float64, all one dtype, on the CPU."""
+    return kernel_available() and all(z.device.type == "cpu" and z.dtype in _DTYPES for z in tensors) \
+        and len({z.dtype for z in tensors}) == 1
+
+
+if numba is not None:
+    # Each (b, h) sweep keeps the row it works on in a local vector (acc / gt): the output buffer is
+    # read and written through one array, and with the row in a separate vector LLVM can vectorise
+    # the V-loops (it cannot prove that y[t] and y[j] do not overlap).
+    @njit(**_JIT)
+    def _solve_forward(alpha, beta, idx, x, yp, y):  # pragma: no cover - compiled
+        # alpha [B,T,H], beta [B,T,H,W], idx [T,W], x [B,T,H,V], yp [B,P,H,V] -> y [B,T,H,V] (written)
+        nb, nt, nh, nv = x.shape
+        nw = idx.shape[1]
+        p = yp.shape[1]
+        for bh in prange(nb * nh):
+            b, h = bh // nh, bh % nh
+            acc = np.empty(nv, dtype=y.dtype)
+            for t in range(nt):
+                a = alpha[b, t, h]
+                for v in range(nv):
+                    acc[v] = a * x[b, t, h, v]
+                for w in range(nw):
+                    j = idx[t, w]
+                    if j < 0:
+                        continue
+                    c = beta[b, t, h, w]
+                    if j < p:
+                        for v in range(nv):
+                            acc[v] += c * yp[b, j, h, v]
+                    else:
+                        for v in range(nv):
+                            acc[v] += c * y[b, j - p, h, v]
+                for v in range(nv):
+                    y[b, t, h, v] = acc[v]
+
+    @njit(**_JIT)
+    def _solve_backward(alpha, beta, idx, x, yp, y, g, galpha, gbeta, gx, gp):  # pragma: no cover
+        # g [B,T,H,V] holds dY on entry and G = (I - B)^{-T} dY on exit (accumulated in place);
+        # galpha [B,T,H], gbeta [B,T,H,W], gx [B,T,H,V], gp [B,P,H,V] (zeros) are written
+        nb, nt, nh, nv = x.shape
+        nw = idx.shape[1]
+        p = yp.shape[1]
+        for bh in prange(nb * nh):
+            b, h = bh // nh, bh % nh
+            gt = np.empty(nv, dtype=g.dtype)
+            for t in range(nt - 1, -1, -1):
+                a = alpha[b, t, h]
+                acc = 0.0
+                for v in range(nv):
+                    gt[v] = g[b, t, h, v]
+                    acc += gt[v] * x[b, t, h, v]
+                    gx[b, t, h, v] = a * gt[v]
+                galpha[b, t, h] = acc
+                for w in range(nw):
+                    j = idx[t, w]
+                    if j < 0:
+                        gbeta[b, t, h, w] = 0.0
+                        continue
+                    c = beta[b, t, h, w]
+                    acc = 0.0
+                    if j < p:
+                        for v in range(nv):
+                            acc += gt[v] * yp[b, j, h, v]
+                            gp[b, j, h, v] += c * gt[v]
+                    else:
+                        for v in range(nv):
+                            acc += gt[v] * y[b, j - p, h, v]
+                            g[b, j - p, h, v] += c * gt[v]
+                    gbeta[b, t, h, w] = acc
+
+    @njit(**_JIT)
+    def _scores_forward(q, kb, idx, s):  # pragma: no cover - compiled
+        # q [B,T,H,K], kb [B,P+T,H,K], idx [T,W] -> s [B,T,H,W] (written; 0 where idx < 0)
+        nb, nt, nh, nk = q.shape
+        nw = idx.shape[1]
+        for bh in prange(nb * nh):
+            b, h = bh // nh, bh % nh
+            for t in range(nt):
+                for w in range(nw):
+                    j = idx[t, w]
+                    acc = 0.0
+                    if j >= 0:
+                        for k in range(nk):
+                            acc += q[b, t, h, k] * kb[b, j, h, k]
+                    s[b, t, h, w] = acc
+
+    @njit(**_JIT)
+    def _scores_backward(q, kb, idx, ds, dq, dkb):  # pragma: no cover - compiled
+        # ds [B,T,H,W] -> dq [B,T,H,K] (written), dkb [B,P+T,H,K] (zeros on entry, accumulated)
+        nb, nt, nh, nk = q.shape
+        nw = idx.shape[1]
+        for bh in prange(nb * nh):
+            b, h = bh // nh, bh % nh
+            qt = np.empty(nk, dtype=q.dtype)
+            dqt = np.empty(nk, dtype=q.dtype)
+            for t in range(nt):
+                for k in range(nk):
+                    qt[k] = q[b, t, h, k]
+                    dqt[k] = 0.0
+                for w in range(nw):
+                    j = idx[t, w]
+                    if j < 0:
+                        continue
+                    d = ds[b, t, h, w]
+                    for k in range(nk):
+                        dqt[k] += d * kb[b, j, h, k]
+                        dkb[b, j, h, k] += d * qt[k]
+                for k in range(nk):
+                    dq[b, t, h, k] = dqt[k]
+
+
+    # One decoded token: a few hundred multiply-adds per head, so no threads (their wake-up would
+    # cost more than the work) -- one call instead of a dozen tensor operations.
+    @njit(fastmath=True, cache=True, nogil=True)
+    def _step(q, k, v, keys, values, slots, scale, y):  # pragma: no cover - compiled
+        # q, k, v [B,H,K] of the token; keys [B,S,H,K], values [B,S,H,V] cached; slots [W] (-1 = none)
+        nb, nh, nk = q.shape
+        nv = v.shape[2]
+        nw = slots.shape[0]
+        logit = np.empty(nw + 1, dtype=np.float64)
+        for b in range(nb):
+            for h in range(nh):
+                acc = 0.0
+                for i in range(nk):
+                    acc += q[b, h, i] * k[b, h, i]
+                logit[0] = acc * scale
+                top = logit[0]
+                for w in range(nw):
+                    j = slots[w]
+                    if j < 0:
+                        continue
+                    acc = 0.0
+                    for i in range(nk):
+                        acc += q[b, h, i] * keys[b, j, h, i]
+                    logit[w + 1] = acc * scale
+                    top = max(top, logit[w + 1])
+                total = np.exp(logit[0] - top)
+                logit[0] = total
+                for w in range(nw):
+                    if slots[w] >= 0:
+                        logit[w + 1] = np.exp(logit[w + 1] - top)
+                        total += logit[w + 1]
+                c = logit[0] / total
+                for i in range(nv):
+                    y[b, h, i] = c * v[b, h, i]
+                for w in range(nw):
+                    j = slots[w]
+                    if j < 0:
+                        continue
+                    c = logit[w + 1] / total
+                    for i in range(nv):
+                        y[b, h, i] += c * values[b, j, h, i]
+
+    @njit(cache=True, nogil=True)
+    def _regather(keys, values, src, k, y, new_keys, new_values):  # pragma: no cover - compiled
+        # new entry i = cached entry src[i], or the token's (k, y) where src[i] < 0
+        for b in range(keys.shape[0]):
+            for i in range(src.shape[0]):
+                j = src[i]
+                if j < 0:
+                    new_keys[b, i] = k[b]
+                    new_values[b, i] = y[b]
+                else:
+                    new_keys[b, i] = keys[b, j]
+                    new_values[b, i] = values[b, j]
+
+
+def _np(z: Tensor) -> np.ndarray:
+    return z.detach().numpy()
+
+
+def _threads() -> None:
+    """Use as many numba threads as torch uses (the CLI and benchmarks set torch's count)."""
+    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
+
+
+class _CompiledSolve(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, alpha, beta, idx, x, y_prefix):
+        alpha, beta, x, y_prefix = (z.contiguous() for z in (alpha, beta, x, y_prefix))
+        _threads()
+        y = torch.empty_like(x)
+        _solve_forward(_np(alpha), _np(beta), _np(idx), _np(x), _np(y_prefix), _np(y))
+        ctx.save_for_backward(alpha, beta, idx, x, y_prefix, y)
+        return y
+
+    @staticmethod
+    def backward(ctx, gy):
+        alpha, beta, idx, x, y_prefix, y = ctx.saved_tensors
+        _threads()
+        g = gy.contiguous().clone()
+        galpha, gbeta = torch.empty_like(alpha), torch.empty_like(beta)
+        gx, gp = torch.empty_like(x), torch.zeros_like(y_prefix)
+        _solve_backward(_np(alpha), _np(beta), _np(idx), _np(x), _np(y_prefix), _np(y), _np(g),
+                        _np(galpha), _np(gbeta), _np(gx), _np(gp))
+        return galpha, gbeta, None, gx, gp
+
+
+class _CompiledScores(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, kbuf, idx):
+        q, kbuf = q.contiguous(), kbuf.contiguous()
+        _threads()
+        s = q.new_empty(*q.shape[:3], idx.shape[1])
+        _scores_forward(_np(q), _np(kbuf), _np(idx), _np(s))
+        ctx.save_for_backward(q, kbuf, idx)
+        return s
+
+    @staticmethod
+    def backward(ctx, ds):
+        q, kbuf, idx = ctx.saved_tensors
+        _threads()
+        dq, dk = torch.empty_like(q), torch.zeros_like(kbuf)
+        _scores_backward(_np(q), _np(kbuf), _np(idx), _np(ds.contiguous()), _np(dq), _np(dk))
+        return dq, dk, None
+
+
+def step_read(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, scale: float,
+              out: Tensor) -> Tensor:
+    """One decoded token of a score-softmax pattern: out = alpha v + sum_w beta_w values[slots[w]],
+    (alpha, beta) the softmax of scale * (q . k, q . keys[slots[w]]) over the self slot and the
+    cached neighbours. Inference only (no autograd).
+
+    Args:
+        q, k, v: [B, H, K] the token's projections.
+        keys, values: [B, S, H, K], [B, S, H, V] cache storage.
+        slots: [W] int64 numpy, the storage slots of the token's neighbours, -1 = none.
+        out: [B, H, V], written (may be a view into ``values``: it is written after every read).
+    Returns:
+        out.
+    """
+    if supported(q, k, v, keys, values, out):
+        _step(_np(q), _np(k), _np(v), _np(keys), _np(values), slots, scale, _np(out))
+        return out
+    read = torch.from_numpy(slots[slots >= 0]).to(keys.device)
+    logits = torch.cat([(q * k).sum(-1, keepdim=True), torch.einsum("bhk,bwhk->bhw", q, keys[:, read])], -1) * scale
+    coef = torch.softmax(logits.float(), -1).to(values.dtype)  # [B, H, 1 + W]
+    out.copy_(coef[..., :1] * v + torch.einsum("bhw,bwhv->bhv", coef[..., 1:], values[:, read]))
+    return out
+
+
+def regather(keys: Tensor, values: Tensor, src: np.ndarray, k: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
+    """New cache storage whose entry i is cached entry src[i] or, where src[i] < 0, the token's
+    (k [B, H, K], y [B, H, V]): keys [B, S', H, K], values [B, S', H, V]."""
+    b, _, h, kd = keys.shape
+    new_keys, new_values = keys.new_empty(b, len(src), h, kd), values.new_empty(b, len(src), h, values.shape[-1])
+    if supported(keys, values, k, y):
+        _regather(_np(keys), _np(values), src, _np(k), _np(y), _np(new_keys), _np(new_values))
+        return new_keys, new_values
+    old = torch.from_numpy(np.maximum(src, 0)).to(keys.device)
+    token = torch.from_numpy(src < 0).to(keys.device)[None, :, None, None]
+    new_keys.copy_(torch.where(token, k[:, None], keys[:, old]))
+    new_values.copy_(torch.where(token, y[:, None], values[:, old]))
+    return new_keys, new_values
+
+
+def _check_causal(idx: Tensor, prefix: int) -> Tensor:
+    """idx as a contiguous int64 CPU table after the causality check (the kernels trust it)."""
+    tab = idx.detach().to("cpu", torch.int64).contiguous()
+    if tab.numel() and (tab >= prefix + torch.arange(tab.shape[0])[:, None]).any():
+        raise InputError("idx reads a position that is not strictly earlier (not causal)")
+    return tab
+
+
+def compiled_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y_prefix: Tensor | None = None,
+                           chunk_size: int = 64, plan=None) -> Tensor:
+    """``chunked_pattern_solve`` with the same arguments, by the compiled sweeps (module docstring).
+
+    Args:
+        alpha: [B, T, H]; beta: [B, T, H, W]; idx: [T, W] long buffer positions (-1 = none,
+            idx[t] < P + t); x: [B, T, H, V]; y_prefix: [B, P, H, V] or None.
+        chunk_size, plan: used only by the pure-PyTorch fallback.
+    Returns:
+        y: [B, T, H, V].
+    """
+    b, t, h, v = x.shape
+    if y_prefix is None:
+        y_prefix = x.new_zeros(b, 0, h, v)
+    if not supported(alpha, beta, x, y_prefix):
+        return chunked_pattern_solve(alpha, beta, idx, x, y_prefix, chunk_size, plan=plan)
+    if idx.dim() != 2 or idx.shape[0] != t or beta.shape[:3] != (b, t, h) or beta.shape[3] != idx.shape[1] \
+            or alpha.shape != (b, t, h):
+        raise InputError(f"shape mismatch: x {tuple(x.shape)}, alpha {tuple(alpha.shape)}, beta {tuple(beta.shape)}, "
+                         f"idx {tuple(idx.shape)}")
+    if y_prefix.shape[0] != b or y_prefix.shape[2:] != (h, v):
+        raise InputError(f"shape mismatch: y_prefix {tuple(y_prefix.shape)} for x {tuple(x.shape)}")
+    return _CompiledSolve.apply(alpha, beta, _check_causal(idx, y_prefix.shape[1]), x, y_prefix)
+
+
+def compiled_pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan=None) -> Tensor:
+    """``pattern_scores`` with the same arguments, compiled: s[t, w] = q_t . kbuf[idx[t, w]] (0
+    where idx < 0), [B, T, H, W]. ``plan`` is used only by the pure-PyTorch fallback."""
+    b, t, h, k = q.shape
+    p = kbuf.shape[1] - t
+    if not supported(q, kbuf):
+        return pattern_scores(q, kbuf, idx, plan)
+    if kbuf.shape[0] != b or kbuf.shape[2:] != (h, k) or p < 0 or idx.dim() != 2 or idx.shape[0] != t:
+        raise InputError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}, idx {tuple(idx.shape)}")
+    return _CompiledScores.apply(q, kbuf, _check_causal(idx, p))
+
+
+__all__ = ["compiled_pattern_scores", "compiled_pattern_solve", "kernel_available", "regather", "step_read", "supported"]
