@@ -18,6 +18,7 @@ beyond the entry itself; ``extend`` stays the general path and both keep the sam
 """
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -40,8 +41,10 @@ class _Storage:
     ``positions`` is read only by caches that are not ``contiguous`` (a contiguous cache's positions
     follow from its position and size; ``advanced`` does not write them)."""
 
-    def __init__(self, keys: Tensor, values: Tensor, positions: Tensor, end: int) -> None:
+    def __init__(self, keys: Tensor, values: Tensor, positions: Tensor, end: int,
+                 positions_np: np.ndarray | None = None) -> None:
         self.keys, self.values, self.positions, self.end = keys, values, positions, end
+        self.positions_np = positions_np  # the positions as numpy, if the storage was built from them
 
     @property
     def capacity(self) -> int:
@@ -98,13 +101,28 @@ class PatternCache(MixerState):
             return torch.arange(self.position - self._size, self.position)
         return self._store.positions[self._start : self._start + self._size]
 
+    def held_positions(self) -> np.ndarray:
+        """``positions`` as a sorted int64 numpy array (what the compiled decode steps read)."""
+        store = self._store
+        if self.contiguous:
+            return np.arange(self.position - self._size, self.position, dtype=np.int64)
+        if store.positions_np is not None and self._start == 0 and self._size == len(store.positions_np):
+            return store.positions_np
+        return self.positions.numpy()
+
     @property
     def keys(self) -> Tensor:
-        return self._store.keys[:, self._start : self._start + self._size]
+        keys = self._store.keys
+        if self._start == 0 and self._size == keys.shape[1]:
+            return keys  # the whole storage (a rebuilt cache): no view to build on every decode step
+        return keys[:, self._start : self._start + self._size]
 
     @property
     def values(self) -> Tensor:
-        return self._store.values[:, self._start : self._start + self._size]
+        values = self._store.values
+        if self._start == 0 and self._size == values.shape[1]:
+            return values
+        return values[:, self._start : self._start + self._size]
 
     def tensors(self) -> dict[str, Tensor]:
         return {"keys": self.keys, "values": self.values}
@@ -149,11 +167,11 @@ class PatternCache(MixerState):
         return type(self)(self.owner, self.batch_size, self.position + 1, store, self._start + drop,
                           self._size + 1 - drop).carry_over(self)
 
-    def rebuilt(self, keys: Tensor, values: Tensor, positions: Tensor, new_position: int) -> "PatternCache":
-        """The cache at ``new_position`` holding exactly the sorted ``positions`` [P'] with their
-        keys [B, P', H, K] and values [B, P', H, V] (fresh tensors the caller built, e.g. by
-        regathering this cache's entries and a new token's): they become its storage, no copy."""
-        store = _Storage(keys, values, positions, positions.shape[0])
+    def rebuilt(self, keys: Tensor, values: Tensor, positions: np.ndarray, new_position: int) -> "PatternCache":
+        """The cache at ``new_position`` holding exactly the sorted ``positions`` [P'] (int64 numpy)
+        with their keys [B, P', H, K] and values [B, P', H, V] (fresh tensors the caller built, e.g.
+        by regathering this cache's entries and a new token's): they become its storage, no copy."""
+        store = _Storage(keys, values, torch.from_numpy(positions), positions.shape[0], positions)
         return type(self)(self.owner, self.batch_size, new_position, store, 0, positions.shape[0],
                           contiguous=False).carry_over(self)
 

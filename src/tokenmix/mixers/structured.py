@@ -43,8 +43,8 @@ from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig
 from tokenmix.mixers.pattern_cache import PatternCache
-from tokenmix.ops.pattern_kernels import (compiled_pattern_scores, compiled_pattern_solve, kernel_available, regather,
-                                          step_read, supported)
+from tokenmix.ops.pattern_kernels import (compiled_pattern_scores, compiled_pattern_solve, kernel_available,
+                                          neighbor_step, step_read, supported)
 from tokenmix.ops.pattern_solve import (PatternPlan, chunked_pattern_solve, chunked_window_softmax, pattern_scores,
                                         plan_pattern)
 from tokenmix.patterns import Lattice, Pattern, TranslationInvariant, get_pattern
@@ -136,7 +136,7 @@ class StructuredRecurrence(Mixer):
         self.out = nn.Linear(h * k, d_model, bias=False)
         self.gates = nn.Linear(d_model, h * (config.max_levels + 1)) if config.coefficients != "softmax" else None
         self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, _LazyPlan)
-        self._offsets: tuple | None = None  # (levels, distances) of the last fixed-distance step
+        self._offsets: list = []  # (lo, hi, distances, reach) spans of fixed-distance steps
         self._rows: OrderedDict = OrderedDict()  # first position -> table rows, for neighbour-cache steps
 
     @property
@@ -164,7 +164,7 @@ class StructuredRecurrence(Mixer):
         unscaled; unused by the gate-based coefficients); valid [T, W] (or [B, T, W] per row, for a
         left-padded batch) marks the neighbours."""
         b, t, h, _ = q.shape
-        w = valid.shape[1]
+        w = valid.shape[-1]  # valid is [T, W] or, per row of a left-padded batch, [B, T, W]
         if self.gates is None:
             s_self = (q * k).sum(-1)  # [B, T, H]
             logits = torch.cat([s_self[..., None], s_nb], -1) / math.sqrt(self.head_dim)
@@ -334,9 +334,9 @@ class StructuredRecurrence(Mixer):
             state.observe()
             pos = state.position
             if fast is not None:
-                # q, k, v of token s as [B, H, K] views
+                # q, k, v of token s: [B, 3, H, K]
                 token = qkv.view(b, 3, self.n_heads, self.head_dim) if t == 1 else qkv[:, s]
-                stepped = fast(*token.unbind(1), state)
+                stepped = fast(token, state)
                 if stepped is not None:
                     y_t, state = stepped
                     ys.append(y_t[:, None])
@@ -348,8 +348,12 @@ class StructuredRecurrence(Mixer):
             valid = slot >= 0
             if state.start is not None and bool((nb >= 0).any()) and int(nb[nb >= 0].min()) < state.max_start:
                 valid = nb.to(x.device)[None, :] >= state.start[:, None]  # [B, W]: no padding neighbours
-            k_nb = state.keys.index_select(1, slot.clamp(min=0))  # [B, W, H, K]
-            y_nb = state.values.index_select(1, slot.clamp(min=0))  # [B, W, H, V]
+            if state.keys.shape[1]:
+                k_nb = state.keys.index_select(1, slot.clamp(min=0))  # [B, W, H, K]
+                y_nb = state.values.index_select(1, slot.clamp(min=0))  # [B, W, H, V]
+            else:  # nothing stored yet (a first token whose table row holds only -1 entries: Fenwick)
+                k_nb = state.keys.new_zeros(b, len(nb), self.n_heads, self.head_dim)
+                y_nb = state.values.new_zeros(b, len(nb), self.n_heads, self.head_dim)
             s_nb = torch.einsum("bhk,bwhk->bhw", q[:, s], k_nb) * (valid[None] if valid.dim() == 1 else valid[:, None])
             alpha, beta = self._coefficients(x[:, s : s + 1], q[:, s : s + 1], k[:, s : s + 1],
                                              s_nb[:, None] if self.gates is None else None, valid[..., None, :])
@@ -361,18 +365,21 @@ class StructuredRecurrence(Mixer):
 
     def _step_offsets(self, pos: int) -> tuple[np.ndarray, int]:
         """(distances [W] int64: the f(k) <= pos of the W levels token pos reads, the largest
-        distance). The array is kept: it changes only when pos reaches the next f(k)."""
-        dist = self.pattern.distances(pos + 1)
-        if self._offsets is None or self._offsets[0] != len(dist):
-            self._offsets = (len(dist), np.asarray(dist, dtype=np.int64))
-        return self._offsets[1], dist[-1] if dist else 0
+        distance). Kept per span of positions that read the same levels (a few spans: decodes at
+        different lengths through one mixer alternate between them)."""
+        for lo, hi, dist, reach in self._offsets:
+            if lo <= pos and (hi is None or pos < hi):
+                return dist, reach
+        d, lo, hi = self.pattern.distances_span(pos)
+        self._offsets.insert(0, (lo, hi, np.asarray(d, dtype=np.int64), d[-1] if d else 0))
+        del self._offsets[_ROW_BLOCKS_KEPT:]
+        return self._offsets[0][2], self._offsets[0][3]
 
-    def _fixed_distance_step(self, q_t: Tensor, k_t: Tensor, v_t: Tensor, state: PatternCache
-                             ) -> tuple[Tensor, PatternCache] | None:
+    def _fixed_distance_step(self, qkv_t: Tensor, state: PatternCache) -> tuple[Tensor, PatternCache] | None:
         """One token of a translation-invariant pattern with score-softmax coefficients.
 
         Args:
-            q_t, k_t, v_t: [B, H, K] projections of the token at position ``state.position``.
+            qkv_t: [B, 3, H, K] q, k, v of the token at position ``state.position``.
             state: its cache; the caller checked that no autograd op is recorded.
         Returns:
             (y_t [B, H, V], next cache), or None where this step does not apply (a cache that is
@@ -395,9 +402,13 @@ class StructuredRecurrence(Mixer):
             return None  # a cache that autograd tracks (from a recorded prefill) takes the general step
         state, at = state.next_slot()
         keys, values = state.buffers()  # [B, cap, H, K], [B, cap, H, V]
-        keys[:, at] = k_t
-        y_t = step_read(q_t, k_t, v_t, keys, values, at - dist, 1.0 / math.sqrt(self.head_dim), values[:, at])
+        keys[:, at] = qkv_t[:, 1]
+        y_t = step_read(qkv_t, keys, values, at - dist, self._scale, values[:, at])
         return y_t, state.advanced(at, self.pattern.needed_from(pos + 1))
+
+    @functools.cached_property
+    def _scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
 
     def _table_row(self, pos: int) -> np.ndarray:
         """N(pos) as the deduplicated table row, int64 [W'] (-1 = none), from the aligned block of
@@ -410,35 +421,29 @@ class StructuredRecurrence(Mixer):
                 self._rows.popitem(last=False)
         return block[pos - lo]
 
-    def _neighbor_cache_step(self, q_t: Tensor, k_t: Tensor, v_t: Tensor, state: PatternCache
-                             ) -> tuple[Tensor, PatternCache] | None:
+    def _neighbor_cache_step(self, qkv_t: Tensor, state: PatternCache) -> tuple[Tensor, PatternCache] | None:
         """One token of a pattern whose decode cache is its neighbour set (``cache_is_neighbors``:
         the lattice, Fenwick), score-softmax coefficients, no autograd.
 
-        The cache holds exactly sorted N(t), and N(t + 1) ⊆ N(t) ∪ {t}: the step reads the cache
-        (``step_read``) and rebuilds it from two table rows -- each kept entry copied from its old
-        slot, t's entry from the token (``regather``) -- O(|N(t)| (K + V)), no position search in
-        tensors and no eviction pass. Returns (y_t [B, H, V], next cache), or None if the cache is
-        not that set (padding rows, a cache from elsewhere): the general step then runs.
+        The cache holds sorted N(t), and N(t + 1) ⊆ N(t) ∪ {t}: one compiled call
+        (``neighbor_step``) finds the token's neighbours among the held positions, reads them
+        (scores, softmax, weighted sum) and writes the next cache -- each kept entry copied from
+        its old slot, t's entry from the token -- into one fresh block: O(|N(t)| (K + V)), no
+        tensor position search and no eviction pass. Returns (y_t [B, H, V], next cache), or None
+        if the cache lacks a position the rows name (padding rows, a cache from elsewhere): the
+        general step then runs.
         """
         pos = state.position
         if state.start is not None and pos < state.max_start:
             return None
         if torch.is_grad_enabled() and any(z.requires_grad for z in state.buffers()):
             return None
-        held = state.positions.numpy()
-        row = self._table_row(pos)
-        read = row >= 0
-        if int(read.sum()) != len(held) or not np.array_equal(np.sort(row[read]), held):
+        stepped = neighbor_step(qkv_t, state.keys, state.values, state.held_positions(), self._table_row(pos),
+                                self._table_row(pos + 1), pos, self._scale)
+        if stepped is None:
             return None
-        slots = np.where(read, np.searchsorted(held, row), -1)
-        y_t = step_read(q_t, k_t, v_t, state.keys, state.values, slots, 1.0 / math.sqrt(self.head_dim),
-                        v_t.new_empty(v_t.shape))
-        nxt = self._table_row(pos + 1)
-        keep = np.sort(nxt[nxt >= 0])  # positions <= pos
-        src = np.where(keep == pos, -1, np.searchsorted(held, keep))
-        keys, values = regather(state.keys, state.values, src, k_t, y_t)
-        return y_t, state.rebuilt(keys, values, torch.from_numpy(keep), pos + 1)
+        keys, values, keep, y_t = stepped
+        return y_t, state.rebuilt(keys, values, keep, pos + 1)
 
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:

@@ -51,16 +51,23 @@ _JIT = dict(parallel=True, fastmath=True, cache=True, nogil=True)
 _DTYPES = (torch.float32, torch.float64)
 
 
+#: Whether the compiled kernels run: numba importable and ``TOKENMIX_NO_COMPILED`` not set (read once,
+#: at import: a decode step asks for every token). Tests switch it with ``monkeypatch.setattr``.
+ENABLED = numba is not None and os.environ.get("TOKENMIX_NO_COMPILED", "").lower() not in ("1", "true", "yes")
+
+
 def kernel_available() -> bool:
     """Whether the compiled kernels can run here (numba importable and not disabled by
     ``TOKENMIX_NO_COMPILED=1``)."""
-    return numba is not None and os.environ.get("TOKENMIX_NO_COMPILED", "") not in ("1", "true", "yes")
+    return ENABLED
 
 
 def supported(*tensors: Tensor) -> bool:
     """Whether the compiled kernels take these tensors: float32 or float64, all one dtype, on the CPU."""
-    return kernel_available() and all(z.device.type == "cpu" and z.dtype in _DTYPES for z in tensors) \
-        and len({z.dtype for z in tensors}) == 1
+    if not ENABLED:
+        return False
+    dtype = tensors[0].dtype
+    return dtype in _DTYPES and all(z.dtype == dtype and z.device.type == "cpu" for z in tensors)
 
 
 if numba is not None:
@@ -173,17 +180,18 @@ if numba is not None:
     # One decoded token: a few hundred multiply-adds per head, so no threads (their wake-up would
     # cost more than the work) -- one call instead of a dozen tensor operations.
     @njit(fastmath=True, cache=True, nogil=True)
-    def _step(q, k, v, keys, values, slots, scale, y):  # pragma: no cover - compiled
-        # q, k, v [B,H,K] of the token; keys [B,S,H,K], values [B,S,H,V] cached; slots [W] (-1 = none)
-        nb, nh, nk = q.shape
-        nv = v.shape[2]
+    def _read(qkv, keys, values, slots, scale, y):  # pragma: no cover - compiled
+        # qkv [B,3,H,K] the token's q, k, v; keys [B,S,H,K], values [B,S,H,V]; slots [W] (-1 = none);
+        # y [B,H,V] written after every read (it may alias a slot no neighbour reads)
+        nb, _, nh, nk = qkv.shape
+        nv = values.shape[3]
         nw = slots.shape[0]
         logit = np.empty(nw + 1, dtype=np.float64)
         for b in range(nb):
             for h in range(nh):
                 acc = 0.0
                 for i in range(nk):
-                    acc += q[b, h, i] * k[b, h, i]
+                    acc += qkv[b, 0, h, i] * qkv[b, 1, h, i]
                 logit[0] = acc * scale
                 top = logit[0]
                 for w in range(nw):
@@ -192,7 +200,7 @@ if numba is not None:
                         continue
                     acc = 0.0
                     for i in range(nk):
-                        acc += q[b, h, i] * keys[b, j, h, i]
+                        acc += qkv[b, 0, h, i] * keys[b, j, h, i]
                     logit[w + 1] = acc * scale
                     top = max(top, logit[w + 1])
                 total = np.exp(logit[0] - top)
@@ -203,7 +211,7 @@ if numba is not None:
                         total += logit[w + 1]
                 c = logit[0] / total
                 for i in range(nv):
-                    y[b, h, i] = c * v[b, h, i]
+                    y[b, h, i] = c * qkv[b, 2, h, i]
                 for w in range(nw):
                     j = slots[w]
                     if j < 0:
@@ -213,17 +221,51 @@ if numba is not None:
                         y[b, h, i] += c * values[b, j, h, i]
 
     @njit(cache=True, nogil=True)
-    def _regather(keys, values, src, k, y, new_keys, new_values):  # pragma: no cover - compiled
-        # new entry i = cached entry src[i], or the token's (k, y) where src[i] < 0
-        for b in range(keys.shape[0]):
-            for i in range(src.shape[0]):
-                j = src[i]
-                if j < 0:
-                    new_keys[b, i] = k[b]
-                    new_values[b, i] = y[b]
+    def _find(held, wanted, out):  # pragma: no cover - compiled
+        # out[i] = slot of position wanted[i] in the sorted held positions (-1 stays -1); False if absent
+        for i in range(wanted.shape[0]):
+            p = wanted[i]
+            if p < 0:
+                out[i] = -1
+                continue
+            j = np.searchsorted(held, p)
+            if j >= held.shape[0] or held[j] != p:
+                return False
+            out[i] = j
+        return True
+
+    @njit(cache=True, nogil=True)
+    def _neighbor_step(qkv, keys, values, held, row, nxt, pos, scale, new_kv, keep):  # pragma: no cover
+        # the token at pos reads its table row from the cache (sorted positions held), then the next
+        # cache -- the sorted positions of the next row, each taken from the cache or the token --
+        # is written to new_kv [2, B, W', H, K] / keep [W']; returns (entries, slot of pos) or (-1, -1)
+        slots = np.empty(row.shape[0], np.int64)
+        if not _find(held, row, slots):
+            return -1, -1
+        m = 0
+        for w in range(nxt.shape[0]):
+            if nxt[w] >= 0:
+                keep[m] = nxt[w]
+                m += 1
+        keep[:m].sort()
+        src = np.empty(m, np.int64)
+        at = -1
+        for i in range(m):
+            if keep[i] == pos:
+                at = i
+                keep[i] = -1  # found below as "none", written from the token
+        if at < 0 or not _find(held, keep[:m], src):
+            return -1, -1
+        keep[at] = pos
+        _read(qkv, keys, values, slots, scale, new_kv[1, :, at])
+        for b in range(qkv.shape[0]):
+            for i in range(m):
+                if i == at:
+                    new_kv[0, b, i] = qkv[b, 1]
                 else:
-                    new_keys[b, i] = keys[b, j]
-                    new_values[b, i] = values[b, j]
+                    new_kv[0, b, i] = keys[b, src[i]]
+                    new_kv[1, b, i] = values[b, src[i]]
+        return m, at
 
 
 def _np(z: Tensor) -> np.ndarray:
@@ -276,43 +318,70 @@ class _CompiledScores(torch.autograd.Function):
         return dq, dk, None
 
 
-def step_read(q: Tensor, k: Tensor, v: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, scale: float,
-              out: Tensor) -> Tensor:
+def step_read(qkv: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, scale: float, out: Tensor) -> Tensor:
     """One decoded token of a score-softmax pattern: out = alpha v + sum_w beta_w values[slots[w]],
     (alpha, beta) the softmax of scale * (q . k, q . keys[slots[w]]) over the self slot and the
     cached neighbours. Inference only (no autograd).
 
     Args:
-        q, k, v: [B, H, K] the token's projections.
+        qkv: [B, 3, H, K] the token's q, k, v.
         keys, values: [B, S, H, K], [B, S, H, V] cache storage.
         slots: [W] int64 numpy, the storage slots of the token's neighbours, -1 = none.
         out: [B, H, V], written (may be a view into ``values``: it is written after every read).
     Returns:
         out.
     """
-    if supported(q, k, v, keys, values, out):
-        _step(_np(q), _np(k), _np(v), _np(keys), _np(values), slots, scale, _np(out))
+    if supported(qkv, keys, values, out):
+        _read(_np(qkv), _np(keys), _np(values), slots, scale, _np(out))
         return out
+    q, k, v = qkv.unbind(1)
     read = torch.from_numpy(slots[slots >= 0]).to(keys.device)
     logits = torch.cat([(q * k).sum(-1, keepdim=True), torch.einsum("bhk,bwhk->bhw", q, keys[:, read])], -1) * scale
-    coef = torch.softmax(logits.float(), -1).to(values.dtype)  # [B, H, 1 + W]
+    coef = torch.softmax(logits, -1, dtype=torch.promote_types(logits.dtype, torch.float32)).to(values.dtype)
     out.copy_(coef[..., :1] * v + torch.einsum("bhw,bwhv->bhv", coef[..., 1:], values[:, read]))
     return out
 
 
-def regather(keys: Tensor, values: Tensor, src: np.ndarray, k: Tensor, y: Tensor) -> tuple[Tensor, Tensor]:
-    """New cache storage whose entry i is cached entry src[i] or, where src[i] < 0, the token's
-    (k [B, H, K], y [B, H, V]): keys [B, S', H, K], values [B, S', H, V]."""
-    b, _, h, kd = keys.shape
-    new_keys, new_values = keys.new_empty(b, len(src), h, kd), values.new_empty(b, len(src), h, values.shape[-1])
-    if supported(keys, values, k, y):
-        _regather(_np(keys), _np(values), src, _np(k), _np(y), _np(new_keys), _np(new_values))
-        return new_keys, new_values
+def neighbor_step(qkv: Tensor, keys: Tensor, values: Tensor, held: np.ndarray, row: np.ndarray, nxt: np.ndarray,
+                  pos: int, scale: float) -> tuple[Tensor, Tensor, np.ndarray, Tensor] | None:
+    """One decoded token whose cache is a neighbour set (a lattice): read, then rebuild the cache.
+
+    Args:
+        qkv: [B, 3, H, K] the token's q, k, v (at position ``pos``).
+        keys, values: [B, S, H, K], [B, S, H, V] the cache's entries, at the sorted positions
+            ``held`` [S] (int64 numpy).
+        row, nxt: int64 numpy table rows of pos and pos + 1 (absolute positions, -1 = none).
+    Returns:
+        (keys' [B, S', H, K], values' [B, S', H, V], keep [S'] int64 sorted, y [B, H, V]): the
+        cache holding exactly the positions of ``nxt`` (pos among them, its value y), and the
+        token's output (a view into values'); or None if the cache lacks a position the rows name
+        (or pos + 1 does not read pos).
+    """
+    b, _, h, kd = qkv.shape
+    width = nxt.shape[0]
+    if supported(qkv, keys, values):
+        new_kv = qkv.new_empty(2, b, width, h, kd)
+        keep = np.empty(width, np.int64)
+        m, at = _neighbor_step(_np(qkv), _np(keys), _np(values), held, row, nxt, pos, scale, _np(new_kv), keep)
+        if m < 0:
+            return None
+        return new_kv[0, :, :m], new_kv[1, :, :m], keep[:m], new_kv[1, :, at]
+    keep = np.sort(nxt[nxt >= 0])
+    wanted = np.concatenate([row, np.where(keep == pos, -1, keep)])
+    slot = np.searchsorted(held, np.maximum(wanted, 0)).clip(max=max(len(held) - 1, 0))
+    found = wanted < 0
+    if len(held):
+        found |= held[slot] == wanted
+    if pos not in keep or not found.all():
+        return None
+    slot = np.where(wanted >= 0, slot, -1)
+    y = step_read(qkv, keys, values, slot[: len(row)], scale, qkv.new_empty(b, h, values.shape[-1]))
+    src = slot[len(row):]
     old = torch.from_numpy(np.maximum(src, 0)).to(keys.device)
     token = torch.from_numpy(src < 0).to(keys.device)[None, :, None, None]
-    new_keys.copy_(torch.where(token, k[:, None], keys[:, old]))
-    new_values.copy_(torch.where(token, y[:, None], values[:, old]))
-    return new_keys, new_values
+    new_keys = torch.where(token, qkv[:, 1, None], keys[:, old])
+    new_values = torch.where(token, y[:, None], values[:, old])
+    return new_keys, new_values, keep, new_values[:, int(np.flatnonzero(keep == pos)[0])]
 
 
 def _check_causal(idx: Tensor, prefix: int) -> Tensor:
@@ -360,4 +429,5 @@ def compiled_pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan=None) -> 
     return _CompiledScores.apply(q, kbuf, _check_causal(idx, p))
 
 
-__all__ = ["compiled_pattern_scores", "compiled_pattern_solve", "kernel_available", "regather", "step_read", "supported"]
+__all__ = ["compiled_pattern_scores", "compiled_pattern_solve", "kernel_available", "neighbor_step", "step_read",
+           "supported"]

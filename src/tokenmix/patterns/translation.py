@@ -71,6 +71,14 @@ class TranslationInvariant(Pattern):
         self._extend(0, bound=n)
         return [d for d in self._dist if d <= n - 1]
 
+    def distances_span(self, t: int) -> tuple[list[int], int, int | None]:
+        """(distances, lo, hi): the f(k) that token t reads, and the positions [lo, hi) that read
+        exactly these (hi None: every later one). A decoder keeps one entry per span."""
+        d = self.distances(t + 1)  # extends the cached f(k) to the first one beyond t, if any
+        lo = d[-1] if d else 0
+        hi = self._dist[len(d)] if len(self._dist) > len(d) else None
+        return d, lo, hi
+
     def n_levels(self, n: int) -> int:
         return len(self.distances(n))
 
@@ -130,6 +138,14 @@ class Lattice(Pattern):
                 self._a.append(prev * math.ceil((d[k] - d[k - 1]) / prev))
         return self._a[:n_levels]
 
+    def distances_span(self, t: int) -> tuple[list[int], int, int | None]:
+        """(distances, lo, hi): the f(k) that token t reads, and the positions [lo, hi) that read
+        exactly these (hi None: every later one). A decoder keeps one entry per span."""
+        d = self.distances(t + 1)  # extends the cached f(k) to the first one beyond t, if any
+        lo = d[-1] if d else 0
+        hi = self._dist[len(d)] if len(self._dist) > len(d) else None
+        return d, lo, hi
+
     def n_levels(self, n: int) -> int:
         return self.base.n_levels(n)
 
@@ -158,6 +174,14 @@ class Fenwick(Pattern):
 
     name = "fenwick"
     cache_is_neighbors = True
+
+    def distances_span(self, t: int) -> tuple[list[int], int, int | None]:
+        """(distances, lo, hi): the f(k) that token t reads, and the positions [lo, hi) that read
+        exactly these (hi None: every later one). A decoder keeps one entry per span."""
+        d = self.distances(t + 1)  # extends the cached f(k) to the first one beyond t, if any
+        lo = d[-1] if d else 0
+        hi = self._dist[len(d)] if len(self._dist) > len(d) else None
+        return d, lo, hi
 
     def n_levels(self, n: int) -> int:
         return max(1, int(n - 1).bit_length())
