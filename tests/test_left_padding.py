@@ -69,6 +69,35 @@ def test_padded_batch_equals_rows_alone_in_every_mode(name):
         assert state.peak_numel <= m.state_size(state.position), f"{name}: measured state scalars"
 
 
+# The structured recurrence's variants that registration alone does not reach: gate-based
+# coefficients on translation-invariant patterns (a shared table with per-row masks) and on the
+# row-clock ones, and the Fenwick pattern (whose first table row holds a -1 slot).
+STRUCTURED_VARIANTS = [
+    *[("pow2", dict(pattern=p, coefficients=c)) for c in ("gate_softmax", "gate_l1")
+      for p in ("pow2", "sq1", "window:3", "dense", "f:k+2", "first_order")],
+    ("pow2_ce", dict(coefficients="gate_softmax")),
+    ("pow2", dict(pattern="fenwick")),
+    ("pow2", dict(pattern="fenwick", coefficients="gate_l1")),
+]
+
+
+@pytest.mark.parametrize("name,overrides", STRUCTURED_VARIANTS,
+                         ids=[f"{n}-{'-'.join(map(str, o.values()))}" for n, o in STRUCTURED_VARIANTS])
+def test_structured_variants_padded_batch_equals_rows_alone(name, overrides):
+    m = small_mixer(name, **overrides)
+    for mode in m.modes:
+        x = torch.randn(len(STARTS), T, m.d_model, dtype=torch.float64)
+        x_next = torch.randn(len(STARTS), N_STEPS + N_CHUNK, m.d_model, dtype=torch.float64)
+        _check_against_solo_rows(m, x, x_next, STARTS, mode, f"{name} {overrides} {mode}")
+        # and a decode that starts from an empty state, token by token, equals the dense mode
+        y_dense, _ = m(x, None, mode="dense")
+        state, steps = None, []
+        for i in range(T):
+            y_t, state = m.step(x[:, i], state)
+            steps.append(y_t)
+        assert_close(torch.stack(steps, 1), y_dense, _tol(m), f"{name} {overrides}: steps from empty")
+
+
 @pytest.mark.parametrize("name", ALL_MIXERS)
 def test_padding_content_never_reaches_real_outputs(name):
     """Huge values in the padding slots (and a different random draw) leave every real output unchanged."""
