@@ -112,14 +112,18 @@ def _one_line_error(result: tuple[int, str, str], *words: str) -> None:
 
 
 def test_damaged_checkpoints_are_refused_with_one_line(reference_run, cache, tmp_path, capsys, monkeypatch):
+    """With no valid checkpoint left to fall back to (the earlier one removed), damage is refused.
+    (A valid earlier checkpoint is used instead, with a warning: tests/test_reliability_durability.py.)"""
     monkeypatch.setenv("TOKENMIX_CACHE", str(cache))
     # truncated weights
     run = _copy_run(reference_run, tmp_path / "truncated")
+    shutil.rmtree(run / "checkpoints" / "step_0000030")
     w = run / "checkpoints" / "step_0000040" / "model.safetensors"
     w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
     _one_line_error(_tokenmix(["eval", "--run", str(run)], capsys), "model.safetensors", "checksum")
     # one flipped byte in the optimizer state, then resume
     run = _copy_run(reference_run, tmp_path / "tampered")
+    shutil.rmtree(run / "checkpoints" / "step_0000030")
     o = run / "checkpoints" / "step_0000040" / "optimizer.safetensors"
     raw = bytearray(o.read_bytes())
     raw[-5] ^= 0xFF
@@ -139,6 +143,7 @@ def test_damaged_checkpoints_are_refused_with_one_line(reference_run, cache, tmp
                     "different model shape", "[300, 48]", "[300, 32]")
     # a checkpoint whose meta.json was edited by hand
     run = _copy_run(reference_run, tmp_path / "edited_meta")
+    shutil.rmtree(run / "checkpoints" / "step_0000030")
     meta = run / "checkpoints" / "step_0000040" / "meta.json"
     meta.write_text(meta.read_text().replace('"step": 40', '"step": 41'))
     _one_line_error(_tokenmix(["eval", "--run", str(run)], capsys), "meta.json", "checksum")

@@ -17,6 +17,7 @@ prompt's continuation does not depend on which other prompts it was batched with
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,6 +39,14 @@ class SamplingConfig:
     stop_token: int | None = None  # end a sequence when it samples this token (kept in the output)
 
     def __post_init__(self) -> None:
+        for name in ("max_new_tokens", "top_k", "seed"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool):
+                raise InputError(f"{name} must be an integer, got {v!r}")
+        for name in ("temperature", "top_p"):
+            v = getattr(self, name)
+            if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v):
+                raise InputError(f"{name} must be a finite number, got {v!r}")
         if self.max_new_tokens < 0:
             raise InputError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.temperature < 0:
@@ -46,6 +55,8 @@ class SamplingConfig:
             raise InputError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
+        if not 0 <= self.seed < 2**63:  # row i draws with seed + i: a 64-bit generator seed
+            raise InputError(f"seed must be in [0, 2**63), got {self.seed}")
 
 
 def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:
@@ -67,7 +78,11 @@ def sample_next(logits: Tensor, cfg: SamplingConfig, generators: list[torch.Gene
     """Next token per row: logits [B, V] -> ids [B] (row i draws from ``generators[i]``)."""
     if cfg.temperature == 0:
         return logits.argmax(-1)
-    probs = torch.softmax(filter_logits(logits.float() / cfg.temperature, cfg.top_k, cfg.top_p), dim=-1)
+    # the largest logit is moved to 0 before dividing: a tiny temperature then sends the others to
+    # -inf (the greedy limit) instead of overflowing every logit to inf (and the softmax to NaN)
+    logits32 = logits.float()
+    scaled = (logits32 - logits32.amax(-1, keepdim=True)) / cfg.temperature
+    probs = torch.softmax(filter_logits(scaled, cfg.top_k, cfg.top_p), dim=-1)
     probs = probs.cpu()
     return torch.stack([torch.multinomial(probs[i], 1, generator=generators[i])[0]
                         for i in range(probs.shape[0])]).to(logits.device)

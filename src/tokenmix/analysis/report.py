@@ -25,13 +25,19 @@ from typing import Sequence
 from markdown_it import MarkdownIt
 
 from tokenmix.analysis.outputs import fmt_value, markdown_table, prepare_out_dir
-from tokenmix.core.errors import MissingInput
+from tokenmix.core.errors import InputError, MissingInput
 
 MAX_EMBED_BYTES = 8 * 1024 * 1024   # larger files are listed, not embedded
 MAX_TABLE_ROWS = 300
 MAX_TEXT_CHARS = 20000
 MAX_CHILD_DIRS = 20                 # a folder with more sub-folders (a sweep's runs) is not expanded
 REPORT_DIR_NAME = "report"
+# files only tokenmix writes: a folder holding one of them (or a sub-folder that does, two levels
+# down at most) is a run directory; anything else is refused before the report is written into it
+RUN_MARKERS = ("config.json", "metrics.jsonl", "summary.json", "sweep.json", "results.csv", "results.json",
+               "result.json", "matrix.json", "cost.json", "expressivity.json", "norms.json")
+MARKER_DEPTH = 2
+MARKER_SCAN_FOLDERS = 500   # folders looked at for a marker at most (a home folder is not walked)
 
 # ----------------------------------------------------------------------------- reading artifacts
 def _esc(text: str) -> str:
@@ -105,12 +111,69 @@ def _section_files(folder: Path) -> list[Path]:
     return sorted(files, key=lambda p: (_ORDER.get(p.suffix.lower(), 9), p.name))
 
 
+def _is_bench_json(path: Path) -> bool:
+    """A JSON file written by ``tokenmix bench`` (its top-level object names the benchmark)."""
+    try:
+        if path.stat().st_size > MAX_EMBED_BYTES:
+            return False
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and isinstance(data.get("benchmark"), str)
+
+
+def _child_dirs(folder: Path) -> list[Path]:
+    """Sub-folders of ``folder`` that are real folders: symbolic links are never followed (a link to
+    a parent would make the walk endless), hidden folders are skipped."""
+    try:
+        entries = list(folder.iterdir())
+    except OSError:
+        return []
+    return sorted(p for p in entries if not p.name.startswith(".") and not p.is_symlink() and p.is_dir())
+
+
+def is_run_dir(path: Path) -> bool:
+    """Whether ``path`` holds tokenmix output: one of ``RUN_MARKERS`` or a bench JSON in it or in its
+    sub-folders up to ``MARKER_DEPTH`` levels down (symbolic links not followed)."""
+    level, seen = [Path(path)], 0
+    for depth in range(MARKER_DEPTH + 1):
+        nxt: list[Path] = []
+        for folder in level:
+            seen += 1
+            if seen > MARKER_SCAN_FOLDERS:
+                return False
+            if any((folder / m).is_file() for m in RUN_MARKERS):
+                return True
+            try:
+                if any(p.suffix == ".json" and _is_bench_json(p) for p in folder.iterdir() if p.is_file()):
+                    return True
+            except OSError:
+                continue
+            if depth < MARKER_DEPTH:
+                nxt += _child_dirs(folder)
+        level = nxt
+    return False
+
+
+def check_run_dir(run_dir: Path, hint: str = "") -> None:
+    """Refuse (InputError) a path that is not a run directory, before anything is written; ``hint``
+    ends the message (e.g. the presets the caller also takes)."""
+    if not run_dir.exists():
+        raise MissingInput(f"run directory '{run_dir}' does not exist")
+    if not run_dir.is_dir():
+        raise MissingInput(f"'{run_dir}' is not a run directory (it is a file, not a folder)")
+    if not is_run_dir(run_dir):
+        raise InputError(f"'{run_dir}' is not a tokenmix run directory: none of {', '.join(RUN_MARKERS[:6])}, ... "
+                         f"(files tokenmix writes) is in it or in its sub-folders {MARKER_DEPTH} levels down{hint}")
+
+
 def collect_sections(run_dir: Path, exclude: Path | None = None) -> tuple[list[tuple[Path, list[Path]]], list[str]]:
     """(folder, its files) for run_dir and its sub-folders with files, and notes on what was left out.
 
     Skipped: ``exclude`` (the report being written), earlier reports (folders holding report.html),
-    hidden folders, and the children of a folder with more than ``MAX_CHILD_DIRS`` sub-folders (one
-    folder per run of a sweep: their results are in the sweep's own summary files).
+    hidden folders, symbolic links to folders (never followed: a link to a parent would loop), and
+    the children of a folder with more than ``MAX_CHILD_DIRS`` sub-folders (one folder per run of a
+    sweep: their results are in the sweep's own summary files).
     """
     sections, notes = [], []
     queue = [run_dir]
@@ -124,7 +187,11 @@ def collect_sections(run_dir: Path, exclude: Path | None = None) -> tuple[list[t
         files = _section_files(folder)
         if files:
             sections.append((folder, files))
-        children = sorted(p for p in folder.iterdir() if p.is_dir() and not p.name.startswith("."))
+        links = sorted(p for p in folder.iterdir() if p.is_symlink() and not p.name.startswith(".")
+                       and not p.is_file())
+        if links:
+            notes.append(f"{', '.join(str(p.relative_to(run_dir)) for p in links)} (symbolic links, not followed)")
+        children = _child_dirs(folder)
         if len(children) > MAX_CHILD_DIRS:
             notes.append(f"{len(children)} sub-folders of {folder.relative_to(run_dir)}/ (one per run; not expanded)")
         else:
@@ -149,8 +216,7 @@ figure{margin:1em 0}figcaption{font-size:.85em;color:#555}
 def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: str | None = None) -> dict:
     """Write report.html (self-contained) and report.md (+ figures/) for ``run_dir``; returns the paths."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
-        raise MissingInput(f"run directory '{run_dir}' does not exist")
+    check_run_dir(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / REPORT_DIR_NAME
     out = prepare_out_dir(out, "report")
     fig_dir = out / "figures"

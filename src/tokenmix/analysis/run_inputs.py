@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from safetensors.torch import load_file
@@ -23,10 +23,29 @@ from tokenizers import Tokenizer
 from torch import Tensor
 
 from tokenmix.core.errors import InputError, MissingInput
+from tokenmix.data.prepare import DataConfig
 from tokenmix.models.model import MixerModel, ModelConfig
-from tokenmix.runs.lm import load_run  # the LM run layout, with checkpoint verification
+from tokenmix.runs.lm import LMTrainConfig, check_field_types, load_run  # the LM run layout, with checkpoint verification
 
 _CONFIG_KEYS = ("model", "model_config")
+_SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": LMTrainConfig}
+
+
+def check_run_config(run_dir: str | Path) -> None:
+    """The value types of a run's config.json (model, data and train sections), each field named
+    when wrong; a missing or unparsable file is left to the loader, which says so."""
+    path = Path(run_dir) / "config.json"
+    try:
+        raw = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(raw, dict):
+        raise InputError(f"'{path}' must hold a JSON object with model, data and train sections")
+    for section, cls in _SECTIONS.items():
+        values = raw.get(section, {})
+        if not isinstance(values, dict):
+            raise InputError(f"'{path}': section '{section}' must be a JSON object, got {type(values).__name__}")
+        check_field_types(cls, values, section, path)
 
 
 def _model_config(raw: dict, path: Path) -> ModelConfig:
@@ -36,6 +55,7 @@ def _model_config(raw: dict, path: Path) -> ModelConfig:
             break
     fields = {f.name for f in dataclasses.fields(ModelConfig)}
     picked = {k: v for k, v in raw.items() if k in fields}
+    check_field_types(ModelConfig, picked, "model", path)
     if "layers" not in picked:
         raise InputError(f"{path} has no model 'layers' field (looked at the top level and under "
                          f"{', '.join(repr(k) for k in _CONFIG_KEYS)}); is this a tokenmix run directory?")
@@ -62,6 +82,7 @@ def load_run_model(run_dir: str | Path) -> tuple[MixerModel, Callable[[str], lis
     if not run.is_dir():
         raise MissingInput(f"run directory '{run}' does not exist")
     if (run / "checkpoints" / "latest.json").is_file():
+        check_run_config(run)
         loaded = load_run(run)
         return loaded.model, lambda text: loaded.tokenizer.encode(text).ids
     cfg_path = run / "config.json"
@@ -92,6 +113,17 @@ def load_run_model(run_dir: str | Path) -> tuple[MixerModel, Callable[[str], lis
     return model, encode
 
 
+def check_text(text: str, what: str) -> None:
+    """Refuse text that is not valid Unicode: a command-line argument holding invalid UTF-8 bytes
+    arrives with them escaped as lone surrogates, which no tokenizer can encode."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        bad = text[e.start]
+        byte = f" (byte 0x{ord(bad) - 0xDC00:02x})" if 0xDC80 <= ord(bad) <= 0xDCFF else ""
+        raise InputError(f"{what} is not valid UTF-8 text{byte} at character {e.start}") from None
+
+
 def layer_inputs(model: MixerModel, idx: Tensor) -> list[Tensor]:
     """The input x [B, T, D] of every layer's mixer (after its pre-norm) for token ids idx [B, T]."""
     captured: list[Tensor] = []
@@ -111,6 +143,7 @@ def text_layer_input(run_dir: str | Path, text: str, layer: int) -> tuple[object
     model, encode = load_run_model(run_dir)
     if not 0 <= layer < len(model.blocks):
         raise InputError(f"layer {layer} out of range: the run has {len(model.blocks)} layers")
+    check_text(text, "--text")
     ids = encode(text)
     if not ids:
         raise InputError("the text encodes to no tokens")

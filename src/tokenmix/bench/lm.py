@@ -28,6 +28,7 @@ import platform
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable
 
 import torch
@@ -42,6 +43,13 @@ DEFAULT_MIXERS = ("attention", "pow2", "mamba2")
 TRAIN_TARGET_AT_LONG = 1.5    # train tokens/s vs attention at the long context
 DECODE_TARGET_AT_LONG = 3.0   # decode speed-up per token vs attention at the long context
 WITHIN_AT_SHORT = 1.5         # at the short context: within this factor of attention
+MAX_D_MODEL = 4096            # size_model searches widths up to this
+# memory of a timed training step per token (upper estimate): the logits and their gradient
+# (vocabulary wide, float32, a few copies) and every layer's activations (a few dozen d_model-wide
+# float32 tensors kept for backward); weights + gradients + AdamW moments: 16 bytes a parameter
+LOGIT_BYTES_PER_TOKEN_AND_VOCAB = 16
+ACTIVATION_BYTES_PER_TOKEN_AND_WIDTH = 4 * 48
+TRAIN_BYTES_PER_PARAM = 16
 
 
 @dataclass(frozen=True)
@@ -72,7 +80,7 @@ def size_model(mixer: str, args: LMBenchConfig) -> tuple[ModelConfig, int]:
     step = 2 * args.n_heads
     best = None
     with torch.device("meta"):  # sizes only: no memory, no init cost
-        for d in range(step, 4096 + step, step):
+        for d in range(step, MAX_D_MODEL + step, step):
             n = MixerModel(_layers_config(mixer, d, args)).num_params(exclude_embedding=True)
             gap = abs(n - args.target_params)
             if best is None or gap < best[2]:
@@ -178,7 +186,66 @@ def _time_context(models: dict[str, MixerModel], t: int, args: LMBenchConfig) ->
     return out
 
 
-def run(args: LMBenchConfig) -> dict:
+def check_settings(args: LMBenchConfig) -> None:
+    """Refuse settings that cannot run (InputError naming the flag) before any model is built."""
+    for flag, v, lo in (("--layers", args.layers, 1), ("--n-heads", args.n_heads, 1),
+                        ("--target-params", args.target_params, 1), ("--vocab-size", args.vocab_size, 2),
+                        ("--batch-tokens", args.batch_tokens, 1), ("--train-steps", args.train_steps, 1),
+                        ("--decode-tokens", args.decode_tokens, 1), ("--decode-block", args.decode_block, 1),
+                        ("--threads", args.threads, 0)):
+        if v < lo:
+            raise InputError(f"{flag} must be >= {lo}, got {v}")
+    if 2 * args.n_heads > MAX_D_MODEL:
+        raise InputError(f"--n-heads {args.n_heads} leaves no width: models are sized up to d_model {MAX_D_MODEL} "
+                         f"in steps of 2 x n_heads")
+    if not args.contexts:
+        raise InputError("--contexts needs at least one context length")
+    for t in args.contexts:
+        if t < 2:
+            raise InputError(f"--contexts must be >= 2, got {t}")
+    if not 0 <= args.seed < 2**63:
+        raise InputError(f"--seed must be in [0, 2**63), got {args.seed}")
+    if args.out is not None:  # checked now, not after minutes of timing
+        out = Path(args.out)
+        if out.is_dir():
+            raise InputError(f"--out '{out}' is a folder; give the path of the JSON file to write")
+        if not out.parent.is_dir():
+            raise InputError(f"--out '{out}': folder '{out.parent}' does not exist")
+
+
+def check_memory(mixers: list[str], sized: dict[str, tuple[ModelConfig, int]], args: LMBenchConfig,
+                 available: int) -> None:
+    """Refuse a run whose models and largest training batch do not fit in ``available`` bytes."""
+    params = sum(TRAIN_BYTES_PER_PARAM * (n + cfg.vocab_size * cfg.d_model) for cfg, n in sized.values())
+    widest = max(cfg.d_model * len(cfg.layers) for cfg, _ in sized.values())
+    per_token = LOGIT_BYTES_PER_TOKEN_AND_VOCAB * args.vocab_size + ACTIVATION_BYTES_PER_TOKEN_AND_WIDTH * widest
+    for t in sorted(args.contexts, reverse=True):
+        tokens = max(1, args.batch_tokens // t) * t
+        need = params + tokens * per_token
+        if need > available:
+            raise InputError(f"bench lm at context {t:,} ({tokens:,} tokens a step, vocabulary {args.vocab_size:,}, "
+                             f"{len(mixers)} models) would need about {need / 2**30:,.1f} GiB, more than the "
+                             f"{available / 2**30:,.1f} GiB of memory available; lower --contexts, --batch-tokens, "
+                             "--vocab-size or --layers")
+
+
+def _layer_budget(args: LMBenchConfig, available: int) -> None:
+    """--layers against memory before sizing builds (meta) models of that many layers: even at the
+    narrowest width every layer holds parameters and module objects."""
+    cfg = _layers_config(DEFAULT_MIXERS[0], 2 * args.n_heads, dataclasses.replace(args, layers=1))
+    with torch.device("meta"):
+        one = MixerModel(cfg).num_params(exclude_embedding=True)
+    per_layer = TRAIN_BYTES_PER_PARAM * one + 64 * 2**10  # + Python objects of a block
+    if args.layers * per_layer > available:
+        raise InputError(f"--layers {args.layers:,} would need about {args.layers * per_layer / 2**30:,.1f} GiB even at "
+                         f"the narrowest width, more than the {available / 2**30:,.1f} GiB of memory available; "
+                         f"the largest --layers that fits is {available // per_layer:,}")
+
+
+def run(args: LMBenchConfig, available_memory: int | None = None) -> dict:
+    """The benchmark (see the module docstring). ``available_memory`` (bytes) bounds what the models and
+    batches may take; None = no check."""
+    check_settings(args)
     if args.threads:
         torch.set_num_threads(args.threads)
     known = mixer_names()
@@ -193,11 +260,12 @@ def run(args: LMBenchConfig) -> dict:
         mixers = [m for m in requested if m in known]
     if "attention" not in mixers and "attention" in known:
         mixers = ["attention"] + mixers
-    for t in args.contexts:
-        if t < 2:
-            raise InputError(f"--contexts must be >= 2, got {t}")
-    torch.manual_seed(args.seed)
+    if available_memory is not None:
+        _layer_budget(args, available_memory)
     sized = {m: size_model(m, args) for m in mixers}
+    if available_memory is not None:
+        check_memory(mixers, sized, args, available_memory)
+    torch.manual_seed(args.seed)
     models = {m: MixerModel(cfg) for m, (cfg, _) in sized.items()}
     results = []
     for t in args.contexts:

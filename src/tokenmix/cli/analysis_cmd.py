@@ -6,6 +6,8 @@ runs/analyze-<what>-<time>), prints the table (or JSON with --json) and the fold
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
@@ -14,7 +16,9 @@ from tokenmix.analysis.accounting import CLOCKS, run_accounting
 from tokenmix.analysis.matrices import analyze_matrix, build_analysis_mixer, check_dense_length, random_input
 from tokenmix.analysis.norms import run_norms
 from tokenmix.analysis.outputs import check_formats, json_text, prepare_out_dir, text_table
+from tokenmix.analysis.report import check_run_dir
 from tokenmix.analysis.run_inputs import text_layer_input
+from tokenmix.cli.limits import check_size
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import get_mixer_spec, mixer_names
 from tokenmix.patterns import get_pattern
@@ -43,6 +47,46 @@ def _positive(values, flag: str, minimum: int = 1) -> None:
     for v in values:
         if v < minimum:
             raise InputError(f"{flag} values must be >= {minimum}, got {v}")
+
+
+# memory models of the size checks (upper estimates of the measured peaks): a mixer of width d holds
+# a few d x d projections in float64 with their gradients; cost's decode keeps the inputs, outputs
+# and (for attention) an n-position cache, its timed forward+backward the activations of every op
+WIDTH_BYTES_PER_D2 = 256
+DECODE_BYTES_PER_POSITION_AND_WIDTH = 64
+TRAIN_BYTES_PER_POSITION_AND_WIDTH = 256
+# expressivity: the per-gap arrays of the gap DP and a dense pattern's list of distances, per position;
+# graph distances of lattice/Fenwick patterns and materialised operators, per pair (up to --path-limit)
+EXPRESSIVITY_BYTES_PER_POSITION = 96
+EXPRESSIVITY_BYTES_PER_PAIR = 64
+MAX_LAYERS = 1000      # expressivity: the reach is reported layer by layer
+MAX_GRAM_ITERS = 100   # norms: Gram iteration squares the matrix each step (converged long before)
+
+
+def _check_width(args) -> None:
+    """--d-model and --heads: positive, and a mixer of that width fits in memory."""
+    _positive([args.d_model], "--d-model")
+    _positive([args.heads], "--heads")
+    check_size("--d-model", args.d_model, lambda d: WIDTH_BYTES_PER_D2 * float(d) ** 2,
+               "a mixer of this width (its d_model x d_model projections)")
+
+
+def _check_positive_channel(args) -> None:
+    if args.channel < 0:
+        raise InputError(f"--channel must be >= 0, got {args.channel}")
+
+
+def _head_list(text: str | None) -> list[int] | None:
+    """--show-heads '0,2' -> [0, 2]."""
+    if text is None:
+        return None
+    try:
+        heads = [int(h) for h in text.split(",") if h.strip()]
+    except ValueError:
+        raise InputError(f"--show-heads takes comma-separated head indices such as 0,1; got '{text}'") from None
+    if not heads:
+        raise InputError("--show-heads is empty; give comma-separated head indices such as 0,1")
+    return heads
 
 
 def _common(p, default_formats: str = "png,svg") -> None:
@@ -110,8 +154,10 @@ def register(sub) -> None:
     p.add_argument("--n", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     p.add_argument("--offset", type=int, default=None, help="copy offset L (default n/2)")
     p.add_argument("--layers", type=int, default=4, help="stacked layers for the reach")
-    p.add_argument("--path-limit", type=int, default=None, help="largest n for graph distances of lattice/Fenwick")
-    p.add_argument("--operator-limit", type=int, default=None, help="largest n for materialised-operator graphs")
+    p.add_argument("--path-limit", type=int, default=None,
+                   help=f"largest n for graph distances of lattice/Fenwick (default {ex.GRAPH_PATH_LIMIT})")
+    p.add_argument("--operator-limit", type=int, default=None,
+                   help=f"largest n for materialised-operator graphs (default {ex.OPERATOR_GRAPH_LIMIT})")
     _common(p, "png")
     p.set_defaults(func=run_expressivity_cmd)
 
@@ -133,6 +179,22 @@ def register(sub) -> None:
     p.set_defaults(func=run_report)
 
 
+@contextmanager
+def _out_dir(path: str | None, kind: str):
+    """The output folder; one this command created is removed again when bad input surfaces only
+    during the analysis (an out-of-range channel, say) and nothing was written into it yet."""
+    planned = Path(path) if path is not None else Path("runs") / "analyze-new"  # default: runs/<new folder>
+    missing = [d for d in (planned, *planned.parents) if not d.exists()]
+    out = prepare_out_dir(path, kind)
+    try:
+        yield out
+    except InputError:
+        for d in [out] + missing[1:] if path is None else missing:  # deepest first
+            if d.is_dir() and not any(d.iterdir()):
+                d.rmdir()
+        raise
+
+
 def _finish(args, out_dir, rows, payload) -> int:
     if args.json:
         print(json_text({"out_dir": str(out_dir), **payload}))
@@ -144,10 +206,15 @@ def _finish(args, out_dir, rows, payload) -> int:
 
 def run_matrix(args) -> int:
     formats = check_formats(args.formats.split(","))
-    heads = None if args.show_heads is None else [int(h) for h in args.show_heads.split(",") if h.strip()]
+    heads = _head_list(args.show_heads)
+    if args.run is not None and args.mixer is not None:
+        raise InputError("give either --mixer NAME (random input) or --run DIR --text TEXT, not both")
+    if args.text is not None and args.run is None:
+        raise InputError("--text needs --run DIR (the trained run the text is fed through)")
     if args.run is not None:
         if args.text is None:
             raise InputError("--run needs --text (the text fed through the trained model)")
+        _positive([args.layer], "--layer", 0)
 
         mixer, x, name = text_layer_input(args.run, args.text, args.layer)
         check_dense_length(x.shape[1], "the matrix viewer")
@@ -158,11 +225,19 @@ def run_matrix(args) -> int:
             raise InputError("give --mixer NAME (random input) or --run DIR --text TEXT")
         get_mixer_spec(args.mixer)
         check_dense_length(args.n, "the matrix viewer")
+        _check_width(args)
         mixer = build_analysis_mixer(args.mixer, args.d_model, args.heads, args.seed)
         x, name = random_input(mixer, args.n, seed=args.seed), args.mixer
         note = f"random N(0, 1) input, seed {args.seed}"
-    out_dir = prepare_out_dir(args.out, "matrix")
-    with torch.no_grad():
+    _check_positive_channel(args)
+    n_heads = getattr(mixer, "n_heads", None)
+    if heads is not None and isinstance(n_heads, int):
+        bad = [h for h in heads if not 0 <= h < n_heads]
+        if bad:
+            raise InputError(f"--show-heads {','.join(map(str, bad))} out of range: the mixer has heads 0..{n_heads - 1}")
+    if args.position is not None and not 0 <= args.position < x.shape[1]:
+        raise InputError(f"--position {args.position} out of range [0, {x.shape[1]})")
+    with _out_dir(args.out, "matrix") as out_dir, torch.no_grad():
         res = analyze_matrix(mixer, x, out_dir, name=name, position=args.position, heads=heads,
                              channel=args.channel, formats=formats, input_note=note)
     rows = [{"field": k, "value": v} for k, v in res["summary"].items()]
@@ -184,6 +259,17 @@ def run_cost(args) -> int:
     for flag, v in (("--d-model", args.d_model), ("--heads", args.heads), ("--batch", args.batch),
                     ("--repeats", args.repeats), ("--threads", args.threads)):
         _positive([v], flag)
+    for flag, v in (("--time-budget", args.time_budget), ("--decode-budget", args.decode_budget)):
+        if not v > 0 or v == float("inf"):
+            raise InputError(f"{flag} must be a positive number of seconds, got {v}")
+    _check_width(args)
+    width = float(args.batch) * args.d_model
+    for n in args.cache_n:
+        check_size("--cache-n", n, lambda m: DECODE_BYTES_PER_POSITION_AND_WIDTH * width * m,
+                   f"an n-token decode at batch {args.batch} and d_model {args.d_model}")
+    for n in args.time_n:
+        check_size("--time-n", n, lambda m: TRAIN_BYTES_PER_POSITION_AND_WIDTH * width * m,
+                   f"a forward+backward over n tokens at batch {args.batch} and d_model {args.d_model}")
     names = _names(args.mixers, "mixers")
 
     for n in names or []:
@@ -201,6 +287,19 @@ def run_expressivity_cmd(args) -> int:
     formats = check_formats(args.formats.split(","))
     _positive(args.n, "--n", 2)
     _positive([args.layers], "--layers")
+    if args.layers > MAX_LAYERS:
+        raise InputError(f"--layers must be <= {MAX_LAYERS} (the reach is computed layer by layer), got {args.layers}")
+    for flag, v in (("--path-limit", args.path_limit), ("--operator-limit", args.operator_limit)):
+        if v is not None and v < 0:
+            raise InputError(f"{flag} must be >= 0, got {v}")
+    path_limit = ex.GRAPH_PATH_LIMIT if args.path_limit is None else args.path_limit
+    operator_limit = ex.OPERATOR_GRAPH_LIMIT if args.operator_limit is None else args.operator_limit
+    pair_limit = max(path_limit, operator_limit)
+    for n in args.n:
+        check_size("--n", n, lambda m: EXPRESSIVITY_BYTES_PER_POSITION * float(m)
+                   + (EXPRESSIVITY_BYTES_PER_PAIR * float(m) ** 2 if m <= pair_limit else 0.0),
+                   "the per-position arrays of the path metrics" + (" and the [n, n] graph distances"
+                                                                     if n <= pair_limit else ""), lo=2)
     if args.patterns is None:
         patterns = list(PAPER_PATTERNS)
     elif args.patterns.strip() == "none":
@@ -240,6 +339,10 @@ def run_norms_cmd(args) -> int:
     formats = check_formats(args.formats.split(","))
     check_dense_length(args.n, "operator norms")
     _positive([args.gram_iters], "--gram-iters", 0)
+    if args.gram_iters > MAX_GRAM_ITERS:
+        raise InputError(f"--gram-iters must be <= {MAX_GRAM_ITERS} (each squares the matrix; the bound has "
+                         f"converged long before), got {args.gram_iters}")
+    _check_width(args)
     names = _names(args.mixers, "mixers")
     for n in names or []:
         get_mixer_spec(n)
@@ -250,6 +353,9 @@ def run_norms_cmd(args) -> int:
 
 
 def run_report(args) -> int:
+    names = [pr.name for pr in presets("analysis")]
+    if Path(args.source).exists():  # a folder that is no run is refused before a report is written into it
+        check_run_dir(Path(args.source), f"; give a run directory or an analysis preset: {', '.join(names)}")
     res = report(args.source, args.out, progress=None if args.quiet else
                  (lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)))
     print(f"report: {res['html']}")

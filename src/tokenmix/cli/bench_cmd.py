@@ -7,7 +7,17 @@ import sys
 from tokenmix.bench import decode, mixers, solver
 from tokenmix.bench.lm import LMBenchConfig
 from tokenmix.bench.lm import run as run_lm_bench
+from tokenmix.cli.limits import available_memory, check_size, fmt_bytes
 from tokenmix.core.errors import InputError
+from tokenmix.mixers.registry import get_mixer_spec
+
+# memory models of the size checks (upper estimates of measured peaks, d_model 256 = 4 heads x 64):
+# a decode keeps every n's prefilled input and state at once (8-22 KiB a position measured); a
+# forward+backward keeps the activations of every op (per sequence in the batch)
+DECODE_BYTES_PER_POSITION = 32 * 2**10
+TRAIN_BYTES_PER_POSITION = 64 * 2**10
+DENSE_MODE_BYTES_PER_PAIR = 128  # solver's dense mode: [1, 4, n, n] float32 matrices and their gradients
+SOLVER_MODES = ("compiled", "chunked", "dense")
 
 
 def _progress(r: dict) -> None:
@@ -67,31 +77,52 @@ def lm_bench_config(args) -> LMBenchConfig:
 
 
 def _run_lm(args) -> int:
-    print(json.dumps(run_lm_bench(lm_bench_config(args)), indent=2))
+    print(json.dumps(run_lm_bench(lm_bench_config(args), available_memory=available_memory()), indent=2))
     return 0
 
 
-def _check_sizes(ns):
+def _check_sizes(ns, need, what: str):
+    """--n values: >= 1, and what ``need(n)`` bytes stand for fits in memory."""
     for n in ns or []:
         if n < 1:
             raise InputError(f"--n must be >= 1, got {n}")
+    for n in ns or []:
+        check_size("--n", n, need, what)
+
+
+def _check_mixers(names, flag: str, modes: tuple[str, ...] = ()) -> None:
+    """Every name registered (and, for the solver, a structured mixer with ``modes``), before any case runs:
+    an unknown name is bad input (exit 2), not an error row inside the JSON."""
+    for name in names or []:
+        spec = get_mixer_spec(name)  # InputError naming the known mixers
+        missing = [m for m in modes if m not in spec.cls.modes]
+        if missing:
+            raise InputError(f"{flag}: '{name}' has no {'/'.join(missing)} mode (modes: {', '.join(spec.cls.modes)}); "
+                             f"this benchmark times the structured mixers' {'/'.join(modes)} modes")
 
 
 def _run_solver(args) -> int:
-    _check_sizes(args.n)
+    _check_mixers(args.patterns, "--patterns", SOLVER_MODES)
+    _check_sizes(args.n, lambda n: TRAIN_BYTES_PER_POSITION * float(n)
+                 + (DENSE_MODE_BYTES_PER_PAIR * float(n) ** 2 if n <= solver.MAX_DENSE_N else 0.0),
+                 "a forward+backward over n tokens")
     print(json.dumps(solver.run(args.n, args.patterns, _progress), indent=1))
     return 0
 
 
 def _run_decode(args) -> int:
-    _check_sizes(args.n)
+    _check_mixers(args.mixers, "--mixers")
+    _check_sizes(args.n, lambda n: DECODE_BYTES_PER_POSITION * float(n + sum(args.n) - max(args.n)),
+                 f"the prefilled contexts of every --n (about {fmt_bytes(DECODE_BYTES_PER_POSITION)} a position)")
     print(json.dumps(decode.run(args.n, args.mixers, _progress), indent=1))
     return 0
 
 
 def _run_mixers(args) -> int:
-    _check_sizes(args.n)
     if not 0 <= args.busy <= 64:
         raise InputError(f"--busy must be in 0..64, got {args.busy}")
+    _check_mixers(args.mixers, "--mixers")
+    _check_sizes(args.n, lambda n: 2 * TRAIN_BYTES_PER_POSITION * float(n),
+                 "a forward+backward over n tokens at batch 2")
     print(json.dumps(mixers.run(args.n, args.mixers, _progress, busy=args.busy), indent=1))
     return 0

@@ -2,7 +2,9 @@
 and tokenmix presets [--kind compare|lm|analysis]: parse, call ``study.compare.run_compare``, print."""
 from __future__ import annotations
 
+import signal
 import sys
+import threading
 
 from rich.console import Console
 from rich.markup import escape
@@ -54,6 +56,15 @@ def run_list(args) -> int:
     return 0
 
 
+class Terminated(SystemExit):
+    """SIGTERM: unwinds like Ctrl-C (the worker processes are stopped, the folder's lock released)."""
+
+
+def _on_sigterm(signum, _frame) -> None:
+    print("tokenmix compare: terminated", file=sys.stderr)
+    raise Terminated(128 + signum)
+
+
 def run(args) -> int:
     if args.list_presets:
         args.kind = "compare"
@@ -62,7 +73,13 @@ def run(args) -> int:
     req = CompareRequest(preset=args.preset, extra_mixers=extra_mixer_names(args.mixers), out=args.out,
                          workers=args.workers, threads=args.threads, device=args.device,
                          progress=not args.no_progress, plots=not args.no_plots)
-    res = run_compare(req, console=console)
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
+    try:
+        res = run_compare(req, console=console)
+    finally:
+        if in_main:
+            signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     if res.missing_rows:
         print(f"note: rows without a registered mixer are not run: {', '.join(res.missing_rows)}", file=sys.stderr)
     console.print(_rich_table(f"tokenmix compare — preset {res.preset.name} (n = {res.n}; accuracy % mean ± std "

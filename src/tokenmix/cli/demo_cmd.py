@@ -7,9 +7,14 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
+from tokenmix.cli.limits import available_memory, check_size
+from tokenmix.cli.patterns_cmd import report_bytes
 from tokenmix.core.errors import InputError
 from tokenmix.mixers import build_mixer
 from tokenmix.patterns import get_pattern, pattern_report
+
+DEMO_PATTERNS = ("first_order", "window:4", "pow2", "pow2_ce", "sq1", "sq1_ce", "dense")
+PATH_LIMIT = 2048
 
 
 def register(sub) -> None:
@@ -21,13 +26,16 @@ def register(sub) -> None:
 def run(args) -> int:
     if args.n < 2:
         raise InputError(f"--n must be >= 2, got {args.n}")
+    pats, budget = [get_pattern(spec) for spec in DEMO_PATTERNS], available_memory()
+    check_size("--n", args.n, lambda n: max(report_bytes(p, n, PATH_LIMIT, budget) for p in pats),
+               "the demo's pattern tables (dense: [n, n - 1])", lo=2)
     console = Console()
     n = args.n
     table = Table(title=f"Patterns at n = {n} (derived)")
     for col in ("pattern", "|N(n-1)|", "nnz(B)", "cache", "path max", "path mean"):
         table.add_column(col, justify="right")
-    for spec in ("first_order", "window:4", "pow2", "pow2_ce", "sq1", "sq1_ce", "dense"):
-        r = pattern_report(get_pattern(spec), n, path_limit=2048)
+    for spec, pat in zip(DEMO_PATTERNS, pats):
+        r = pattern_report(pat, n, path_limit=PATH_LIMIT)
         table.add_row(spec, str(r["neighbors_last_token"]), str(r["nnz_B"]), str(r["cache_size"]),
                       f"{r.get('shortest_path_max', float('nan')):.0f}", f"{r.get('shortest_path_mean', float('nan')):.2f}")
     console.print(table)

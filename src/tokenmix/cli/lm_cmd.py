@@ -17,9 +17,10 @@ import sys
 import time
 from pathlib import Path
 
+from tokenmix.analysis.run_inputs import check_run_config, check_text
 from tokenmix.core.errors import InputError
 from tokenmix.data.prepare import prepare_data
-from tokenmix.data.tokenizer import separator_id
+from tokenmix.data.tokenizer import check_vocab_size, separator_id
 from tokenmix.generation import SamplingConfig, generate, position_limit
 from tokenmix.runs.lm import LMRunConfig, apply_overrides, load_run, read_run_config
 from tokenmix.study.presets import presets
@@ -86,7 +87,8 @@ def add_train_lm_parser(train_sub) -> None:
 
 # ------------------------------------------------------------------------------------------ handlers
 def run_data_prepare(args) -> int:
-
+    if args.vocab_size is not None:
+        check_vocab_size(args.vocab_size, "--vocab-size")
     overrides = [f"data.corpus={args.corpus}"]
     if args.vocab_size is not None:
         overrides.append(f"data.vocab_size={args.vocab_size}")
@@ -118,9 +120,12 @@ def _default_run_dir(corpus: str) -> Path:
 
 
 def run_train_lm(args) -> int:
+    for opt in ("resume", "out"):
+        if getattr(args, opt) is not None and not getattr(args, opt).strip():
+            raise InputError(f"--{opt} is empty; give a run folder")
 
-    if args.resume:
-        if args.set or args.corpus or args.layers or args.preset != "default" or args.out:
+    if args.resume is not None:
+        if args.set or args.corpus is not None or args.layers is not None or args.preset != "default" or args.out:
             raise InputError("--resume continues a run with its saved config; it takes no --corpus, --preset, "
                              "--layers, --set or --out")
         run_dir = Path(args.resume)
@@ -128,12 +133,14 @@ def run_train_lm(args) -> int:
         resume = True
     else:
         overrides = []
-        if args.corpus:
+        if args.corpus is not None:  # an empty value is an error (below), not the preset's
             overrides.append(f"data.corpus={args.corpus}")
-        if args.layers:
+        if args.layers is not None:
+            if not args.layers.strip():
+                raise InputError("--layers is empty; give a layer pattern, e.g. \"pow2,attention\" or \"pow2*3\"")
             overrides.append(f"model.layers={args.layers}")
         cfg = build_run_config(args.preset, overrides + list(args.set))
-        run_dir = Path(args.out) if args.out else _default_run_dir(cfg.data.corpus)
+        run_dir = Path(args.out) if args.out is not None else _default_run_dir(cfg.data.corpus)
         resume = False
     progress = False if args.no_progress else None
     train_lm(cfg, run_dir, resume=resume, progress=progress, quiet=args.quiet)
@@ -144,6 +151,7 @@ def run_eval(args) -> int:
 
     if args.max_windows < 0:
         raise InputError(f"--max-windows must be >= 0, got {args.max_windows}")
+    check_run_config(args.run)
     res = evaluate_run(args.run, args.split, args.max_windows)
     if args.json:
         print(json.dumps(res, indent=2))
@@ -161,7 +169,12 @@ def run_eval(args) -> int:
 
 
 def run_generate(args) -> int:
-
+    # the sampling settings and prompts are checked before the run is loaded
+    SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
+                   top_p=args.top_p, seed=args.seed)
+    for text in args.prompt or []:
+        check_text(text, "--prompt")
+    check_run_config(args.run)
     run = load_run(args.run)
     tok = run.tokenizer
     max_context = args.max_context if args.max_context is not None else run.config.train.seq_len

@@ -3,8 +3,10 @@ with ``register(subparsers)`` (adds its parser and sets ``func``) and does its w
 library.
 
 Errors: bad input raises ``tokenmix.core.errors.InputError`` (or a subclass) somewhere in the
-library; it ends here as one line on stderr and exit status 2. Any other exception is a bug and
-keeps its traceback.
+library; it ends here as one line on stderr and exit status 2. A command line argparse cannot parse
+(an unknown option, a value that is not a number, a missing required option) is bad input too: one
+line ``tokenmix <command>: error: ...`` and exit status 2, no usage block (``--help`` shows it).
+Any other exception is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
@@ -20,8 +22,27 @@ from tokenmix.core.errors import InputError
 COMMAND_MODULES = (patterns_cmd, bench_cmd, demo_cmd, registry_cmd, compare_cmd, lm_cmd, analysis_cmd)
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (``<prog>: error: <message>``, exit status 2), like
+    every other bad input; sub-parsers are built from the same class."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {one_line(message)}\n")
+
+
+def one_line(text: str) -> str:
+    """``text`` on one line: the lines of a multi-line message joined with '; '."""
+    return "; ".join(line.strip() for line in str(text).splitlines() if line.strip())
+
+
+def command_label(args: argparse.Namespace) -> str:
+    """``data prepare``, ``bench solver``, ``analyze matrix``, ``report``: the command as typed."""
+    words = [args.command] + [getattr(args, k, None) for k in ("bench", "data_command", "train_command", "analysis")]
+    return " ".join(w for w in words if w)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="tokenmix", description="Causal token mixers as (A, B) pairs")
+    parser = OneLineParser(prog="tokenmix", description="Causal token mixers as (A, B) pairs")
     sub = parser.add_subparsers(dest="command", required=True)
     for mod in COMMAND_MODULES:
         mod.register(sub)
@@ -29,12 +50,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns its exit status (2 for bad input, also for arguments argparse refuses)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as e:  # a parse error (one line, status 2) or --help (status 0)
+        return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
     try:
         return int(args.func(args) or 0)
     except InputError as e:
-        print(f"tokenmix {args.command}: error: {e}", file=sys.stderr)
+        print(f"tokenmix {command_label(args)}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("tokenmix: interrupted", file=sys.stderr)

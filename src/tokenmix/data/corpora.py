@@ -23,6 +23,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import tarfile
@@ -69,6 +70,7 @@ def corpus_identity(corpus: str) -> str:
     if not path.exists():
         raise MissingInput(f"corpus '{corpus}' is neither a built-in corpus ({', '.join(BUILTIN_CORPORA)}) "
                                 "nor an existing file or folder")
+    check_corpus_path(path)
     h = hashlib.sha256()
     for f in _text_files(path):
         st = f.stat()
@@ -191,9 +193,27 @@ def pydocs_documents() -> list[Document]:
     return [Document(f"pydocs/{f.relative_to(root)}", _decode(f.read_bytes(), str(f))) for f in files]
 
 
+_SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
+                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def check_corpus_path(path: Path) -> None:
+    """A corpus path must be a regular file or a folder: a FIFO or a device would be read forever
+    (``/dev/zero``) or block until someone writes to it."""
+    try:
+        mode = path.stat().st_mode
+    except OSError as e:
+        raise MissingInput(f"corpus path '{path}' cannot be read: {e.strerror}") from None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return
+    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "not a regular file")
+    raise CorpusError(f"corpus path '{path}' is {kind}, not a text file or a folder of text files")
+
+
 def path_documents(path: Path, doc_chars: int) -> list[Document]:
     if not path.exists():
         raise MissingInput(f"corpus path '{path}' does not exist")
+    check_corpus_path(path)
     if path.is_file():
         return split_into_documents(_decode(path.read_bytes(), str(path)), path.name, doc_chars)
     files = _text_files(path)

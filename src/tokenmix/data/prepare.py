@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenmix.core.errors import InputError, MissingInput
+from tokenmix.core.lock import folder_lock
 from tokenmix.data.corpora import CorpusError, Document, corpus_identity, default_cache_dir, load_corpus
 from tokenmix.data.tokenizer import encode_documents, load_tokenizer, separator_id, train_bpe
 
@@ -126,8 +127,14 @@ def split_documents(docs: list[Document], val_fraction: float, test_fraction: fl
     return out
 
 
-def prepare_data(cfg: DataConfig, verbose: bool = False) -> PreparedData:
-    """Prepare (or reuse) the data of ``cfg``; returns the prepared directory."""
+def prepare_data(cfg: DataConfig, verbose: bool = False, wait: bool = False) -> PreparedData:
+    """Prepare (or reuse) the data of ``cfg``; returns the prepared directory.
+
+    One process prepares a directory at a time: it holds ``.<name>.lock`` beside it (the directory
+    itself only appears, renamed into place, when complete). Another process preparing the same
+    directory meanwhile is refused naming the holder (``FolderLocked``), or with ``wait`` waits for
+    it and reuses what it wrote.
+    """
     key = cfg.key()
     if cfg.dir:
         target = Path(cfg.dir).expanduser()
@@ -135,17 +142,37 @@ def prepare_data(cfg: DataConfig, verbose: bool = False) -> PreparedData:
         digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", Path(cfg.corpus).name or cfg.corpus)[:40]
         target = default_cache_dir() / "prepared" / f"{slug}-v{cfg.vocab_size}-{digest}"
+    prepared = _reuse(target, key)
+    if prepared is not None:
+        return prepared
+    docs = load_corpus(cfg.corpus, cfg.doc_chars)  # bad input is refused before anything is written
+    splits = split_documents(docs, cfg.val_fraction, cfg.test_fraction)
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InputError(f"cannot create the data folder '{target.parent}': {e.strerror or e}") from None
+    with folder_lock(target, "data prepare", lock_file=target.parent / f".{target.name}.lock", wait=wait):
+        prepared = _reuse(target, key)  # prepared by the process this one waited for
+        if prepared is not None:
+            return prepared
+        return _prepare_locked(cfg, key, target, docs, splits, verbose)
+
+
+def _reuse(target: Path, key: dict) -> PreparedData | None:
+    """The prepared data at ``target`` if it was prepared with ``key``; None if there is none yet."""
     if (target / "meta.json").is_file():
         data = PreparedData(target)
         if data.meta.get("key") != key:
             raise InputError(f"'{target}' holds data prepared with different settings ({_describe(data.meta.get('key'))}); "
                              f"requested {_describe(key)}: use another directory")
         return data
-    if target.exists() and any(target.iterdir()):
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise InputError(f"'{target}' exists and is not a prepared data directory; choose an empty or new directory")
+    return None
 
-    docs = load_corpus(cfg.corpus, cfg.doc_chars)
-    splits = split_documents(docs, cfg.val_fraction, cfg.test_fraction)
+
+def _prepare_locked(cfg: DataConfig, key: dict, target: Path, docs: list[Document],
+                    splits: dict[str, list[Document]], verbose: bool) -> PreparedData:
     if verbose:
         print(f"corpus {cfg.corpus}: {len(docs)} documents, {sum(len(d.text) for d in docs):,} characters; "
               f"training a {cfg.vocab_size}-token byte-level BPE ...", flush=True)
@@ -153,7 +180,6 @@ def prepare_data(cfg: DataConfig, verbose: bool = False) -> PreparedData:
     sep = separator_id(tok)
     dtype = np.uint16 if tok.get_vocab_size() <= 2**16 else np.uint32
 
-    target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.parent / f".{target.name}.tmp-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()

@@ -14,12 +14,27 @@ from tokenmix.core.errors import InputError, MissingInput
 
 DOC_SEPARATOR = "<|endoftext|>"
 MIN_VOCAB = 257  # 256 byte symbols + the separator
+# The tokenizers trainer reserves its tables for the whole requested vocabulary up front (about 72
+# bytes an entry, measured: 10^9 entries ask for 71 GB and abort the process), so the size is
+# bounded before it is called: 2^24 entries reserve about 1.2 GB, and are 16x the largest
+# vocabularies in use.
+MAX_VOCAB = 2**24
+
+
+def check_vocab_size(vocab_size: int, name: str = "vocab_size") -> None:
+    """Refuse (InputError) a vocabulary size the BPE trainer cannot be asked for."""
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool):
+        raise InputError(f"{name} must be an integer, got {vocab_size!r}")
+    if vocab_size < MIN_VOCAB:
+        raise InputError(f"{name} must be >= {MIN_VOCAB} (256 bytes + separator), got {vocab_size}")
+    if vocab_size > MAX_VOCAB:
+        raise InputError(f"{name} must be <= {MAX_VOCAB:,} (2^24; the BPE trainer reserves about 72 bytes an entry "
+                         f"up front), got {vocab_size:,}")
 
 
 def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
     """Train a byte-level BPE tokenizer of ``vocab_size`` entries (including the separator)."""
-    if vocab_size < MIN_VOCAB:
-        raise InputError(f"vocab_size must be >= {MIN_VOCAB} (256 bytes + separator), got {vocab_size}")
+    check_vocab_size(vocab_size)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()

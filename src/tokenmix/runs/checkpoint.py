@@ -19,11 +19,17 @@ or killed run never damages the last good one. Older directories are pruned afte
 Verification on load: the SHA-256 of meta.json (recorded in latest.json) and of every tensor file
 (recorded in meta.json) must match, and every tensor must have the shape of the model it is loaded
 into; anything else raises ``CheckpointError`` with one line saying what is wrong.
+
+Fallback: readers take ``newest_valid_checkpoint``, the newest checkpoint that verifies (latest.json's,
+else the next older ``step_*``), with a line for each newer one that did not; a resume from an
+older one renames the unusable newer ones ``corrupt-step_*`` and points latest.json back
+(``recover_from``). Only when no checkpoint verifies is the run refused.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -137,6 +143,63 @@ def latest_checkpoint(ckpt_root: Path) -> Path | None:
     except (ValueError, KeyError, TypeError) as e:
         raise CheckpointError(f"{path} is corrupt ({e})") from None
     return ckpt_root / name
+
+
+def _step_of(path: Path) -> int | None:
+    m = re.fullmatch(r"step_(\d+)", path.name)
+    return int(m.group(1)) if m else None
+
+
+def newest_valid_checkpoint(ckpt_root: Path) -> tuple[Path | None, dict | None, list[str]]:
+    """The newest checkpoint that verifies, its meta, and one line per newer one that does not.
+
+    Tried in order: the one latest.json names, then the other ``step_*`` directories from the
+    newest down (those older than latest.json's, when it names one). Returns ``(None, None, [])``
+    when there is no checkpoint at all; raises ``CheckpointError`` when there are some but none is
+    valid. A corrupt latest.json counts as an unusable newest checkpoint.
+    """
+    ckpt_root = Path(ckpt_root)
+    skipped: list[str] = []
+    dirs = sorted((p for p in ckpt_root.glob("step_*") if p.is_dir() and _step_of(p) is not None),
+                  key=_step_of, reverse=True)
+    candidates = dirs
+    latest_path = ckpt_root / "latest.json"
+    if latest_path.exists():
+        try:
+            latest = latest_checkpoint(ckpt_root)
+        except CheckpointError as e:
+            skipped.append(str(e))
+        else:
+            step = _step_of(latest)
+            candidates = [latest] + [d for d in dirs if d != latest and (step is None or _step_of(d) < step)]
+    elif not dirs:
+        return None, None, []
+    for ckpt in candidates:
+        try:
+            return ckpt, read_checkpoint_meta(ckpt), skipped
+        except CheckpointError as e:
+            skipped.append(str(e))
+    raise CheckpointError(f"no valid checkpoint in {ckpt_root}: {skipped[0] if skipped else 'none found'}"
+                          + (f" (and {len(skipped) - 1} older one(s) unusable)" if len(skipped) > 1 else ""))
+
+
+def recover_from(ckpt_root: Path, ckpt_dir: Path) -> list[str]:
+    """Make the verified checkpoint ``ckpt_dir`` the latest again (a resume falling back to it):
+    newer ``step_*`` directories are renamed ``corrupt-step_*`` (kept for inspection, never read
+    again), then latest.json is pointed at ``ckpt_dir`` atomically. Returns a line per rename."""
+    ckpt_root, ckpt_dir = Path(ckpt_root), Path(ckpt_dir)
+    step = _step_of(ckpt_dir)
+    notes = []
+    for bad in sorted(p for p in ckpt_root.glob("step_*") if p.is_dir() and p != ckpt_dir
+                      and _step_of(p) is not None and step is not None and _step_of(p) > step):
+        aside = bad.with_name(f"corrupt-{bad.name}")
+        shutil.rmtree(aside, ignore_errors=True)
+        bad.rename(aside)
+        notes.append(f"moved the unusable checkpoint {bad.name} aside to {aside.name}")
+    meta = json.loads((ckpt_dir / "meta.json").read_text())
+    atomic_write_json(ckpt_root / "latest.json", {"checkpoint": ckpt_dir.name, "step": meta["step"],
+                                                  "meta_sha256": _sha256(ckpt_dir / "meta.json")}, indent=1)
+    return notes
 
 
 def read_checkpoint_meta(ckpt_dir: Path) -> dict:

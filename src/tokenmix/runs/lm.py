@@ -10,13 +10,18 @@ config is written as JSON to every run directory; ``LMRunConfig.from_dict`` read
 A run directory (written by ``training/lm.py``) holds ``config.json`` (the resolved LMRunConfig),
 ``tokenizer.json``, ``metrics.jsonl`` (one JSON object per optimizer step, plus validation and
 baseline records), ``checkpoints/`` (``runs/checkpoint.py``), ``summary.json`` and, when
-tensorboard is installed, ``tb/``. ``load_run`` gives back the config, the model with the latest
-verified weights, and the tokenizer. Named starting points (``tiny``, ``small``, ...) are presets:
-``study/presets``.
+tensorboard is installed, ``tb/``. ``load_run`` gives back the config, the model with the weights of
+the newest checkpoint that verifies (saying on stderr when a newer one did not), and the tokenizer.
+A config is refused when its model cannot fit in this machine's memory (``check_model_memory``,
+estimated on the meta device before anything is allocated). Named starting points (``tiny``,
+``small``, ...) are presets: ``study/presets``.
 """
 from __future__ import annotations
 
 import json
+import math
+import os
+import sys
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -27,8 +32,10 @@ import torch
 from tokenmix.core.errors import InputError, MissingInput
 from tokenmix.data.prepare import DataConfig
 from tokenmix.data.tokenizer import load_tokenizer
+from tokenmix.mixers.registry import get_mixer_spec
 from tokenmix.models import MixerModel, ModelConfig
-from tokenmix.runs.checkpoint import CheckpointError, latest_checkpoint, load_model_weights
+from tokenmix.models.model import Block
+from tokenmix.runs.checkpoint import CheckpointError, load_model_weights, newest_valid_checkpoint
 
 PARALLEL = ("ddp", "fsdp")
 PRECISIONS = ("fp32", "bf16", "auto")
@@ -64,6 +71,16 @@ class LMTrainConfig:
     tensorboard: bool = True      # also write TensorBoard events when tensorboard is installed
 
     def __post_init__(self) -> None:
+        hints = typing.get_type_hints(type(self))
+        for f in fields(self):  # a config.json edited by hand may hold anything
+            v, tp = getattr(self, f.name), hints[f.name]
+            ok = (isinstance(v, bool) if tp is bool else
+                  isinstance(v, int) and not isinstance(v, bool) if tp is int else
+                  isinstance(v, (int, float)) and not isinstance(v, bool) if tp is float else isinstance(v, tp))
+            if not ok:
+                raise InputError(f"train.{f.name} must be {getattr(tp, '__name__', tp)}, got {v!r}")
+            if tp is float and not math.isfinite(v):
+                raise InputError(f"train.{f.name} must be a finite number, got {v}")
         for name in ("seq_len", "batch_size", "grad_accum", "max_steps", "eval_every", "log_every", "keep_checkpoints"):
             if getattr(self, name) <= 0:
                 raise InputError(f"train.{name} must be > 0, got {getattr(self, name)}")
@@ -74,6 +91,13 @@ class LMTrainConfig:
             raise InputError(f"train.lr must be > 0, got {self.lr}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise InputError(f"train.min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        for name in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise InputError(f"train.{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.eps <= 0:
+            raise InputError(f"train.eps must be > 0, got {self.eps}")
+        if not 0 <= self.seed < 2**32:
+            raise InputError(f"train.seed must be in [0, 2**32), got {self.seed}")
         if self.batch_size % self.grad_accum:
             raise InputError(f"train.batch_size={self.batch_size} must be divisible by train.grad_accum={self.grad_accum}")
         if self.precision not in PRECISIONS:
@@ -90,6 +114,9 @@ class LMRunConfig:
     data: DataConfig = field(default_factory=DataConfig)
     train: LMTrainConfig = field(default_factory=LMTrainConfig)
 
+    def __post_init__(self) -> None:
+        check_mixer_overrides(self.model)
+
     def to_dict(self) -> dict:
         return {s: _section_dict(getattr(self, s)) for s in ("model", "data", "train")}
 
@@ -97,7 +124,7 @@ class LMRunConfig:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_dict(cls, d: dict) -> "LMRunConfig":
+    def from_dict(cls, d: dict, where: str = "config") -> "LMRunConfig":
         unknown = set(d) - {"model", "data", "train"}
         if unknown:
             raise InputError(f"unknown config section(s) {sorted(unknown)}")
@@ -110,8 +137,118 @@ class LMRunConfig:
             if bad:
                 raise InputError(f"unknown config key(s) {[f'{f.name}.{b}' for b in bad]}")
             hints = typing.get_type_hints(sec_cls)
+            check_field_types(sec_cls, raw, f.name, where)
             sections[f.name] = sec_cls(**{k: _coerce_json(v, hints[k]) for k, v in raw.items()})
         return cls(**sections)
+
+
+def check_mixer_overrides(model: ModelConfig) -> None:
+    """Every ``model.mixer_overrides`` entry names a mixer of ``model.layers`` and fields it has
+    (an override nothing reads would be silently ignored)."""
+    overrides = model.mixer_overrides
+    if not isinstance(overrides, dict):
+        raise InputError(f"model.mixer_overrides must be a dictionary (mixer name -> fields), got {overrides!r}")
+    for name, values in overrides.items():
+        get_mixer_spec(name)  # an unknown name: InputError naming it, with the known mixers
+        if name not in model.layers:
+            raise InputError(f"model.mixer_overrides.{name}: mixer '{name}' is not in model.layers "
+                             f"({','.join(dict.fromkeys(model.layers))}), so the override would do nothing")
+        if not isinstance(values, dict):
+            raise InputError(f"model.mixer_overrides.{name} must be a dictionary of config fields, got {values!r}")
+        get_mixer_spec(name).make_config(**values)  # unknown fields or bad values: InputError
+
+
+# ------------------------------------------------------------------------------------ memory
+def _layer_counts(spec: Any) -> dict[str, int] | None:
+    """``"pow2*3,attention"`` -> {"pow2": 3, "attention": 1} without expanding the repeats; None
+    where the pattern is malformed (``parse_layers`` then says what is wrong)."""
+    items = spec.split(",") if isinstance(spec, str) else list(spec)
+    counts: dict[str, int] = {}
+    for raw in items:
+        if not isinstance(raw, str):
+            return None
+        name, star, reps = raw.strip().partition("*")
+        if star and not reps.strip().isdigit():
+            return None
+        name = name.strip()
+        counts[name] = counts.get(name, 0) + (int(reps) if star else 1)
+    return counts
+
+
+def estimate_parameters(model: dict[str, Any], vocab_size: int | None = None) -> float | None:
+    """Parameters of the ``MixerModel`` that the ModelConfig fields ``model`` describe, counted
+    without allocating anything: one block per distinct mixer built on the meta device, times its
+    count (``model["layers"]`` may hold ``NAME*COUNT`` repeats, not expanded here). ``math.inf``
+    when a single tensor would exceed what torch can address; None when it cannot be estimated.
+    """
+    counts = _layer_counts(model.get("layers", ()))
+    if not counts:
+        return None
+    fields_ = dict(model)
+    d = fields_.get("d_model")
+    if not isinstance(d, int) or d <= 0:
+        return None
+    vocab = vocab_size if vocab_size is not None else fields_.get("vocab_size", 256)
+    total = float(vocab * d) * (1 if fields_.get("tie_weights", True) else 2) + d  # embedding (+ head), final norm
+    if fields_.get("positions") == "learned":
+        total += float(fields_.get("max_seq_len", 0)) * d
+    for name, count in counts.items():
+        one = ModelConfig(**{**fields_, "layers": (name,), "vocab_size": 1})  # bad fields: their InputError
+        try:
+            with torch.device("meta"):
+                block = Block(one, name)
+        except RuntimeError as e:
+            if "overflow" in str(e):
+                return math.inf
+            return None  # a mixer that cannot be built on the meta device: no estimate
+        total += float(count) * sum(p.numel() for p in block.parameters())
+    return total
+
+
+def available_memory() -> int | None:
+    """Bytes of memory this process can still fill: MemAvailable, capped by a cgroup limit."""
+    avail = None
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    avail = int(line.split()[1]) * 1024
+                    break
+    except (OSError, ValueError, IndexError):
+        pass
+    if avail is None:
+        try:
+            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+    try:  # cgroup v2: a container's limit
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
+            avail = min(avail, max(int(limit) - used, 0))
+    except (OSError, ValueError):
+        pass
+    return avail
+
+
+def check_model_memory(model: dict[str, Any], bytes_per_param: int, what: str,
+                       vocab_size: int | None = None) -> None:
+    """Refuse (InputError) a model whose ``bytes_per_param`` bytes a parameter exceed the memory
+    available; ``what`` says what those bytes are."""
+    params = estimate_parameters(model, vocab_size)
+    avail = available_memory()
+    if params is None or avail is None:
+        return
+    need = params * bytes_per_param
+    if need <= avail:
+        return
+    n_layers = sum((_layer_counts(model.get("layers", ())) or {}).values())
+    vocab = vocab_size if vocab_size is not None else model.get("vocab_size", 256)
+    size = (f"model.d_model={model.get('d_model')}, {n_layers:,} layer(s) and a {vocab:,}-token vocabulary give "
+            + (f"about {params:.3g} parameters, which need about {need / 2**30:,.0f} GiB for {what} "
+               f"({bytes_per_param} bytes a parameter)" if math.isfinite(params) else "tensors too large to address"))
+    raise InputError(f"model too large for this machine: {size}, but {avail / 2**30:,.1f} GiB of memory is "
+                     "available; lower model.d_model, the layer count or the vocabulary size")
 
 
 def _section_dict(obj: Any) -> dict:
@@ -120,6 +257,44 @@ def _section_dict(obj: Any) -> dict:
         v = getattr(obj, f.name)
         out[f.name] = list(v) if isinstance(v, tuple) else v
     return out
+
+
+def _has_type(value: Any, tp: Any) -> bool:
+    """Whether a JSON value can stand for a config field of type ``tp`` (int, float, bool, str,
+    tuple[str, ...], dict); other annotations are not checked here."""
+    if tp is bool:
+        return isinstance(value, bool)
+    if tp is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if tp is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if tp is str:
+        return isinstance(value, str)
+    origin = typing.get_origin(tp)
+    if origin is tuple:
+        return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
+    if origin is dict or tp is dict:
+        return isinstance(value, dict)
+    return True
+
+
+def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) is tuple:
+        return "a list of names"
+    if typing.get_origin(tp) is dict or tp is dict:
+        return "a JSON object"
+    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def check_field_types(cls: type, values: dict, section: str, where: str | Path) -> None:
+    """Refuse (InputError naming the field) a value of the wrong JSON type for a config dataclass
+    field, before the dataclass compares or iterates it; unknown keys are left to the loader."""
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        tp = hints.get(key)
+        if tp is not None and not _has_type(value, tp):
+            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+            raise InputError(f"'{where}': {section}.{key} must be {_type_name(tp)}, got {shown}")
 
 
 def _coerce_json(value: Any, tp: Any) -> Any:
@@ -193,6 +368,9 @@ def apply_overrides(cfg: LMRunConfig, overrides: list[str]) -> LMRunConfig:
                 node[parts[-1]] = text
             continue
         sections[sec][name] = parse_value(text, tp, key)
+    # before ModelConfig expands "pow2*100000000" into that many names: a model whose weights alone
+    # cannot be held in memory is refused here, with the sizes that decide it
+    check_model_memory(sections["model"], 4, "its fp32 weights alone")
     built = {}
     for sec, values in sections.items():
         hints = typing.get_type_hints(section_cls[sec])
@@ -223,13 +401,15 @@ class LoadedRun:
 def read_run_config(run_dir: str | Path) -> LMRunConfig:
     """The resolved config a run directory was trained with (its ``config.json``)."""
     run_dir = Path(run_dir)
-    if not run_dir.is_dir():
+    if not run_dir.exists():
         raise MissingInput(f"run directory '{run_dir}' does not exist")
+    if not run_dir.is_dir():
+        raise MissingInput(f"'{run_dir}' is not a run directory (it is a file, not a folder)")
     cfg_path = run_dir / "config.json"
     if not cfg_path.is_file():
         raise MissingInput(f"'{run_dir}' is not a run directory (no config.json)")
     try:
-        return LMRunConfig.from_dict(json.loads(cfg_path.read_text()))
+        return LMRunConfig.from_dict(json.loads(cfg_path.read_text()), str(cfg_path))
     except json.JSONDecodeError as e:
         raise InputError(f"'{cfg_path}' is not valid JSON ({e})") from None
 
@@ -238,9 +418,11 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
     """The run's config, its model with the latest checkpoint's weights (verified), and its tokenizer."""
     run_dir = Path(run_dir)
     cfg = read_run_config(run_dir)
-    ckpt = latest_checkpoint(run_dir / "checkpoints")
+    ckpt, _, skipped = newest_valid_checkpoint(run_dir / "checkpoints")
     if ckpt is None:
         raise CheckpointError(f"run directory '{run_dir}' has no checkpoint yet")
+    for why in skipped:
+        print(f"tokenmix: warning: {why}; using {ckpt.name}, the newest valid checkpoint", file=sys.stderr)
     model = MixerModel(cfg.model)
     meta = load_model_weights(ckpt, model)
     model.to(device).eval()
@@ -251,5 +433,6 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
     return LoadedRun(cfg, model, tok, ckpt, meta)
 
 
-__all__ = ["LMRunConfig", "LMTrainConfig", "DataConfig", "LoadedRun", "ModelConfig", "apply_overrides", "load_run",
+__all__ = ["LMRunConfig", "LMTrainConfig", "DataConfig", "LoadedRun", "ModelConfig", "apply_overrides",
+           "available_memory", "check_mixer_overrides", "check_model_memory", "estimate_parameters", "load_run",
            "parse_value", "read_metrics", "read_run_config", "with_vocab"]

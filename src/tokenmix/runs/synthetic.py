@@ -23,6 +23,7 @@ import dataclasses
 import hashlib
 import io
 import json
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -55,8 +56,16 @@ class SyntheticTrainConfig:
     val_seed: int = 1_000_003
     test_seed: int = 2_000_003
     mode: str | None = None         # mixer mode used for training and evaluation (None = fast default)
+    test_lengths: tuple[int, ...] = ()  # also test at these sequence lengths (the task's seq_len), e.g. 4x
+                                        # the training length: extrapolation of models without a position code
 
     def __post_init__(self) -> None:
+        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise InputError(f"train config: {name} must be a finite number, got {v!r}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise InputError(f"train config: min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
         for name in ("steps", "batch_size", "train_examples", "val_examples", "test_examples", "eval_every"):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
@@ -67,6 +76,9 @@ class SyntheticTrainConfig:
             raise InputError("train config: warmup_steps and patience must be >= 0")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise InputError("train config: grad_clip and weight_decay must be >= 0")
+        if not isinstance(self.test_lengths, tuple) or any(
+                isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in self.test_lengths):
+            raise InputError(f"train config: test_lengths must be positive integers, got {self.test_lengths!r}")
         if self.val_seed == self.test_seed:
             raise InputError("train config: val_seed and test_seed must differ (held-out test set)")
 
@@ -112,7 +124,21 @@ class SyntheticRunConfig:
             for name in self.model_config().layers:
                 if self.train.mode not in get_mixer_spec(name).cls.modes:
                     raise InputError(f"run '{self.label}': mixer '{name}' has no mode '{self.train.mode}'")
+        if self.train.test_lengths:
+            if "seq_len" not in task.to_dict():
+                raise InputError(f"run '{self.label}': task '{self.task}' has no seq_len to test other lengths at")
+            model = self.model_config()
+            longest = max(self.train.test_lengths)
+            if model.positions == "learned" and longest > model.max_seq_len:
+                raise InputError(f"run '{self.label}': test length {longest} > max_seq_len {model.max_seq_len} of "
+                                 "learned positions (test other lengths with positions='none')")
+            for n in self.train.test_lengths:
+                self.test_task(n)
         del task
+
+    def test_task(self, seq_len: int) -> TaskConfig:
+        """The run's task at another sequence length (``train.test_lengths``)."""
+        return make_task(self.task, **{**self.task_args, "seq_len": seq_len})
 
     def to_dict(self) -> dict[str, Any]:
         """Resolved config: task and model with every default filled in (what run dirs store)."""
@@ -120,14 +146,20 @@ class SyntheticRunConfig:
         task.pop("task")
         model = dataclasses.asdict(self.model_config())
         model["layers"] = list(model["layers"])
+        train = dataclasses.asdict(self.train)
+        if not train["test_lengths"]:
+            del train["test_lengths"]  # configs without extra lengths keep the run ids they had before the field
+        else:
+            train["test_lengths"] = list(train["test_lengths"])
         return {"label": self.label, "task": self.task, "column": self.column_name, "task_args": task,
-                "model": model, "train": dataclasses.asdict(self.train), "seed": self.seed}
+                "model": model, "train": train, "seed": self.seed}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SyntheticRunConfig":
         model = {k: v for k, v in d["model"].items() if k != "vocab_size"}
         return cls(label=d["label"], task=d["task"], task_args=dict(d["task_args"]), model=model,
-                   train=SyntheticTrainConfig(**d["train"]), seed=int(d["seed"]),
+                   train=SyntheticTrainConfig(**{**d["train"], "test_lengths": tuple(d["train"].get("test_lengths", ()))}),
+                   seed=int(d["seed"]),
                    column=None if d.get("column", d["task"]) == d["task"] else d["column"])
 
     @property

@@ -18,6 +18,7 @@ from typing import Any
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_json, atomic_write_text, prepare_output_dir
+from tokenmix.core.lock import folder_lock
 from tokenmix.mixers.registry import get_mixer_spec
 from tokenmix.study import claims, plots, table
 from tokenmix.study.paper import PAPER_TASKS
@@ -88,7 +89,12 @@ def run_compare(req: CompareRequest, console: Any = None) -> CompareResult:
     out = Path(req.out) if req.out else Path("runs") / f"compare-{preset.name}"
     check_device(req.device)
     prepare_output_dir(out)  # fail on an unwritable directory before training anything
+    with folder_lock(out, "compare"):  # a second `compare` into the same folder is refused, naming this one
+        return _compare_locked(req, preset, configs, workers, out, start, load_before, console)
 
+
+def _compare_locked(req: CompareRequest, preset: Preset, configs: list, workers: int, out: Path, start: float,
+                    load_before: tuple[float, float, float], console: Any) -> CompareResult:
     outcome = run_sweep(configs, out, workers=workers, threads=req.threads, progress=req.progress,
                         console=console, device=req.device)
     summary = summarize(outcome.results)

@@ -15,6 +15,12 @@ the split by default), next to the bigram and unigram baselines counted on the t
 scored on exactly the same targets, and in bits per character of the split (so runs with different
 vocabularies compare). ``train.precision=auto`` is resolved once, before config.json is written.
 
+One writer per run folder: ``train_lm`` holds the folder's lock (core/lock.py) for the whole run, so
+a second ``train lm`` into it is refused naming this one. Resuming a finished run (its final
+checkpoint evaluated, summary.json written) says so and writes nothing, unless train.max_steps was
+raised in its config.json; resuming past a corrupt latest checkpoint starts from the newest valid
+one; a missing or unreadable tokenizer.json is restored from the run's prepared data.
+
 Exact resume: the model, AdamW state, RNG state, the data position and the step are restored; the
 learning rate is a function of the step; nothing else carries state. On CPU a resumed run computes
 bit for bit what the uninterrupted run computes. Under ``torchrun`` every rank computes its share
@@ -26,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import shutil
 import sys
 import time
 from dataclasses import dataclass, replace
@@ -38,12 +43,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
+from tokenmix.core.files import atomic_copy, atomic_write_json, atomic_write_text
+from tokenmix.core.lock import folder_lock
 from tokenmix.data.loader import DataPosition, TokenBatches, eval_windows, shard
 from tokenmix.data.prepare import PreparedData, prepare_data
+from tokenmix.data.tokenizer import load_tokenizer
 from tokenmix.models import MixerModel
-from tokenmix.core.files import atomic_write_json, atomic_write_text
-from tokenmix.runs.checkpoint import latest_checkpoint, load_training_state, save_checkpoint
-from tokenmix.runs.lm import LMRunConfig, load_run, with_vocab
+from tokenmix.runs.checkpoint import load_training_state, newest_valid_checkpoint, recover_from, save_checkpoint
+from tokenmix.runs.lm import LMRunConfig, check_model_memory, load_run, with_vocab
 from tokenmix.training.distributed import DistContext, setup_distributed, wrap_model
 from tokenmix.training.optim import build_optimizer
 from tokenmix.training.schedule import warmup_cosine
@@ -252,8 +259,10 @@ class RunLogger:
             self._file.close()
 
 
-def _truncate_metrics(path: Path, last_step: int) -> None:
-    """Drop records of steps after the checkpoint a run resumes from (the killed run wrote them)."""
+def _truncate_metrics(path: Path, last_step: int, keep_final: bool) -> None:
+    """Drop records of steps after the checkpoint a run resumes from (the killed run wrote them), and,
+    unless ``keep_final`` (the run had finished there: a schedule extended since), a final record at
+    its step (a run killed between that record and summary.json)."""
     if not path.is_file():
         return
     keep = []
@@ -262,8 +271,9 @@ def _truncate_metrics(path: Path, last_step: int) -> None:
             rec = json.loads(line)
         except ValueError:
             continue  # a line cut by the kill
-        if rec.get("step", 0) <= last_step:
-            keep.append(line)
+        step = rec.get("step", 0)
+        if step < last_step or (step == last_step and (keep_final or rec.get("event") != "final")):
+            keep.append(line)  # a final record at the checkpoint's step: the resumed run writes its own
     atomic_write_text(path, "".join(l + "\n" for l in keep))
 
 
@@ -273,8 +283,8 @@ def _prepare(cfg: LMRunConfig, ctx: DistContext, verbose: bool) -> tuple[LMRunCo
     data = None
     err: str | None = None
     if ctx.is_main:
-        try:
-            data = prepare_data(cfg.data, verbose=verbose)
+        try:  # a second process preparing the same data waits for the first, then reuses its result
+            data = prepare_data(cfg.data, verbose=verbose, wait=True)
         except Exception as e:  # other ranks must not wait forever on a barrier
             err = f"{type(e).__name__}: {e}"
             if not ctx.distributed:
@@ -296,11 +306,111 @@ def train_lm(cfg: LMRunConfig, run_dir: str | Path, resume: bool = False, progre
     session_t0 = time.perf_counter()
     run_dir = Path(run_dir)
     tc = cfg.train
+    # refused before anything is prepared or written: a model this machine cannot hold while training
+    # (weights, gradients and the two AdamW moments in fp32 on CPU; the CPU copy it is built as on CUDA)
+    on_cpu = tc.device == "cpu" or (tc.device == "auto" and not torch.cuda.is_available())
+    check_model_memory({**_model_fields(cfg), "vocab_size": max(cfg.model.vocab_size, cfg.data.vocab_size)},
+                       16 if on_cpu else 4, "weights, gradients and AdamW state" if on_cpu else "its fp32 weights")
     ctx = setup_distributed(tc.device)
     try:
-        return _train(cfg, run_dir, resume, progress, quiet, ctx, session_t0)
+        with _run_folder(run_dir, resume, ctx):
+            return _train(cfg, run_dir, resume, progress, quiet, ctx, session_t0)
     finally:
         ctx.close()
+
+
+def _model_fields(cfg: LMRunConfig) -> dict:
+    return {f: getattr(cfg.model, f) for f in cfg.model.__dataclass_fields__}
+
+
+def _on_main(ctx: DistContext, fn):
+    """Run ``fn()`` on rank 0; every rank gets its result, or raises the InputError it raised."""
+    result, err = None, None
+    if ctx.is_main:
+        try:
+            result = fn()
+        except InputError as e:
+            if not ctx.distributed:
+                raise
+            err = str(e)
+    result, err = ctx.broadcast_object((result, err))
+    if err is not None:
+        raise InputError(err)
+    return result
+
+
+@contextlib.contextmanager
+def _run_folder(run_dir: Path, resume: bool, ctx: DistContext):
+    """Rank 0 holds the run folder's lock for the whole run (a second ``train lm`` into the same
+    folder is refused, naming this process); a folder made here and left empty is removed again."""
+    created: list[Path] = []
+    lock = contextlib.ExitStack()
+
+    def enter() -> None:
+        if run_dir.exists() and not run_dir.is_dir():
+            raise InputError(f"'{run_dir}' exists and is not a folder; --out must name a new or existing run folder")
+        if resume and not run_dir.is_dir():
+            raise InputError(f"cannot resume: run directory '{run_dir}' does not exist")
+        try:
+            for p in reversed([run_dir, *run_dir.parents]):
+                if not p.exists():
+                    p.mkdir()
+                    created.append(p)
+        except OSError as e:
+            raise InputError(f"cannot create run folder '{run_dir}': {e.strerror or e}") from None
+        lock.enter_context(folder_lock(run_dir, "train lm"))
+
+    try:
+        _on_main(ctx, enter)
+        yield
+    finally:
+        lock.close()
+        for p in reversed(created):  # only folders this call made, and only while empty
+            try:
+                p.rmdir()
+            except OSError:
+                break
+
+
+def _check_run_tokenizer(run_dir: Path, data: PreparedData, vocab_size: int) -> str | None:
+    """On resume: the run's tokenizer.json must be the tokenizer of its data. A missing or unreadable
+    one is restored from the prepared data (when that has the vocabulary the model was trained with);
+    returns a line saying so. A readable one with other tokens is refused."""
+    path = run_dir / "tokenizer.json"
+    source = data.tokenizer
+    try:
+        tok = load_tokenizer(path)
+    except InputError as e:
+        if source.get_vocab_size() != vocab_size:
+            raise InputError(f"cannot resume: {e}, and the prepared data in {data.dir} has a {source.get_vocab_size()}"
+                             f"-token tokenizer where the model has {vocab_size}") from None
+        atomic_copy(data.dir / "tokenizer.json", path)
+        return f"{e}; restored it from the prepared data in {data.dir}"
+    if tok.get_vocab() != source.get_vocab():
+        raise InputError(f"cannot resume: {path} is not the tokenizer of the run's prepared data {data.dir} "
+                         "(different tokens); restore the run's own tokenizer.json")
+    return None
+
+
+def _summary(run_dir: Path) -> dict | None:
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary if isinstance(summary, dict) else None
+
+
+def _summary_step(run_dir: Path) -> int | None:
+    """The step summary.json was written at (the end of a finished session), if any."""
+    return (_summary(run_dir) or {}).get("steps")
+
+
+def _finished(run_dir: Path, cfg: LMRunConfig, meta: dict) -> dict | None:
+    """summary.json of a run whose checkpoint ``meta`` is its final one, already evaluated; else None."""
+    if int(meta["step"]) < cfg.train.max_steps:
+        return None
+    summary = _summary(run_dir)
+    return summary if summary is not None and summary.get("steps") == int(meta["step"]) else None
 
 
 def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None, quiet: bool,
@@ -309,28 +419,57 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
     if tc.threads:
         torch.set_num_threads(tc.threads)
     ckpt_root = run_dir / "checkpoints"
-    start_ckpt = None
+    start_ckpt, skipped = None, []
     if resume:
-        start_ckpt = latest_checkpoint(ckpt_root)
-        if start_ckpt is None:
-            raise InputError(f"cannot resume: {run_dir} has no checkpoint (checkpoints/latest.json)")
+        def choose():
+            ckpt, meta, skipped = newest_valid_checkpoint(ckpt_root)
+            if ckpt is None:
+                raise InputError(f"cannot resume: {run_dir} has no checkpoint (checkpoints/latest.json)")
+            return ckpt.name, meta, skipped
+        name, meta, skipped = _on_main(ctx, choose)
+        start_ckpt = ckpt_root / name
+        summary = _finished(run_dir, cfg, meta)
+        if summary is not None:  # nothing to do: say so and touch nothing
+            if ctx.is_main:
+                for why in skipped:
+                    print(f"tokenmix: warning: {why}; {name} is the newest valid checkpoint", file=sys.stderr)
+            if ctx.is_main and not quiet:
+                print(f"run {run_dir} is finished: step {meta['step']} of train.max_steps={tc.max_steps}, "
+                      f"val ppl {summary.get('val_ppl', float('nan')):.2f}; nothing to do (raise train.max_steps "
+                      "in its config.json to train it further)", flush=True)
+            return TrainResult(run_dir, int(meta["step"]), summary.get("val_loss", math.nan),
+                               summary.get("val_ppl", math.nan), summary.get("bigram_ppl", math.nan),
+                               summary.get("unigram_ppl", math.nan), int(summary.get("tokens", meta.get("tokens", 0))),
+                               0.0, int(summary.get("num_params", meta.get("num_params", 0))))
     elif (ckpt_root / "latest.json").exists():
         raise InputError(f"run directory {run_dir} already holds a run; use --resume {run_dir} or another --out")
     if tc.batch_size % (tc.grad_accum * ctx.world_size):
         raise InputError(f"train.batch_size={tc.batch_size} must be divisible by grad_accum * world size = "
                          f"{tc.grad_accum * ctx.world_size}")
 
+    saved_vocab = cfg.model.vocab_size
     cfg, data = _prepare(cfg, ctx, verbose=ctx.is_main and not quiet)
     precision, precision_note = resolve_precision(cfg.train.precision, ctx.device)
     cfg = replace(cfg, train=replace(cfg.train, precision=precision))  # config.json holds what ran
     tc = cfg.train
+    notes: list[str] = []
+    if resume:
+        restored = _on_main(ctx, lambda: _check_run_tokenizer(run_dir, data, saved_vocab))
+        if ctx.is_main:
+            for why in skipped:
+                notes.append(f"warning: {why}; resuming from {start_ckpt.name}, the newest valid checkpoint")
+            if skipped:  # the unusable newer ones are set aside (kept for inspection), latest.json repointed
+                notes += recover_from(ckpt_root, start_ckpt)
+            if restored:
+                notes.append(f"warning: {restored}")
     if ctx.is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
+        for note in notes:
+            print(f"tokenmix: {note}", file=sys.stderr, flush=True)
         if not resume:
             for stale in ("metrics.jsonl", "summary.json"):  # left by a run killed before its first checkpoint
                 (run_dir / stale).unlink(missing_ok=True)
             atomic_write_json(run_dir / "config.json", cfg.to_dict(), indent=1)
-            shutil.copyfile(data.dir / "tokenizer.json", run_dir / "tokenizer.json")
+            atomic_copy(data.dir / "tokenizer.json", run_dir / "tokenizer.json")
     ctx.barrier()
 
     train_ids = data.split("train")
@@ -352,7 +491,10 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
         step, tokens_seen = int(meta["step"]), int(meta["tokens"])
         position = DataPosition.from_dict(meta["data_position"])
         if ctx.is_main:
-            _truncate_metrics(run_dir / "metrics.jsonl", step)
+            summary_step = _summary_step(run_dir)
+            _truncate_metrics(run_dir / "metrics.jsonl", step, keep_final=summary_step == step)
+            if isinstance(summary_step, int) and summary_step > step:  # the summary of steps trained again
+                (run_dir / "summary.json").unlink(missing_ok=True)
     batches = TokenBatches(train_ids, tc.seq_len, tc.batch_size, tc.seed, position)
 
     if progress is None:
@@ -518,7 +660,7 @@ def evaluate_run(run_dir: str | Path, split: str = "test", max_windows: int = 0,
     """Perplexity and per-position loss of a run's latest checkpoint on a split of its data, with the
     bigram and unigram baselines (counted on the train split) on the same tokens."""
     run = load_run(run_dir)
-    data = prepare_data(run.config.data)  # reuses the run's prepared directory (re-made if it was deleted)
+    data = prepare_data(run.config.data, wait=True)  # reuses the run's prepared directory (re-made if it was deleted)
     windows = eval_windows(data.split(split), run.config.train.seq_len, max_windows)
     if not windows:
         raise InputError(f"the {split} split of {data.dir} is empty")

@@ -12,11 +12,16 @@ sweep that has no result yet (so a killed sweep resumes where it stopped), in wo
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
 import multiprocessing as mp
+import os
 import queue as queue_mod
+import signal
 import statistics
+import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -29,6 +34,7 @@ import torch.nn.functional as F
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_json, atomic_write_text, prepare_output_dir
+from tokenmix.core.lock import folder_lock
 from tokenmix.models import MixerModel
 from tokenmix.runs.synthetic import SyntheticRunConfig, load_result, results_to_csv, run_dir
 from tokenmix.tasks import IGNORE_INDEX, TaskConfig, TaskData, make_task, masked_accuracy
@@ -161,6 +167,9 @@ def train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int], None] | None = 
     # a run that diverged before its first validation has no checkpoint worth scoring
     test_by_group: dict[str, float] = {}
     test_acc = evaluate(model, test_data, mode=tc.mode, by_group=test_by_group) if best_state is not None else 0.0
+    # the same checkpoint tested at other lengths (same test seed): extrapolation
+    test_acc_at = {str(n): evaluate(model, dataset(cfg.test_task(n), tc.test_examples, tc.test_seed), mode=tc.mode)
+                   if best_state is not None else 0.0 for n in tc.test_lengths}
     head = losses[: min(10, len(losses))]
     tail = losses[-min(10, len(losses)):]
     return {
@@ -174,6 +183,7 @@ def train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int], None] | None = 
         "seed": cfg.seed,
         "test_acc": test_acc,
         "test_acc_by_group": test_by_group,  # empty unless the task has answer groups
+        "test_acc_at": test_acc_at,  # {seq_len: test accuracy}, empty unless train.test_lengths is set
         "best_val_acc": best_val,
         "steps_done": step,
         "stop_reason": stop_reason,
@@ -222,9 +232,66 @@ def _execute(cfg_dict: dict[str, Any], out: str, threads: int | None, progress_q
     return result
 
 
-def _worker_init(threads: int | None) -> None:
+# ------------------------------------------------------------------------------------ worker processes
+# A worker trains one run after another for the sweep's process and must never outlive it: killed
+# (SIGKILL, SIGTERM) or interrupted, the parent takes its workers with it. On Linux the kernel sends
+# the worker SIGKILL when its parent dies (PR_SET_PDEATHSIG; strictly, when the thread that started
+# it ends: run_sweep's caller, which waits in run_sweep until the pool is done); everywhere a watcher
+# thread in the worker ends it once its parent is gone (it is then reparented, so os.getppid()
+# changes). Ctrl-C reaches the whole process group: workers ignore it, and the parent stops them.
+
+_PROGRESS_QUEUE: Any = None   # this worker's queue of progress counts (set by _worker_init)
+PARENT_POLL_SECONDS = 0.5
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass  # the watcher below still covers it
+    if os.getppid() != parent_pid:  # the parent died before the line above
+        os._exit(1)
+
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(PARENT_POLL_SECONDS)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="tokenmix-parent-watch", daemon=True).start()
+
+
+def _worker_init(threads: int | None, progress_queue: Any = None, parent_pid: int | None = None) -> None:
+    global _PROGRESS_QUEUE
+    if parent_pid is not None:
+        _die_with_parent(parent_pid)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it terminates its workers
+    _PROGRESS_QUEUE = progress_queue
     if threads:
         torch.set_num_threads(threads)
+
+
+def _execute_in_worker(cfg_dict: dict[str, Any], out: str, threads: int | None, device: str) -> dict[str, Any]:
+    return _execute(cfg_dict, out, threads, _PROGRESS_QUEUE, device)
+
+
+def _stop_workers(pool: ProcessPoolExecutor) -> None:
+    """Cancel what is queued and end the running workers now (not after their current run)."""
+    if hasattr(pool, "terminate_workers"):  # Python 3.14+
+        pool.terminate_workers()
+        return
+    procs = list((getattr(pool, "_processes", None) or {}).values())  # the running workers (3.11-3.13)
+    pool.shutdown(wait=False, cancel_futures=True)
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5.0
+    for p in procs:
+        p.join(max(deadline - time.monotonic(), 0.0))
+        if p.is_alive():
+            p.kill()
+            p.join(1.0)
 
 
 def check_device(device: str) -> None:
@@ -261,12 +328,21 @@ def run_sweep(configs: Sequence[SyntheticRunConfig], out: str | Path, workers: i
         threads: torch threads per worker (None = leave torch's default).
         progress: show a rich progress bar (steps of all pending runs).
         device: torch device of the training ("cpu", "cuda", "cuda:1", ...); not part of the run id.
+
+    ``out`` is locked while the sweep runs (a second sweep into it is refused, naming this process);
+    an interrupt, SIGTERM (from the CLI) or a failed run stops the workers at once.
     """
     configs = validate_sweep(configs)
     check_device(device)
     if workers < 1:
         raise InputError(f"workers must be >= 1, got {workers}")
     out = prepare_output_dir(out)
+    with folder_lock(out, "compare"):  # one sweep writes a folder at a time (re-entrant: run_compare holds it)
+        return _run_sweep(configs, out, workers, threads, progress, console, device)
+
+
+def _run_sweep(configs: list[SyntheticRunConfig], out: Path, workers: int, threads: int | None, progress: bool,
+               console: Any, device: str) -> SweepOutcome:
     (out / "runs").mkdir(exist_ok=True)
     atomic_write_json(out / "sweep.json", [c.to_dict() for c in configs])
     t0 = time.perf_counter()
@@ -310,22 +386,31 @@ def run_sweep(configs: Sequence[SyntheticRunConfig], out: str | Path, workers: i
                 torch.set_num_threads(prev_threads)
         else:
             ctx = mp.get_context("spawn")
-            with ctx.Manager() as manager:
-                q = manager.Queue()
-                with ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
-                                         initargs=(threads,)) as pool:
-                    futures = {pool.submit(_execute, c.to_dict(), str(out), threads, q, device): c for c in pending}
-                    remaining = set(futures)
-                    bar.update(task_id, description=describe())
-                    while remaining:
-                        finished, remaining = wait(remaining, timeout=0.5, return_when=FIRST_COMPLETED)
-                        _drain(q, bar, task_id)
-                        for fut in finished:
-                            res = fut.result()  # re-raises a worker's exception
-                            done[res["run_id"]] = res
-                            finished_now += 1
-                        bar.update(task_id, description=describe())
+            q = ctx.Queue()  # handed to each worker when it starts (no manager process to outlive us)
+            pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
+                                       initargs=(threads, q, os.getpid()))
+            try:
+                futures = {pool.submit(_execute_in_worker, c.to_dict(), str(out), threads, device): c
+                           for c in pending}
+                remaining = set(futures)
+                bar.update(task_id, description=describe())
+                while remaining:
+                    finished, remaining = wait(remaining, timeout=0.5, return_when=FIRST_COMPLETED)
                     _drain(q, bar, task_id)
+                    for fut in finished:
+                        res = fut.result()  # re-raises a worker's exception
+                        done[res["run_id"]] = res
+                        finished_now += 1
+                    bar.update(task_id, description=describe())
+                _drain(q, bar, task_id)
+            except BaseException:  # interrupted, terminated or a run failed: stop the others now
+                _stop_workers(pool)
+                raise
+            else:
+                pool.shutdown(wait=True)
+            finally:
+                q.close()
+                q.cancel_join_thread()
         bar.update(task_id, description=describe())
 
     results = [done[c.run_id] for c in configs]
@@ -384,6 +469,7 @@ def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "best_lr": best_lr, "acc_mean": mean, "acc_std": std, "n_seeds": n, "val_mean": val,
             "acc_by_lr": {f"{lr:g}": per_lr[lr][0] for lr in sorted(per_lr)},
             "acc_by_group": _mean_by_group(best_runs),
+            "acc_at": _mean_at_lengths(best_runs),
             "val_by_lr": {f"{lr:g}": per_lr[lr][3] for lr in sorted(per_lr)},
             "tokens_per_s": statistics.fmean(r["tokens_per_s"] for rs in by_lr.values() for r in rs),
             "tokens_per_cpu_s": statistics.fmean(r.get("tokens_per_cpu_s", 0.0) for rs in by_lr.values() for r in rs),
@@ -396,6 +482,13 @@ def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
                                 for r in best_runs),
         })
     return rows
+
+
+def _mean_at_lengths(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
+    """Mean over runs of the test accuracy at each extra test length (``train.test_lengths``)."""
+    per_run = [r.get("test_acc_at") or {} for r in runs]
+    lengths = [n for n in per_run[0] if all(n in p for p in per_run)] if per_run else []
+    return {n: statistics.fmean(p[n] for p in per_run) for n in lengths}
 
 
 def _mean_by_group(runs: Sequence[dict[str, Any]]) -> dict[str, float]:

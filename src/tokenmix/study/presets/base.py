@@ -104,7 +104,11 @@ def load_preset_file(path: str | Path) -> Preset:
 
 
 def compare_preset(spec: str) -> Preset:
-    """A compare preset by name, or from a ``.py`` file given by path."""
+    """A compare preset by name, or from a ``.py`` file given by path.
+
+    Only a path runs a user's file (it ends in ``.py`` or contains a path separator): a bare name is
+    looked up among the registered presets and nowhere else, never in the current directory.
+    """
     if spec.endswith(".py") or "/" in spec or "\\" in spec:
         return load_preset_file(spec)
     return get_preset("compare", spec)
