@@ -256,3 +256,26 @@ def test_sweep_trains_longest_budgets_first_and_reports_in_config_order(tmp_path
     outcome = run_sweep(configs, tmp_path / "sweep", progress=False)
     assert calls == [configs[i].run_id for i in (1, 3, 0, 2)]
     assert [r["run_id"] for r in outcome.results] == [c.run_id for c in configs]
+
+
+def test_extra_test_lengths_score_the_same_checkpoint_at_other_lengths():
+    """``train.test_lengths``: the checkpoint tested at other sequence lengths (the task's seq_len),
+    reported per length and averaged per row; configs without it keep their run ids."""
+    base = RunConfig(label="gdn", task="state_tracking", task_args=dict(group="parity", seq_len=8),
+                     model=dict(d_model=16, layers=["gated_deltanet"], n_heads=2, positions="none"),
+                     train=TrainConfig(steps=30, eval_every=10, train_examples=256, val_examples=64,
+                                       test_examples=64, lr=3e-3))
+    assert "test_lengths" not in base.to_dict()["train"]
+    cfg = replace(base, train=replace(base.train, test_lengths=(8, 32)))
+    assert cfg.run_id != base.run_id and RunConfig.from_dict(cfg.to_dict()).train == cfg.train
+    r = train_one(cfg)
+    assert set(r["test_acc_at"]) == {"8", "32"}
+    assert r["test_acc_at"]["8"] == pytest.approx(r["test_acc"])  # the same test set at the training length
+    assert 0.0 <= r["test_acc_at"]["32"] <= 1.0
+    row = summarize([r])[0]
+    assert row["acc_at"] == r["test_acc_at"]
+    learned = replace(cfg, model={**cfg.model, "positions": "learned", "max_seq_len": 16})
+    with pytest.raises(ValueError, match="test length 32 > max_seq_len 16"):
+        learned.validate()
+    with pytest.raises(ValueError, match="test_lengths must be positive"):
+        TrainConfig(test_lengths=(0,))

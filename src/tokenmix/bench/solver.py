@@ -94,9 +94,9 @@ def summarize(results: list[dict]) -> dict:
         if (mixer, mode, n) in cpu:
             entry[f"cpu_s@{n}"] = round(cpu[(mixer, mode, n)], 4)
         if (mixer, "dense", n) in t and mode in ("chunked", "compiled"):
-            entry[f"dense_over_chunked@{n}"] = round(t[(mixer, "dense", n)] / v, 2)
+            entry[f"dense_over_{mode}@{n}"] = round(t[(mixer, "dense", n)] / v, 2)
             if (mixer, "dense", n) in cpu and (mixer, mode, n) in cpu:
-                entry[f"dense_over_chunked_cpu@{n}"] = round(cpu[(mixer, "dense", n)] / cpu[(mixer, mode, n)], 2)
+                entry[f"dense_over_{mode}_cpu@{n}"] = round(cpu[(mixer, "dense", n)] / cpu[(mixer, mode, n)], 2)
         if ("sdpa", "sdpa", n) in t:
             entry[f"over_sdpa@{n}"] = round(v / t[("sdpa", "sdpa", n)], 3)
         if (mixer, mode, n) in mem:

@@ -56,6 +56,13 @@ def acc_cell(cell: dict[str, Any] | None) -> str:
     return f"{100 * cell['acc_mean']:.1f} ± {100 * cell['acc_std']:.1f}"
 
 
+def at_length_cell(cell: dict[str, Any] | None, n: str) -> str:
+    """Mean test accuracy (%) of the cell's runs at extra test length n, or a dash."""
+    if cell is None or n not in cell.get("acc_at", {}):
+        return "—"
+    return f"{100 * cell['acc_at'][n]:.1f}"
+
+
 TABLE_HEADER = ("mixer", "time/token", "MACs@n", "cache", "positions@n meas/der", "scalars@n meas/der", "path@n")
 
 
@@ -63,7 +70,12 @@ def table_rows(labels: Sequence[str], tasks: Sequence[str], facts: dict[str, Str
                cells: dict[tuple[str, str], dict[str, Any]],
                tok_s: dict[str, tuple[float, float]]) -> tuple[list[str], list[list[str]]]:
     """Header and string cells of the comparison table."""
-    header = [*TABLE_HEADER, *tasks, "train tok/s", "tok/CPU-s"]
+    # a column tested at other lengths too (train.test_lengths) gets one more column per length
+    columns = [(t, None) for t in tasks]
+    for t in tasks:
+        lengths = dict.fromkeys(n for (_, col), c in cells.items() if col == t for n in c.get("acc_at", {}))
+        columns[columns.index((t, None)) + 1 : columns.index((t, None)) + 1] = [(t, n) for n in lengths]
+    header = [*TABLE_HEADER, *[t if n is None else f"{t} @{n}" for t, n in columns], "train tok/s", "tok/CPU-s"]
     rows = []
     for label in labels:
         f = facts[label]
@@ -73,7 +85,8 @@ def table_rows(labels: Sequence[str], tasks: Sequence[str], facts: dict[str, Str
             f"{f.cache_positions_measured}/{f.cache_positions_derived}{mark}",
             f"{f.state_size_measured}/{f.state_size_derived}{mark}",
             fmt_path(f.shortest_path),
-            *[acc_cell(cells.get((label, t))) for t in tasks],
+            *[acc_cell(cells.get((label, t))) if n is None else at_length_cell(cells.get((label, t)), n)
+              for t, n in columns],
             f"{tok_s.get(label, (0.0, 0.0))[0]:,.0f}",
             f"{tok_s.get(label, (0.0, 0.0))[1]:,.0f}",
         ])
