@@ -25,6 +25,19 @@ REFERENCES = {
     "gla": ("fla naive_recurrent_gla",),
     "mamba2": ("fla naive_recurrent_simple_gla", "fla naive_chunk_simple_gla"),
     "diag_ssm": ("fla naive_recurrent_gla one head per channel",),
+    # the 2025-26 mixers (issue 22)
+    "gated_delta_product": ("fla naive_recurrent_gated_delta_product",),
+    "kda": ("fla naive_recurrent_kda", "fla naive_chunk_kda"),
+    "gdn2": ("fla naive_recurrent_gdn2", "fla naive_chunk_gdn2"),
+    "forgetting_attention": ("fla naive_forgetting_attn",),
+    "stickbreaking_attention": ("fla naive_stickbreaking_attn",),
+    "path_attention": ("fla naive_path_attn",),
+    "mesa_net": ("fla naive_mesa_net_exact",),
+    "hgrn2": ("fla naive_recurrent_hgrn",),
+    "rg_lru": ("plain loop of the Griffin paper's equations",),
+    "ttt_linear": ("fla chunk_ttt_linear_ref",),
+    "log_linear_mamba2": ("fla naive_log_linear_attn",),
+    "log_linear_gated_deltanet": ("explicit λ-weighted gated-delta formula", "level scales 1 vs fla"),
 }
 GLA_FAMILY = {"linear_attention", "retnet", "gla", "mamba2", "diag_ssm"}
 FLOAT32_REL_TOL = 1e-5

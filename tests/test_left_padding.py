@@ -141,7 +141,7 @@ def test_start_of_zeros_is_the_ordinary_state(name):
 def test_padding_mechanism_is_declared():
     """Row groups only where the arithmetic follows each row's clock; masks everywhere else."""
     grouped = {n for n in ALL_MIXERS if isinstance(small_mixer(n).init_state(2, start=[0, 1]), RowGroupState)}
-    assert grouped == {"pow2_ce", "sq1_ce", "log_linear"}
+    assert grouped == {"pow2_ce", "sq1_ce", "log_linear", "log_linear_mamba2", "log_linear_gated_deltanet", "ttt_linear"}
 
 
 @pytest.mark.parametrize("name", ["attention", "pow2_ce", "gla"])

@@ -59,4 +59,5 @@ def load_all_crosschecks() -> None:
         importlib.import_module(f"tokenmix.checks.{mod}")
 
 
-CROSSCHECK_MODULES: list[str] = ["attention_family", "delta_family", "linear_family"]
+CROSSCHECK_MODULES: list[str] = ["attention_family", "delta_family", "linear_family",
+                                 "attention_2025", "delta_2025", "hierarchical_2025", "recurrent_2025"]

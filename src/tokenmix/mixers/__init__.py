@@ -13,6 +13,18 @@ from tokenmix.mixers import retnet  # noqa: F401
 from tokenmix.mixers import gla  # noqa: F401
 from tokenmix.mixers import mamba2  # noqa: F401
 from tokenmix.mixers import diag_ssm  # noqa: F401
+from tokenmix.mixers import log_linear_mamba2  # noqa: F401
+from tokenmix.mixers import log_linear_gated_deltanet  # noqa: F401
+from tokenmix.mixers import forgetting_attention  # noqa: F401
+from tokenmix.mixers import stickbreaking_attention  # noqa: F401
+from tokenmix.mixers import path_attention  # noqa: F401
+from tokenmix.mixers import ttt_linear  # noqa: F401
+from tokenmix.mixers import gated_delta_product  # noqa: F401
+from tokenmix.mixers import kda  # noqa: F401
+from tokenmix.mixers import gdn2  # noqa: F401
+from tokenmix.mixers import hgrn2  # noqa: F401
+from tokenmix.mixers import rg_lru  # noqa: F401
+from tokenmix.mixers import mesa_net  # noqa: F401
 
 from tokenmix.mixers.registry import MixerSpec, build_mixer, get_mixer_spec, mixer_names, register_mixer
 

@@ -1,0 +1,295 @@
+"""PaTH attention (Yang et al., "PaTH Attention: Position Encoding via Accumulating Householder
+Transformations", 2025): softmax attention whose relative position encoding is a data-dependent
+product of Householder-like transforms.
+
+Per head, with q_t, k_t, v_t [K] projections of the layer input, a unit vector w_t = normalize(W_w x_t)
+[K] and beta_t = 2 sigmoid(b_t) in (0, 2) (``allow_neg_eigval``, as in the paper: H_t then has the
+eigenvalue 1 - beta_t in (-1, 1), a reflection at beta = 2; else beta_t = sigmoid(b_t) in (0, 1)):
+
+    H_t = I - beta_t w_t w_t^T,
+    s_{i,j} = q_i^T H_i H_{i-1} ... H_{j+1} k_j / sqrt(K)      (s_{i,i} = q_i . k_i / sqrt(K)),
+    a_{i,.} = softmax_j( s_{i,j} [+ G_i - G_j] ),    y_i = sum_{j <= i} a_{i,j} v_j,
+
+with the optional forget gate of FoX (``use_forget_gate``, the paper's PaTH-FoX): G_t = sum_{s<=t} log f_s,
+f_t = sigmoid(w_f . x_t + b_f). (fla's kernels and naive reference add G_i - G_j *before* the
+1/sqrt(K) scaling, i.e. their gate is f^(1/sqrt K); this mixer uses the FoX form above, and the
+cross-check feeds fla g = sqrt(K) log f.)
+
+(A, B) form: A = the PaTH softmax matrix [a_{i,j}], [B, H, T, T], causal and row-stochastic;
+B = 0. The data-dependent transforms sit inside A's logits: each logit is a bilinear form through
+a product of up to i - j rank-one updates of I (a product of generalized Householder matrices).
+
+Modes:
+    ``chunked`` (training default) -- blocks of C = chunk_size tokens. Per block, the UT/WY form
+        H_{end} ... H_{start} = I - W^T T (beta W) with T = (I + strict_lower(beta W W^T))^{-1} (a
+        unit-triangular solve) gives the in-block logits, the queries transformed down to the block
+        start, the keys transformed up to the block end, and the block product; query block c then
+        walks back over the key blocks, multiplying its queries by one block product per block
+        (fla's naive.py, row by row). Blocks are checkpointed in training: memory O(C n).
+    ``dense`` -- the reference: transforms applied one token at a time to every earlier key, the
+        materialised A and the reference solver.
+    ``recurrent`` -- token by token over the decode cache below.
+
+Decode cache (``PathCache``): for every past position j < t its key *already transformed to the
+last seen position*, k~_j = H_{t-1} ... H_{j+1} k_j, its value, and (with the forget gate) log f_j:
+keys [B, P, H, K], values [B, P, H, K], gates [B, P, H]. A decoded token t first applies H_t to
+every cached key (k~_j <- k~_j - beta_t (w_t . k~_j) w_t, O(P H K)), appends its own k_t, and reads
+s_{t,j} = q_t . k~_j / sqrt(K): the cumulative transforms are folded into the cache, so no K x K
+matrix and no per-token transform is kept. While token n - 1 is decoded the cache holds n - 1
+positions, H (2K [+1]) scalars each (cache_positions / state_size).
+
+Left padding (mixers/base.py), masked as in attention: padding keys are masked out of every row,
+a padding query reads only its own key; padding tokens are inert (beta = 0: H = I, log f = 0), so
+no real logit sees a padding transform (no real pair spans one anyway).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tokenmix.core.errors import InputError
+from tokenmix.mixers.attention import allowed_keys, mask_padding_keys
+from tokenmix.mixers.base import MixerConfig, MixerState
+from tokenmix.mixers.forgetting_attention import RowAttention, Segment, exclusive_reverse_cumsum
+from tokenmix.mixers.registry import register_mixer
+
+
+@dataclass(frozen=True)
+class PathAttentionConfig(MixerConfig):
+    chunk_size: int = 64           # C, tokens per block of the chunked mode
+    allow_neg_eigval: bool = True  # beta in (0, 2) (the paper's choice) instead of (0, 1)
+    use_forget_gate: bool = False  # PaTH-FoX: add FoX's G_i - G_j to the logits
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.chunk_size <= 0:
+            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
+
+
+class PathCache(MixerState):
+    """PaTH decode cache (module docstring).
+
+    Attributes:
+        keys: [B, P, H, K] cached keys transformed to the last seen position (H_{t-1} ... H_{j+1} k_j).
+        values: [B, P, H, K].
+        gates: [B, P, H] log forget gates, or None without the forget gate.
+        position: tokens seen.
+    """
+
+    def __init__(self, owner: str, batch_size: int, position: int, keys: Tensor, values: Tensor,
+                 gates: Tensor | None) -> None:
+        self.owner, self.batch_size, self.position = owner, batch_size, position
+        self.keys, self.values, self.gates = keys, values, gates
+
+    def tensors(self) -> dict[str, Tensor]:
+        out = {"keys": self.keys, "values": self.values}
+        if self.gates is not None:
+            out["gates"] = self.gates
+        return out
+
+    def cached_positions(self) -> int:
+        return self.keys.shape[1]
+
+    def numel_per_batch(self) -> int:
+        per = self.keys.shape[2] * (self.keys.shape[3] + self.values.shape[3])
+        if self.gates is not None:
+            per += self.gates.shape[2]
+        return self.keys.shape[1] * per
+
+    def after(self, keys: Tensor, values: Tensor, gates: Tensor | None, position: int) -> "PathCache":
+        return PathCache(self.owner, self.batch_size, position, keys, values, gates).carry_over(self)
+
+
+def householder_step(keys: Tensor, w: Tensor, beta: Tensor) -> Tensor:
+    """H keys for H = I - beta w w^T: keys [B, P, H, K], w [B, H, K], beta [B, H] -> [B, P, H, K]."""
+    proj = torch.einsum("bphk,bhk->bph", keys, w)
+    return keys - (beta[:, None] * proj)[..., None] * w[:, None]
+
+
+class PathAttention(RowAttention):
+    """Multi-head PaTH attention (optionally with the FoX forget gate)."""
+
+    config_cls = PathAttentionConfig
+
+    def __init__(self, config: PathAttentionConfig, d_model: int) -> None:
+        super().__init__(config, d_model)
+        h, k = self.n_heads, self.head_dim
+        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
+        self.w_proj = nn.Linear(d_model, h * k, bias=False)  # w_t = normalize(w_proj(x_t)) per head
+        self.beta_proj = nn.Linear(d_model, h, bias=True)    # beta_t = (2) sigmoid(beta_proj(x_t))
+        self.fgate = nn.Linear(d_model, h, bias=True) if config.use_forget_gate else None
+        self.out = nn.Linear(h * k, d_model, bias=False)
+
+    # ---------------------------------------------------------------- shared pieces
+    def transforms(self, x: Tensor, state: MixerState | None = None
+                   ) -> tuple[Tensor, Tensor, Tensor | None]:
+        """w [B, T, H, K] (unit), beta [B, T, H] and log f [B, T, H] (None without the gate) of a
+        segment; padding positions of ``state`` get beta = 0 and log f = 0 (inert)."""
+        b, t, _ = x.shape
+        w = F.normalize(self.w_proj(x).view(b, t, self.n_heads, self.head_dim), dim=-1)
+        beta = torch.sigmoid(self.beta_proj(x)) * (2.0 if self.config.allow_neg_eigval else 1.0)
+        logf = F.logsigmoid(self.fgate(x)) if self.fgate is not None else None
+        pad = state.padding(t) if state is not None else None
+        if pad is not None:
+            beta = beta.masked_fill(pad[..., None], 0.0)
+            logf = logf.masked_fill(pad[..., None], 0.0) if logf is not None else None
+        return w, beta, logf
+
+    def _start(self, x: Tensor, state: PathCache | None):
+        if state is None:
+            state = self.empty_state(x.shape[0], x.device, x.dtype)
+        q, k, v = self._project(x)
+        w, beta, logf = self.transforms(x, state)
+        gbuf = torch.cat([state.gates, logf], 1) if logf is not None else None  # [B, P + T, H]
+        return state, q, k, v, w, beta, logf, gbuf
+
+    def _logits_to_probs(self, scores: Tensor, gsum: Tensor | None, p: int, i0: int, i1: int,
+                         key_start: Tensor | None) -> Tensor:
+        """Softmax rows of queries i0 .. i1 - 1 from scores [B, H, i1 - i0, P + i1] (unscaled)."""
+        s = p + i1
+        scores = scores / math.sqrt(self.head_dim)
+        if gsum is not None:
+            scores = scores + (gsum[:, p + i0 : s].transpose(1, 2)[..., None]
+                               - gsum[:, :s].transpose(1, 2)[:, :, None, :])
+        mask = allowed_keys(p + i0, i1 - i0, None, scores.device, key_start)
+        return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
+
+    # ---------------------------------------------------------------- segments
+    def _segment(self, x: Tensor, state: PathCache | None, mode: str) -> Segment:
+        state, q, k, v, w, beta, logf, gbuf = self._start(x, state)
+        p, t = state.cached_positions(), x.shape[1]
+        key_start = state.padded_keys(p)
+        gsum = gbuf.cumsum(1) if gbuf is not None else None
+        vbuf = torch.cat([state.values, v], 1)
+        if mode == "dense":
+            scores, keys = self._sequential_scores(q, k, w, beta, state.keys)
+            probs = self._logits_to_probs(scores, gsum, p, 0, t, key_start)
+            return Segment(p, t, lambda i0, i1: probs[:, :, i0:i1, : p + i1], vbuf,
+                           lambda: state.after(keys, vbuf, gbuf, state.position + t))
+        rows, keys_fn = self._blocked(q, k, w, beta, state.keys)
+
+        def probs_rows(i0: int, i1: int) -> Tensor:
+            return self._logits_to_probs(rows(i0, i1), gsum, p, i0, i1, key_start)
+
+        return Segment(p, t, probs_rows, vbuf, lambda: state.after(keys_fn(), vbuf, gbuf, state.position + t))
+
+    def _sequential_scores(self, q: Tensor, k: Tensor, w: Tensor, beta: Tensor, cached: Tensor
+                           ) -> tuple[Tensor, Tensor]:
+        """Reference logits: the transforms applied one token at a time to every earlier key.
+
+        Returns:
+            scores [B, H, T, P + T] (q_i^T H_i ... H_{j+1} k_j, 0 above the diagonal, unscaled) and the
+            keys [B, P + T, H, K] transformed to the segment's last position (the next cache).
+        """
+        t, p = q.shape[1], cached.shape[1]
+        keys, rows = cached, []
+        for s in range(t):
+            keys = torch.cat([householder_step(keys, w[:, s], beta[:, s]), k[:, s : s + 1]], 1)
+            rows.append(F.pad(torch.einsum("bhk,bshk->bhs", q[:, s], keys), (0, t - 1 - s)))
+        return torch.stack(rows, 2), keys
+
+    def _blocked(self, q: Tensor, k: Tensor, w: Tensor, beta: Tensor, cached: Tensor):
+        """The chunked (UT/WY) form.
+
+        Returns:
+            rows: (i0, i1) -> unscaled logits [B, H, i1 - i0, P + i1] of queries i0 .. i1 - 1 (i0 a
+                multiple of C, i1 <= i0 + C).
+            keys: () -> the keys [B, P + T, H, K] transformed to the segment's last position.
+        """
+        b, t, h, kd = q.shape
+        c_sz = self.config.chunk_size
+        nb = -(-t // c_sz)
+        pad = nb * c_sz - t
+
+        def blocks(z: Tensor) -> Tensor:  # [B, T, H, .] -> [B, H, N, C, .]; padded tokens are inert (w = 0)
+            z = F.pad(z, (0, 0, 0, 0, 0, pad))
+            return z.view(b, nb, c_sz, h, z.shape[-1]).permute(0, 3, 1, 2, 4)
+
+        qb, kb, wb = blocks(q), blocks(k), blocks(w)
+        wbeta = wb * blocks(beta[..., None])
+        eye_c = torch.eye(c_sz, dtype=q.dtype, device=q.device)
+        strict = torch.ones(c_sz, c_sz, dtype=torch.bool, device=q.device).tril(-1)
+        lower = strict | eye_c.bool()
+        wt, kt = wb.transpose(-1, -2), kb.transpose(-1, -2)
+        # T = (I + strict_lower(beta W W^T))^{-1}:  H_{end} ... H_{start} = I - W^T T (beta W)
+        # (half precision is solved in float32: there is no bf16 / fp16 triangular solve)
+        work = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
+        tmat = torch.linalg.solve_triangular((eye_c + (wbeta @ wt).masked_fill(~strict, 0.0)).to(work),
+                                             eye_c.to(work).expand(b, h, nb, c_sz, c_sz), upper=False,
+                                             unitriangular=True).to(q.dtype)
+        twb = tmat @ wbeta                                              # [B, H, N, C, K]
+        twbk = tmat @ (wbeta @ kt).masked_fill(~strict, 0.0)             # [B, H, N, C, C]
+        qw = (qb @ wt).masked_fill(~lower, 0.0)
+        a_local = (qb @ kt).masked_fill(~lower, 0.0) - qw @ twbk          # in-block logits
+        qh = qb - qw @ twb          # q_i^T H_i ... H_{block start}
+        kh = kb - twbk.transpose(-1, -2) @ wb  # H_{block end} ... H_{j+1} k_j
+        hm = wt @ twb               # block product H_{end} ... H_{start} = I - hm   [B, H, N, K, K]
+        kc = cached.transpose(1, 2)  # [B, H, P, K]
+        p = kc.shape[2]
+
+        def rows(i0: int, i1: int) -> Tensor:
+            c = i0 // c_sz
+            parts = [a_local[:, :, c]]
+            qcur = qh[:, :, c]
+            for prev in range(c - 1, -1, -1):  # walk back over the key blocks
+                parts.append(qcur @ kh[:, :, prev].transpose(-1, -2))
+                qcur = qcur - qcur @ hm[:, :, prev]
+            if p:
+                parts.append(qcur @ kc.transpose(-1, -2))
+            return torch.cat(parts[::-1], -1)[:, :, : i1 - i0, : p + i1]
+
+        def keys() -> Tensor:
+            suffix = torch.eye(kd, dtype=q.dtype, device=q.device).expand(b, h, kd, kd)
+            out = [None] * nb
+            for c in range(nb - 1, -1, -1):  # suffix = (I - hm_{N-1}) ... (I - hm_{c+1})
+                out[c] = kh[:, :, c] @ suffix.transpose(-1, -2)
+                suffix = suffix - suffix @ hm[:, :, c]
+            seg = torch.cat(out, 2)[:, :, :t]
+            return torch.cat([kc @ suffix.transpose(-1, -2), seg], 2).transpose(1, 2)
+
+        return rows, keys
+
+    # ---------------------------------------------------------------- decode
+    def forward_recurrent(self, x: Tensor, state: PathCache | None) -> tuple[Tensor, PathCache]:
+        """Token by token: apply H_t to the cached keys, append k_t (and v_t, log f_t), softmax read."""
+        state, q, k, v, w, beta, logf, _ = self._start(x, state)
+        ys = []
+        for s in range(x.shape[1]):
+            state.observe()
+            p = state.cached_positions()
+            keys = torch.cat([householder_step(state.keys, w[:, s], beta[:, s]), k[:, s : s + 1]], 1)
+            values = torch.cat([state.values, v[:, s : s + 1]], 1)
+            gates = torch.cat([state.gates, logf[:, s : s + 1]], 1) if logf is not None else None
+            scores = torch.einsum("bhk,bshk->bhs", q[:, s], keys) / math.sqrt(self.head_dim)
+            if gates is not None:
+                scores = scores + exclusive_reverse_cumsum(gates, 1).transpose(1, 2)
+            scores = mask_padding_keys(scores, state.padded_keys(p))
+            ys.append(torch.einsum("bhs,bshv->bhv", torch.softmax(scores, -1), values))
+            state = state.after(keys, values, gates, state.position + 1)
+        return self.out(torch.stack(ys, 1).flatten(2)), state
+
+    # ---------------------------------------------------------------- surface
+    def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PathCache:
+        h, k = self.n_heads, self.head_dim
+        gates = torch.zeros(batch_size, 0, h, device=device, dtype=dtype) if self.fgate is not None else None
+        return PathCache(self.owner, batch_size, 0, torch.zeros(batch_size, 0, h, k, device=device, dtype=dtype),
+                         torch.zeros(batch_size, 0, h, k, device=device, dtype=dtype), gates)
+
+    def state_size(self, n: int) -> int:
+        per = 2 * self.head_dim + (1 if self.fgate is not None else 0)  # transformed key, value (, log f)
+        return self.cache_positions(n) * self.n_heads * per
+
+    def flops_per_token(self, n: int) -> int:
+        cached = self.cache_positions(n)
+        gate = cached + 1 if self.fgate is not None else 0
+        # H_t on every cached key (w.k~ and the update), then q.k~_j and the sum of v_j (, the gate cumsum)
+        return self.n_heads * (cached * 2 * self.head_dim + (cached + 1) * 2 * self.head_dim + gate)
+
+
+register_mixer("path_attention", PathAttentionConfig, family="attention",
+               ab_form="A = causal softmax(q_i^T H_i..H_{j+1} k_j / sqrt(K) [+ G_i - G_j]), "
+                       "H_t = I - beta_t w_t w_t^T; B = 0")(PathAttention)

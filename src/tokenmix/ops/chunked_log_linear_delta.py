@@ -1,0 +1,302 @@
+"""Log-linear Gated DeltaNet (Guo et al. 2025, "Log-Linear Attention" §3.2): the Fenwick hierarchy of
+ops/chunked_log_linear.py on the gated delta rule of ops/chunked_delta.py.
+
+Gated DeltaNet per head (state S [K, V]): S_t = alpha_t (I - beta_t k_t k_tᵀ) S_{t-1} + beta_t k_t v_tᵀ,
+o_t = scale S_tᵀ q_t, alpha_t = exp(g_t). Its mixing matrix over the values (mixers/gated_deltanet.py)
+
+    M = R (I - B)^{-1} A,   A = diag(beta),  B[t,j] = -beta_t exp(G_t - G_j) k_t·k_j (j < t),
+                            R[t,j] = scale exp(G_t - G_j) q_t·k_j (j <= t),
+    M[t,s] = scale q_tᵀ [prod_{i=s+1..t} alpha_i (I - beta_i k_i k_iᵀ)] k_s beta_s.
+
+The log-linear version weights every entry by the level scale of its Fenwick level l(t,s) =
+bit_length(t XOR s) (absolute positions):
+
+    O = (M ⊙ M^H) V,    M^H[t,s] = lambda_t^(l(t,s)).
+
+State view: before token t the prefix splits into the Fenwick buckets of t (ops/chunked_log_linear.py);
+each bucket keeps its own S^(l) [K, V], and since the transition is linear every bucket evolves by the
+same alpha_t (I - beta_t k_t k_tᵀ) (the erase acts on every bucket), the write beta_t k_t v_tᵀ enters
+the sentinel level 0, o_t = scale sum_l lambda_t^(l) S^(l)ᵀ q_t, and buckets merge (add) by the lssb
+rule. Summing the buckets gives Gated DeltaNet's S_t; with all lambda equal it *is* Gated DeltaNet.
+State layout as log_linear's: ``levels [B, H, bit_length(n), K, V]``.
+
+(A, B, R) form with one recurrence per level (the G axis of MixOperator), M ⊙ M^H = sum_l R_l (I - B_l)^{-1} A_l:
+    level l >= 1:  B_l = B ⊙ [t >> l == s >> l]   (the delta recurrence restarted at aligned 2^l blocks),
+                   A_l = diag(beta_s [bit l-1 of s = 0]),
+                   R_l = diag(lambda_t^(l) [bit l-1 of t = 1]) (R ⊙ [t >> l == s >> l]);
+    level 0:       B_0 = 0, A_0 = diag(beta), R_0 = diag(lambda_t^(0) scale q_t·k_t).
+(Inside an aligned block the restarted recurrence gives M's entries exactly, since M[t,s] depends
+only on tokens s..t; the row/column bit selections pick the pairs with l(t,s) = l.) The solve sits in
+each (I - B_l)^{-1}, the hierarchy in the block masks and the lambda rows.
+
+Chunked form (``chunked_log_linear_delta``), aligned chunks of C = 2^c tokens (front-padded with
+start mod C inert tokens: k = v = beta = g = 0, the identity transition):
+  1. inside a chunk, the chunkwise UT transform of ops/chunked_delta.py: M_chunk = (Q Kᵀ ⊙ Gamma)·scale
+     · T · diag(beta), weighted by the fixed C x C level table (levels 0..c), all chunks at once;
+  2. across chunks, a chunk-granular Fenwick recurrence: the bucket states at the chunk start p are
+     read by token t through the chunk's transition (q_eff = scale exp(G) Q - (Q Kᵀ ⊙ Gamma)·scale W)
+     at level max(l, bit_length(t XOR p)), then every bucket goes through the chunk transition
+     S <- exp(G_C) S - K_endᵀ (W S), the chunk's own state K_endᵀ U0 enters its level and the buckets
+     merge. bit_length(n) buckets per chunk: O(T log T · K V) in all, T / C sequential steps of batched
+     matmuls (like chunked_delta's carry), every exponent <= 0.
+``recurrent_log_linear_delta`` (token by token) and ``log_linear_delta_operator`` (the G-axis (A, B, R)
+above) are the references.
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from tokenmix.core.errors import InputError
+from tokenmix.core.operator import MixOperator, solve_unit_lower
+from tokenmix.ops.chunked_delta import delta_rule_operator, unit_lower_inverse
+from tokenmix.ops.chunked_log_linear import _intra_chunk_levels, bit_length, n_levels
+
+
+def _check(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor, start: int,
+           initial_levels: Tensor | None) -> None:
+    b, t, h, dk = q.shape
+    if (k.shape != q.shape or v.shape[:3] != (b, t, h) or beta.shape != (b, t, h) or g.shape != (b, t, h)
+            or level_scales.shape[:3] != (b, t, h)):
+        raise InputError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+                         f"beta {tuple(beta.shape)}, g {tuple(g.shape)}, level_scales {tuple(level_scales.shape)}")
+    if start < 0:
+        raise InputError(f"start must be >= 0, got {start}")
+    need = n_levels(start + t)
+    if level_scales.shape[-1] < need:
+        raise InputError(f"level_scales has {level_scales.shape[-1]} levels but positions up to {start + t - 1} "
+                         f"need {need}")
+    want = (b, h, start.bit_length(), dk, v.shape[-1])
+    if start > 0 and (initial_levels is None or tuple(initial_levels.shape) != want):
+        got = None if initial_levels is None else tuple(initial_levels.shape)
+        raise InputError(f"a segment starting at {start} needs initial_levels of shape {want}, got {got}")
+
+
+# ---------------------------------------------------------------- token-by-token reference
+def log_linear_delta_step(levels: Tensor, position: int, q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor,
+                          g_t: Tensor, lam_t: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+    """One decode step on the Fenwick states.
+
+    Args:
+        levels: [B, H, bit_length(position), K, V] (slot l-1 = bucket l of ``position``);
+        q_t, k_t: [B, H, K];  v_t: [B, H, V];  beta_t, g_t: [B, H];  lam_t: [B, H, L], L > bit_length(t).
+    Returns:
+        o_t [B, H, V];  levels of position t + 1, [B, H, bit_length(t + 1), K, V].
+    """
+    n_lv = levels.shape[2]
+    levels = levels * g_t.exp()[..., None, None, None]                          # 1. decay every bucket
+    pred = torch.einsum("bhk,bhlkv->bhlv", k_t, levels)                          # 2. erase k_t from each
+    levels = levels - k_t[:, :, None, :, None] * (beta_t[..., None, None] * pred)[..., None, :]
+    sentinel = (beta_t[..., None] * k_t)[..., :, None] * v_t[..., None, :]       # 3. write, level 0 = {t}
+    buckets = torch.cat([sentinel[:, :, None], levels], 2)
+    reads = torch.einsum("bhk,bhlkv->bhlv", q_t, buckets)                        # 4. read each level
+    o_t = scale * torch.einsum("bhl,bhlv->bhv", lam_t[..., : n_lv + 1], reads)
+    nxt = position + 1                                                           # 5. merge for t + 1
+    low = (nxt & -nxt).bit_length() - 1
+    merged = buckets[:, :, : low + 2].sum(2, keepdim=True)
+    emptied = torch.zeros_like(buckets[:, :, :low])
+    return o_t, torch.cat([emptied, merged, buckets[:, :, low + 2 :]], 2)
+
+
+def recurrent_log_linear_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor,
+                               scale: float, initial_levels: Tensor | None = None, start: int = 0
+                               ) -> tuple[Tensor, Tensor]:
+    """Token-by-token reference with the signature of ``chunked_log_linear_delta`` (no chunk size)."""
+    _check(q, k, v, beta, g, level_scales, start, initial_levels)
+    b, t, h, dk = q.shape
+    levels = q.new_zeros(b, h, 0, dk, v.shape[-1]) if start == 0 else initial_levels
+    outs = []
+    for i in range(t):
+        o_t, levels = log_linear_delta_step(levels, start + i, q[:, i], k[:, i], v[:, i], beta[:, i], g[:, i],
+                                            level_scales[:, i], scale)
+        outs.append(o_t)
+    return torch.stack(outs, 1), levels
+
+
+# ---------------------------------------------------------------- dense (A, B, R) reference
+def log_linear_delta_operator(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor, scale: float,
+                              start: int = 0) -> MixOperator:
+    """The G-axis (A_l, B_l, R_l) of a segment, l = 0..bit_length(start + T - 1): [B, H, L, T, T] each.
+
+    Args:
+        q, k: [B, T, H, K];  beta, g: [B, T, H];  level_scales: [B, T, H, >= n_levels(start + T)];
+        start: absolute position of the segment's first token (fixes the level map).
+    """
+    b, t, h, _ = q.shape
+    mix_a, mix_b, readout, _ = delta_rule_operator(q, k, beta, g, scale)  # [B, H, T, T]
+    n_lv = n_levels(start + t)
+    pos = torch.arange(start, start + t, device=q.device)
+    lam = level_scales.transpose(1, 2)[..., :n_lv]  # [B, H, T, L]
+    a_s, b_s, r_s = [mix_a], [torch.zeros_like(mix_b)], [torch.diag_embed(torch.diagonal(readout, 0, -2, -1)
+                                                                           * lam[..., 0])]
+    for lvl in range(1, n_lv):
+        block = ((pos[:, None] >> lvl) == (pos[None, :] >> lvl)).to(q.dtype)  # [T, T]
+        row = ((pos >> (lvl - 1)) & 1).to(q.dtype)   # bit l-1 of t is 1
+        col = 1.0 - ((pos >> (lvl - 1)) & 1).to(q.dtype)  # bit l-1 of s is 0
+        a_s.append(mix_a * col)
+        b_s.append(mix_b * block)
+        r_s.append((lam[..., lvl] * row)[..., None] * (readout * block))
+    return MixOperator(torch.stack(a_s, 2), torch.stack(b_s, 2), torch.stack(r_s, 2))
+
+
+def initial_levels_readout(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor, scale: float,
+                           start: int, initial_levels: Tensor) -> Tensor:
+    """What the Fenwick states before ``start`` add to each output of the segment, [B, T, H, V], dense.
+
+    Bucket l' goes through the segment's transitions (the delta rule with zero values started from
+    S^(l'), a known right-hand side of the G = 1 solve) and reaches token t at level
+    max(l', bit_length(t XOR start)).
+    """
+    b, t, h, dk = q.shape
+    l0, dv = initial_levels.shape[2], initial_levels.shape[-1]
+    mix_a, mix_b, readout, decay = delta_rule_operator(q, k, beta, g, scale)
+    s0 = initial_levels.permute(0, 1, 3, 2, 4).reshape(b, h, dk, l0 * dv)  # levels side by side along V
+    kh = k.transpose(1, 2)
+    rhs = -(beta.transpose(1, 2) * decay)[..., None] * (kh @ s0)  # [B, H, T, L0*V]
+    u = solve_unit_lower(mix_b, rhs)
+    read = readout @ u + scale * decay[..., None] * (q.transpose(1, 2) @ s0)  # [B, H, T, L0*V]
+    read = read.reshape(b, h, t, l0, dv)
+    pos = torch.arange(start, start + t, device=q.device)
+    lvl = torch.maximum(torch.arange(1, l0 + 1, device=q.device)[None, :], bit_length(pos ^ start)[:, None])
+    w = level_scales.transpose(1, 2).gather(-1, lvl.expand(b, h, t, l0))  # [B, H, T, L0]
+    return torch.einsum("bhtl,bhtlv->bthv", w, read)
+
+
+def final_levels(k: Tensor, v: Tensor, beta: Tensor, g: Tensor, start: int, initial_levels: Tensor | None) -> Tensor:
+    """Canonical Fenwick state after the segment, [B, H, bit_length(start + T), K, V], dense.
+
+    Bucket l of n = start + T gathers the writes of its block of positions, carried to the end through
+    the transitions of every later token: one masked delta-rule solve per level; an initial bucket goes
+    through all the segment's transitions and lands in level max(l', bit_length(n XOR start)).
+    """
+    b, t, h, dk = k.shape
+    dv = v.shape[-1]
+    n = start + t
+    h_n = (n ^ start).bit_length()
+    q0 = torch.zeros_like(k)
+    _, mix_b, _, decay = delta_rule_operator(q0, k, beta, g, 1.0)
+    cum = g.transpose(1, 2).cumsum(-1)  # [B, H, T]
+    k_end = k.transpose(1, 2) * (cum[..., -1:] - cum).exp()[..., None]  # [B, H, T, K]
+    pos = torch.arange(start, n, device=k.device)
+    own_lvl = bit_length(pos ^ n)  # the bucket of n that holds position s
+    n_lv = n.bit_length()
+    sel = (own_lvl[None, :] == torch.arange(1, n_lv + 1, device=k.device)[:, None]).to(k.dtype)  # [L, T]
+    rhs = (beta.transpose(1, 2)[:, :, None, :] * sel)[..., None] * v.transpose(1, 2)[:, :, None]  # [B,H,L,T,V]
+    u = solve_unit_lower(mix_b[:, :, None], rhs)
+    levels = torch.einsum("bhtk,bhltv->bhlkv", k_end, u)
+    if initial_levels is not None and initial_levels.shape[2]:
+        l0 = initial_levels.shape[2]
+        s0 = initial_levels.permute(0, 1, 3, 2, 4).reshape(b, h, dk, l0 * dv)
+        kh = k.transpose(1, 2)
+        u0 = solve_unit_lower(mix_b, -(beta.transpose(1, 2) * decay)[..., None] * (kh @ s0))
+        carried = decay[..., -1, None, None] * s0 + k_end.transpose(-1, -2) @ u0  # [B, H, K, L0*V]
+        carried = carried.reshape(b, h, dk, l0, dv).permute(0, 1, 3, 2, 4)  # [B, H, L0, K, V]
+        dest = torch.clamp(torch.arange(1, l0 + 1, device=k.device), min=h_n) - 1  # slot of each initial bucket
+        onto = (dest[:, None] == torch.arange(n_lv, device=k.device)[None, :]).to(k.dtype)  # [L0, L]
+        levels = levels + torch.einsum("ml,bhmkv->bhlkv", onto, carried)
+    return levels
+
+
+# ---------------------------------------------------------------- chunked fast path
+def chunked_log_linear_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor,
+                             scale: float, initial_levels: Tensor | None = None, start: int = 0,
+                             chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """Log-linear Gated DeltaNet, chunkwise, O(T log T).
+
+    Args:
+        q, k: [B, T, H, K] (the caller L2-normalises k);  v: [B, T, H, V];  beta, g: [B, T, H];
+        level_scales: [B, T, H, L] with L >= n_levels(start + T);  scale: readout scale;
+        initial_levels: [B, H, bit_length(start), K, V] (None if start = 0);
+        start: absolute position of the first token;  chunk_size: C, a power of two.
+    Returns:
+        o [B, T, H, V];  final levels [B, H, bit_length(start + T), K, V].
+
+    Examples:
+        >>> q, v = torch.randn(2, 1, 12, 2, 4).unbind(0)
+        >>> k = torch.nn.functional.normalize(torch.randn(1, 12, 2, 4), dim=-1)
+        >>> o, lv = chunked_log_linear_delta(q, k, v, torch.rand(1, 12, 2), -torch.rand(1, 12, 2),
+        ...                                  torch.rand(1, 12, 2, 5), 0.5, chunk_size=4)
+        >>> o.shape, lv.shape
+        (torch.Size([1, 12, 2, 4]), torch.Size([1, 2, 4, 4, 4]))
+    """
+    _check(q, k, v, beta, g, level_scales, start, initial_levels)
+    if chunk_size <= 0 or chunk_size & (chunk_size - 1):
+        raise InputError(f"chunk_size must be a power of two, got {chunk_size}")
+    b, t, h, dk = q.shape
+    dv, n_lam = v.shape[-1], level_scales.shape[-1]
+    c = chunk_size
+    front = start % c
+    n_chunks = -(-(front + t) // c)
+    back = n_chunks * c - front - t
+    end = start + t
+
+    def chunks(x: Tensor) -> Tensor:  # [B, T, H, ...] -> [B, H, N, C, ...], inert zero padding
+        x = torch.cat([x.new_zeros(b, front, *x.shape[2:]), x, x.new_zeros(b, back, *x.shape[2:])], 1)
+        return x.reshape(b, n_chunks, c, h, *x.shape[3:]).movedim(3, 1)
+
+    qc, kc, vc, bc, lam = chunks(q), chunks(k), chunks(v), chunks(beta), chunks(level_scales)
+    gc = chunks(g).cumsum(-1)  # [B, H, N, C], restarted at each chunk start
+    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    gamma = (gc[..., :, None] - gc[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    kb = kc * bc[..., None]
+    eye = torch.eye(c, dtype=q.dtype, device=q.device)
+    t_ut = unit_lower_inverse(eye + ((kb @ kc.transpose(-1, -2)) * gamma).tril(-1))  # UT transform
+    w = t_ut @ (kb * gc.exp()[..., None])                       # [B, H, N, C, K]
+    u0 = t_ut @ (vc * bc[..., None])                            # [B, H, N, C, V]
+    qk = (qc @ kc.transpose(-1, -2)) * gamma * scale            # lower incl. the diagonal
+    q_eff = qc * (gc.exp() * scale)[..., None] - qk @ w         # reads a chunk-start state: q_eff S
+    g_last = gc[..., -1]
+    k_end = kc * (g_last[..., None] - gc).exp()[..., None]      # decay of each token to the chunk end
+    own = k_end.transpose(-1, -2) @ u0                          # [B, H, N, K, V] chunk's own writes
+    decay = g_last.exp()[..., None, None, None]                 # [B, H, N, 1, 1, 1]
+
+    # 1. levels 0..c inside each chunk: M_chunk = qk T diag(beta) weighted by the level table
+    lvl_in = _intra_chunk_levels(c).to(q.device).clamp(max=n_lam - 1)
+    lam_in = lam.gather(-1, lvl_in.expand(b, h, n_chunks, c, c))
+    o = (((qk @ t_ut) * bc[..., None, :]) * lam_in) @ vc        # [B, H, N, C, V]
+
+    # 2. chunk-granular Fenwick recurrence over the bucket states [B, H, L, K, V]
+    n_slots = end.bit_length()
+    j0 = start // c
+    chunk_start = (j0 + torch.arange(n_chunks, device=q.device)) * c                 # [N]
+    piece_start = chunk_start.clamp(min=start)                                      # p of each chunk
+    tok = chunk_start[:, None] + torch.arange(c, device=q.device)[None, :]          # [N, C] absolute
+    reach = bit_length(tok ^ piece_start[:, None])                                   # [N, C]
+    read_lvl = torch.maximum(torch.arange(1, n_slots + 1, device=q.device)[None, None, :], reach[..., None])
+    w_read = lam.gather(-1, read_lvl.clamp(max=n_lam - 1).expand(b, h, n_chunks, c, n_slots))  # [B,H,N,C,L]
+
+    levels = q.new_zeros(b, h, n_slots, dk, dv)
+    if initial_levels is not None and initial_levels.shape[2]:
+        levels = torch.cat([initial_levels, levels[:, :, initial_levels.shape[2]:]], 2)
+    reads = []
+    pieces = zip(q_eff.unbind(2), w.unbind(2), k_end.transpose(-1, -2).unbind(2), own.unbind(2), decay.unbind(2),
+                 w_read.unbind(2))
+    for i, (q_i, w_i, kt_i, own_i, d_i, wr_i) in enumerate(pieces):
+        p = max(start, (j0 + i) * c)
+        p2 = min(end, (j0 + i + 1) * c)
+        read = q_i[:, :, None] @ levels                                   # [B, H, L, C, V]
+        reads.append(torch.einsum("bhcl,bhlcv->bhcv", wr_i, read))
+        levels = d_i * levels - kt_i[:, :, None] @ (w_i[:, :, None] @ levels)  # the chunk's transition
+        top = (p2 ^ p).bit_length()                 # levels <= top of p have merged into top at p2
+        low = ((p2 - 1) ^ p2).bit_length()          # the lowest bucket of p2 the chunk writes to
+        if low == top:                              # the chunk's writes all land in one bucket
+            adds = {top: own_i}
+        else:                                       # a last, partial piece: split its writes by bucket
+            rel = tok[i]
+            lv = bit_length(rel ^ p2)
+            adds = {}
+            for lvl in range(low, top + 1):
+                sel = ((lv == lvl) & (rel >= p) & (rel < p2)).to(q.dtype)
+                if bool(sel.any()):
+                    u_l = t_ut[:, :, i] @ (vc[:, :, i] * (bc[:, :, i] * sel)[..., None])
+                    adds[lvl] = kt_i @ u_l
+        merged = levels[:, :, :top].sum(2) + adds.pop(top, 0.0)
+        lower = [adds.get(lvl, torch.zeros_like(merged)) for lvl in range(1, top)]
+        levels = torch.cat([torch.stack(lower + [merged], 2), levels[:, :, top:]], 2)
+    o = o + torch.stack(reads, 2)
+    o = o.movedim(1, 3).reshape(b, n_chunks * c, h, dv)[:, front : front + t]
+    return o, levels
+
+
+__all__ = ["chunked_log_linear_delta", "recurrent_log_linear_delta", "log_linear_delta_step",
+           "log_linear_delta_operator", "initial_levels_readout", "final_levels"]

@@ -1,0 +1,230 @@
+"""MesaNet's accumulated key covariance and its per-token solve, chunkwise, with the plain references beside.
+
+Per head (von Oswald et al. 2025, "MesaNet"; fla ``ops/mesa_net/naive.py``, ``naive_mesa_net_exact``),
+with a log decay g_t per head, a write strength beta_t and a per-key-channel regulariser lambda > 0:
+
+    H_t = exp(g_t) H_{t-1} + beta_t k_t k_tᵀ                       [K, K]   (the key covariance)
+    q*_t = (H_t + diag(lambda))^{-1} q_t                             [K]      (the per-token solve)
+
+Then the output is gated linear attention read with q*_t (ops/chunked_gla.py, state [K, V]):
+S_t = exp(g_t) S_{t-1} + beta_t k_t v_tᵀ, o_t = S_tᵀ q*_t. Only H and the solve are here.
+
+Unrolled, H_t = exp(G_t) H_0 + sum_{j<=t} exp(G_t - G_j) beta_j k_j k_jᵀ with G the cumulative log
+decay of the segment (G_0 = g_0); every exponent is <= 0 for g <= 0.
+
+Three ways to form every H_t of a segment ([B, T, H, K, K]):
+  * ``recurrent_key_covariance``: the token loop of the definition (the reference);
+  * ``dense_key_covariance``: the unrolled sum through the T x T decay mask (O(T² K²));
+  * ``chunked_key_covariance``: chunks of C tokens. Inside a chunk, with G restarted at the chunk
+    start, H_i = exp(G_i) H_in + sum_{j<=i in chunk} exp(G_i - G_j) beta_j k_j k_jᵀ -- one [C, C] x
+    [C, K²] matmul per chunk (exponents <= 0, masked before the exp); the chunk's last row is its
+    write decayed to its end, so the carry H_in' = exp(Gamma) H_in + (that row) is T / C small
+    sequential steps. O(T C K²) work, O(T K²) memory (every H_t is kept: the solve needs it).
+``mesa_solve`` is the solve: a Cholesky factorisation (H_t + diag(lambda) is symmetric positive
+definite for beta >= 0, lambda > 0), O(K³) per token; ``mesa_solve_reference`` uses an LU solve.
+Autograd differentiates all of them.
+
+``mesa_queries`` (the chunked mode's path) is covariance + Cholesky solve with a hand-written
+backward that never forms a [T, K, K] gradient (autograd through the two above spends ~10x the
+forward on them). With M_t = H_t + diag(lambda), q*_t = M_t^{-1} q_t and the gradient dq*_t:
+
+    a_t = M_t^{-1} dq*_t  (M symmetric),   dq_t = a_t,   dlambda = -sum_t a_t ⊙ q*_t,
+    dH_t = W_t = -a_t q*_tᵀ (rank one; plus dH_T, the final covariance's gradient, at t = T-1).
+
+H_t = exp(G_t) H_0 + sum_{j<=t} exp(G_t - G_j) beta_j k_j k_jᵀ, so with the accumulated gradient
+Ĝ_j = sum_{t>=j} exp(G_t - G_j) W_t, u_j = Ĝ_j k_j and w_j = Ĝ_jᵀ k_j:
+
+    dk_j = beta_j (u_j + w_j),     dbeta_j = k_j · u_j,     dH_0 = sum_t exp(G_t) W_t,
+    dG_j = <W_j, H_j> - beta_j k_j · u_j,   <W_j, H_j> = -a_j · q_j + sum_c lambda_c a_jc q*_jc
+           (as M_j q*_j = q_j: no H_j needed),   dg_j = sum_{i>=j} dG_i.
+
+u and w are anti-causal gated linear attention (queries k_j, keys q*_t resp. -a_t, values -a_t resp.
+q*_t, decays exp(G_t - G_j)): ``chunked_gla`` on the time-reversed sequences with log decays
+g'_tau = g_{T-tau} (g'_0 = 0) and dH_T (transposed for u) as the initial state. O(T C K) each.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from tokenmix.core.errors import InputError
+from tokenmix.ops.chunked_gla import chunked_gla
+
+
+def _check(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None) -> None:
+    if k.dim() != 4:
+        raise InputError(f"expected k [B, T, H, K], got {tuple(k.shape)}")
+    b, t, h, dk = k.shape
+    if beta.shape != (b, t, h) or g.shape != (b, t, h):
+        raise InputError(f"beta and g must be [B, T, H] = {(b, t, h)}, got {tuple(beta.shape)}, {tuple(g.shape)}")
+    if h0 is not None and h0.shape != (b, h, dk, dk):
+        raise InputError(f"initial covariance must be [B, H, K, K] = {(b, h, dk, dk)}, got {tuple(h0.shape)}")
+
+
+def recurrent_key_covariance(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None = None
+                             ) -> tuple[Tensor, Tensor]:
+    """Token loop H_t = exp(g_t) H_{t-1} + beta_t k_t k_tᵀ.
+
+    Args:
+        k: [B, T, H, K];  beta, g: [B, T, H];  h0: [B, H, K, K] or None (zeros).
+    Returns:
+        every H_t [B, T, H, K, K], the last one [B, H, K, K].
+    """
+    _check(k, beta, g, h0)
+    b, t, h, dk = k.shape
+    cov = k.new_zeros(b, h, dk, dk) if h0 is None else h0
+    out = []
+    for k_t, b_t, g_t in zip(k.unbind(1), beta.unbind(1), g.unbind(1)):
+        cov = key_covariance_step(cov, k_t, b_t, g_t)
+        out.append(cov)
+    return torch.stack(out, 1), cov
+
+
+def key_covariance_step(cov: Tensor, k_t: Tensor, beta_t: Tensor, g_t: Tensor) -> Tensor:
+    """One token: cov [B, H, K, K], k_t [B, H, K], beta_t, g_t [B, H] -> exp(g_t) cov + beta_t k_t k_tᵀ."""
+    kb = k_t * beta_t[..., None]
+    return g_t.exp()[..., None, None] * cov + kb[..., :, None] * k_t[..., None, :]
+
+
+def dense_key_covariance(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    """H_t = exp(G_t) H_0 + sum_{j<=t} exp(G_t - G_j) beta_j k_j k_jᵀ through the T x T mask; same returns."""
+    _check(k, beta, g, h0)
+    b, t, h, dk = k.shape
+    gc = g.transpose(1, 2).cumsum(-1)                                        # [B, H, T]
+    decay = _causal_decay(gc)                                                # [B, H, T, T]
+    outer = (k * beta[..., None])[..., :, None] * k[..., None, :]           # [B, T, H, K, K]
+    cov = torch.einsum("bhtj,bjhkl->bthkl", decay, outer)
+    if h0 is not None:
+        cov = cov + gc.exp().transpose(1, 2)[..., None, None] * h0[:, None]
+    return cov, cov[:, -1]
+
+
+def chunked_key_covariance(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None = None, chunk_size: int = 64
+                           ) -> tuple[Tensor, Tensor]:
+    """Every H_t chunkwise (module docstring); same arguments and returns as ``recurrent_key_covariance``."""
+    if chunk_size <= 0:
+        raise InputError(f"chunk_size must be > 0, got {chunk_size}")
+    _check(k, beta, g, h0)
+    every, last = _covariance_head_major(k, beta, g, h0, chunk_size)
+    return every.transpose(1, 2), last
+
+
+def _covariance_head_major(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None, c: int) -> tuple[Tensor, Tensor]:
+    """``chunked_key_covariance`` with every H_t in head-major layout [B, H, T, K, K] (what the solve reads)."""
+    b, t, h, dk = k.shape
+    n = -(-t // c)
+    pad = n * c - t                  # trailing padding tokens: beta = 0, g = 0 (no write, no decay)
+    kb = k * beta[..., None]
+    if pad:
+        k, kb, g = F.pad(k, (0, 0, 0, 0, 0, pad)), F.pad(kb, (0, 0, 0, 0, 0, pad)), F.pad(g, (0, 0, 0, pad))
+    kc = k.view(b, n, c, h, dk).permute(0, 3, 1, 2, 4)                      # [B, H, N, C, K]
+    kbc = kb.view(b, n, c, h, dk).permute(0, 3, 1, 2, 4)
+    gc = g.view(b, n, c, h).permute(0, 3, 1, 2).cumsum(-1)                  # [B, H, N, C], G inside each chunk
+    outer = (kbc[..., :, None] * kc[..., None, :]).flatten(-2)              # [B, H, N, C, K*K]
+    every = (_causal_decay(gc) @ outer).view(b, h, n, c, dk, dk)            # chunk-local sums
+    del outer
+    gamma = gc[..., -1].exp()                                               # [B, H, N]
+    cov = k.new_zeros(b, h, dk, dk) if h0 is None else h0
+    starts = []
+    for i in range(n):               # the only sequential part: T / C steps on [K, K]
+        starts.append(cov)
+        cov = gamma[:, :, i, None, None] * cov + every[:, :, i, -1]
+    entering = torch.stack(starts, 2)[:, :, :, None]                        # [B, H, N, 1, K, K]
+    if torch.is_grad_enabled() and (every.requires_grad or entering.requires_grad):
+        every = every + gc.exp()[..., None, None] * entering
+    else:                            # in place: no second [B, H, T, K, K] buffer
+        every.addcmul_(gc.exp()[..., None, None], entering)
+    return every.view(b, h, n * c, dk, dk)[:, :, :t], cov
+
+
+def _causal_decay(gc: Tensor) -> Tensor:
+    """exp(G_i - G_j) for j <= i, 0 above: gc [.., C] -> [.., C, C], masked before the exp."""
+    c = gc.shape[-1]
+    upper = torch.ones(c, c, dtype=torch.bool, device=gc.device).triu(1)
+    return (gc[..., :, None] - gc[..., None, :]).masked_fill(upper, float("-inf")).exp()
+
+
+def mesa_solve(cov: Tensor, lam: Tensor, q: Tensor) -> Tensor:
+    """q* = (cov + diag(lam))^{-1} q by Cholesky: cov [..., H, K, K], lam [H, K] > 0, q [..., H, K]."""
+    chol = torch.linalg.cholesky(cov + torch.diag_embed(lam))
+    return torch.cholesky_solve(q[..., None], chol)[..., 0]
+
+
+def mesa_solve_reference(cov: Tensor, lam: Tensor, q: Tensor) -> Tensor:
+    """The same solve by LU (``torch.linalg.solve``), for the reference modes."""
+    return torch.linalg.solve(cov + torch.diag_embed(lam), q[..., None])[..., 0]
+
+
+COVARIANCE_CHUNK = 16  # chunk of the forward covariance in mesa_queries: its [C, C] x [C, K²] matmuls cost O(C K²) per token
+
+
+def _reverse_readout(q: Tensor, k: Tensor, v: Tensor, g: Tensor, s_end: Tensor | None, chunk: int) -> Tensor:
+    """o_j = sum_{t>=j} exp(G_t - G_j) (q_j·k_t) v_t + exp(G_T - G_j) s_endᵀ q_j: [B, T, H, V] (anti-causal GLA)."""
+    g_rev = torch.cat([g.new_zeros(g.shape[0], 1, g.shape[2]), g.flip(1)[:, :-1]], 1)   # g'_tau = g_{T-tau}
+    o, _ = chunked_gla(q.flip(1), k.flip(1), v.flip(1), g_rev, 1.0, s_end, chunk)
+    return o.flip(1)
+
+
+class _MesaQueries(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, beta, g, h0, lam, chunk):
+        every, last = _covariance_head_major(k, beta, g, h0, min(chunk, COVARIANCE_CHUNK))   # [B, H, T, K, K]
+        chol = torch.linalg.cholesky(every.add_(torch.diag_embed(lam)[:, None]))  # in place: M_t, then its factor
+        del every
+        q_star = torch.cholesky_solve(q.transpose(1, 2)[..., None], chol)[..., 0].transpose(1, 2)
+        ctx.save_for_backward(q, k, beta, g, lam, chol, q_star, last)
+        ctx.meta = (chunk, h0 is not None)
+        return q_star, last
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dq_star, d_last):
+        q, k, beta, g, lam, chol, q_star, last = ctx.saved_tensors
+        chunk, has_h0 = ctx.meta
+        a = torch.cholesky_solve(dq_star.transpose(1, 2)[..., None], chol)[..., 0].transpose(1, 2)  # M^-1 dq*
+        na = -a
+        u = _reverse_readout(k, q_star, na, g, None if d_last is None else d_last.transpose(-1, -2), chunk)
+        w = _reverse_readout(k, na, q_star, g, d_last, chunk)
+        dbeta = (k * u).sum(-1)
+        dk = beta[..., None] * (u + w)
+        dgc = (na * q).sum(-1) + (lam * a * q_star).sum(-1) - beta * dbeta      # dG_j, [B, T, H]
+        if d_last is not None:
+            dgc[:, -1] += (d_last * last).sum((-1, -2))
+        dg = dgc.flip(1).cumsum(1).flip(1)
+        dh0 = None
+        if has_h0:
+            eg = g.cumsum(1).exp()                                                # exp(G_t) <= 1 for g <= 0
+            dh0 = torch.einsum("bthk,bthl->bhkl", na * eg[..., None], q_star)
+            if d_last is not None:
+                dh0 = dh0 + eg[:, -1, :, None, None] * d_last
+        dlam = -(a * q_star).sum((0, 1))
+        return a, dk, dbeta, dg, dh0, dlam, None
+
+
+def mesa_queries(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None, lam: Tensor,
+                 chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+    """q*_t = (H_t + diag(lam))^{-1} q_t for every token, H_t chunkwise, with the closed-form backward
+    (module docstring).
+
+    Args:
+        q, k: [B, T, H, K];  beta, g: [B, T, H] (beta >= 0);  h0: [B, H, K, K] or None (zeros);
+        lam: [H, K] > 0;  chunk_size: C of the backward's GLA; the forward covariance uses
+            min(C, COVARIANCE_CHUNK) (any chunk gives the same H_t; smaller ones cost fewer matmul flops).
+    Returns:
+        q* [B, T, H, K], the last covariance H_T [B, H, K, K].
+
+    Examples:
+        >>> q, k = torch.randn(1, 6, 2, 3), torch.randn(1, 6, 2, 3)
+        >>> qs, h = mesa_queries(q, k, torch.rand(1, 6, 2), -torch.rand(1, 6, 2), None, torch.ones(2, 3), 4)
+        >>> qs.shape, h.shape
+        (torch.Size([1, 6, 2, 3]), torch.Size([1, 2, 3, 3]))
+    """
+    if chunk_size <= 0:
+        raise InputError(f"chunk_size must be > 0, got {chunk_size}")
+    _check(k, beta, g, h0)
+    if q.shape != k.shape or lam.shape != k.shape[2:]:
+        raise InputError(f"q must be [B, T, H, K] = {tuple(k.shape)} and lam [H, K] = {tuple(k.shape[2:])}; "
+                         f"got q {tuple(q.shape)}, lam {tuple(lam.shape)}")
+    return _MesaQueries.apply(q, k, beta, g, h0, lam, int(chunk_size))
