@@ -11,7 +11,7 @@ same non-embedding parameter count as every other; attention is the baseline. At
             only what its pattern/state holds
 
 Output is JSON (stdout, and ``--out FILE``), with ratios against attention and the issue's targets:
-at T = 4096 a mixer should train at >= 1.5x attention's tokens/s and decode >= 3x faster per token;
+at T = 4096 a pattern mixer should train at >= 3x attention's tokens/s and decode >= 5x faster per token;
 at T = 512 it should be within 1.5x of attention. Timings are wall clock on whatever machine runs
 it: on a shared machine repeat runs vary, so read the ratios, measured in one process back to back.
 Each timing is also taken in process CPU time (``*_cpu`` ratios), which a busy machine disturbs less
@@ -40,8 +40,8 @@ from tokenmix.mixers.registry import mixer_names
 from tokenmix.models import MixerModel, ModelConfig
 
 DEFAULT_MIXERS = ("attention", "pow2", "mamba2")
-TRAIN_TARGET_AT_LONG = 1.5    # train tokens/s vs attention at the long context
-DECODE_TARGET_AT_LONG = 3.0   # decode speed-up per token vs attention at the long context
+TRAIN_TARGET_AT_LONG = 3.0    # train tokens/s vs attention at the long context (issue 21's target)
+DECODE_TARGET_AT_LONG = 5.0   # decode speed-up per token vs attention at the long context
 WITHIN_AT_SHORT = 1.5         # at the short context: within this factor of attention
 MAX_D_MODEL = 4096            # size_model searches widths up to this
 # memory of a timed training step per token (upper estimate): the logits and their gradient
