@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from contextlib import contextmanager
 from pathlib import Path
 
 # every test run: the tiny preset, one thread (deterministic and fast on a shared machine)
@@ -43,3 +45,36 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+@contextmanager
+def within(seconds: float):
+    """Fail (instead of hanging the suite) when the block takes longer than ``seconds``."""
+    def _raise(signum, frame):
+        raise TimeoutError(f"no answer within {seconds} s")
+
+    old = signal.signal(signal.SIGALRM, _raise)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def train_tiny_run(root: Path, main) -> Path:
+    """A two-step ``tiny`` LM run at root/run (its data cache at root/cache), through the CLI's
+    ``main`` in this process; returns the run folder."""
+    old = os.environ.get("TOKENMIX_CACHE")
+    os.environ["TOKENMIX_CACHE"] = str(root / "cache")
+    try:
+        rc = main(["train", "lm", "--preset", "tiny", "--out", str(root / "run"), "--quiet", "--no-progress",
+                   "--set", "train.max_steps=2", "train.eval_every=2", "train.eval_windows=1",
+                   "train.final_eval_windows=1", "train.tensorboard=false", "train.threads=1"])
+    finally:
+        if old is None:
+            del os.environ["TOKENMIX_CACHE"]
+        else:
+            os.environ["TOKENMIX_CACHE"] = old
+    assert rc == 0
+    return root / "run"

@@ -9,37 +9,19 @@ import json
 import math
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 import torch
 
-from lm_helpers import one_thread
+from lm_helpers import one_thread, train_tiny_run, within
 from tokenmix.cli.main import main
 from tokenmix.generation import SamplingConfig, sample_next
 
 _one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 HUGE = "1000000000000"
-
-
-@contextmanager
-def within(seconds: float):
-    """Fail (instead of hanging the suite) when the block takes longer than ``seconds``."""
-    def _raise(signum, frame):
-        raise TimeoutError(f"no answer within {seconds} s")
-
-    old = signal.signal(signal.SIGALRM, _raise)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, old)
 
 
 def fails(argv: list[str], capsys, *needles: str, seconds: float = 15.0) -> str:
@@ -56,20 +38,7 @@ def fails(argv: list[str], capsys, *needles: str, seconds: float = 15.0) -> str:
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory) -> Path:
-    root = tmp_path_factory.mktemp("reliability")
-    old = os.environ.get("TOKENMIX_CACHE")
-    os.environ["TOKENMIX_CACHE"] = str(root / "cache")
-    try:
-        rc = main(["train", "lm", "--preset", "tiny", "--out", str(root / "run"), "--quiet", "--no-progress",
-                   "--set", "train.max_steps=2", "train.eval_every=2", "train.eval_windows=1",
-                   "train.final_eval_windows=1", "train.tensorboard=false", "train.threads=1"])
-    finally:
-        if old is None:
-            del os.environ["TOKENMIX_CACHE"]
-        else:
-            os.environ["TOKENMIX_CACHE"] = old
-    assert rc == 0
-    return root / "run"
+    return train_tiny_run(tmp_path_factory.mktemp("reliability"), main)
 
 
 # ------------------------------------------------------------------------------------------ item 7

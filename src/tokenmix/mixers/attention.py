@@ -17,6 +17,14 @@ Left padding (mixers/base.py), masked: padding keys are masked out of every soft
 in the cache, masked, for as long as the cache holds them); a padding query reads only its own key,
 so its softmax row is never empty (no NaN) and reads no real key either.
 
+Huge scores (``fused_attention``): the fused SDPA kernels (CPU flash attention; CUDA's memory-efficient
+kernel has the same failure, pytorch/pytorch#125674) recompute the scores in their backward and
+exponentiate s - lse against the forward's log-sum-exp. Once |s| is ~1e8 or more in float32 (inputs
+scaled by ~1e5 and up), the two evaluations of s differ by many units of rounding, exp of the
+difference overflows, and the gradients are NaN although the forward is finite. When a backward will
+run and the scores can be that large, the same attention is computed by an explicit softmax instead,
+whose autograd backward reads the saved probabilities (never above 1) and stays finite.
+
 The KV cache and the shared pieces here are reused by local (sliding-window) attention.
 """
 from __future__ import annotations
@@ -92,6 +100,52 @@ def mask_padding_keys(scores: Tensor, key_start: Tensor | None) -> Tensor:
     return scores.masked_fill(~real[:, None, :], float("-inf"))
 
 
+def fused_score_limit(head_dim: int, dtype: torch.dtype) -> float:
+    """Largest score bound |q| |k| / sqrt(K) at which a fused SDPA backward is sure to stay finite.
+
+    The fused backward recomputes s = q . k / sqrt(K) and evaluates exp(s' - lse) with lse from the
+    forward's evaluation. Two evaluations of a K-term dot product differ by at most 2 gamma_K sum_i
+    |q_i k_i| <= 2 K u |q| |k| (any summation order; u the unit roundoff of the accumulation, float32
+    for 16-bit inputs), and the scaling, max and log-sum-exp add a few u |s| more, so the exponent is
+    off by at most (2 K + 8) u B for B = max |q| max |k| / sqrt(K). Keeping that <= 1 (a recomputed
+    weight within a factor e of the forward's, at magnitudes where the forward's own rounding is of
+    the same order) leaves a factor 88 to the overflow of exp in float32.
+    """
+    u = torch.finfo(torch.float64 if dtype == torch.float64 else torch.float32).eps / 2
+    return 1.0 / ((2 * head_dim + 8) * u)
+
+
+def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    """``F.scaled_dot_product_attention`` (causal when ``mask`` is None), with a finite backward.
+
+    Args:
+        q: [B, H, T, K] queries; k, v: [B, H, S, K] / [B, H, S, V] keys and values (S = T when causal).
+        mask: boolean, True where a query may read a key (``allowed_keys``), or None for the causal
+            mask of T queries over their own T keys.
+    Returns:
+        [B, H, T, V].
+
+    When autograd will differentiate through the call and the scores may exceed
+    ``fused_score_limit`` (a bound from the row norms of q and k: O(T K), one host sync), the same
+    attention is computed by an explicit masked softmax, O(T S) memory: the fused kernels' backward
+    can return NaN there (module docstring). Scores that large saturate the softmax to one-hot rows,
+    far from anything training means to do, so the explicit path is a guard, not a code path in use.
+    """
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
+    if needs_grad and q.shape[-2] and k.shape[-2]:
+        qn, kn = (torch.linalg.vector_norm(z.detach().float() if z.dtype != torch.float64 else z.detach(),
+                                           dim=-1).amax() for z in (q, k))
+        bound = qn * kn / math.sqrt(q.shape[-1])
+        if bool(bound > fused_score_limit(q.shape[-1], q.dtype)):
+            if mask is None:
+                mask = allowed_keys(0, q.shape[-2], None, q.device)
+            scores = (q @ k.transpose(-1, -2)) / math.sqrt(q.shape[-1])
+            return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1).to(v.dtype) @ v
+    if mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+
+
 def attention_probs(q: Tensor, kbuf: Tensor, p: int, window: int | None, key_start: Tensor | None = None
                     ) -> Tensor:
     """Softmax weights of the segment queries over the buffer keys.
@@ -159,12 +213,11 @@ class SoftmaxAttention(Mixer):
         key_start = state.padded_keys(p)
         qh, kh, vh = (z.transpose(1, 2) for z in (q, kbuf, vbuf))  # [B, H, ., K]
         if p == 0 and self.window is None and key_start is None:
-            y = F.scaled_dot_product_attention(qh, kh, vh, is_causal=True)
+            y = fused_attention(qh, kh, vh)
         else:
             # is_causal aligns the mask to the top-left corner, which is wrong once the queries are
             # offset by P cached keys: pass the causal (and window, padding) mask explicitly.
-            mask = allowed_keys(p, t, self.window, x.device, key_start)
-            y = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask)
+            y = fused_attention(qh, kh, vh, allowed_keys(p, t, self.window, x.device, key_start))
         return self._finish(grown, y.transpose(1, 2))
 
     def forward_dense(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:

@@ -13,9 +13,15 @@ strictly lower B:
     y_i = [ (1 - gamma) sum_{j <= i} p_ij v_j + gamma sum_{j < i} p_ij y_j ] / (1 - gamma p_ii),
     A = diag(d) (1 - gamma) P,      B = diag(d) gamma strict_lower(P),      d_i = 1 / (1 - gamma p_ii).
 
-Since gamma < 1 and p_ii <= 1, d_i <= 1 / (1 - gamma). gamma = sigmoid(theta_h) per head, with
-theta initialised from the config's gamma (a gamma of 0 starts at a tiny positive value so it can
-still be learned).
+Since gamma < 1 and p_ii <= 1, d_i <= 1 / (1 - gamma). gamma = (1 - eps) sigmoid(theta_h) per head,
+with theta initialised from the config's gamma (a gamma of 0 starts at a tiny positive value so it can
+still be learned). The factor 1 - eps bounds gamma away from 1 *by construction*: a plain sigmoid
+rounds to exactly 1 once theta >= 17 in float32 (which training can reach: theta is unbounded), and
+then d_0 = 1 / (1 - gamma p_00) = 1 / 0 and every mode returns NaN. With gamma <= 1 - eps, d_i <=
+1 / eps and the outputs, convex combinations of the values (the rows of (1 - gamma) P (I - gamma P)^{-1}
+are non-negative and sum to 1), stay finite. eps = ``GAMMA_MARGIN`` (1e-4: an effective path length
+1 / (1 - gamma) of up to 10^4 steps), or the parameter dtype's epsilon when that is larger
+(bfloat16, float16), so that 1 - eps is representable and (1 - eps) sigmoid(theta) < 1 after rounding.
 
 Modes: ``chunked`` (training default, ops/chunked_chacal.py: block forward substitution over chunks
 of C queries; the right-hand side of a chunk, A V plus B times the outputs of earlier chunks, is
@@ -44,17 +50,26 @@ from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
 from tokenmix.ops.chunked_chacal import chunked_chacal
 
 _GAMMA_FLOOR = 1e-9  # gamma = 0 would put theta at -inf, where sigmoid has zero gradient
+GAMMA_MARGIN = 1e-4  # gamma <= 1 - GAMMA_MARGIN always (see the module docstring)
+GAMMA_MAX = 1.0 - GAMMA_MARGIN
+
+
+def gamma_margin(dtype: torch.dtype) -> float:
+    """eps of gamma = (1 - eps) sigmoid(theta) for parameters of ``dtype``: GAMMA_MARGIN, or the
+    dtype's machine epsilon if larger (1 - GAMMA_MARGIN rounds to 1 in bfloat16 and float16)."""
+    return max(GAMMA_MARGIN, torch.finfo(dtype).eps)
 
 
 @dataclass(frozen=True)
 class ChacalConfig(MixerConfig):
-    gamma: float = 0.5     # initial path discount of every head, in [0, 1)
+    gamma: float = 0.5     # initial path discount of every head, in [0, GAMMA_MAX)
     chunk_size: int = 64   # C of the chunked forward substitution
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if not 0.0 <= self.gamma < 1.0:
-            raise InputError(f"gamma must be in [0, 1), got {self.gamma}")
+        if not 0.0 <= self.gamma < GAMMA_MAX:
+            raise InputError(f"gamma must be in [0, {GAMMA_MAX}) (the learned discount is kept at least "
+                             f"{GAMMA_MARGIN} below 1), got {self.gamma}")
         if self.chunk_size <= 0:
             raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
 
@@ -91,13 +106,13 @@ class ChainCausalAttention(Mixer):
         h, k = self.n_heads, self.head_dim
         self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
         self.out = nn.Linear(h * k, d_model, bias=False)
-        g0 = max(config.gamma, _GAMMA_FLOOR)
-        self.gamma_logit = nn.Parameter(torch.full((h,), math.log(g0 / (1.0 - g0))))
+        s0 = max(config.gamma, _GAMMA_FLOOR) / (1.0 - GAMMA_MARGIN)  # sigmoid(theta) giving gamma = config's
+        self.gamma_logit = nn.Parameter(torch.full((h,), math.log(s0 / (1.0 - s0))))
 
     @property
     def gamma(self) -> Tensor:
-        """Per-head discount [H], in (0, 1)."""
-        return torch.sigmoid(self.gamma_logit)
+        """Per-head discount [H], in (0, 1 - eps]: (1 - eps) sigmoid(theta), never 1 whatever theta is."""
+        return torch.sigmoid(self.gamma_logit) * (1.0 - gamma_margin(self.gamma_logit.dtype))
 
     # ---------------------------------------------------------------- shared pieces
     def _start(self, x: Tensor, state: ChainCache | None):

@@ -8,7 +8,7 @@ Per head, with window w (positions attended, the current one included):
 the last w - 1 positions, so cost and cache per token are O(w) whatever the sequence length.
 
 Modes: ``banded`` (training default: blocks of w queries each read a 2w-key slab, the previous
-block and their own, through one fused ``scaled_dot_product_attention`` call with a banded mask;
+block and their own, through one fused attention call (``fused_attention``) with a banded mask;
 memory O(T w), never O(T^2)), ``dense`` (reference solver on the materialised banded A),
 ``recurrent`` (token by token with a w - 1 position KV cache).
 
@@ -25,7 +25,7 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.attention import KVCache, SoftmaxAttention, allowed_keys
+from tokenmix.mixers.attention import KVCache, SoftmaxAttention, allowed_keys, fused_attention
 from tokenmix.mixers.base import MixerConfig
 
 
@@ -64,8 +64,7 @@ def banded_attention(q: Tensor, kbuf: Tensor, vbuf: Tensor, window: int, key_sta
         # a single block: the [T, P + T] band mask is already O(T w), and padding a short segment
         # to a whole [w, 2w] block would waste work when w is large
         mask = allowed_keys(p, t, w, q.device, key_start)
-        y = F.scaled_dot_product_attention(q.transpose(1, 2), kbuf.transpose(1, 2), vbuf.transpose(1, 2),
-                                           attn_mask=mask)
+        y = fused_attention(q.transpose(1, 2), kbuf.transpose(1, 2), vbuf.transpose(1, 2), mask)
         return y.transpose(1, 2)
     nb = -(-t // w)  # number of query blocks
     left, right = w - p, nb * w - t
@@ -88,7 +87,7 @@ def banded_attention(q: Tensor, kbuf: Tensor, vbuf: Tensor, window: int, key_sta
         # is the query's own key (slab column w + r for query r)
         real = (buf_pos[None] >= key_start[:, None, None])[:, :, None, :] | (j == r + w)  # [B, nb, w, 2w]
         mask = (mask[None, :, 0] & real)[:, :, None].reshape(b * nb, 1, w, 2 * w)
-    y = F.scaled_dot_product_attention(qb, slabs(kbuf), slabs(vbuf), attn_mask=mask)  # [B * nb, H, w, V]
+    y = fused_attention(qb, slabs(kbuf), slabs(vbuf), mask)  # [B * nb, H, w, V]
     return y.view(b, nb, h, w, dv).transpose(2, 3).reshape(b, nb * w, h, dv)[:, :t]
 
 

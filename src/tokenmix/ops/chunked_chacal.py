@@ -9,7 +9,10 @@ depends on y_i. For a chunk c of queries over E earlier positions:
     (I - gamma P_cc) Y_c = (1 - gamma) P_cc V_c + P_{c,<E} W_{<E}                  (one C x C solve)
 
 The right-hand side is one matmul of the chunk's [C, E + C] softmax rows with the earlier w's; the
-solve is lower triangular with diagonal 1 - gamma p_ii >= 1 - gamma.
+solve is lower triangular with diagonal 1 - gamma p_ii >= 1 - gamma. gamma must stay below 1: at
+gamma = 1 a row whose own weight p_ii is 1 (the first position, a padding query) has a zero pivot, and
+the (1 - gamma) * inf that follows is NaN. The mixer bounds its learned gamma by 1 - eps (eps >= 1e-4,
+mixers/chacal.py), so every pivot is >= eps.
 
 Memory is O(T (K + V)): the forward keeps only the outputs, the w's and each row's log-sum-exp; the
 backward recomputes a chunk's probabilities as exp(s - lse) (one pass instead of a softmax). Backward
@@ -58,6 +61,11 @@ def _chunk_probs(q_c: Tensor, keys: Tensor, e: int, lse: Tensor | None = None, p
     the clamp only replaces results below e · (smallest normal) (3.2e-38 in float32, 6e-308 in float64)
     by that value. The chunk's future positions (and padding keys) are zeroed after the exp, so
     causality (and the independence of real rows from padding) stays exact.
+
+    With a saved lse (the backward), s - lse is also clamped at 0: exactly, p = exp(s - lse) <= 1, and
+    only rounding can put s above lse. At huge scores (|s| ~ 1e9 in float32, where one ulp of s is ~100)
+    that rounding, exponentiated, would give inf weights and NaN gradients (the failure of fused
+    attention kernels that recompute their scores in the backward); clamped, no weight exceeds 1.
     """
     c = q_c.shape[2]
     s = q_c @ keys[:, :, : e + c].transpose(-1, -2)
@@ -70,7 +78,7 @@ def _chunk_probs(q_c: Tensor, keys: Tensor, e: int, lse: Tensor | None = None, p
         m = s.amax(-1, keepdim=True)
         p = s.sub_(m).clamp_(min=floor).exp_()
     else:
-        p = s.sub_(lse[..., None]).clamp_(min=floor).exp_()
+        p = s.sub_(lse[..., None]).clamp_(min=floor, max=0.0).exp_()
     p[..., e:].masked_fill_(future, 0.0)
     if pad is not None:
         p.masked_fill_(pad, 0.0)
@@ -164,7 +172,7 @@ def chunked_chacal(q: Tensor, keys: Tensor, values: Tensor, y_prefix: Tensor, ga
         keys: [B, H, P + T, K] keys of the cached and the new positions.
         values: [B, H, P + T, V] values of the cached and the new positions.
         y_prefix: [B, H, P, V] outputs of the cached positions.
-        gamma: [H] path discount per head, in [0, 1).
+        gamma: [H] path discount per head, in [0, 1) (gamma = 1 is singular: see the module docstring).
         chunk_size: C, queries per block of the forward substitution.
         key_start: [B] long, leading padding positions of each row's buffer (left-padded batches):
             masked out of every softmax row but the padding query's own, or None.

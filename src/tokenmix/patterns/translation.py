@@ -54,6 +54,8 @@ class TranslationInvariant(Pattern):
                 return
             try:
                 v = self.f(k)
+            except InputError:
+                raise
             except Exception as e:  # user-supplied f
                 raise InputError(f"pattern '{self.name}': f({k}) raised {type(e).__name__}: {e}") from None
             if not isinstance(v, (int, np.integer)) or isinstance(v, bool):
@@ -106,8 +108,9 @@ class TranslationInvariant(Pattern):
     def cache_size(self, n: int) -> int:
         if self.max_levels is None:
             return max(n - 1, 0)
-        self._extend(self.max_levels, bound=None)
-        return min(max(n - 1, 0), self._dist[-1])
+        # f(max_levels - 1) directly: listing every level first would take M steps for window:M
+        last = self._dist[-1] if len(self._dist) == self.max_levels else self.f(self.max_levels - 1)
+        return min(max(n - 1, 0), last)
 
 
 class Lattice(Pattern):
