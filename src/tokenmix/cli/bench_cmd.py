@@ -7,7 +7,7 @@ import sys
 from tokenmix.bench import decode, mixers, solver
 from tokenmix.bench.lm import LMBenchConfig
 from tokenmix.bench.lm import run as run_lm_bench
-from tokenmix.cli.limits import available_memory, check_size, fmt_bytes
+from tokenmix.cli.limits import check_size, fmt_bytes, memory_budget
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import get_mixer_spec
 
@@ -77,7 +77,7 @@ def lm_bench_config(args) -> LMBenchConfig:
 
 
 def _run_lm(args) -> int:
-    print(json.dumps(run_lm_bench(lm_bench_config(args), available_memory=available_memory()), indent=2))
+    print(json.dumps(run_lm_bench(lm_bench_config(args), available_memory=memory_budget()), indent=2))
     return 0
 
 

@@ -7,7 +7,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from tokenmix.cli.limits import available_memory, check_size
+from tokenmix.cli.limits import check_size, memory_budget
 from tokenmix.cli.patterns_cmd import report_bytes
 from tokenmix.core.errors import InputError
 from tokenmix.mixers import build_mixer
@@ -26,7 +26,7 @@ def register(sub) -> None:
 def run(args) -> int:
     if args.n < 2:
         raise InputError(f"--n must be >= 2, got {args.n}")
-    pats, budget = [get_pattern(spec) for spec in DEMO_PATTERNS], available_memory()
+    pats, budget = [get_pattern(spec) for spec in DEMO_PATTERNS], memory_budget()
     check_size("--n", args.n, lambda n: max(report_bytes(p, n, PATH_LIMIT, budget) for p in pats),
                "the demo's pattern tables (dense: [n, n - 1])", lo=2)
     console = Console()

@@ -9,39 +9,19 @@ up); the memory is what the kernel reports available now (MemAvailable), capped 
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 from typing import Callable
 
 from tokenmix.core.errors import InputError
+from tokenmix.core.memory import available_memory
 
 FALLBACK_MEMORY = 8 * 2**30  # when the machine does not say (no /proc): assume a small machine
 
 
-def available_memory() -> int:
-    """Bytes this process can still fill: MemAvailable, capped by a cgroup v2 memory limit."""
-    avail = None
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            avail = FALLBACK_MEMORY
-    try:
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit.isdigit():
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-            avail = min(avail, max(int(limit) - used, 0))
-    except (OSError, ValueError):
-        pass
-    return int(avail)
+def memory_budget() -> int:
+    """Bytes this process can still fill (``core.memory.available_memory``), or FALLBACK_MEMORY when
+    the machine does not say."""
+    avail = available_memory()
+    return FALLBACK_MEMORY if avail is None else avail
 
 
 def fmt_bytes(b: float) -> str:
@@ -68,7 +48,7 @@ def check_size(flag: str, value: int, need: Callable[[int], float], what: str, l
     """Refuse ``flag value`` (InputError) when ``need(value)`` bytes exceed the memory available;
     the message names the largest value of the flag that fits (``need`` must be non-decreasing;
     ``math.inf`` = more than any machine has, without counting further)."""
-    budget = available_memory()
+    budget = memory_budget()
     bytes_needed = need(value)
     if bytes_needed <= budget:
         return

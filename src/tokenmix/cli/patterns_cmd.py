@@ -4,7 +4,7 @@ from __future__ import annotations
 import json
 import math
 
-from tokenmix.cli.limits import available_memory, check_size
+from tokenmix.cli.limits import check_size, memory_budget
 from tokenmix.core.errors import InputError
 from tokenmix.patterns import Fenwick, Lattice, Pattern, TranslationInvariant, get_pattern, pattern_report
 
@@ -65,7 +65,7 @@ def run(args) -> int:
     for n in args.n:
         if n < 1:
             raise InputError(f"--n must be >= 1, got {n}")
-    budget = available_memory()
+    budget = memory_budget()
     for n in args.n:
         check_size("--n", n, lambda m: report_bytes(pat, m, args.path_limit, budget),
                    f"pattern '{pat.name}' (its [n, levels] neighbour table"

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import sys
 import typing
 from dataclasses import dataclass, field, fields, replace
@@ -29,6 +28,7 @@ from typing import Any
 
 import torch
 
+from tokenmix.core.memory import available_memory
 from tokenmix.core.errors import InputError, MissingInput
 from tokenmix.data.prepare import DataConfig
 from tokenmix.data.tokenizer import load_tokenizer
@@ -203,32 +203,6 @@ def estimate_parameters(model: dict[str, Any], vocab_size: int | None = None) ->
             return None  # a mixer that cannot be built on the meta device: no estimate
         total += float(count) * sum(p.numel() for p in block.parameters())
     return total
-
-
-def available_memory() -> int | None:
-    """Bytes of memory this process can still fill: MemAvailable, capped by a cgroup limit."""
-    avail = None
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    avail = int(line.split()[1]) * 1024
-                    break
-    except (OSError, ValueError, IndexError):
-        pass
-    if avail is None:
-        try:
-            avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-    try:  # cgroup v2: a container's limit
-        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
-        if limit.isdigit():
-            used = int(Path("/sys/fs/cgroup/memory.current").read_text().strip())
-            avail = min(avail, max(int(limit) - used, 0))
-    except (OSError, ValueError):
-        pass
-    return avail
 
 
 def check_model_memory(model: dict[str, Any], bytes_per_param: int, what: str,
