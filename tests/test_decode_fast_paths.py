@@ -180,3 +180,72 @@ def test_mamba2_decode_without_autograd_follows_parameter_updates():
             assert_close(y, y_ref, FLOAT64_EXACT, "mamba2 no-grad outputs")
             assert_close(s.memory, s_ref.memory, FLOAT64_EXACT, "mamba2 no-grad state")
             m.A_log.add_(0.5)
+
+
+@pytest.fixture
+def lattice_steps(monkeypatch):
+    """Counts the tokens ``_neighbor_cache_step`` (the slot-stable lattice step) took and declined."""
+    counts = {"taken": 0, "declined": 0}
+    original = StructuredRecurrence._neighbor_cache_step
+
+    def counted(self, *args):
+        out = original(self, *args)
+        counts["taken" if out is not None else "declined"] += 1
+        return out
+    monkeypatch.setattr(StructuredRecurrence, "_neighbor_cache_step", counted)
+    return counts
+
+
+@pytest.mark.parametrize("padding", PADDINGS)
+@pytest.mark.parametrize("name,overrides", [("pow2_ce", {}), ("sq1_ce", {}), ("pow2", {"pattern": "fenwick"})],
+                         ids=["pow2_ce", "sq1_ce", "fenwick"])
+def test_lattice_step_matches_general_step(name, overrides, padding, lattice_steps):
+    """200 tokens (the slot-stable storage fills and is compacted many times) against the general
+    step and the chunked mode; the cache holds the same positions with the same entries."""
+    torch.manual_seed(0)
+    m = build_mixer(name, 16, n_heads=2, **overrides).double()
+    x = torch.randn(3, 240, 16, dtype=torch.float64)
+    start = PADDINGS[padding]
+    with torch.no_grad():
+        y_fast, s_fast = _decode(m, x, start, prefill=40)
+    assert lattice_steps["taken"] >= 150
+    taken = lattice_steps["taken"]
+    y_gen, s_gen = _decode(m, x, start, prefill=40)  # parameters require grad: the general step
+    assert lattice_steps["taken"] == taken
+    assert_close(y_fast, y_gen.detach(), FLOAT64_EXACT, f"{name} {padding} outputs")
+    if padding == "unpadded":  # (a padded lattice batch runs by row groups, each its own cache)
+        assert s_fast.positions.tolist() == s_gen.positions.tolist()
+        for key, t in s_fast.tensors().items():
+            assert_close(t, s_gen.tensors()[key].detach(), FLOAT64_EXACT, f"{name} {padding} cache {key}")
+    assert (s_fast.peak_positions, s_fast.peak_numel) == (s_gen.peak_positions, s_gen.peak_numel)
+    with torch.no_grad():
+        y_chunked, s_chunked = m(x, m.init_state(3, dtype=x.dtype, start=start))
+        assert_close(y_fast, y_chunked, FLOAT64_EXACT, f"{name} {padding} step vs chunked")
+        more = torch.randn(3, 9, 16, dtype=torch.float64)  # a chunk after the decode reads the slotted cache
+        y_more, _ = m(more, s_fast)
+        y_ref, _ = m(more, s_chunked)
+    assert_close(y_more, y_ref, FLOAT64_EXACT, f"{name} {padding} chunk after the lattice decode")
+
+
+@torch.no_grad()
+def test_lattice_step_keeps_branches_valid(lattice_steps):
+    """Two continuations of one lattice cache (the second finds its storage written past it and
+    copies first) and a later step of the first: all equal straight runs."""
+    torch.manual_seed(1)
+    m = build_mixer("sq1_ce", 16, n_heads=2).double()
+    x = torch.randn(1, 60, 16, dtype=torch.float64)
+    alt = torch.randn(1, 16, dtype=torch.float64)
+    _, root = m(x[:, :40])
+    y_a, a = m.step(x[:, 40], root)
+    y_b, b = m.step(alt, root)
+    ys_a, ys_b = [y_a], [y_b]
+    for i in range(41, 60):
+        y, a = m.step(x[:, i], a)
+        ys_a.append(y)
+        y, b = m.step(x[:, i], b)
+        ys_b.append(y)
+    straight, _ = m(x)
+    branched, _ = m(torch.cat([x[:, :40], alt[:, None], x[:, 41:]], 1))
+    assert lattice_steps["taken"] == 40
+    assert_close(torch.stack(ys_a, 1), straight[:, 40:], FLOAT64_EXACT, "first branch")
+    assert_close(torch.stack(ys_b, 1), branched[:, 40:], FLOAT64_EXACT, "second branch")

@@ -19,7 +19,7 @@ from conftest import small_mixer
 from test_pattern_solve import SPECS, buffer_table, dense_reference, f64
 from tokenmix.mixers import structured
 from tokenmix.ops import pattern_kernels
-from tokenmix.ops.pattern_kernels import compiled_pattern_scores, compiled_pattern_solve, neighbor_step, step_read
+from tokenmix.ops.pattern_kernels import compiled_pattern_scores, compiled_pattern_solve, lattice_step, step_read
 from tokenmix.ops.pattern_solve import pattern_scores_reference
 from tolerances import FLOAT32_REL_RMS, FLOAT64_EXACT, assert_close, rel_rms
 
@@ -99,25 +99,30 @@ def _read_formula(qkv, keys, values, read, scale):
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "fallback"])
 def test_decode_reads_match_their_definition(compiled, monkeypatch):
     """One decode read (scores, softmax over the self slot and the cached neighbours, weighted sum)
-    and the lattice step's cache rebuild, by the kernel and by the pure-PyTorch fallback."""
+    and the lattice step on slot-stable storage, by the kernel and by the pure-PyTorch fallback."""
     monkeypatch.setattr(pattern_kernels, "ENABLED", compiled)
     g = torch.Generator().manual_seed(0)
     b, s, h, k = 2, 5, 3, 4
     qkv, keys, values = f64(g, b, 3, h, k), f64(g, b, s, h, k), f64(g, b, s, h, k)
     out = step_read(qkv, keys, values, np.array([4, -1, 0, 3]), 0.5, qkv.new_empty(b, h, k))
     assert_close(out, _read_formula(qkv, keys, values, torch.tensor([4, 0, 3]), 0.5), FLOAT64_EXACT, "step_read")
-    # a cache holding positions 2, 5, 8, 9, 10; token 11 reads 10, 9 and 2 (table order, a -1 slot),
-    # token 12 reads 11, 10, 8 and 5: the next cache is {5, 8, 10, 11}
-    held = np.array([2, 5, 8, 9, 10])
+    # a cache holding positions 2, 5, 8, 9, 10 at storage slots 6, 0, 3, 1, 2 (slot 7 never written);
+    # token 11 reads 10, 9 and 2 (table order, a -1 slot), token 12 reads 11, 10, 8 and 5: the next
+    # cache is {5, 8, 10, 11} at slots 0, 3, 2 and 7, where the token's key and output went
+    kv = torch.stack([f64(g, b, 8, h, k), f64(g, b, 8, h, k)])
+    before = kv.clone()
+    held, slots = np.array([2, 5, 8, 9, 10]), np.array([6, 0, 3, 1, 2])
     row, nxt = np.array([10, 9, -1, 2]), np.array([11, 10, 8, -1, 5])
-    new_keys, new_values, keep, y = neighbor_step(qkv, keys, values, held, row, nxt, 11, 0.5)
-    assert_close(y, _read_formula(qkv, keys, values, torch.tensor([4, 3, 0]), 0.5), FLOAT64_EXACT, "neighbor read")
-    assert keep.tolist() == [5, 8, 10, 11]
-    assert torch.equal(new_keys, torch.cat([keys[:, [1, 2, 4]], qkv[:, 1:2]], 1))
-    assert torch.equal(new_values[:, :3], values[:, [1, 2, 4]]) and torch.equal(new_values[:, 3], y)
-    # a cache that lacks a position the rows name is left to the general step
-    assert neighbor_step(qkv, keys, values, np.array([2, 5, 8, 9, 12]), row, nxt, 11, 0.5) is None
-    assert neighbor_step(qkv, keys, values, held, row, np.array([10, 9]), 11, 0.5) is None  # 12 must read 11
+    keep, new_slots = lattice_step(qkv, kv, None, held, slots, 7, row, nxt, 11, 0.5)
+    assert keep.tolist() == [5, 8, 10, 11] and new_slots.tolist() == [0, 3, 2, 7]
+    want = _read_formula(qkv, before[0], before[1], torch.tensor([2, 1, 6]), 0.5)
+    assert_close(kv[1, :, 7], want, FLOAT64_EXACT, "lattice read")
+    assert torch.equal(kv[0, :, 7], qkv[:, 1]) and torch.equal(kv[:, :, :7], before[:, :, :7])  # nothing else moved
+    # a cache that lacks a position the rows name is left to the general step, nothing written
+    kv = before.clone()
+    assert lattice_step(qkv, kv, None, np.array([2, 5, 8, 9, 12]), slots, 7, row, nxt, 11, 0.5) is None
+    assert lattice_step(qkv, kv, None, held, slots, 7, row, np.array([10, 9]), 11, 0.5) is None  # 12 must read 11
+    assert torch.equal(kv, before)
 
 
 @pytest.mark.parametrize("name", ["pow2", "sq1_ce"])

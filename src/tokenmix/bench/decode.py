@@ -1,12 +1,14 @@
 """``tokenmix bench decode``: per-token decode latency and cached positions at the end of an n-token
 context, for each pattern mixer and a KV-cache attention baseline.
 
-For each mixer, one context per n is prefilled with the mixer's fast mode (its returned state is
-the decode cache); then ``steps`` tokens are decoded with ``mixer.step`` round-robin over the n
-values, so the lengths being compared are timed side by side under the same machine load.
-``latency_ms`` is the median wall time of a step, ``latency_min_ms`` the fastest step and
-``cpu_ms`` the median process CPU time of a step (the least sensitive to other processes on a
-shared machine). Growth ratios compare the largest n with the smallest, for each of the three.
+Every mixer prefills one context per n with its fast mode (its returned state is the decode
+cache); then ``steps`` tokens are decoded with ``mixer.step`` in blocks of 8, round-robin over the
+mixers and the n values (``decode_mixers``), so the mixers and lengths being compared are timed
+side by side under the same machine load; each block's first step is not timed (it finds the CPU
+caches holding another mixer's weights, which a decode of one model does not). ``latency_ms`` is the median wall time of a step,
+``latency_min_ms`` the fastest step and ``cpu_ms`` the median process CPU time of a step (the least
+sensitive to other processes on a shared machine). Growth ratios compare the largest n with the
+smallest, for each of the three.
 """
 from __future__ import annotations
 
@@ -22,39 +24,50 @@ SIZES = [1024, 4096, 16384]
 
 
 @torch.no_grad()
-def decode_mixer(name: str, sizes: list[int], heads: int = 4, head_dim: int = 64, steps: int = 64) -> list[dict]:
-    """One result per n for mixer ``name`` (same weights for every n), steps timed round-robin."""
-    torch.manual_seed(0)
-    m = build_mixer(name, heads * head_dim, n_heads=heads)
-    xs, states, cached = {}, {}, {}
-    for n in sizes:
-        xs[n] = torch.randn(1, n + steps, heads * head_dim)
-        _, states[n] = m(xs[n][:, :n])
-        cached[n] = states[n].cached_positions()
-    wall: dict[int, list[float]] = {n: [] for n in sizes}
-    cpu: dict[int, list[float]] = {n: [] for n in sizes}
-    for s in range(steps):
+def decode_mixers(names: list[str], sizes: list[int], heads: int = 4, head_dim: int = 64, steps: int = 128,
+                  block: int = 8, progress=None) -> list[dict]:
+    """One result per (mixer, n): every mixer prefilled at every n (one mixer's weights for all its
+    n), then the ``steps`` decode steps taken in blocks of ``block`` tokens, round-robin over the
+    mixers (the first one rotating) and the lengths, so a burst of load from other processes falls
+    on all of them alike: the ratios between mixers are measured under the same conditions."""
+    models, xs, states, cached = {}, {}, {}, {}
+    for name in names:
+        torch.manual_seed(0)
+        models[name] = build_mixer(name, heads * head_dim, n_heads=heads)
         for n in sizes:
-            t, c = time.perf_counter(), time.process_time()
-            _, states[n] = m.step(xs[n][:, n + s], states[n])
-            cpu[n].append(time.process_time() - c)
-            wall[n].append(time.perf_counter() - t)
-    return [{"mixer": name, "n": n, "latency_ms": 1e3 * statistics.median(wall[n]),
-             "latency_min_ms": 1e3 * min(wall[n]), "cpu_ms": 1e3 * statistics.median(cpu[n]),
-             "cached_positions": cached[n], "peak_positions_measured": states[n].peak_positions,
-             "cache_positions_derived": m.cache_positions(n + steps), "state_scalars": states[n].numel_per_batch()}
-            for n in sizes]
+            xs[name, n] = torch.randn(1, n + steps, heads * head_dim)
+            _, states[name, n] = models[name](xs[name, n][:, :n])
+            cached[name, n] = states[name, n].cached_positions()
+    wall: dict[tuple, list[float]] = {key: [] for key in states}
+    cpu: dict[tuple, list[float]] = {key: [] for key in states}
+    for r, first in enumerate(range(0, steps, block)):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            for n in sizes:
+                for s in range(first, min(steps, first + block)):
+                    t, c = time.perf_counter(), time.process_time()
+                    _, states[name, n] = models[name].step(xs[name, n][:, n + s], states[name, n])
+                    if s > first:  # the block's first step warms the caches the other mixers used
+                        cpu[name, n].append(time.process_time() - c)
+                        wall[name, n].append(time.perf_counter() - t)
+    results = []
+    for name in names:
+        m = models[name]
+        for n in sizes:
+            key = (name, n)
+            results.append({"mixer": name, "n": n, "latency_ms": 1e3 * statistics.median(wall[key]),
+                            "latency_min_ms": 1e3 * min(wall[key]), "cpu_ms": 1e3 * statistics.median(cpu[key]),
+                            "cached_positions": cached[key], "peak_positions_measured": states[key].peak_positions,
+                            "cache_positions_derived": m.cache_positions(n + steps),
+                            "state_scalars": states[key].numel_per_batch()})
+            if progress:
+                progress(results[-1])
+    return results
 
 
 def run(sizes: list[int] | None = None, mixers: list[str] | None = None, progress=None) -> dict:
     sizes = sizes or SIZES
     names = mixers or PATTERNS + (["attention"] if "attention" in mixer_names() else [])
-    results = []
-    for name in names:
-        for r in decode_mixer(name, sizes):
-            results.append(r)
-            if progress:
-                progress(r)
+    results = decode_mixers(names, sizes, progress=progress)
     summary = {}
     for name in names:
         rows = {r["n"]: r for r in results if r["mixer"] == name}

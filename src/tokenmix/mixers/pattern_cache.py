@@ -41,14 +41,18 @@ class _Storage:
     ``positions`` is read only by caches that are not ``contiguous`` (a contiguous cache's positions
     follow from its position and size; ``advanced`` does not write them)."""
 
-    def __init__(self, keys: Tensor, values: Tensor, positions: Tensor, end: int,
-                 positions_np: np.ndarray | None = None) -> None:
+    def __init__(self, keys: Tensor, values: Tensor, positions: Tensor | None, end: int,
+                 kv: Tensor | None = None) -> None:
         self.keys, self.values, self.positions, self.end = keys, values, positions, end
-        self.positions_np = positions_np  # the positions as numpy, if the storage was built from them
+        # slot-stable storage of the lattice decode: keys and values are kv[0] and kv[1] of one
+        # [2, B, cap, H, K] tensor (with its numpy view, what the compiled step reads); its slots
+        # are written once each, in order, and positions live in the caches, not here
+        self.kv = kv
+        self.kv_np = kv.numpy() if kv is not None and kv.device.type == "cpu" and not kv.requires_grad else None
 
     @property
     def capacity(self) -> int:
-        return self.positions.shape[0]
+        return self.keys.shape[1]
 
     @classmethod
     def holding(cls, parts: list[tuple[Tensor, Tensor, Tensor]], capacity: int) -> "_Storage":
@@ -80,12 +84,15 @@ class PatternCache(MixerState):
     """
 
     def __init__(self, owner: str, batch_size: int, position: int, store: _Storage, start: int, size: int,
-                 contiguous: bool = True) -> None:
+                 contiguous: bool = True, slotted: tuple[np.ndarray, np.ndarray, int] | None = None) -> None:
         self.owner, self.batch_size, self.position = owner, batch_size, position
         self._store, self._start, self._size = store, start, size
         # True when the held positions are exactly position - size .. position - 1 (every cache
         # built by ``extend(keep_from=...)``): storage slot start + i then holds position - size + i
         self.contiguous = contiguous
+        # a lattice decode cache on slot-stable storage: (sorted positions held, their storage slots,
+        # the storage's end when this cache was made); see ``lattice_storage``
+        self._slotted = slotted
 
     @classmethod
     def empty(cls, owner: str, batch_size: int, heads: int, key_dim: int, value_dim: int, device, dtype
@@ -97,32 +104,31 @@ class PatternCache(MixerState):
 
     @property
     def positions(self) -> Tensor:
+        if self._slotted is not None:
+            return torch.from_numpy(self._slotted[0])
         if self.contiguous:
             return torch.arange(self.position - self._size, self.position)
         return self._store.positions[self._start : self._start + self._size]
 
     def held_positions(self) -> np.ndarray:
         """``positions`` as a sorted int64 numpy array (what the compiled decode steps read)."""
-        store = self._store
+        if self._slotted is not None:
+            return self._slotted[0]
         if self.contiguous:
             return np.arange(self.position - self._size, self.position, dtype=np.int64)
-        if store.positions_np is not None and self._start == 0 and self._size == len(store.positions_np):
-            return store.positions_np
         return self.positions.numpy()
 
     @property
     def keys(self) -> Tensor:
-        keys = self._store.keys
-        if self._start == 0 and self._size == keys.shape[1]:
-            return keys  # the whole storage (a rebuilt cache): no view to build on every decode step
-        return keys[:, self._start : self._start + self._size]
+        if self._slotted is not None:  # gathered in position order (the general paths' view)
+            return self._store.keys[:, torch.from_numpy(self._slotted[1]).to(self._store.keys.device)]
+        return self._store.keys[:, self._start : self._start + self._size]
 
     @property
     def values(self) -> Tensor:
-        values = self._store.values
-        if self._start == 0 and self._size == values.shape[1]:
-            return values
-        return values[:, self._start : self._start + self._size]
+        if self._slotted is not None:
+            return self._store.values[:, torch.from_numpy(self._slotted[1]).to(self._store.values.device)]
+        return self._store.values[:, self._start : self._start + self._size]
 
     def tensors(self) -> dict[str, Tensor]:
         return {"keys": self.keys, "values": self.values}
@@ -167,13 +173,42 @@ class PatternCache(MixerState):
         return type(self)(self.owner, self.batch_size, self.position + 1, store, self._start + drop,
                           self._size + 1 - drop).carry_over(self)
 
-    def rebuilt(self, keys: Tensor, values: Tensor, positions: np.ndarray, new_position: int) -> "PatternCache":
-        """The cache at ``new_position`` holding exactly the sorted ``positions`` [P'] (int64 numpy)
-        with their keys [B, P', H, K] and values [B, P', H, V] (fresh tensors the caller built, e.g.
-        by regathering this cache's entries and a new token's): they become its storage, no copy."""
-        store = _Storage(keys, values, torch.from_numpy(positions), positions.shape[0], positions)
-        return type(self)(self.owner, self.batch_size, new_position, store, 0, positions.shape[0],
-                          contiguous=False).carry_over(self)
+    def lattice_storage(self) -> tuple["PatternCache", Tensor, np.ndarray | None, np.ndarray, np.ndarray, int] | None:
+        """Where a lattice decode step may write its token: (cache, kv, kv_np, held, slots, end).
+
+        ``cache`` holds this cache's entries on slot-stable storage kv [2, B, cap, H, K] (numpy view
+        kv_np), the sorted positions ``held`` at storage ``slots``, and slot ``end`` has never been
+        written. That is this cache itself when it is the latest on its slot-stable storage and
+        the storage has room; otherwise its entries are copied into fresh storage of twice their
+        number (at least 16 slots), so a step costs O(|N(t)|) amortised and every cache returned
+        earlier stays valid (nothing is overwritten, the same rule as ``next_slot``). None if keys
+        and values differ in width (one kv tensor cannot hold both).
+        """
+        store = self._store
+        if self._slotted is not None and store.kv is not None and store.end == self._slotted[2] \
+                and store.end < store.capacity and not _records_grad(store):
+            held, slots, end = self._slotted
+            return self, store.kv, store.kv_np, held, slots, end
+        keys, values = self.keys, self.values
+        if keys.shape[-1] != values.shape[-1]:
+            return None
+        held, m = self.held_positions().copy(), self._size
+        b, _, h, k = keys.shape
+        kv = keys.new_empty(2, b, max(_MIN_CAPACITY, 2 * (m + 1)), h, k)
+        kv[0, :, :m], kv[1, :, :m] = keys, values
+        fresh = _Storage(kv[0], kv[1], None, m, kv=kv)
+        cache = type(self)(self.owner, self.batch_size, self.position, fresh, 0, m, contiguous=False,
+                           slotted=(held, np.arange(m, dtype=np.int64), m)).carry_over(self)
+        return cache, kv, fresh.kv_np, held, cache._slotted[1], m
+
+    def lattice_appended(self, held: np.ndarray, slots: np.ndarray, new_position: int) -> "PatternCache":
+        """The cache after a lattice step wrote position ``self.position`` into slot ``end`` of
+        this cache's storage (from ``lattice_storage``), holding the sorted positions ``held`` at
+        storage ``slots``."""
+        store = self._store
+        store.end = self._slotted[2] + 1
+        return type(self)(self.owner, self.batch_size, new_position, store, 0, len(held), contiguous=False,
+                          slotted=(held, slots, store.end)).carry_over(self)
 
     def _contiguous_drop(self, keep_from: int, at_most: int) -> int:
         """Entries of a contiguous cache (positions position - size ..) before ``keep_from``, <= at_most."""
@@ -216,7 +251,8 @@ class PatternCache(MixerState):
             # a first segment (a training forward, a prefill): its tensors become the storage as they
             # are, no copy; the first append after it finds the storage full and doubles it
             store, start = _Storage(keys, values, new_pos, n), 0
-        elif store.end == at and at + n <= store.capacity and not _records_grad(store, keys, values):
+        elif self._slotted is None and store.end == at and at + n <= store.capacity \
+                and not _records_grad(store, keys, values):
             store.write(at, keys, values, new_pos)  # the latest cache on this storage: append in place
             start = self._start + drop
         else:  # full, or an older cache being extended (a branch): fresh storage, doubled

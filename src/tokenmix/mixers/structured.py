@@ -44,7 +44,7 @@ from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Mixer, MixerConfig
 from tokenmix.mixers.pattern_cache import PatternCache
 from tokenmix.ops.pattern_kernels import (compiled_pattern_scores, compiled_pattern_solve, kernel_available,
-                                          neighbor_step, step_read, supported)
+                                          lattice_step, step_read, supported)
 from tokenmix.ops.pattern_solve import (PatternPlan, chunked_pattern_solve, chunked_window_softmax, pattern_scores,
                                         plan_pattern)
 from tokenmix.patterns import Lattice, Pattern, TranslationInvariant, get_pattern
@@ -425,11 +425,12 @@ class StructuredRecurrence(Mixer):
         """One token of a pattern whose decode cache is its neighbour set (``cache_is_neighbors``:
         the lattice, Fenwick), score-softmax coefficients, no autograd.
 
-        The cache holds sorted N(t), and N(t + 1) ⊆ N(t) ∪ {t}: one compiled call
-        (``neighbor_step``) finds the token's neighbours among the held positions, reads them
-        (scores, softmax, weighted sum) and writes the next cache -- each kept entry copied from
-        its old slot, t's entry from the token -- into one fresh block: O(|N(t)| (K + V)), no
-        tensor position search and no eviction pass. Returns (y_t [B, H, V], next cache), or None
+        The cache holds sorted N(t), and N(t + 1) ⊆ N(t) ∪ {t}: on slot-stable storage
+        (``PatternCache.lattice_storage``) the token's key and output go to a fresh slot and the
+        next cache is the same storage with another list of (position, slot) pairs -- no entry
+        moves. One compiled call (``lattice_step``) finds the neighbours' slots, reads them (scores,
+        softmax, weighted sum) and writes the token: O(|N(t)| (K + V)), plus an amortised copy of
+        the live entries each time the storage fills. Returns (y_t [B, H, V], next cache), or None
         if the cache lacks a position the rows name (padding rows, a cache from elsewhere): the
         general step then runs.
         """
@@ -438,12 +439,15 @@ class StructuredRecurrence(Mixer):
             return None
         if torch.is_grad_enabled() and any(z.requires_grad for z in state.buffers()):
             return None
-        stepped = neighbor_step(qkv_t, state.keys, state.values, state.held_positions(), self._table_row(pos),
-                                self._table_row(pos + 1), pos, self._scale)
+        room = state.lattice_storage()
+        if room is None:
+            return None
+        state, kv, kv_np, held, slots, end = room
+        stepped = lattice_step(qkv_t, kv, kv_np, held, slots, end, self._table_row(pos), self._table_row(pos + 1),
+                               pos, self._scale)
         if stepped is None:
             return None
-        keys, values, keep, y_t = stepped
-        return y_t, state.rebuilt(keys, values, keep, pos + 1)
+        return kv[1, :, end], state.lattice_appended(*stepped, pos + 1)
 
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:

@@ -235,37 +235,38 @@ if numba is not None:
         return True
 
     @njit(cache=True, nogil=True)
-    def _neighbor_step(qkv, keys, values, held, row, nxt, pos, scale, new_kv, keep):  # pragma: no cover
-        # the token at pos reads its table row from the cache (sorted positions held), then the next
-        # cache -- the sorted positions of the next row, each taken from the cache or the token --
-        # is written to new_kv [2, B, W', H, K] / keep [W']; returns (entries, slot of pos) or (-1, -1)
+    def _lattice_step(qkv, kv, held, hslot, end, row, nxt, pos, scale, keep, new_slots):  # pragma: no cover
+        # kv [2,B,cap,H,K]: keys kv[0], values kv[1]; the cache holds the sorted positions ``held``
+        # at storage slots ``hslot``. The token at pos reads its table row, its key and output go
+        # to the never-used slot ``end``; the next cache -- the sorted positions of the next row --
+        # is written to keep / new_slots (no entry moves). Returns their count, or -1 if a position
+        # the rows name is not held (or pos + 1 does not read pos).
         slots = np.empty(row.shape[0], np.int64)
         if not _find(held, row, slots):
-            return -1, -1
+            return -1
+        for w in range(row.shape[0]):
+            if slots[w] >= 0:
+                slots[w] = hslot[slots[w]]
         m = 0
         for w in range(nxt.shape[0]):
             if nxt[w] >= 0:
                 keep[m] = nxt[w]
                 m += 1
         keep[:m].sort()
-        src = np.empty(m, np.int64)
         at = -1
         for i in range(m):
             if keep[i] == pos:
                 at = i
-                keep[i] = -1  # found below as "none", written from the token
-        if at < 0 or not _find(held, keep[:m], src):
-            return -1, -1
+                keep[i] = -1  # found below as "none", then set to the token's slot
+        if at < 0 or not _find(held, keep[:m], new_slots[:m]):
+            return -1
         keep[at] = pos
-        _read(qkv, keys, values, slots, scale, new_kv[1, :, at])
+        for i in range(m):
+            new_slots[i] = end if i == at else hslot[new_slots[i]]
+        _read(qkv, kv[0], kv[1], slots, scale, kv[1, :, end])
         for b in range(qkv.shape[0]):
-            for i in range(m):
-                if i == at:
-                    new_kv[0, b, i] = qkv[b, 1]
-                else:
-                    new_kv[0, b, i] = keys[b, src[i]]
-                    new_kv[1, b, i] = values[b, src[i]]
-        return m, at
+            kv[0, b, end] = qkv[b, 1]
+        return m
 
 
 def _np(z: Tensor) -> np.ndarray:
@@ -342,46 +343,41 @@ def step_read(qkv: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, scal
     return out
 
 
-def neighbor_step(qkv: Tensor, keys: Tensor, values: Tensor, held: np.ndarray, row: np.ndarray, nxt: np.ndarray,
-                  pos: int, scale: float) -> tuple[Tensor, Tensor, np.ndarray, Tensor] | None:
-    """One decoded token whose cache is a neighbour set (a lattice): read, then rebuild the cache.
+def lattice_step(qkv: Tensor, kv: Tensor, kv_np: np.ndarray | None, held: np.ndarray, hslot: np.ndarray, end: int,
+                 row: np.ndarray, nxt: np.ndarray, pos: int, scale: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """One decoded token whose cache is a neighbour set (a lattice), on slot-stable storage.
 
     Args:
         qkv: [B, 3, H, K] the token's q, k, v (at position ``pos``).
-        keys, values: [B, S, H, K], [B, S, H, V] the cache's entries, at the sorted positions
-            ``held`` [S] (int64 numpy).
+        kv: [2, B, cap, H, K] cache storage (keys kv[0], values kv[1]); ``kv_np`` its numpy view
+            (None: made here). Slot ``end`` < cap has never been written.
+        held, hslot: int64 numpy [S], the sorted positions the cache holds and their storage slots.
         row, nxt: int64 numpy table rows of pos and pos + 1 (absolute positions, -1 = none).
     Returns:
-        (keys' [B, S', H, K], values' [B, S', H, V], keep [S'] int64 sorted, y [B, H, V]): the
-        cache holding exactly the positions of ``nxt`` (pos among them, its value y), and the
-        token's output (a view into values'); or None if the cache lacks a position the rows name
+        (keep [S'], slots [S']) the next cache's sorted positions (those of ``nxt``, pos among them)
+        and their storage slots -- the token's key and output written to slot ``end`` (its output
+        y = kv[1, :, end]); or None, with nothing written, if a position the rows name is not held
         (or pos + 1 does not read pos).
     """
-    b, _, h, kd = qkv.shape
     width = nxt.shape[0]
-    if supported(qkv, keys, values):
-        new_kv = qkv.new_empty(2, b, width, h, kd)
-        keep = np.empty(width, np.int64)
-        m, at = _neighbor_step(_np(qkv), _np(keys), _np(values), held, row, nxt, pos, scale, _np(new_kv), keep)
-        if m < 0:
-            return None
-        return new_kv[0, :, :m], new_kv[1, :, :m], keep[:m], new_kv[1, :, at]
+    keep, new_slots = np.empty(width, np.int64), np.empty(width, np.int64)
+    if supported(qkv, kv):
+        m = _lattice_step(_np(qkv), _np(kv) if kv_np is None else kv_np, held, hslot, end, row, nxt, pos, scale,
+                          keep, new_slots)
+        return None if m < 0 else (keep[:m], new_slots[:m])
     keep = np.sort(nxt[nxt >= 0])
     wanted = np.concatenate([row, np.where(keep == pos, -1, keep)])
-    slot = np.searchsorted(held, np.maximum(wanted, 0)).clip(max=max(len(held) - 1, 0))
+    j = np.searchsorted(held, np.maximum(wanted, 0)).clip(max=max(len(held) - 1, 0))
     found = wanted < 0
     if len(held):
-        found |= held[slot] == wanted
+        found |= held[j] == wanted
     if pos not in keep or not found.all():
         return None
-    slot = np.where(wanted >= 0, slot, -1)
-    y = step_read(qkv, keys, values, slot[: len(row)], scale, qkv.new_empty(b, h, values.shape[-1]))
-    src = slot[len(row):]
-    old = torch.from_numpy(np.maximum(src, 0)).to(keys.device)
-    token = torch.from_numpy(src < 0).to(keys.device)[None, :, None, None]
-    new_keys = torch.where(token, qkv[:, 1, None], keys[:, old])
-    new_values = torch.where(token, y[:, None], values[:, old])
-    return new_keys, new_values, keep, new_values[:, int(np.flatnonzero(keep == pos)[0])]
+    slot = np.where(wanted >= 0, hslot[j] if len(held) else -1, -1)
+    step_read(qkv, kv[0], kv[1], slot[: len(row)], scale, kv[1, :, end])
+    kv[0, :, end] = qkv[:, 1]
+    new_slots = np.where(keep == pos, end, slot[len(row):])
+    return keep, new_slots
 
 
 def _check_causal(idx: Tensor, prefix: int) -> Tensor:
@@ -429,5 +425,5 @@ def compiled_pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan=None) -> 
     return _CompiledScores.apply(q, kbuf, _check_causal(idx, p))
 
 
-__all__ = ["compiled_pattern_scores", "compiled_pattern_solve", "kernel_available", "neighbor_step", "step_read",
+__all__ = ["compiled_pattern_scores", "compiled_pattern_solve", "kernel_available", "lattice_step", "step_read",
            "supported"]
