@@ -15,6 +15,14 @@ Single-token decode of a contiguous cache (``next_slot`` / ``advanced``): a call
 storage slots its token reads (fixed distances back from the new slot) writes the token's entry
 straight into the storage and gathers from it, with no position lookup and no per-step tensors
 beyond the entry itself; ``extend`` stays the general path and both keep the same invariants.
+
+Lattice decode (``lattice_storage`` / ``lattice_appended``): a cache whose positions are scattered
+(the lattice, Fenwick) lives on slot-stable storage, keys and values in one [2, B, cap, H, K]
+tensor written once per slot in order; the cache is the list of its (position, slot) pairs. A step
+writes its token into the next never-used slot and the next cache keeps other pairs, so no entry
+moves; when the storage is full, or an older cache is stepped again, the live entries are copied
+into fresh storage of twice their number first. The general paths read such a cache through
+``keys`` / ``values`` gathered in position order.
 """
 from __future__ import annotations
 
