@@ -17,6 +17,7 @@ from tokenmix.checks import CROSSCHECKS, load_all_crosschecks
 from tokenmix.core.operator import solve_dense
 from tokenmix.ops.chunked_channel_delta import (channel_delta_operator, chunked_channel_delta_rule,
                                                 recurrent_channel_delta_rule)
+from tokenmix.study.structure import layer_shortest_path
 from tolerances import FLOAT64_EXACT, assert_close
 
 NEW = ("gated_delta_product", "kda", "gdn2")
@@ -206,3 +207,11 @@ def test_crosscheck_within_tolerance_in_every_mode(name, label, check, tolerance
             assert any(f"{mode}{how}.state" in q for q in errors), f"{name}: {mode}{how} state not compared"
     assert any(q.startswith("op.chunked") or " op.chunked" in q for q in errors)
     assert any(q.startswith("op.recurrent") or " op.recurrent" in q for q in errors)
+
+
+def test_deltaproduct_path_is_read_on_tokens_not_sub_steps():
+    """The compare table's path@n for an operator on n_h sub-steps per token: token j reaches token
+    i in one layer (as in Gated DeltaNet), not 'unreachable' because inner sub-steps have no output."""
+    for n_h in (1, 2, 3):
+        m = small_mixer("gated_delta_product", n_h=n_h)
+        assert layer_shortest_path(m, 12) == 1.0

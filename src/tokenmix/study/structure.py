@@ -17,9 +17,10 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
-from tokenmix.analysis.expressivity import operator_graph
+from tokenmix.analysis.expressivity import UNREACHABLE, operator_graph
 from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.patterns import pattern_report
 
@@ -67,7 +68,14 @@ def layer_shortest_path(mixer: torch.nn.Module, n: int, seed: int = 0) -> float:
     x = torch.randn(1, n, mixer.d_model, generator=torch.Generator().manual_seed(seed), dtype=p.dtype)
     with torch.no_grad():
         op = mixer.materialize(x)
-    return float(operator_graph(op).path_stats()[0])
+    sub = getattr(mixer, "substeps", 1)
+    if sub == 1:
+        return float(operator_graph(op).path_stats()[0])
+    # an operator on ``sub`` sub-steps per token (DeltaProduct): token j reaches token i when some
+    # sub-step of j reaches i's output, read at i's last sub-step (the others have no output row)
+    d = operator_graph(op).distances().reshape(n, sub, n, sub)[:, -1].min(-1)  # [n, n]
+    lower = d[np.tril_indices(n, k=-1)]
+    return math.inf if (lower >= UNREACHABLE).any() else float(lower.max()) if n > 1 else 0.0
 
 
 def structure_facts(label: str, model_cfg: ModelConfig, n: int, seed: int = 0) -> StructureFacts:
