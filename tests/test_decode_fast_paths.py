@@ -30,18 +30,23 @@ def _decode(m, x: torch.Tensor, start, prefill: int):
     return torch.cat(ys, 1), state
 
 
-@pytest.fixture
-def fixed_steps(monkeypatch):
-    """Counts the tokens ``_fixed_distance_step`` took (not None) and declined."""
+def _count_steps(monkeypatch, method: str) -> dict[str, int]:
+    """Counts the tokens the fast step ``StructuredRecurrence.<method>`` took (not None) and declined."""
     counts = {"taken": 0, "declined": 0}
-    original = StructuredRecurrence._fixed_distance_step
+    original = getattr(StructuredRecurrence, method)
 
     def counted(self, *args):
         out = original(self, *args)
         counts["taken" if out is not None else "declined"] += 1
         return out
-    monkeypatch.setattr(StructuredRecurrence, "_fixed_distance_step", counted)
+    monkeypatch.setattr(StructuredRecurrence, method, counted)
     return counts
+
+
+@pytest.fixture
+def fixed_steps(monkeypatch):
+    """Counts the tokens ``_fixed_distance_step`` took and declined."""
+    return _count_steps(monkeypatch, "_fixed_distance_step")
 
 
 @pytest.mark.parametrize("padding", PADDINGS)
@@ -185,15 +190,7 @@ def test_mamba2_decode_without_autograd_follows_parameter_updates():
 @pytest.fixture
 def lattice_steps(monkeypatch):
     """Counts the tokens ``_neighbor_cache_step`` (the slot-stable lattice step) took and declined."""
-    counts = {"taken": 0, "declined": 0}
-    original = StructuredRecurrence._neighbor_cache_step
-
-    def counted(self, *args):
-        out = original(self, *args)
-        counts["taken" if out is not None else "declined"] += 1
-        return out
-    monkeypatch.setattr(StructuredRecurrence, "_neighbor_cache_step", counted)
-    return counts
+    return _count_steps(monkeypatch, "_neighbor_cache_step")
 
 
 @pytest.mark.parametrize("padding", PADDINGS)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import small_mixer
-from test_pattern_solve import SPECS, buffer_table, dense_reference, f64
+from test_pattern_solve import SPECS, _check_solve_against_dense, _grads, buffer_table, f64
 from tokenmix.mixers import structured
 from tokenmix.ops import pattern_kernels
 from tokenmix.ops.pattern_kernels import compiled_pattern_scores, compiled_pattern_solve, lattice_step, step_read
@@ -27,26 +27,11 @@ pytestmark = pytest.mark.skipif(not pattern_kernels.kernel_available(), reason="
 SEGMENTS = [(0, 1), (0, 90), (13, 47), (40, 130)]
 
 
-def _grads(out, inputs, w):
-    return torch.autograd.grad((out * w).sum(), inputs, allow_unused=True)
-
-
 @pytest.mark.parametrize("spec", SPECS)
 @pytest.mark.parametrize("t0,t", SEGMENTS, ids=[f"P{a}_T{b}" for a, b in SEGMENTS])
 def test_compiled_solve_and_gradients_match_dense_reference(spec, t0, t):
     idx, p = buffer_table(spec, t0, t)
-    g = torch.Generator().manual_seed(t0 + 7 * t)
-    b, h, v, w = 2, 3, 5, idx.shape[1]
-    args = [f64(g, b, t, h, uniform=True), f64(g, b, t, h, w) * 0.6 / max(1, w), f64(g, b, t, h, v), f64(g, b, p, h, v)]
-    fast = [a.clone().requires_grad_() for a in args]
-    ref = [a.clone().requires_grad_() for a in args]
-    y = compiled_pattern_solve(*fast[:2], idx, *fast[2:])
-    y_ref = dense_reference(ref[0], ref[1], idx, ref[2], ref[3])
-    assert_close(y, y_ref, FLOAT64_EXACT, f"{spec} output")
-    wy = f64(g, *y.shape)
-    for name, gf, gr, a in zip(["alpha", "beta", "x", "y_prefix"], _grads(y, fast, wy), _grads(y_ref, ref, wy), args):
-        gr = torch.zeros_like(a) if gr is None else gr
-        assert_close(gf, gr * ((idx >= 0)[None, :, None, :] if name == "beta" else 1), FLOAT64_EXACT, f"{spec} d{name}")
+    _check_solve_against_dense(spec, idx, p, torch.Generator().manual_seed(t0 + 7 * t), 0, solve=compiled_pattern_solve)
 
 
 @pytest.mark.parametrize("spec", SPECS)

@@ -127,16 +127,20 @@ def _grads(out, inputs, w):
     return torch.autograd.grad((out * w).sum(), inputs, allow_unused=True)
 
 
-def _check_solve_against_dense(spec, idx, p, g, chunk, plan=None):
-    """The chunked solve (with ``plan`` if given) against the dense reference in float64: output and
-    the gradients of alpha, beta, x and the prefix, on random inputs from generator g."""
+def _check_solve_against_dense(spec, idx, p, g, chunk, plan=None, solve=None):
+    """The chunked solve (with ``plan`` if given), or ``solve(alpha, beta, idx, x, y_prefix)``, against
+    the dense reference in float64: output and the gradients of alpha, beta, x and the prefix, on
+    random inputs from generator g."""
     t = idx.shape[0]
     b, h, v, w = 2, 3, 4, idx.shape[1]
     # signed neighbour coefficients of row sum ~1 at most (bounded outputs, like normalised ones)
     args = [f64(g, b, t, h, uniform=True), f64(g, b, t, h, w) * 0.6 / max(1, w), f64(g, b, t, h, v), f64(g, b, p, h, v)]
     fast = [a.clone().requires_grad_() for a in args]
     ref = [a.clone().requires_grad_() for a in args]
-    y = chunked_pattern_solve(fast[0], fast[1], idx, fast[2], fast[3], chunk, plan=plan)
+    if solve is None:
+        y = chunked_pattern_solve(fast[0], fast[1], idx, fast[2], fast[3], chunk, plan=plan)
+    else:
+        y = solve(fast[0], fast[1], idx, fast[2], fast[3])
     y_ref = dense_reference(ref[0], ref[1], idx, ref[2], ref[3])
     assert_close(y, y_ref, FLOAT64_EXACT, f"{spec} output")
     wy = f64(g, *y.shape)

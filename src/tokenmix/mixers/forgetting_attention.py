@@ -33,6 +33,7 @@ solver, the materialised A) is shared with stick-breaking attention and PaTH.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Callable
 
@@ -92,8 +93,9 @@ class RowAttention(Mixer):
     cache_complexity = "O(n)"
 
     # ---------------------------------------------------------------- subclass hooks
+    @abstractmethod
     def _segment(self, x: Tensor, state: MixerState | None, mode: str) -> Segment:
-        raise NotImplementedError
+        """The segment's weight rows, values and next state (see ``Segment``) for ``mode``."""
 
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: MixerState | None) -> tuple[Tensor, MixerState]:

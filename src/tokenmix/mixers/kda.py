@@ -33,6 +33,7 @@ with w_t = a_t ⊙ x_t; Gated DeltaNet-2 (mixers/gdn2.py) is the other instance.
 from __future__ import annotations
 
 import math
+from abc import abstractmethod
 from dataclasses import dataclass
 
 import torch
@@ -54,10 +55,10 @@ class KDAConfig(GatedDeltaNetConfig):
 class ChannelDelta(DeltaNet):
     """Modes of the channel-wise gated delta rule over ``_terms``; subclasses define the projections."""
 
+    @abstractmethod
     def _terms(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:
         """q, k [B, T, H, K]; values X [B, T, H, V]; write gate a ([B, T, H] or [B, T, H, V]);
         erase key e [B, T, H, K]; log decay g [B, T, H, K]. The write value is w = a ⊙ X."""
-        raise NotImplementedError
 
     def _segment_terms(self, x: Tensor, state: DeltaState | None):
         """``_terms`` of a segment with its padding tokens inert: a = 0, e = 0, g = 0."""

@@ -116,6 +116,8 @@ class TranslationInvariant(Pattern):
 class Lattice(Pattern):
     """Cache-efficient lattice variant of a translation-invariant pattern (Prop. 4.12)."""
 
+    cache_is_neighbors = True  # the decode cache is exactly S_t (module docstring)
+
     def __init__(self, base: TranslationInvariant) -> None:
         if base.max_levels is not None:
             raise InputError(f"the lattice variant is defined for unbounded patterns, not '{base.name}'")
@@ -126,7 +128,6 @@ class Lattice(Pattern):
                              f"output), got f(0) = {base._dist[0]}")
         self.base = base
         self.name = f"{base.name}_ce"
-        self.cache_is_neighbors = True
         self._a: list[int] = []
 
     def lattice_steps(self, n_levels: int) -> list[int]:
@@ -140,14 +141,6 @@ class Lattice(Pattern):
                 prev = self._a[-1]
                 self._a.append(prev * math.ceil((d[k] - d[k - 1]) / prev))
         return self._a[:n_levels]
-
-    def distances_span(self, t: int) -> tuple[list[int], int, int | None]:
-        """(distances, lo, hi): the f(k) that token t reads, and the positions [lo, hi) that read
-        exactly these (hi None: every later one). A decoder keeps one entry per span."""
-        d = self.distances(t + 1)  # extends the cached f(k) to the first one beyond t, if any
-        lo = d[-1] if d else 0
-        hi = self._dist[len(d)] if len(self._dist) > len(d) else None
-        return d, lo, hi
 
     def n_levels(self, n: int) -> int:
         return self.base.n_levels(n)
@@ -177,14 +170,6 @@ class Fenwick(Pattern):
 
     name = "fenwick"
     cache_is_neighbors = True
-
-    def distances_span(self, t: int) -> tuple[list[int], int, int | None]:
-        """(distances, lo, hi): the f(k) that token t reads, and the positions [lo, hi) that read
-        exactly these (hi None: every later one). A decoder keeps one entry per span."""
-        d = self.distances(t + 1)  # extends the cached f(k) to the first one beyond t, if any
-        lo = d[-1] if d else 0
-        hi = self._dist[len(d)] if len(self._dist) > len(d) else None
-        return d, lo, hi
 
     def n_levels(self, n: int) -> int:
         return max(1, int(n - 1).bit_length())
