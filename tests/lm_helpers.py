@@ -9,6 +9,8 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
+from tokenmix.cli.main import main
+
 # every test run: the tiny preset, one thread (deterministic and fast on a shared machine)
 TINY = ["train.threads=1", "train.log_every=100", "train.eval_windows=2"]
 
@@ -78,3 +80,22 @@ def train_tiny_run(root: Path, main) -> Path:
             os.environ["TOKENMIX_CACHE"] = old
     assert rc == 0
     return root / "run"
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """The CLI's ``main`` in this process (no interpreter start-up): (exit status, stdout, stderr)."""
+    capsys.readouterr()
+    rc = main(args)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_line_error(result: tuple[int, str, str], *words: str) -> str:
+    """Assert a ``run_cli`` result is bad input: exit 2, one stderr line holding every word; the line."""
+    rc, _, err = result
+    assert rc == 2, (rc, err)
+    lines = [l for l in err.strip().splitlines() if l.strip()]
+    assert len(lines) == 1, err
+    for w in words:
+        assert w in lines[0], lines[0]
+    return lines[0]

@@ -8,26 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from lm_helpers import one_thread
+from lm_helpers import one_line_error, one_thread, run_cli
 from tokenmix.cli.main import main
 
 _one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 
-
-def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = main(args)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def assert_one_line_error(result, *words: str) -> None:
-    rc, _, err = result
-    assert rc == 2, (rc, err)
-    lines = [l for l in err.strip().splitlines() if l.strip()]
-    assert len(lines) == 1, err
-    for w in words:
-        assert w in lines[0], lines[0]
 
 
 @pytest.fixture(scope="module")
@@ -110,24 +95,24 @@ def test_data_prepare_prints_a_summary(tmp_path, corpus_file, capsys):
 def test_bad_input_is_one_line_and_exit_2(tmp_path, trained_run, capsys, monkeypatch):
     monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
     missing = tmp_path / "nope.txt"
-    assert_one_line_error(run_cli(["data", "prepare", "--corpus", str(missing)], capsys), "nope.txt")
+    one_line_error(run_cli(["data", "prepare", "--corpus", str(missing)], capsys), "nope.txt")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    assert_one_line_error(run_cli(["train", "lm", "--corpus", str(empty), "--preset", "tiny", "--out",
+    one_line_error(run_cli(["train", "lm", "--corpus", str(empty), "--preset", "tiny", "--out",
                                    str(tmp_path / "r1")], capsys), "empty")
     binary = tmp_path / "latin1.txt"
     binary.write_bytes(b"na\xefve " * 100)
-    assert_one_line_error(run_cli(["data", "prepare", "--corpus", str(binary)], capsys), "not UTF-8")
-    assert_one_line_error(run_cli(["train", "lm", "--preset", "tiny", "--layers", "pow2,mamba9", "--out",
+    one_line_error(run_cli(["data", "prepare", "--corpus", str(binary)], capsys), "not UTF-8")
+    one_line_error(run_cli(["train", "lm", "--preset", "tiny", "--layers", "pow2,mamba9", "--out",
                                    str(tmp_path / "r2")], capsys), "unknown mixer 'mamba9'")
-    assert_one_line_error(run_cli(["train", "lm", "--set", "train.lrate=1"], capsys), "unknown config key")
+    one_line_error(run_cli(["train", "lm", "--set", "train.lrate=1"], capsys), "unknown config key")
     long_prompt = "to be or not to be " * 40
-    assert_one_line_error(run_cli(["generate", "--run", str(trained_run), "--prompt", long_prompt], capsys),
+    one_line_error(run_cli(["generate", "--run", str(trained_run), "--prompt", long_prompt], capsys),
                           "prompt is", "at most 31 tokens")
-    assert_one_line_error(run_cli(["eval", "--run", str(tmp_path / "no_run")], capsys), "does not exist")
-    assert_one_line_error(run_cli(["train", "lm", "--resume", str(trained_run), "--set", "train.lr=1"], capsys),
+    one_line_error(run_cli(["eval", "--run", str(tmp_path / "no_run")], capsys), "does not exist")
+    one_line_error(run_cli(["train", "lm", "--resume", str(trained_run), "--set", "train.lr=1"], capsys),
                           "--resume")
-    assert_one_line_error(run_cli(["train", "lm", "--preset", "tiny", "--out", str(trained_run)], capsys),
+    one_line_error(run_cli(["train", "lm", "--preset", "tiny", "--out", str(trained_run)], capsys),
                           "already holds a run")
 
 
@@ -157,9 +142,9 @@ def test_generate_refuses_prompts_past_learned_positions(tmp_path, corpus_file, 
     rc, text, err = run_cli(["generate", "--run", str(out), "--prompt", "KING.", "--max-new-tokens", "100"], capsys)
     assert rc == 0, err  # capped to the 32 learned positions, with a note
     assert "capped" in err
-    assert_one_line_error(run_cli(["generate", "--run", str(out), "--prompt", "to be or not to be " * 10], capsys),
+    one_line_error(run_cli(["generate", "--run", str(out), "--prompt", "to be or not to be " * 10], capsys),
                           "prompt is", "at most 31 tokens", "max_seq_len=32")
-    assert_one_line_error(run_cli(["generate", "--run", str(out), "--prompt", "KING.", "--max-context", "64"], capsys),
+    one_line_error(run_cli(["generate", "--run", str(out), "--prompt", "KING.", "--max-context", "64"], capsys),
                           "--max-context 64", "max_seq_len=32")
 
 

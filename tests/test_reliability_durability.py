@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from lm_helpers import lm_env, one_thread, tokenmix_cmd
+from lm_helpers import lm_env, one_line_error, one_thread, run_cli, tokenmix_cmd
 from tokenmix.cli.main import main
 from tokenmix.core.lock import LOCK_NAME, folder_lock
 
@@ -26,23 +26,6 @@ _one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 
 TINY = ["--preset", "tiny", "--no-progress", "--quiet", "--set", "train.threads=1", "train.tensorboard=false",
         "train.eval_windows=1"]
-
-
-def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = main(args)
-    out, err = capsys.readouterr()
-    return rc, out, err
-
-
-def one_line_error(result, *words: str) -> str:
-    rc, _, err = result
-    assert rc == 2, (rc, err)
-    lines = [l for l in err.strip().splitlines() if l.strip()]
-    assert len(lines) == 1, err
-    for w in words:
-        assert w in lines[0], lines[0]
-    return lines[0]
 
 
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
