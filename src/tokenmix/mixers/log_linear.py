@@ -69,6 +69,20 @@ class FenwickState(MixerState):
     def tensors(self) -> dict[str, Tensor]:
         return {"levels": self.levels}
 
+    @staticmethod
+    def resumed(state: "FenwickState | None") -> tuple[int, Tensor | None]:
+        """(first position of the next segment, its initial levels or None for a fresh start)."""
+        if state is None or state.position == 0:
+            return 0, None
+        return state.position, state.levels
+
+    @classmethod
+    def after(cls, state: "FenwickState | None", owner: str, levels: Tensor, position: int, batch: int
+              ) -> "FenwickState":
+        """The state holding ``levels`` at ``position``, carrying ``state``'s bookkeeping over."""
+        new = cls(owner, batch, position, levels)
+        return new.carry_over(state) if state is not None else new
+
 
 @register_mixer("log_linear", LogLinearConfig, family="log-linear attention",
                 ab_form="A = (Q Kᵀ ⊙ M^S ⊙ M^H)·scale (Fenwick level scales), B = 0")
@@ -105,31 +119,22 @@ class LogLinearAttention(Mixer):
         lam = F.softplus(self.level_proj(x)).view(b, t, self.n_heads, self.config.max_levels)
         return q, k, v, g, lam
 
-    def _start(self, state: FenwickState | None) -> tuple[int, Tensor | None]:
-        if state is None or state.position == 0:
-            return 0, None
-        return state.position, state.levels
-
-    def _next_state(self, state: FenwickState | None, levels: Tensor, position: int, batch: int) -> FenwickState:
-        new = FenwickState(self.owner, batch, position, levels)
-        return new.carry_over(state) if state is not None else new
-
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
-        start, init = self._start(state)
+        start, init = FenwickState.resumed(state)
         q, k, v, g, lam = self._project(x, start)
         o, levels = chunked_log_linear_attention(q, k, v, g, lam, self.scale, init, start, self.config.chunk_size)
-        return self.out(o.flatten(2)), self._next_state(state, levels, start + x.shape[1], x.shape[0])
+        return self.out(o.flatten(2)), FenwickState.after(state, self.owner, levels, start + x.shape[1], x.shape[0])
 
     def forward_dense(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
         """Y = A V through the reference solver (B = 0); the initial Fenwick states enter as the offset."""
-        start, init = self._start(state)
+        start, init = FenwickState.resumed(state)
         q, k, v, g, lam = self._project(x, start)
         mix_a = log_linear_operator(q, k, g, lam, self.scale, start)
         offset = None if init is None else initial_levels_readout(q, g, lam, self.scale, start, init)
         o = solve_dense(MixOperator(mix_a, torch.zeros_like(mix_a)), v, offset=offset)
         levels = final_levels(k, v, g, start, init)
-        return self.out(o.flatten(2)), self._next_state(state, levels, start + x.shape[1], x.shape[0])
+        return self.out(o.flatten(2)), FenwickState.after(state, self.owner, levels, start + x.shape[1], x.shape[0])
 
     def forward_recurrent(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
         b, t, _ = x.shape
@@ -141,7 +146,7 @@ class LogLinearAttention(Mixer):
             o_t, levels = log_linear_step(state.levels, state.position, q[:, i], k[:, i], v[:, i], g[:, i],
                                           lam[:, i], self.scale)
             outs.append(o_t)
-            state = self._next_state(state, levels, state.position + 1, b)
+            state = FenwickState.after(state, self.owner, levels, state.position + 1, b)
         return self.out(torch.stack(outs, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface

@@ -91,31 +91,22 @@ class LogLinearGatedDeltaNet(GatedDeltaNet):
         lam = F.softplus(self.level_proj(x)).view(b, t, self.n_heads, self.config.max_levels)
         return q, k, v, beta, g, lam
 
-    def _start(self, state: FenwickState | None) -> tuple[int, Tensor | None]:
-        if state is None or state.position == 0:
-            return 0, None
-        return state.position, state.levels
-
-    def _next_fenwick(self, state: FenwickState | None, levels: Tensor, position: int, batch: int) -> FenwickState:
-        new = FenwickState(self.owner, batch, position, levels)
-        return new.carry_over(state) if state is not None else new
-
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
-        start, init = self._start(state)
+        start, init = FenwickState.resumed(state)
         q, k, v, beta, g, lam = self._levels_project(x, start)
         o, levels = chunked_log_linear_delta(q, k, v, beta, g, lam, self.scale, init, start, self.config.chunk_size)
-        return self.out(o.flatten(2)), self._next_fenwick(state, levels, start + x.shape[1], x.shape[0])
+        return self.out(o.flatten(2)), FenwickState.after(state, self.owner, levels, start + x.shape[1], x.shape[0])
 
     def forward_dense(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
         """O = sum_l R_l (I - B_l)^{-1} A_l V through the reference solver, plus the initial buckets' reads."""
-        start, init = self._start(state)
+        start, init = FenwickState.resumed(state)
         q, k, v, beta, g, lam = self._levels_project(x, start)
         o = solve_dense(log_linear_delta_operator(q, k, beta, g, lam, self.scale, start), v)
         if init is not None:
             o = o + initial_levels_readout(q, k, beta, g, lam, self.scale, start, init)
         levels = final_levels(k, v, beta, g, start, init)
-        return self.out(o.flatten(2)), self._next_fenwick(state, levels, start + x.shape[1], x.shape[0])
+        return self.out(o.flatten(2)), FenwickState.after(state, self.owner, levels, start + x.shape[1], x.shape[0])
 
     def forward_recurrent(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
         b, t, _ = x.shape
@@ -127,7 +118,7 @@ class LogLinearGatedDeltaNet(GatedDeltaNet):
             o_t, levels = log_linear_delta_step(state.levels, state.position, q[:, i], k[:, i], v[:, i], beta[:, i],
                                                 g[:, i], lam[:, i], self.scale)
             outs.append(o_t)
-            state = self._next_fenwick(state, levels, state.position + 1, b)
+            state = FenwickState.after(state, self.owner, levels, state.position + 1, b)
         return self.out(torch.stack(outs, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
