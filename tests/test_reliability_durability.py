@@ -6,7 +6,6 @@ train settings are refused in one line before anything is written."""
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import shutil

@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 import torch
 from safetensors.torch import load_file

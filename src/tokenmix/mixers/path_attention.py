@@ -185,7 +185,7 @@ class PathAttention(RowAttention):
             scores [B, H, T, P + T] (q_i^T H_i ... H_{j+1} k_j, 0 above the diagonal, unscaled) and the
             keys [B, P + T, H, K] transformed to the segment's last position (the next cache).
         """
-        t, p = q.shape[1], cached.shape[1]
+        t = q.shape[1]
         keys, rows = cached, []
         for s in range(t):
             keys = torch.cat([householder_step(keys, w[:, s], beta[:, s]), k[:, s : s + 1]], 1)

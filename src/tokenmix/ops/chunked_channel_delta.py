@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from tokenmix.core.errors import InputError
-from tokenmix.ops.chunked_delta import _pad_time, unit_lower_inverse
+from tokenmix.ops.chunked_delta import _pad_time, chunk_state_recurrence, unit_lower_inverse
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, e: Tensor, g: Tensor | None) -> None:
@@ -161,19 +161,8 @@ def chunked_channel_delta_rule(q: Tensor, k: Tensor, v: Tensor, e: Tensor, g: Te
     t_ut = unit_lower_inverse(eye + a_kk)  # the UT transform T
     u0, w = t_ut @ vc, t_ut @ ew  # [B,H,N,C,V], [B,H,N,C,K]
 
-    s = q.new_zeros(b, h, dk, dv) if initial_state is None else initial_state
-    if s.shape != (b, h, dk, dv):
-        raise InputError(f"initial_state must be [B, H, K, V] = {(b, h, dk, dv)}, got {tuple(s.shape)}")
-    u0s, ws, ks = u0.unbind(2), w.unbind(2), k_state.transpose(-1, -2).unbind(2)
-    decays = [None] * n if chunk_decay is None else chunk_decay.unbind(2)
-    starts, us = [], []
-    for u0_i, w_i, k_i, d_i in zip(u0s, ws, ks, decays):  # the only sequential part: T / C steps
-        starts.append(s)
-        u_i = u0_i - w_i @ s
-        us.append(u_i)
-        s = (s if d_i is None else d_i * s) + k_i @ u_i
-    u = torch.stack(us, 2)
-    o = q_state @ torch.stack(starts, 2) + qk @ u  # [B,H,N,C,V]
+    u, starts, s = chunk_state_recurrence(u0, w, k_state, chunk_decay, initial_state)
+    o = q_state @ starts + qk @ u  # [B,H,N,C,V]
     o = o.movedim(1, 3).reshape(b, n * c, h, dv)[:, :t]
     return o, s
 

@@ -69,6 +69,38 @@ def unit_lower_inverse(m: Tensor) -> Tensor:
     return inv.reshape(*lead, p2, p2)[..., :c, :c]
 
 
+def chunk_state_recurrence(u0: Tensor, w: Tensor, k_state: Tensor, chunk_decay: Tensor | None,
+                           initial_state: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The only sequential part of a chunked delta rule: T / C steps over the chunks.
+
+    Per chunk i, from the state S_i it starts with: pseudo-values u_i = u0_i - W_i S_i, then
+    S_{i+1} = d_i ⊙ S_i + K_iᵀ u_i (K_i decayed to the chunk end, d_i the chunk's decay; None = 1).
+
+    Args:
+        u0, w: [B, H, N, C, V], [B, H, N, C, K] (the UT transform applied to the values and keys).
+        k_state: [B, H, N, C, K]; chunk_decay: broadcastable to [B, H, N, K, V] per chunk, or None.
+        initial_state: [B, H, K, V] or None (zeros).
+    Returns:
+        (u [B, H, N, C, V], starts [B, H, N, K, V] the state each chunk starts from, final S [B, H, K, V]).
+    """
+    b, h, n, _, dv = u0.shape
+    dk = w.shape[-1]
+    s = u0.new_zeros(b, h, dk, dv) if initial_state is None else initial_state
+    if s.shape != (b, h, dk, dv):
+        raise InputError(f"initial_state must be [B, H, K, V] = {(b, h, dk, dv)}, got {tuple(s.shape)}")
+    # unbind once: indexing chunk i inside the loop would make autograd scatter every chunk's
+    # gradient into a full-size zero tensor, O(N^2) memory traffic
+    u0s, ws, ks = u0.unbind(2), w.unbind(2), k_state.transpose(-1, -2).unbind(2)
+    decays = [None] * n if chunk_decay is None else chunk_decay.unbind(2)
+    starts, us = [], []
+    for u0_i, w_i, k_i, d_i in zip(u0s, ws, ks, decays):
+        starts.append(s)
+        u_i = u0_i - w_i @ s
+        us.append(u_i)
+        s = (s if d_i is None else d_i * s) + k_i @ u_i
+    return torch.stack(us, 2), torch.stack(starts, 2), s
+
+
 def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None,
                        scale: float | None = None, initial_state: Tensor | None = None,
                        chunk_size: int = 64) -> tuple[Tensor, Tensor]:
@@ -137,21 +169,8 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor 
         k_state = kc * (g_last - gc).exp()[..., None]  # decay from each token to the chunk end
         chunk_decay = g_last.exp()[..., None]  # [B,H,N,1,1]
 
-    s = q.new_zeros(b, h, dk, dv) if initial_state is None else initial_state
-    if s.shape != (b, h, dk, dv):
-        raise InputError(f"initial_state must be [B, H, K, V] = {(b, h, dk, dv)}, got {tuple(s.shape)}")
-    # unbind once: indexing chunk i inside the loop would make autograd scatter every chunk's
-    # gradient into a full-size zero tensor, O(N^2) memory traffic
-    u0s, ws, ks = u0.unbind(2), w.unbind(2), k_state.transpose(-1, -2).unbind(2)
-    decays = [None] * n if chunk_decay is None else chunk_decay.unbind(2)
-    starts, us = [], []
-    for u0_i, w_i, k_i, d_i in zip(u0s, ws, ks, decays):  # the only sequential part: T / C steps
-        starts.append(s)
-        u_i = u0_i - w_i @ s
-        us.append(u_i)
-        s = (s if d_i is None else d_i * s) + k_i @ u_i
-    u = torch.stack(us, 2)  # [B,H,N,C,V]
-    o = q_state @ torch.stack(starts, 2) + qk @ u  # [B,H,N,C,V]
+    u, starts, s = chunk_state_recurrence(u0, w, k_state, chunk_decay, initial_state)
+    o = q_state @ starts + qk @ u  # [B,H,N,C,V]
     o = o.movedim(1, 3).reshape(b, n * c, h, dv)[:, :t]
     return o, s
 
