@@ -60,7 +60,7 @@ def fenwick_level_matrix(start: int, t: int, device: torch.device | str = "cpu")
 
 
 @lru_cache(maxsize=16)
-def _intra_chunk_levels(c: int) -> Tensor:
+def intra_chunk_levels(c: int) -> Tensor:
     """[C, C] long: the level map inside any aligned chunk (same for all of them), 0 above the diagonal."""
     return torch.tensor([[fenwick_level(i, j) if j <= i else 0 for j in range(c)] for i in range(c)])
 
@@ -70,7 +70,7 @@ def n_levels(n: int) -> int:
     return max(n - 1, 0).bit_length() + 1
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, g: Tensor, level_scales: Tensor, start: int,
+def check_log_linear_inputs(q: Tensor, k: Tensor, v: Tensor, g: Tensor, level_scales: Tensor, start: int,
            initial_levels: Tensor | None) -> None:
     b, t, h, dk = q.shape
     if k.shape != q.shape or v.shape[:3] != (b, t, h) or g.shape != (b, t, h) or level_scales.shape[:3] != (b, t, h):
@@ -176,7 +176,7 @@ def chunked_log_linear_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor, lev
         >>> o.shape, lv.shape
         (torch.Size([1, 12, 2, 4]), torch.Size([1, 2, 4, 4, 4]))
     """
-    _check(q, k, v, g, level_scales, start, initial_levels)
+    check_log_linear_inputs(q, k, v, g, level_scales, start, initial_levels)
     if chunk_size <= 0 or chunk_size & (chunk_size - 1):
         raise InputError(f"chunk_size must be a power of two, got {chunk_size}")
     b, t, h, dk = q.shape
@@ -197,7 +197,7 @@ def chunked_log_linear_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor, lev
 
     # 1. levels 0..c: dense blocks inside each chunk. Level indices beyond L only occur on padded
     #    rows (a real token t never sees a level above bit_length(t)), so clamping is harmless.
-    lvl_in = _intra_chunk_levels(c).to(q.device).clamp(max=n_lam - 1)
+    lvl_in = intra_chunk_levels(c).to(q.device).clamp(max=n_lam - 1)
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
     decay_in = (gc[..., :, None] - gc[..., None, :]).masked_fill(~causal, float("-inf")).exp()
     lam_in = lam.gather(-1, lvl_in.expand(b, h, n_chunks, c, c))
@@ -280,7 +280,7 @@ def recurrent_log_linear_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor, l
                                    scale: float, initial_levels: Tensor | None = None, start: int = 0
                                    ) -> tuple[Tensor, Tensor]:
     """Token-by-token reference with the signature of ``chunked_log_linear_attention`` (no chunk size)."""
-    _check(q, k, v, g, level_scales, start, initial_levels)
+    check_log_linear_inputs(q, k, v, g, level_scales, start, initial_levels)
     b, t, h, dk = q.shape
     levels = q.new_zeros(b, h, 0, dk, v.shape[-1]) if start == 0 else initial_levels
     outs = []

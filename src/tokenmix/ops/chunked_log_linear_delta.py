@@ -50,26 +50,15 @@ from torch import Tensor
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_unit_lower
 from tokenmix.ops.chunked_delta import delta_rule_operator, unit_lower_inverse
-from tokenmix.ops.chunked_log_linear import _intra_chunk_levels, bit_length, n_levels
+from tokenmix.ops.chunked_log_linear import bit_length, check_log_linear_inputs, intra_chunk_levels, n_levels
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor, start: int,
            initial_levels: Tensor | None) -> None:
-    b, t, h, dk = q.shape
-    if (k.shape != q.shape or v.shape[:3] != (b, t, h) or beta.shape != (b, t, h) or g.shape != (b, t, h)
-            or level_scales.shape[:3] != (b, t, h)):
-        raise InputError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
-                         f"beta {tuple(beta.shape)}, g {tuple(g.shape)}, level_scales {tuple(level_scales.shape)}")
-    if start < 0:
-        raise InputError(f"start must be >= 0, got {start}")
-    need = n_levels(start + t)
-    if level_scales.shape[-1] < need:
-        raise InputError(f"level_scales has {level_scales.shape[-1]} levels but positions up to {start + t - 1} "
-                         f"need {need}")
-    want = (b, h, start.bit_length(), dk, v.shape[-1])
-    if start > 0 and (initial_levels is None or tuple(initial_levels.shape) != want):
-        got = None if initial_levels is None else tuple(initial_levels.shape)
-        raise InputError(f"a segment starting at {start} needs initial_levels of shape {want}, got {got}")
+    """The log-linear checks (``check_log_linear_inputs``) plus the delta rule's beta [B, T, H]."""
+    if beta.shape != q.shape[:3]:
+        raise InputError(f"shape mismatch: q {tuple(q.shape)}, beta {tuple(beta.shape)}")
+    check_log_linear_inputs(q, k, v, g, level_scales, start, initial_levels)
 
 
 # ---------------------------------------------------------------- token-by-token reference
@@ -251,7 +240,7 @@ def chunked_log_linear_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: T
     decay = g_last.exp()[..., None, None, None]                 # [B, H, N, 1, 1, 1]
 
     # 1. levels 0..c inside each chunk: M_chunk = qk T diag(beta) weighted by the level table
-    lvl_in = _intra_chunk_levels(c).to(q.device).clamp(max=n_lam - 1)
+    lvl_in = intra_chunk_levels(c).to(q.device).clamp(max=n_lam - 1)
     lam_in = lam.gather(-1, lvl_in.expand(b, h, n_chunks, c, c))
     o = (((qk @ t_ut) * bc[..., None, :]) * lam_in) @ vc        # [B, H, N, C, V]
 
