@@ -163,13 +163,20 @@ class GatedLinearMixer(Mixer):
         """
         b, t, _ = x.shape
         f = self._segment_features(x, state)
+        o, memory = self._solve_state_view(f, None if state is None else state.memory)
+        return self._output(o, f), self._next_state(state, memory, t, b)
+
+    def _solve_state_view(self, f: LinearFeatures, memory: Tensor | None) -> tuple[Tensor, Tensor]:
+        """(O [B, T, H, V], S_T [B, H, K, V]) of the state-view operator of ``f`` by the reference
+        solver, the carried memory S_0 [B, H, K, V] (None = zeros) entering row 0 decayed by token 0."""
+        b, t = f.v.shape[:2]
         op = state_view_operator(f)
         h, dk, dv = self.state_heads, self.key_dim, self.value_dim
         folded = MixOperator(op.A.flatten(1, 2), op.B.flatten(1, 2))       # [B, H*K, T, T]
         values = f.v.unsqueeze(3).expand(b, t, h, dk, dv).reshape(b, t, h * dk, dv)
         offset = None
-        if state is not None:
-            carried = state.memory
+        if memory is not None:
+            carried = memory
             if f.g is not None:
                 g0 = f.g[:, 0] if f.g.dim() == 4 else f.g[:, 0, :, None]
                 carried = g0.exp()[..., None] * carried                       # S_0 decayed by token 0
@@ -177,7 +184,7 @@ class GatedLinearMixer(Mixer):
         z = solve_dense(folded, values, offset=offset)                        # [B, T, H*K, V]
         z = z.reshape(b, t, h, dk, dv).permute(0, 2, 3, 1, 4)                # [B, H, K, T, V]
         o = (op.R @ z).sum(2).transpose(1, 2)                                 # [B, T, H, V]
-        return self._output(o, f), self._next_state(state, z[..., -1, :], t, b)
+        return o, z[..., -1, :]
 
     def forward_recurrent(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
         b, t, _ = x.shape

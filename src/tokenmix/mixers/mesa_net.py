@@ -45,10 +45,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
-from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import MixerConfig
-from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState, state_view_operator
+from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
 from tokenmix.ops.chunked_gla import chunked_gla
 from tokenmix.ops.chunked_mesa import dense_key_covariance, key_covariance_step, mesa_queries, mesa_solve_reference
 from tokenmix.ops.recurrent_gla import gla_step
@@ -158,17 +157,8 @@ class MesaNet(GatedLinearMixer):
         reference solver with the carried memory as row 0's known right-hand side (as the family's dense mode)."""
         b, t, _ = x.shape
         f, cov = self._solved(x, state, chunked=False)
-        op = state_view_operator(f)
-        h, dk, dv = self.state_heads, self.key_dim, self.value_dim
-        folded = MixOperator(op.A.flatten(1, 2), op.B.flatten(1, 2))                # [B, H*K, T, T]
-        values = f.v.unsqueeze(3).expand(b, t, h, dk, dv).reshape(b, t, h * dk, dv)
-        offset = None
-        if state is not None:
-            carried = f.g[:, 0, :, None, None].exp() * state.memory                 # S_0 decayed by token 0
-            offset = torch.cat([carried.reshape(b, 1, h * dk, dv), values.new_zeros(b, t - 1, h * dk, dv)], 1)
-        z = solve_dense(folded, values, offset=offset).reshape(b, t, h, dk, dv).permute(0, 2, 3, 1, 4)
-        o = (op.R @ z).sum(2).transpose(1, 2)                                         # [B, T, H, V]
-        return self._output(o, f), self._next_mesa(state, z[..., -1, :], cov, t, b)
+        o, memory = self._solve_state_view(f, None if state is None else state.memory)
+        return self._output(o, f), self._next_mesa(state, memory, cov, t, b)
 
     def forward_recurrent(self, x: Tensor, state: MesaState | None) -> tuple[Tensor, MesaState]:
         b, t, _ = x.shape
