@@ -279,3 +279,20 @@ def test_extra_test_lengths_score_the_same_checkpoint_at_other_lengths():
         learned.validate()
     with pytest.raises(ValueError, match="test_lengths must be positive"):
         TrainConfig(test_lengths=(0,))
+
+
+def test_answer_logits_equal_the_full_heads_answers_and_give_the_same_loss():
+    """The harness runs the head on answer positions only; in float64 its logits are the full
+    model's at those positions and its loss is the ignore_index cross-entropy of the full logits."""
+    torch.manual_seed(0)
+    task = RunConfig(label="x", task="assoc_recall", task_args=dict(vocab_size=64, seq_len=16, num_kv_pairs=2)
+                     ).task_config()
+    data = task.build(6, seed=3)
+    model = MixerModel(ModelConfig(vocab_size=64, d_model=8, n_heads=2, layers=("pow2", "attention"))).double()
+    full, _ = model(data.inputs)
+    logits, answered = harness.answer_logits(model, data.inputs, data.labels)
+    assert answered.sum() == (data.labels != -100).sum() and logits.shape == (int(answered.sum()), 64)
+    torch.testing.assert_close(logits, full[answered], rtol=1e-12, atol=1e-12)
+    ref = torch.nn.functional.cross_entropy(full.flatten(0, 1), data.labels.flatten(), ignore_index=-100)
+    got = torch.nn.functional.cross_entropy(logits, data.labels[answered])
+    torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)

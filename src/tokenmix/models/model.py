@@ -247,6 +247,18 @@ class MixerModel(nn.Module):
 
     def forward(self, idx: Tensor, states: list[MixerState] | None = None, mode: str | None = None
                 ) -> tuple[Tensor, list[MixerState]]:
+        """Token ids [B, T] -> (logits [B, T, vocab], the layers' states after the segment)."""
+        h, states = self.features(idx, states, mode)
+        return self.head(h), states
+
+    def features(self, idx: Tensor, states: list[MixerState] | None = None, mode: str | None = None
+                 ) -> tuple[Tensor, list[MixerState]]:
+        """Token ids [B, T] -> (the normed last hidden states [B, T, D] that ``head`` maps to logits, states).
+
+        For losses that read a few positions only (a synthetic task's answers): ``head(h[mask])``
+        gives exactly those positions' logits without the [B, T, vocab] tensor, which at a vocabulary
+        of 8192 would cost more than the whole model on CPU.
+        """
         if idx.dim() != 2:
             raise InputError(f"expected token ids [B, T], got {tuple(idx.shape)}")
         lo, hi = torch.aminmax(idx) if idx.numel() else (0, 0)  # one reduction: a decode step pays this per token
@@ -264,7 +276,7 @@ class MixerModel(nn.Module):
         for block, st in zip(self.blocks, states):
             x, st = block(x, st, mode)
             new_states.append(st)
-        return self.head(self.norm(x)), new_states
+        return self.norm(x), new_states
 
     def _position_codes(self, states: list[MixerState | None], t: int, x: Tensor) -> Tensor:
         """[T, D] codes of the segment's positions, continuing after what the states have seen;

@@ -31,13 +31,14 @@ from typing import Any, Callable, Iterable, Sequence
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_json, atomic_write_text, prepare_output_dir
 from tokenmix.core.lock import folder_lock
 from tokenmix.models import MixerModel
 from tokenmix.runs.synthetic import SyntheticRunConfig, load_result, results_to_csv, run_dir
-from tokenmix.tasks import IGNORE_INDEX, TaskConfig, TaskData, make_task, masked_accuracy
+from tokenmix.tasks import IGNORE_INDEX, TaskConfig, TaskData, make_task
 from tokenmix.training.optim import build_optimizer
 from tokenmix.training.schedule import build_scheduler
 
@@ -53,6 +54,19 @@ def _dataset(task_json: str, num_examples: int, seed: int) -> TaskData:
 def dataset(task: TaskConfig, num_examples: int, seed: int) -> TaskData:
     """``task.build(num_examples, seed)``, memoised per process (runs of a sweep share their data)."""
     return _dataset(json.dumps(task.to_dict(), sort_keys=True), num_examples, seed)
+
+
+def answer_logits(model: MixerModel, inputs: Tensor, labels: Tensor, mode: str | None = None
+                  ) -> tuple[Tensor, Tensor]:
+    """(logits [M, V] at the M answer positions of the batch, their mask [N, T] bool).
+
+    The head runs on the answer positions only (``MixerModel.features``): the loss and accuracy
+    read nothing else, and with a large vocabulary (MQAR's 8192) a full [N, T, V] head would cost
+    more than the mixers. The same numbers as slicing the full logits.
+    """
+    h, _ = model.features(inputs, mode=mode)
+    answered = labels != IGNORE_INDEX
+    return model.head(h[answered]), answered
 
 
 @torch.no_grad()
@@ -71,13 +85,15 @@ def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str
     group_correct, group_total = torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long)
     for i in range(0, len(data), batch_size):
         part = data[i : i + batch_size]
-        logits, _ = model(part.inputs.to(device), mode=mode)
-        logits = logits.cpu()
-        c, n = masked_accuracy(logits, part.labels, part.scored)
-        correct, total = correct + c, total + n
+        logits, answered = answer_logits(model, part.inputs.to(device), part.labels.to(device), mode)
+        answered = answered.cpu()
+        hit = logits.argmax(-1).cpu() == part.labels[answered]       # [M], one per answer position
+        scored = part.scored[answered]                                # scored answers among them
+        correct, total = correct + int(hit[scored].sum()), total + int(scored.sum())
         if k:
-            grouped = part.groups >= 0
-            g, hit = part.groups[grouped], (logits.argmax(-1) == part.labels)[grouped]
+            g = part.groups[answered]                                 # grouped positions are answers
+            grouped = g >= 0
+            g, hit = g[grouped], hit[grouped]
             group_total += torch.bincount(g, minlength=k)
             group_correct += torch.bincount(g[hit], minlength=k)
     model.train(was_training)
@@ -127,8 +143,8 @@ def train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int], None] | None = 
         idx = order[cursor : cursor + tc.batch_size]
         cursor += tc.batch_size
         x, y = train_data.inputs[idx].to(device), train_data.labels[idx].to(device)
-        logits, _ = model(x, mode=tc.mode)
-        loss = F.cross_entropy(logits.flatten(0, 1), y.flatten(), ignore_index=IGNORE_INDEX)
+        logits, answered = answer_logits(model, x, y, tc.mode)
+        loss = F.cross_entropy(logits, y[answered])  # the mean over answer positions, as ignore_index gives
         opt.zero_grad(set_to_none=True)
         loss.backward()
         if tc.grad_clip > 0:
