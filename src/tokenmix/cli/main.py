@@ -10,8 +10,17 @@ Any other exception is a bug and keeps its traceback.
 """
 from __future__ import annotations
 
-import argparse
-import sys
+import os
+
+# Before anything imports torch: OpenMP threads that spin while waiting for work burn whole cores on a
+# shared or loaded machine (`train lm` took 1452 CPU-s instead of 288 on two busy cores). libgomp reads
+# OMP_WAIT_POLICY once, when torch loads it, so it is set here, ahead of the command modules (which
+# import torch); a value the user set is kept. tokenmix/__init__.py and tokenmix/cli/__init__.py
+# import no torch, so nothing has loaded it yet.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import argparse  # noqa: E402 -- below the OpenMP setting on purpose
+import sys  # noqa: E402
 
 from tokenmix.cli import (analysis_cmd, bench_cmd, compare_cmd, demo_cmd, lm_cmd, patterns_cmd,
                           registry_cmd)

