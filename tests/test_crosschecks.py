@@ -35,6 +35,7 @@ REFERENCES = {
     "mesa_net": ("fla naive_mesa_net_exact",),
     "hgrn2": ("fla naive_recurrent_hgrn",),
     "rg_lru": ("plain loop of the Griffin paper's equations",),
+    "short_conv": ("explicit loop", "nn.Conv1d(padding=k-1)"),
     "ttt_linear": ("fla chunk_ttt_linear_ref",),
     "log_linear_mamba2": ("fla naive_log_linear_attn",),
     "log_linear_gated_deltanet": ("explicit λ-weighted gated-delta formula", "level scales 1 vs fla"),

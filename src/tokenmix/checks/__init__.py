@@ -60,4 +60,5 @@ def load_all_crosschecks() -> None:
 
 
 CROSSCHECK_MODULES: list[str] = ["attention_family", "delta_family", "linear_family",
-                                 "attention_2025", "delta_2025", "hierarchical_2025", "recurrent_2025"]
+                                 "attention_2025", "delta_2025", "hierarchical_2025", "recurrent_2025",
+                                 "convolution"]

@@ -25,6 +25,7 @@ from tokenmix.mixers import gdn2  # noqa: F401
 from tokenmix.mixers import hgrn2  # noqa: F401
 from tokenmix.mixers import rg_lru  # noqa: F401
 from tokenmix.mixers import mesa_net  # noqa: F401
+from tokenmix.mixers import short_conv  # noqa: F401
 
 from tokenmix.mixers.registry import MixerSpec, build_mixer, get_mixer_spec, mixer_names, register_mixer
 
