@@ -113,9 +113,12 @@ def _compare_locked(req: CompareRequest, preset: Preset, configs: list, workers:
         wall_seconds=time.perf_counter() - start, cpu_seconds=_cpu_seconds(), trained=outcome.trained,
         skipped=outcome.skipped, workers=workers, threads=req.threads, load_before=load_before,
         load_after=os.getloadavg(), cpu_count=os.cpu_count() or 1)
+    own = ([] if preset.report_section is None
+           else [preset.report_section(out, configs, outcome.results, req.plots)])
+    figures += [f for section in own for f in section.figures]
     report = report_markdown(preset.name, configs, labels, columns, header, rows, cells, summary, stats, figures,
-                             notes=preset.notes)
-    findings = claims.all_findings(configs, cells)
+                             notes=preset.notes, sections=[section.markdown for section in own])
+    findings = claims.all_findings(configs, cells) + [f for section in own for f in section.findings]
     atomic_write_text(out / "report.md", report)
     atomic_write_json(out / "summary.json", {
         "preset": preset.name, "n": n, "wall_seconds": stats.wall_seconds, "cpu_seconds": stats.cpu_seconds,

@@ -45,7 +45,7 @@ def write_plots(out: Path, labels: Sequence[str], tasks: Sequence[str], facts: d
             ax.set_xlabel(xlabel, fontsize=8)
             ax.set_ylabel("test accuracy (%)")
             ax.grid(alpha=0.3)
-        paths.append(_save_figure(fig, out, stem))
+        paths.append(save_plot(fig, out, stem))
     return paths
 
 
@@ -105,10 +105,10 @@ def write_depth_plot(out: Path, configs: Sequence[SyntheticRunConfig], cells: di
             ax.set_ylabel("test accuracy (%)")
             ax.grid(alpha=0.3)
             ax.legend(fontsize=7, loc="lower left")
-    return [_save_figure(fig, out, "accuracy_vs_layers")]
+    return [save_plot(fig, out, "accuracy_vs_layers")]
 
 
-def _save_figure(fig, out: Path, stem: str) -> Path:
+def save_plot(fig, out: Path, stem: str) -> Path:
     """out/<stem>.png through the one figure writer (laid out first)."""
     fig.tight_layout()
     return save_figure(fig, out, stem, formats=("png",))[0]

@@ -43,7 +43,17 @@ class InvocationStats:
                 f"{self.load_after[0]:.1f} after")
 
 
-def _finding_lines(findings: list[dict[str, Any]]) -> list[str]:
+@dataclass
+class ReportSection:
+    """A preset's own part of the compare report (``Preset.report_section``): Markdown placed after the
+    measured table, its figures (already written) and its verdicts (also in summary.json)."""
+
+    markdown: str
+    figures: list[Path]
+    findings: list[dict[str, Any]]
+
+
+def finding_lines(findings: list[dict[str, Any]]) -> list[str]:
     """Markdown bullets of verdicts, each with the computed facts behind it, then a blank line."""
     lines = []
     for f in findings:
@@ -54,7 +64,8 @@ def _finding_lines(findings: list[dict[str, Any]]) -> list[str]:
 
 def report_markdown(preset: str, configs: Sequence[SyntheticRunConfig], labels: Sequence[str], tasks: Sequence[str],
                     header: Sequence[str], rows: Sequence[Sequence[str]], cells: dict, summary: Sequence[dict],
-                    stats: InvocationStats, plots: Sequence[Path], notes: str = "") -> str:
+                    stats: InvocationStats, plots: Sequence[Path], notes: str = "",
+                    sections: Sequence[str] = ()) -> str:
     """The Markdown report: measured table, the paper's table beside it, the claims checked with the
     computed facts behind each verdict, the preset's own notes, setup and every cell."""
     n = table_length(configs)
@@ -83,6 +94,8 @@ def report_markdown(preset: str, configs: Sequence[SyntheticRunConfig], labels: 
         markdown_table(rows, header).rstrip("\n"),
         "",
     ]
+    for section in sections:  # the preset's own (ReportSection)
+        lines += [section.rstrip("\n"), ""]
     if any(t in PAPER_TASKS for t in tasks):
         ph, pr = paper_comparison(labels, cells)
         lines += ["## Next to the paper's Table 1 (framework.md §5.1)", "",
@@ -95,13 +108,13 @@ def report_markdown(preset: str, configs: Sequence[SyntheticRunConfig], labels: 
         lines += ["## The paper's qualitative findings, checked on this table", "",
                   "Each verdict is computed from the measured cells above. Below each claim: facts computed "
                   "from its runs that bear on the verdict (the explanation of a disagreement).", ""]
-        lines += _finding_lines(findings)
+        lines += finding_lines(findings)
     if any(c.task == "entity_tracking" for c in configs):
         findings = depth_findings(cells, configs, lrs)
         lines += ["## Depth: ChaCAL's claim checked on this table", "",
                   "Accuracy on the deepest questions (depth n) unless the task scores every depth; verdicts "
                   "computed from the cells above.", ""]
-        lines += _finding_lines(findings)
+        lines += finding_lines(findings)
     if notes.strip():
         lines += ["## Notes of the preset (its design, written before these numbers)", "", notes.strip(), ""]
     lines += ["## Setup", ""]

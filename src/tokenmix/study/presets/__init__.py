@@ -8,6 +8,7 @@ from tokenmix.study.presets import paper  # noqa: F401  compare: the full grid
 from tokenmix.study.presets import depth  # noqa: F401  compare: entity tracking vs layers
 from tokenmix.study.presets import depth_long  # noqa: F401  compare: depth's n = 3 column, long budget
 from tokenmix.study.presets import state  # noqa: F401  compare: parity and A5, tested at 4x the length
+from tokenmix.study.presets import frontier  # noqa: F401  compare: MQAR frontier at 64-256 (and the full grid)
 from tokenmix.study.presets import lm  # noqa: F401  lm: default, small, tiny
 from tokenmix.study.presets import analysis  # noqa: F401  analysis: quick, full
 

@@ -36,6 +36,8 @@ class Preset:
     notes: str = ""                               # compare: the report's "about this preset" paragraph
     default_mixers: tuple[str, ...] = ()          # compare: rows run when their mixers are registered
     source: str = ""                              # where it was defined (module or file)
+    # compare: the preset's own report part, (out, configs, results, plots) -> study.report.ReportSection
+    report_section: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
