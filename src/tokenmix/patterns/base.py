@@ -78,6 +78,10 @@ class Pattern(ABC):
         return out
 
     def cache_size(self, n: int) -> int:
+        if self.cache_is_neighbors and n > 1:
+            # needed(t) = sorted(N(t)): the peak is the largest row of the deduplicated neighbour table,
+            # one vectorised pass instead of n calls of needed() (0.5 s for fenwick at n = 4096)
+            return int((self.neighbor_table(0, n) >= 0).sum(dim=1).max())
         return max((len(self.needed(t)) for t in range(n)), default=0)
 
     def nnz(self, n: int) -> int:
