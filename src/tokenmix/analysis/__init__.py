@@ -6,6 +6,7 @@
     norms         spectral norms by Gram iteration vs SVD vs power iteration; Toeplitz and Neumann
                   bounds; a differentiable spectral regulariser
     report        one self-contained HTML page + Markdown from compare / bench / analyze outputs
+    lm_report     the page of a language-model run: result vs baselines, curves, generations
     run_inputs    layer inputs of a trained run for a text
     outputs       output folders, JSON, tables, figures (matplotlib Agg)
 

@@ -7,6 +7,9 @@ PNG figures are embedded (SVG only when no PNG of the same name exists). In the 
 is a base64 data URI, so the page references nothing outside itself; the Markdown copy references
 only the figures copied next to it (``figures/``).
 
+A language-model run of ``tokenmix train lm`` gets its own page instead, written for a person
+rather than walked file by file: ``analysis/lm_report.py`` (it uses the helpers of this module).
+
 ``tokenmix report PRESET`` first runs an analysis preset (``study/presets/analysis.py``) into a fresh
 run directory, then reports it (``study/analysis_suite.py``).
 """
@@ -213,6 +216,22 @@ figure{margin:1em 0}figcaption{font-size:.85em;color:#555}
 """
 
 
+def image_uri(path: Path) -> str:
+    """A figure as a base64 data URI, so the HTML page references nothing outside itself."""
+    mime = "image/png" if path.suffix.lower() == ".png" else "image/svg+xml"
+    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+
+
+def figure_html(path: Path, caption: str) -> str:
+    return f'<figure><img src="{image_uri(path)}" alt="{_esc(path.name)}"><figcaption>{_esc(caption)}</figcaption></figure>'
+
+
+def html_page(title: str, body: str) -> str:
+    """The one HTML page frame of reports: title, the report CSS, ``body``."""
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_esc(title)}</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+
+
 def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: str | None = None) -> dict:
     """Write report.html (self-contained) and report.md (+ figures/) for ``run_dir``; returns the paths."""
     run_dir = Path(run_dir)
@@ -274,10 +293,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: 
                 h.append(f"<h3>{_esc(p.name)}</h3>" + html_table(rows))
                 m += [f"### {p.name}", "", markdown_table(rows[:MAX_TABLE_ROWS]), ""]
             elif suffix in (".png", ".svg") and not (suffix == ".svg" and p.stem in png_stems):
-                data = p.read_bytes()
-                mime = "image/png" if suffix == ".png" else "image/svg+xml"
-                uri = f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
-                h.append(f'<figure><img src="{uri}" alt="{_esc(p.name)}"><figcaption>{_esc(p.name)}</figcaption></figure>')
+                h.append(figure_html(p, p.name))
                 n_figures += 1
                 prefix = "" if str(rel) == "." else re.sub(r"[^A-Za-z0-9_.-]", "_", str(rel)) + "-"
                 shipped = fig_dir / f"{n_figures:03d}-{prefix}{p.name}"
@@ -300,12 +316,9 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: 
     if left_out:
         html_parts.append(f'<p class="muted">Folders not included: {_esc("; ".join(left_out))}</p>')
         md_parts += ["", f"_Folders not included: {'; '.join(left_out)}_"]
-    page = ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{_esc(title)}</title><style>{CSS}</style></head><body>\n"
-            f"<h1>{_esc(title)}</h1><p class=\"muted\">Source: <code>{_esc(run_dir)}</code> — generated "
-            f"{_esc(time.strftime('%Y-%m-%d %H:%M:%S'))}; {len(sections)} sections, {n_figures} figures "
-            "(embedded).</p>\n<nav><ul>" + "".join(toc) + "</ul></nav>\n" + "\n".join(html_parts) +
-            "\n</body></html>\n")
+    page = html_page(title, f"<h1>{_esc(title)}</h1><p class=\"muted\">Source: <code>{_esc(run_dir)}</code> — generated "
+                     f"{_esc(time.strftime('%Y-%m-%d %H:%M:%S'))}; {len(sections)} sections, {n_figures} figures "
+                     "(embedded).</p>\n<nav><ul>" + "".join(toc) + "</ul></nav>\n" + "\n".join(html_parts))
     html_path, md_path = out / "report.html", out / "report.md"
     html_path.write_text(page, encoding="utf-8")
     md_path.write_text("\n".join(md_parts) + "\n", encoding="utf-8")

@@ -13,28 +13,20 @@ import torch
 
 from tokenmix.analysis import expressivity as ex
 from tokenmix.analysis.accounting import CLOCKS, run_accounting
+from tokenmix.analysis.lm_report import build_lm_report, is_lm_run
 from tokenmix.analysis.matrices import analyze_matrix, build_analysis_mixer, check_dense_length, random_input
 from tokenmix.analysis.norms import run_norms
 from tokenmix.analysis.outputs import check_formats, json_text, prepare_out_dir, text_table
 from tokenmix.analysis.report import check_run_dir
 from tokenmix.analysis.run_inputs import text_layer_input
 from tokenmix.cli.limits import check_size
+from tokenmix.cli.options import mixer_list, mixers_help
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import get_mixer_spec, mixer_names
 from tokenmix.patterns import get_pattern
 from tokenmix.study.analysis_suite import report
 from tokenmix.study.paper import PAPER_ATTENTION, PAPER_PATTERNS
 from tokenmix.study.presets import presets
-
-
-def _names(text: str | None, what: str) -> list[str] | None:
-    """'a,b,c' -> names; 'all' or None -> None (every registered one)."""
-    if text is None or text.strip() == "all":
-        return None
-    names = [t.strip() for t in text.split(",") if t.strip()]
-    if not names:
-        raise InputError(f"--{what} is empty; give comma-separated names or 'all'")
-    return names
 
 
 def _progress(args):
@@ -116,7 +108,7 @@ def register(sub) -> None:
     p.set_defaults(func=run_matrix)
 
     p = asub.add_parser("cost", help="derived vs measured decode cache and training time, flagged table")
-    p.add_argument("--mixers", default="all", help="comma-separated registered names, or 'all'")
+    p.add_argument("--mixers", default=None, help=mixers_help("all"))
     p.add_argument("--cache-n", type=int, nargs="+", default=[16, 64, 256], help="decode lengths for the cache")
     p.add_argument("--time-n", type=int, nargs="*", default=[1024, 2048, 4096, 8192, 16384],
                    help="sequence lengths timed (forward + backward); none to skip timing")
@@ -149,8 +141,7 @@ def register(sub) -> None:
     p = asub.add_parser("expressivity", help="shortest path, congestion, reach: the §4.2–4.3 table from code")
     p.add_argument("--patterns", default=None,
                    help="pattern specs, comma-separated (default: the paper's rows); 'none' for no pattern row")
-    p.add_argument("--mixers", default=None,
-                   help="registered mixers, comma-separated, 'all', or 'none' (default: attention, local_attention)")
+    p.add_argument("--mixers", default=None, help=mixers_help("attention,local_attention", allow_none=True))
     p.add_argument("--n", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     p.add_argument("--offset", type=int, default=None, help="copy offset L (default n/2)")
     p.add_argument("--layers", type=int, default=4, help="stacked layers for the reach")
@@ -162,7 +153,7 @@ def register(sub) -> None:
     p.set_defaults(func=run_expressivity_cmd)
 
     p = asub.add_parser("norms", help="spectral norms of M and (I - B)^-1: Gram iteration vs SVD vs power iteration")
-    p.add_argument("--mixers", default="all", help="comma-separated registered names, or 'all'")
+    p.add_argument("--mixers", default=None, help=mixers_help("all"))
     p.add_argument("--n", type=int, default=128)
     p.add_argument("--gram-iters", type=int, default=10)
     p.add_argument("--d-model", type=int, default=64)
@@ -270,10 +261,7 @@ def run_cost(args) -> int:
     for n in args.time_n:
         check_size("--time-n", n, lambda m: TRAIN_BYTES_PER_POSITION_AND_WIDTH * width * m,
                    f"a forward+backward over n tokens at batch {args.batch} and d_model {args.d_model}")
-    names = _names(args.mixers, "mixers")
-
-    for n in names or []:
-        get_mixer_spec(n)
+    names = mixer_list(args.mixers)
     out_dir = prepare_out_dir(args.out, "cost")
     res = run_accounting(names, out_dir, formats=formats, progress=_progress(args), cache_ns=args.cache_n,
                          time_ns=args.time_n, d_model=args.d_model, n_heads=args.heads, batch=args.batch,
@@ -308,16 +296,7 @@ def run_expressivity_cmd(args) -> int:
         patterns = [p.strip() for p in args.patterns.split(",") if p.strip()]
     for p in patterns:
         get_pattern(p)
-    if args.mixers is None:
-        mixers = [m for m in PAPER_ATTENTION if m in mixer_names()]
-    elif args.mixers.strip() == "none":
-        mixers = []
-    elif args.mixers.strip() == "all":
-        mixers = mixer_names()
-    else:
-        mixers = _names(args.mixers, "mixers") or []
-    for m in mixers:
-        get_mixer_spec(m)
+    mixers = mixer_list(args.mixers, default=[m for m in PAPER_ATTENTION if m in mixer_names()], allow_none=True)
     if not patterns and not mixers:
         raise InputError("nothing to analyse: give --patterns and/or --mixers")
     if args.offset is not None:
@@ -343,9 +322,7 @@ def run_norms_cmd(args) -> int:
         raise InputError(f"--gram-iters must be <= {MAX_GRAM_ITERS} (each squares the matrix; the bound has "
                          f"converged long before), got {args.gram_iters}")
     _check_width(args)
-    names = _names(args.mixers, "mixers")
-    for n in names or []:
-        get_mixer_spec(n)
+    names = mixer_list(args.mixers)
     out_dir = prepare_out_dir(args.out, "norms")
     res = run_norms(names, out_dir, n=args.n, gram_iters=args.gram_iters, d_model=args.d_model, n_heads=args.heads,
                     seed=args.seed, formats=formats, progress=_progress(args))
@@ -354,6 +331,12 @@ def run_norms_cmd(args) -> int:
 
 def run_report(args) -> int:
     names = [pr.name for pr in presets("analysis")]
+    if is_lm_run(Path(args.source)):  # a `train lm` run: its own page (result, curves, generations)
+        res = build_lm_report(args.source, args.out)
+        print(f"report: {res['html']}")
+        print(f"markdown: {res['markdown']}")
+        print(f"{res['verdict']} ({res['figures']} figures, {res['generations']} generations)")
+        return 0
     if Path(args.source).exists():  # a folder that is no run is refused before a report is written into it
         check_run_dir(Path(args.source), f"; give a run directory or an analysis preset: {', '.join(names)}")
     res = report(args.source, args.out, progress=None if args.quiet else

@@ -1,4 +1,4 @@
-"""tokenmix compare [--preset NAME|FILE.py] [--mixers NAME ...] [--out DIR] [--workers N] [--list-presets]
+"""tokenmix compare [--preset NAME|FILE.py] [--mixers NAME,NAME...] [--out DIR] [--workers N] [--list-presets]
 and tokenmix presets [--kind compare|lm|analysis]: parse, call ``study.compare.run_compare``, print."""
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tokenmix.study.compare import CompareRequest, extra_mixer_names, run_compare
+from tokenmix.cli.options import mixer_list, mixers_help
+from tokenmix.study.compare import CompareRequest, run_compare
 from tokenmix.study.presets import KINDS, presets
 
 
@@ -21,8 +22,7 @@ def register(sub) -> None:
                    help="a compare preset (`tokenmix presets --kind compare` lists them; default quick, "
                         "≤ 10 min on 2 CPU cores) or a path to a preset .py file")
     p.add_argument("--list-presets", action="store_true", help="list the compare presets and exit")
-    p.add_argument("--mixers", nargs="+", default=[], metavar="NAME",
-                   help="extra rows: registered mixer names (space or comma separated)")
+    p.add_argument("--mixers", default=None, help="extra rows: " + mixers_help("none", allow_none=True))
     p.add_argument("--out", default=None, help="run directory (default runs/compare-<preset>); rerunning "
                                                  "with the same directory skips finished runs")
     p.add_argument("--workers", type=int, default=None,
@@ -70,7 +70,7 @@ def run(args) -> int:
         args.kind = "compare"
         return run_list(args)
     console = Console() if sys.stdout.isatty() else Console(width=200)
-    req = CompareRequest(preset=args.preset, extra_mixers=extra_mixer_names(args.mixers), out=args.out,
+    req = CompareRequest(preset=args.preset, extra_mixers=tuple(mixer_list(args.mixers, default=[], allow_none=True)), out=args.out,
                          workers=args.workers, threads=args.threads, device=args.device,
                          progress=not args.no_progress, plots=not args.no_plots)
     in_main = threading.current_thread() is threading.main_thread()

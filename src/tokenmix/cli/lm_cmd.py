@@ -1,10 +1,17 @@
 """Language-modelling commands:
 
     tokenmix data prepare --corpus NAME [--vocab-size N] [--out DIR]
-    tokenmix train lm [--corpus NAME] [--preset default|small|tiny] [--layers L] [--out DIR] [--set k=v ...]
-    tokenmix train lm --resume DIR
+    tokenmix train lm [--corpus NAME] [--preset default|small|tiny] [--config FILE] [--layers L] [--out DIR]
+                      [--set k=v ...] [--init-from RUN] [--print-config]
+    tokenmix train lm --resume DIR [--set train.max_steps=N]
     tokenmix generate --run DIR --prompt "..." [--max-new-tokens N] [--temperature T] [--top-k K] [--top-p P] [--seed S]
-    tokenmix eval --run DIR [--split test] [--json]
+                      [--device auto|cpu|cuda]
+    tokenmix eval --run DIR [--split test | --text FILE] [--context N] [--device auto|cpu|cuda] [--json]
+
+A run's config is built in layers, later ones winning: the LMRunConfig defaults, the --preset's
+overrides, the --config file (a partial config.json), --corpus and --layers, then --set.
+--print-config shows the result (what ``train lm`` would run with, before the data fixes the
+vocabulary) and exits.
 
 The same ``train lm`` command runs data-parallel under ``torchrun --nproc_per_node=N``.
 """
@@ -22,10 +29,11 @@ from tokenmix.core.errors import InputError
 from tokenmix.data.prepare import prepare_data
 from tokenmix.data.tokenizer import check_vocab_size, separator_id
 from tokenmix.generation import SamplingConfig, generate, position_limit
-from tokenmix.runs.lm import LMRunConfig, apply_overrides, load_run, read_run_config
+from tokenmix.runs.lm import (DEVICES, LMRunConfig, apply_overrides, bigram_verdict, load_run, merge_config,
+                              read_config_file, read_run_config, resolve_device)
 from tokenmix.study.presets import presets
 from tokenmix.study.presets.lm import build_run_config
-from tokenmix.training.lm import evaluate_run, train_lm
+from tokenmix.training.lm import RESUME_KEYS, evaluate_run, train_lm
 
 
 def register(sub) -> None:
@@ -33,7 +41,12 @@ def register(sub) -> None:
     p_data = sub.add_parser("data", help="prepare text corpora for language modelling")
     data_sub = p_data.add_subparsers(dest="data_command", required=True)
     p = data_sub.add_parser("prepare", help="split a corpus by document, train a BPE tokenizer, write token arrays")
-    p.add_argument("--corpus", default="excerpt", help="excerpt | shakespeare | kjv | pydocs | PATH (file or folder)")
+    p.add_argument("--corpus", default="excerpt",
+                   help="excerpt | shakespeare | kjv | pydocs | PATH (a text, JSONL, JSON, Parquet or CSV file, or a folder)")
+    p.add_argument("--text-field", default=None, metavar="NAME",
+                   help='column holding the text in JSONL/JSON/Parquet/CSV records (default: data.text_field, "text")')
+    p.add_argument("--install-missing", action="store_true",
+                   help="run apt-get to install a missing Debian package (kjv: bible-kjv, pydocs: python3-doc)")
     p.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (default: data.vocab_size)")
     p.add_argument("--out", default=None, help="directory for the prepared data (default: a cache entry)")
     p.add_argument("--set", nargs="*", default=[], metavar="data.KEY=VALUE", help="data config overrides")
@@ -58,13 +71,22 @@ def register(sub) -> None:
     p.add_argument("--max-context", type=int, default=None,
                    help="longest prompt + continuation in tokens (default: the training context train.seq_len)")
     p.add_argument("--json", action="store_true", help="print the generations as JSON instead of streaming")
+    p.add_argument("--device", default="cpu", choices=DEVICES,
+                   help="where the model runs (default cpu; auto = cuda when available)")
     p.set_defaults(func=run_generate)
 
     # ---- tokenmix eval
     p = sub.add_parser("eval", help="perplexity and per-position loss of a trained LM run")
     p.add_argument("--run", required=True, help="run directory written by `tokenmix train lm`")
-    p.add_argument("--split", default="test", choices=["train", "val", "test"])
-    p.add_argument("--max-windows", type=int, default=0, help="evaluate only the first N windows (0 = all)")
+    p.add_argument("--split", default=None, choices=["train", "val", "test"], help="a split of the run's data (default test)")
+    p.add_argument("--text", default=None, metavar="FILE",
+                   help="score this text file (or folder) instead of a split, tokenized with the run's tokenizer")
+    p.add_argument("--context", type=int, default=None, metavar="N",
+                   help="window length in tokens (default: the training length train.seq_len); longer measures "
+                        "length extrapolation (refused past learned positions)")
+    p.add_argument("--device", default="cpu", choices=DEVICES,
+                   help="where the model runs (default cpu; auto = cuda when available)")
+    p.add_argument("--max-windows", type=int, default=0, help="evaluate only N windows, spread evenly (0 = all)")
     p.add_argument("--json", action="store_true", help="print the result (with the full per-position loss) as JSON")
     p.set_defaults(func=run_eval)
 
@@ -73,11 +95,22 @@ def add_train_lm_parser(train_sub) -> None:
     """``tokenmix train lm``; separate so that another ``train`` front end can host it."""
     p = train_sub.add_parser("lm", help="train a language model on real text")
     p.add_argument("--corpus", default=None, help="excerpt (default) | shakespeare | kjv | pydocs | PATH")
-    p.add_argument("--preset", default="default",
-                   help="an lm preset: " + " | ".join(pr.name for pr in presets("lm")) + " (`tokenmix presets`)")
+    p.add_argument("--preset", default=None,
+                   help="an lm preset: " + " | ".join(pr.name for pr in presets("lm")) + " (`tokenmix presets`; "
+                        "default: default)")
+    p.add_argument("--config", default=None, metavar="FILE",
+                   help="a JSON config in the shape of a run's config.json; fields it leaves out keep the preset's "
+                        "values, --corpus/--layers/--set apply on top")
     p.add_argument("--layers", default=None, help='layer pattern, e.g. "pow2,pow2,attention,pow2" or "pow2*3,attention"')
     p.add_argument("--out", default=None, help="run directory (default: runs/lm-<corpus>-<time>)")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue the run in RUN_DIR from its last checkpoint")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue the run in RUN_DIR from its last checkpoint (takes only --set train.max_steps=N, "
+                        "to extend its schedule)")
+    p.add_argument("--init-from", default=None, metavar="RUN_DIR",
+                   help="start a new run from the weights of RUN_DIR's newest valid checkpoint (same model "
+                        "settings; the optimizer and schedule start fresh)")
+    p.add_argument("--print-config", action="store_true",
+                   help="print the resolved config as JSON and exit without training")
     p.add_argument("--set", nargs="*", default=[], metavar="SECTION.KEY=VALUE",
                    help="config overrides, e.g. train.lr=3e-4 model.d_model=256 train.parallel=fsdp")
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
@@ -94,12 +127,14 @@ def run_data_prepare(args) -> int:
         overrides.append(f"data.vocab_size={args.vocab_size}")
     if args.out:
         overrides.append(f"data.dir={args.out}")
+    if args.text_field is not None:
+        overrides.append(f"data.text_field={args.text_field}")
     for item in args.set:
         if not item.startswith("data."):
             raise InputError(f"`data prepare` takes only data.* overrides, got '{item}'")
     cfg = apply_overrides(LMRunConfig(), overrides + list(args.set)).data
     t0 = time.perf_counter()
-    data = prepare_data(cfg, verbose=not args.json)
+    data = prepare_data(cfg, verbose=not args.json, install_missing=args.install_missing or None)
     summary = data.summary() | {"seconds": round(time.perf_counter() - t0, 2)}
     if args.json:
         print(json.dumps(summary, indent=2))
@@ -119,45 +154,78 @@ def _default_run_dir(corpus: str) -> Path:
     return Path("runs") / f"lm-{slug}-{stamp or time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_train_lm(args) -> int:
-    for opt in ("resume", "out"):
-        if getattr(args, opt) is not None and not getattr(args, opt).strip():
-            raise InputError(f"--{opt} is empty; give a run folder")
+def _resume_overrides(items: list[str]) -> list[str]:
+    """The ``--set`` items a resume takes (RESUME_KEYS: extending the schedule); any other is refused,
+    since the resumed steps must be the ones the saved config describes."""
+    for item in items:
+        if item.partition("=")[0].strip() not in RESUME_KEYS:
+            raise InputError(f"--resume continues a run with its saved config; of --set it takes only "
+                             f"{', '.join(k + '=N' for k in RESUME_KEYS)} (to extend the schedule), got '{item}'")
+    return list(items)
 
+
+def resolved_train_config(args) -> tuple[LMRunConfig, Path | None]:
+    """The config ``train lm`` runs with (before the data fixes the vocabulary and ``auto``
+    precision is resolved) and the run folder; the one function behind training and --print-config."""
+    for opt in ("resume", "out", "init_from", "config"):
+        if getattr(args, opt) is not None and not getattr(args, opt).strip():
+            raise InputError(f"--{opt.replace('_', '-')} is empty; give a {'file' if opt == 'config' else 'run folder'}")
     if args.resume is not None:
-        if args.set or args.corpus is not None or args.layers is not None or args.preset != "default" or args.out:
-            raise InputError("--resume continues a run with its saved config; it takes no --corpus, --preset, "
-                             "--layers, --set or --out")
+        given = [f for f, v in (("--corpus", args.corpus), ("--layers", args.layers), ("--preset", args.preset),
+                               ("--out", args.out), ("--config", args.config), ("--init-from", args.init_from))
+                 if v is not None]
+        if given:
+            raise InputError(f"--resume continues a run with its saved config; it takes no {', '.join(given)}")
         run_dir = Path(args.resume)
-        cfg = read_run_config(run_dir)
-        resume = True
-    else:
-        overrides = []
-        if args.corpus is not None:  # an empty value is an error (below), not the preset's
-            overrides.append(f"data.corpus={args.corpus}")
-        if args.layers is not None:
-            if not args.layers.strip():
-                raise InputError("--layers is empty; give a layer pattern, e.g. \"pow2,attention\" or \"pow2*3\"")
-            overrides.append(f"model.layers={args.layers}")
-        cfg = build_run_config(args.preset, overrides + list(args.set))
-        run_dir = Path(args.out) if args.out is not None else _default_run_dir(cfg.data.corpus)
-        resume = False
+        return apply_overrides(read_run_config(run_dir), _resume_overrides(args.set)), run_dir
+    preset = args.preset if args.preset is not None else "default"
+    cfg = build_run_config(preset)
+    if args.config is not None:
+        cfg = merge_config(cfg, read_config_file(args.config), args.config)
+    overrides = []
+    if args.corpus is not None:  # an empty value is an error (below), not the preset's
+        overrides.append(f"data.corpus={args.corpus}")
+    if args.layers is not None:
+        if not args.layers.strip():
+            raise InputError("--layers is empty; give a layer pattern, e.g. \"pow2,attention\" or \"pow2*3\"")
+        overrides.append(f"model.layers={args.layers}")
+    cfg = apply_overrides(cfg, overrides + list(args.set))  # also refuses a model too large for memory
+    return cfg, Path(args.out) if args.out is not None else None
+
+
+def run_train_lm(args) -> int:
+    cfg, run_dir = resolved_train_config(args)
+    if args.print_config:
+        print(cfg.to_json())
+        return 0
+    if run_dir is None:
+        run_dir = _default_run_dir(cfg.data.corpus)
     progress = False if args.no_progress else None
-    train_lm(cfg, run_dir, resume=resume, progress=progress, quiet=args.quiet)
+    train_lm(cfg, run_dir, resume=args.resume is not None, progress=progress, quiet=args.quiet,
+             init_from=args.init_from)
     return 0
 
 
 def run_eval(args) -> int:
-
     if args.max_windows < 0:
         raise InputError(f"--max-windows must be >= 0, got {args.max_windows}")
+    if args.text is not None and args.split is not None:
+        raise InputError("give either --split (a split of the run's data) or --text FILE, not both")
+    if args.context is not None and args.context < 1:
+        raise InputError(f"--context must be >= 1, got {args.context}")
+    resolve_device(args.device)  # a missing CUDA is refused before the run is read
     check_run_config(args.run)
-    res = evaluate_run(args.run, args.split, args.max_windows)
+    res = evaluate_run(args.run, args.split or "test", args.max_windows, text=args.text, context=args.context,
+                       device=args.device)
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
-    print(f"{res['split']} loss {res['loss']:.4f}  perplexity {res['ppl']:.2f}  over {res['tokens']:,} tokens "
-          f"(checkpoint step {res['step']}); bigram {res['bigram_ppl']:.2f}, unigram {res['unigram_ppl']:.2f}")
+    what = res["split"] if args.text is None else f"'{args.text}'"
+    longer = (f", context {res['context']} (trained at {res['train_seq_len']})"
+              if res["context"] != res["train_seq_len"] else "")
+    print(f"{what} loss {res['loss']:.4f}  perplexity {res['ppl']:.2f}  over {res['tokens']:,} tokens{longer} "
+          f"(checkpoint step {res['step']}): {bigram_verdict(res['ppl'], res['bigram_ppl'])}; "
+          f"unigram {res['unigram_ppl']:.2f}")
     per = res["per_position_loss"]
     buckets, lo = [], 0
     while lo < len(per):
@@ -174,8 +242,9 @@ def run_generate(args) -> int:
                    top_p=args.top_p, seed=args.seed)
     for text in args.prompt or []:
         check_text(text, "--prompt")
+    device = resolve_device(args.device)
     check_run_config(args.run)
-    run = load_run(args.run)
+    run = load_run(args.run, device)
     tok = run.tokenizer
     max_context = args.max_context if args.max_context is not None else run.config.train.seq_len
     if max_context < 2:
@@ -201,7 +270,7 @@ def run_generate(args) -> int:
     cfg = SamplingConfig(max_new_tokens=n_new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
                          seed=args.seed)
     if args.json or len(prompts) > 1:
-        outs = generate(run.model, prompts, cfg)
+        outs = generate(run.model, prompts, cfg, device=device)
         items = [{"prompt": t, "completion": tok.decode(o), "prompt_tokens": len(p), "new_tokens": len(o)}
                  for t, p, o in zip(texts, prompts, outs)]
         if args.json:
@@ -225,7 +294,7 @@ def run_generate(args) -> int:
         sys.stdout.flush()
         shown = len(text)
 
-    generate(run.model, prompts, cfg, on_token=on_token)
+    generate(run.model, prompts, cfg, device=device, on_token=on_token)
     text = tok.decode(streamed)
     sys.stdout.write(text[shown:] + "\n")
     sys.stdout.flush()

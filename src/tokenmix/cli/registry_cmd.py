@@ -1,7 +1,18 @@
-"""tokenmix list [--json] / tokenmix check [--mixer NAME ... | --all] [--json]"""
+"""tokenmix list [--json] / tokenmix check [--mixer NAME ... | --all] [--json]
+
+``list --json`` gives, per mixer, its config fields (type, default under that name, help): what
+``model.mixer_overrides.NAME.FIELD=VALUE`` can set. The help is the field's ``metadata["help"]``
+where given, else the comment on the field's line in the config dataclass (how the mixer configs
+document their fields), so the text is written once, next to the field.
+"""
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import io
 import json
+import textwrap
+import tokenize
 
 from rich.console import Console
 from rich.markup import escape
@@ -17,8 +28,10 @@ REASSOCIATED_TOL = 1e-8
 
 
 def register(sub) -> None:
-    p = sub.add_parser("list", help="every registered mixer: family, modes, per-token time and cache")
-    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("list", help="every registered mixer: family, modes, per-token time and cache "
+                                    "(--json: also its config fields, defaults and help)")
+    p.add_argument("--json", action="store_true",
+                   help="print JSON, with each mixer's config fields (name, type, default, help)")
     p.set_defaults(func=run_list)
     c = sub.add_parser("check", help="mode equivalence and independent cross-checks, with max errors")
     c.add_argument("--mixer", nargs="+", default=None, help="mixer name(s)")
@@ -27,12 +40,63 @@ def register(sub) -> None:
     c.set_defaults(func=run_check)
 
 
+def _line_comments(cls: type) -> dict[str, str]:
+    """Field name -> the comment on its line in ``cls``'s own source (continued by comment-only lines
+    indented further, as multi-line field comments are written); {} when the source is not at hand."""
+    try:
+        src = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    out: dict[str, str] = {}
+    field_line: dict[int, tuple[str, int]] = {}  # line -> (field, column) of `name: type ...` in the class body
+    current: tuple[str, int] | None = None
+    tokens = list(tokenize.generate_tokens(io.StringIO(src).readline))
+    body_col = None
+    for i, tok in enumerate(tokens):
+        if tok.type == tokenize.INDENT and body_col is None:
+            body_col = len(tok.string)
+        if (tok.type == tokenize.NAME and tok.start[1] == body_col and i + 1 < len(tokens)
+                and tokens[i + 1].string == ":" and (i == 0 or tokens[i - 1].type in (tokenize.NEWLINE, tokenize.NL,
+                                                                                        tokenize.INDENT, tokenize.COMMENT))):
+            field_line[tok.start[0]] = (tok.string, tok.start[1])
+        if tok.type == tokenize.COMMENT:
+            text = tok.string.lstrip("#").strip()
+            line = tok.start[0]
+            if line in field_line:
+                current = field_line[line]
+                out[current[0]] = text
+            elif current is not None and tok.line.strip().startswith("#") and tok.start[1] > current[1]:
+                out[current[0]] += " " + text
+            else:
+                current = None
+        elif tok.type not in (tokenize.NL, tokenize.NEWLINE, tokenize.COMMENT) and tok.start[0] not in field_line:
+            current = None
+    return out
+
+
+def field_docs(config_cls: type, defaults: dict | None = None) -> list[dict]:
+    """Each field of a config dataclass: name, type, default (``defaults`` over the class's own) and help."""
+    helps: dict[str, str] = {}
+    for klass in reversed(config_cls.__mro__):  # a subclass's comment wins over its base's
+        if dataclasses.is_dataclass(klass):
+            helps.update(_line_comments(klass))
+    instance = config_cls(**(defaults or {}))
+    out = []
+    for f in dataclasses.fields(config_cls):
+        value = getattr(instance, f.name)
+        out.append({"name": f.name, "type": f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type)),
+                    "default": list(value) if isinstance(value, tuple) else value,
+                    "help": f.metadata.get("help") or helps.get(f.name, "")})
+    return out
+
+
 def describe(name: str) -> dict:
     spec = get_mixer_spec(name)
     m = build_mixer(name, 16, n_heads=2)
     return {"name": name, "family": spec.family, "ab_form": spec.ab_form, "modes": list(m.modes),
             "time_per_token": m.time_complexity, "cache": m.cache_complexity,
-            "cache_positions@1024": m.cache_positions(1024), "state_scalars@1024(d=16)": m.state_size(1024)}
+            "cache_positions@1024": m.cache_positions(1024), "state_scalars@1024(d=16)": m.state_size(1024),
+            "config": field_docs(spec.config_cls, spec.defaults)}
 
 
 def run_list(args) -> int:
@@ -44,7 +108,7 @@ def run_list(args) -> int:
     for col in ("name", "family", "modes", "time/token", "cache", "(A, B) form"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["name"], r["family"], ",".join(r["modes"]), r["time_per_token"], r["cache"], r["ab_form"])
+        table.add_row(r["name"], r["family"], ",".join(r["modes"]), r["time_per_token"], r["cache"], escape(r["ab_form"]))
     Console(width=200).print(table)
     return 0
 

@@ -5,6 +5,7 @@ no text is ever unknown. One special token separates documents in the packed id 
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -32,14 +33,21 @@ def check_vocab_size(vocab_size: int, name: str = "vocab_size") -> None:
                          f"up front), got {vocab_size:,}")
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2) -> Tokenizer:
-    """Train a byte-level BPE tokenizer of ``vocab_size`` entries (including the separator)."""
+def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
+              show_progress: bool | None = None) -> Tokenizer:
+    """Train a byte-level BPE tokenizer of ``vocab_size`` entries (including the separator).
+
+    ``show_progress``: the trainer's own progress bars on stderr (a large corpus takes minutes
+    here, silent otherwise); None shows them when stderr is a terminal, where they cannot garble
+    a log or a JSON answer on stdout."""
     check_vocab_size(vocab_size)
+    if show_progress is None:
+        show_progress = sys.stderr.isatty()
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[DOC_SEPARATOR],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress)
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 

@@ -5,7 +5,9 @@
 ``apply_overrides(cfg, ["train.lr=3e-4", "model.d_model=256"])`` parses each value by the field's
 declared type and rejects unknown keys. Lists/tuples take comma lists (``model.layers=pow2,attention``),
 dicts take JSON or a dotted path inside (``model.mixer_overrides.pow2.chunk_size=32``). The resolved
-config is written as JSON to every run directory; ``LMRunConfig.from_dict`` reads it back.
+config is written as JSON to every run directory; ``LMRunConfig.from_dict`` reads it back, and
+``merge_config`` puts a partial document of the same shape over a config (``train lm --config FILE``);
+both check it with one function (sections, keys, JSON types), so a hand-edited file fails in one line.
 
 A run directory (written by ``training/lm.py``) holds ``config.json`` (the resolved LMRunConfig),
 ``tokenizer.json``, ``metrics.jsonl`` (one JSON object per optimizer step, plus validation and
@@ -125,21 +127,59 @@ class LMRunConfig:
 
     @classmethod
     def from_dict(cls, d: dict, where: str = "config") -> "LMRunConfig":
-        unknown = set(d) - {"model", "data", "train"}
-        if unknown:
-            raise InputError(f"unknown config section(s) {sorted(unknown)}")
-        sections = {}
-        for f in fields(cls):
-            sec_cls = {"model": ModelConfig, "data": DataConfig, "train": LMTrainConfig}[f.name]
-            raw = d.get(f.name, {})
-            known = {x.name for x in fields(sec_cls)}
-            bad = sorted(set(raw) - known)
-            if bad:
-                raise InputError(f"unknown config key(s) {[f'{f.name}.{b}' for b in bad]}")
-            hints = typing.get_type_hints(sec_cls)
-            check_field_types(sec_cls, raw, f.name, where)
-            sections[f.name] = sec_cls(**{k: _coerce_json(v, hints[k]) for k, v in raw.items()})
-        return cls(**sections)
+        """A config from its JSON form; a missing field takes its section class's default."""
+        sec_cls = _section_classes()
+        return cls(**{sec: sec_cls[sec](**values) for sec, values in _section_values(d, where).items()})
+
+
+def _section_classes() -> dict[str, type]:
+    return {"model": ModelConfig, "data": DataConfig, "train": LMTrainConfig}
+
+
+def _section_values(d: Any, where: str) -> dict[str, dict]:
+    """The fields of each section of a config's JSON form, checked (an object of objects, known
+    sections and keys, JSON types of the fields) and with lists turned into tuples where the field
+    is a tuple; sections the document lacks are empty. One checker for config.json and --config."""
+    if not isinstance(d, dict):
+        raise InputError(f"'{where}' must hold a JSON object with model, data and train sections")
+    unknown = set(d) - {"model", "data", "train"}
+    if unknown:
+        raise InputError(f"'{where}': unknown config section(s) {sorted(unknown)}; sections: model, data, train")
+    out = {}
+    for name, sec_cls in _section_classes().items():
+        raw = d.get(name, {})
+        if not isinstance(raw, dict):
+            raise InputError(f"'{where}': section '{name}' must be a JSON object, got {type(raw).__name__}")
+        bad = sorted(set(raw) - {x.name for x in fields(sec_cls)})
+        if bad:
+            raise InputError(f"'{where}': unknown config key(s) {[f'{name}.{b}' for b in bad]}")
+        check_field_types(sec_cls, raw, name, where)
+        hints = typing.get_type_hints(sec_cls)
+        out[name] = {k: _coerce_json(v, hints[k]) for k, v in raw.items()}
+    return out
+
+
+def merge_config(base: LMRunConfig, d: Any, where: str) -> LMRunConfig:
+    """``base`` with the fields of a (possibly partial) config document ``d`` put over it: what
+    ``train lm --config FILE`` does, so that a file need only name what differs from the preset."""
+    values = _section_values(d, where)
+    return LMRunConfig(**{sec: replace(getattr(base, sec), **values[sec]) for sec in values})
+
+
+def read_config_file(path: str | Path) -> dict:
+    """The JSON document of a config file (``--config``), refused in one line when it is missing,
+    not UTF-8 or not JSON."""
+    path = Path(path)
+    if not path.exists():
+        raise MissingInput(f"config file '{path}' does not exist")
+    if not path.is_file():
+        raise InputError(f"config file '{path}' is not a regular file")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise InputError(f"config file '{path}' is not UTF-8 text") from None
+    except json.JSONDecodeError as e:
+        raise InputError(f"config file '{path}' is not valid JSON ({e})") from None
 
 
 def check_mixer_overrides(model: ModelConfig) -> None:
@@ -352,6 +392,45 @@ def apply_overrides(cfg: LMRunConfig, overrides: list[str]) -> LMRunConfig:
     return LMRunConfig(**built)
 
 
+def model_differences(a: ModelConfig, b: ModelConfig) -> list[str]:
+    """``model.FIELD A vs B`` for every field that changes the weights' names or shapes (all but
+    dropout; max_seq_len only under learned positions): why a checkpoint of ``a`` cannot start ``b``."""
+    diffs = []
+    for f in fields(ModelConfig):
+        if f.name == "dropout" or (f.name == "max_seq_len" and "learned" not in (a.positions, b.positions)):
+            continue
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        if va != vb:
+            show = (lambda v: ",".join(v)) if f.name == "layers" else repr
+            diffs.append(f"model.{f.name} {show(va)} vs {show(vb)}")
+    return diffs
+
+
+def bigram_verdict(ppl: float, bigram_ppl: float) -> str:
+    """``better than`` / ``worse than the bigram``, in words with both perplexities and the factor
+    between them, so that a loss worse than the baseline can never read like an improvement."""
+    if not (math.isfinite(ppl) and math.isfinite(bigram_ppl)) or ppl <= 0 or bigram_ppl <= 0:
+        return f"no bigram comparison (perplexity {ppl:.2f}, bigram {bigram_ppl:.2f})"
+    if ppl < bigram_ppl:
+        return f"better than the bigram (perplexity {ppl:.2f} vs {bigram_ppl:.2f}, {bigram_ppl / ppl:.2f}x lower)"
+    if ppl > bigram_ppl:
+        return f"worse than the bigram (perplexity {ppl:.2f} vs {bigram_ppl:.2f}, {ppl / bigram_ppl:.2f}x higher)"
+    return f"level with the bigram (perplexity {ppl:.2f})"
+
+
+def resolve_device(name: str, flag: str = "--device") -> torch.device:
+    """``auto`` | ``cpu`` | ``cuda`` as the device a command runs on; ``cuda`` without a usable
+    CUDA device is bad input (one line), not a torch traceback halfway through loading."""
+    if name not in DEVICES:
+        raise InputError(f"{flag} must be one of {', '.join(DEVICES)}, got '{name}'")
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        why = "this torch build has no CUDA support" if torch.version.cuda is None else "no CUDA device is visible"
+        raise InputError(f"{flag} cuda: CUDA is not available ({why}); use {flag} cpu or {flag} auto")
+    return torch.device(name)
+
+
 def with_vocab(cfg: LMRunConfig, vocab_size: int) -> LMRunConfig:
     """The model's vocabulary comes from the tokenizer, never from the command line."""
     return replace(cfg, model=replace(cfg.model, vocab_size=vocab_size))
@@ -359,8 +438,20 @@ def with_vocab(cfg: LMRunConfig, vocab_size: int) -> LMRunConfig:
 
 # ------------------------------------------------------------------------------------ reading runs
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of a run's metrics.jsonl; a line that is not a JSON object (the last line of a
+    killed run, cut mid-write) is skipped."""
     path = Path(run_dir) / "metrics.jsonl"
-    return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(rec, dict):
+            out.append(rec)
+    return out
 
 
 @dataclass
@@ -408,5 +499,6 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
 
 
 __all__ = ["LMRunConfig", "LMTrainConfig", "DataConfig", "LoadedRun", "ModelConfig", "apply_overrides",
-           "available_memory", "check_mixer_overrides", "check_model_memory", "estimate_parameters", "load_run",
-           "parse_value", "read_metrics", "read_run_config", "with_vocab"]
+           "available_memory", "bigram_verdict", "check_mixer_overrides", "check_model_memory", "estimate_parameters",
+           "load_run", "merge_config", "model_differences", "parse_value", "read_config_file", "read_metrics",
+           "read_run_config", "resolve_device", "with_vocab"]

@@ -19,7 +19,6 @@ from typing import Any
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_json, atomic_write_text, prepare_output_dir
 from tokenmix.core.lock import folder_lock
-from tokenmix.mixers.registry import get_mixer_spec
 from tokenmix.study import claims, plots, table
 from tokenmix.study.paper import PAPER_TASKS
 from tokenmix.study.presets import Preset, compare_preset, registered
@@ -57,14 +56,6 @@ class CompareResult:
     out: Path
     plots: list[Path] = field(default_factory=list)
     missing_rows: list[str] = field(default_factory=list)
-
-
-def extra_mixer_names(raw: list[str] | tuple[str, ...]) -> tuple[str, ...]:
-    """Names from ``--mixers`` (space or comma separated), each checked against the registry."""
-    names = [n.strip() for item in raw for n in item.split(",") if n.strip()]
-    for n in names:
-        get_mixer_spec(n)  # unknown -> InputError listing the known mixers
-    return tuple(dict.fromkeys(names))
 
 
 def _cpu_seconds() -> float:

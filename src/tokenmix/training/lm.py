@@ -18,8 +18,13 @@ vocabularies compare). ``train.precision=auto`` is resolved once, before config.
 One writer per run folder: ``train_lm`` holds the folder's lock (core/lock.py) for the whole run, so
 a second ``train lm`` into it is refused naming this one. Resuming a finished run (its final
 checkpoint evaluated, summary.json written) says so and writes nothing, unless train.max_steps was
-raised in its config.json; resuming past a corrupt latest checkpoint starts from the newest valid
-one; a missing or unreadable tokenizer.json is restored from the run's prepared data.
+raised (``--resume RUN --set train.max_steps=N``, the one override a resume takes: RESUME_KEYS; the
+raised value is written to config.json); resuming past a corrupt latest checkpoint starts from the
+newest valid one; a missing or unreadable tokenizer.json is restored from the run's prepared data.
+
+``init_from=RUN`` starts a new run from the weights of RUN's newest valid checkpoint (the model
+configs must agree on everything that shapes the weights); the optimizer, the schedule and the
+data position start fresh, and metrics.jsonl records where the weights came from.
 
 Exact resume: the model, AdamW state, RNG state, the data position and the step are restored; the
 learning rate is a function of the step; nothing else carries state. On CPU a resumed run computes
@@ -45,12 +50,16 @@ from torch import Tensor, nn
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_copy, atomic_write_json, atomic_write_text
 from tokenmix.core.lock import folder_lock
+from tokenmix.data.corpora import path_documents
 from tokenmix.data.loader import DataPosition, TokenBatches, eval_windows, shard
 from tokenmix.data.prepare import PreparedData, prepare_data
-from tokenmix.data.tokenizer import load_tokenizer
+from tokenmix.data.tokenizer import encode_documents, load_tokenizer, separator_id
+from tokenmix.generation import position_limit
 from tokenmix.models import MixerModel
-from tokenmix.runs.checkpoint import load_training_state, newest_valid_checkpoint, recover_from, save_checkpoint
-from tokenmix.runs.lm import LMRunConfig, check_model_memory, load_run, with_vocab
+from tokenmix.runs.checkpoint import (CheckpointError, load_model_weights, load_training_state,
+                                      newest_valid_checkpoint, recover_from, save_checkpoint)
+from tokenmix.runs.lm import (LMRunConfig, bigram_verdict, check_model_memory, load_run, model_differences,
+                              read_run_config, resolve_device, with_vocab)
 from tokenmix.training.distributed import DistContext, setup_distributed, wrap_model
 from tokenmix.training.optim import build_optimizer
 from tokenmix.training.schedule import warmup_cosine
@@ -58,6 +67,9 @@ from tokenmix.training.schedule import warmup_cosine
 # interpolation weights tried for the bigram; the best one on Shakespeare is 100-300 (a grid that stops at
 # the edge would leave the baseline weaker than it can be)
 BIGRAM_SMOOTHING_GRID = (0.01, 0.1, 1.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0)
+# the overrides a resumed run accepts: extending its schedule. Everything else would make the resumed
+# steps differ from what the saved config says the run is (and break the bit-exact resume).
+RESUME_KEYS = ("train.max_steps",)
 
 
 class TrainingDiverged(InputError):
@@ -225,8 +237,12 @@ class RunLogger:
                 from torch.utils.tensorboard import SummaryWriter
 
                 self._tb = SummaryWriter(str(run_dir / "tb"))
-            except ImportError:  # tensorboard is optional
+            except ImportError:  # tensorboard is optional: said once, at the start of the run (not under --quiet)
                 self._tb = None
+                if not quiet:
+                    print("tokenmix: warning: train.tensorboard is true but tensorboard is not installed, so no "
+                          "tb/ events are written (pip install tensorboard, or set train.tensorboard=false)",
+                          file=sys.stderr, flush=True)
 
     def record(self, rec: dict) -> None:
         if not self.enabled:
@@ -301,11 +317,15 @@ def _prepare(cfg: LMRunConfig, ctx: DistContext, verbose: bool) -> tuple[LMRunCo
 
 
 def train_lm(cfg: LMRunConfig, run_dir: str | Path, resume: bool = False, progress: bool | None = None,
-             quiet: bool = False) -> TrainResult:
-    """Train (or resume) the language model of ``cfg`` in ``run_dir``; see the module docstring."""
+             quiet: bool = False, init_from: str | Path | None = None) -> TrainResult:
+    """Train (or resume) the language model of ``cfg`` in ``run_dir``; ``init_from``: a run whose
+    newest valid checkpoint gives the initial weights of a new run. See the module docstring."""
     session_t0 = time.perf_counter()
     run_dir = Path(run_dir)
     tc = cfg.train
+    if init_from is not None and resume:
+        raise InputError("--init-from starts a new run; a resumed run continues from its own checkpoint")
+    source = _init_source(Path(init_from), cfg) if init_from is not None else None
     # refused before anything is prepared or written: a model this machine cannot hold while training
     # (weights, gradients and the two AdamW moments in fp32 on CPU; the CPU copy it is built as on CUDA)
     on_cpu = tc.device == "cpu" or (tc.device == "auto" and not torch.cuda.is_available())
@@ -314,9 +334,39 @@ def train_lm(cfg: LMRunConfig, run_dir: str | Path, resume: bool = False, progre
     ctx = setup_distributed(tc.device)
     try:
         with _run_folder(run_dir, resume, ctx):
-            return _train(cfg, run_dir, resume, progress, quiet, ctx, session_t0)
+            return _train(cfg, run_dir, resume, progress, quiet, ctx, session_t0, source)
     finally:
         ctx.close()
+
+
+@dataclass
+class _InitSource:
+    """The run a new run takes its initial weights from (``--init-from``)."""
+    run_dir: Path
+    config: LMRunConfig
+    checkpoint: Path
+    step: int
+
+
+def _init_source(src: Path, cfg: LMRunConfig) -> _InitSource:
+    """Check ``--init-from RUN`` before anything is prepared or written: a run with a valid checkpoint
+    whose model agrees with ``cfg``'s (the vocabulary is compared once the data is prepared)."""
+    src_cfg = read_run_config(src)
+    try:
+        ckpt, meta, _ = newest_valid_checkpoint(src / "checkpoints")
+    except CheckpointError as e:
+        raise InputError(f"--init-from {src}: {e}") from None
+    if ckpt is None:
+        raise InputError(f"--init-from {src}: the run has no checkpoint yet")
+    _check_same_model(src, src_cfg, cfg, vocab=False)
+    return _InitSource(src, src_cfg, ckpt, int(meta["step"]))
+
+
+def _check_same_model(src: Path, src_cfg: LMRunConfig, cfg: LMRunConfig, vocab: bool) -> None:
+    diffs = [d for d in model_differences(src_cfg.model, cfg.model) if vocab or not d.startswith("model.vocab_size")]
+    if diffs:
+        raise InputError(f"--init-from {src}: its model differs from this run's ({'; '.join(diffs)}), so its "
+                         f"weights do not fit; give the same model settings (e.g. --config {src / 'config.json'})")
 
 
 def _model_fields(cfg: LMRunConfig) -> dict:
@@ -372,6 +422,14 @@ def _run_folder(run_dir: Path, resume: bool, ctx: DistContext):
                 break
 
 
+def _tokens_differ(path: Path, data: PreparedData) -> bool:
+    """Whether the tokenizer at ``path`` has other tokens than the prepared data's (unreadable: differs)."""
+    try:
+        return load_tokenizer(path).get_vocab() != data.tokenizer.get_vocab()
+    except InputError:
+        return True
+
+
 def _check_run_tokenizer(run_dir: Path, data: PreparedData, vocab_size: int) -> str | None:
     """On resume: the run's tokenizer.json must be the tokenizer of its data. A missing or unreadable
     one is restored from the prepared data (when that has the vocabulary the model was trained with);
@@ -414,7 +472,7 @@ def _finished(run_dir: Path, cfg: LMRunConfig, meta: dict) -> dict | None:
 
 
 def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None, quiet: bool,
-           ctx: DistContext, session_t0: float) -> TrainResult:
+           ctx: DistContext, session_t0: float, source: _InitSource | None = None) -> TrainResult:
     tc = cfg.train
     if tc.threads:
         torch.set_num_threads(tc.threads)
@@ -428,6 +486,9 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
             return ckpt.name, meta, skipped
         name, meta, skipped = _on_main(ctx, choose)
         start_ckpt = ckpt_root / name
+        if tc.max_steps < int(meta["step"]):
+            raise InputError(f"cannot resume: train.max_steps={tc.max_steps} is below step {meta['step']}, which "
+                             f"{run_dir} has already reached; a schedule can be extended, not shortened")
         summary = _finished(run_dir, cfg, meta)
         if summary is not None:  # nothing to do: say so and touch nothing
             if ctx.is_main:
@@ -435,8 +496,8 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
                     print(f"tokenmix: warning: {why}; {name} is the newest valid checkpoint", file=sys.stderr)
             if ctx.is_main and not quiet:
                 print(f"run {run_dir} is finished: step {meta['step']} of train.max_steps={tc.max_steps}, "
-                      f"val ppl {summary.get('val_ppl', float('nan')):.2f}; nothing to do (raise train.max_steps "
-                      "in its config.json to train it further)", flush=True)
+                      f"val ppl {summary.get('val_ppl', float('nan')):.2f}; nothing to do (train it further with "
+                      f"--resume {run_dir} --set train.max_steps=N)", flush=True)
             return TrainResult(run_dir, int(meta["step"]), summary.get("val_loss", math.nan),
                                summary.get("val_ppl", math.nan), summary.get("bigram_ppl", math.nan),
                                summary.get("unigram_ppl", math.nan), int(summary.get("tokens", meta.get("tokens", 0))),
@@ -453,8 +514,15 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
     cfg = replace(cfg, train=replace(cfg.train, precision=precision))  # config.json holds what ran
     tc = cfg.train
     notes: list[str] = []
+    if source is not None:
+        _check_same_model(source.run_dir, source.config, cfg, vocab=True)
+        if ctx.is_main and _tokens_differ(source.run_dir / "tokenizer.json", data):
+            notes.append(f"warning: the tokenizer of {source.run_dir} is not the one of this run's data "
+                         f"({data.dir}): the same ids stand for other tokens, so its embeddings start out mismatched")
     if resume:
         restored = _on_main(ctx, lambda: _check_run_tokenizer(run_dir, data, saved_vocab))
+        if ctx.is_main and read_run_config(run_dir).to_dict() != cfg.to_dict():  # an extended schedule
+            atomic_write_json(run_dir / "config.json", cfg.to_dict(), indent=1)
         if ctx.is_main:
             for why in skipped:
                 notes.append(f"warning: {why}; resuming from {start_ckpt.name}, the newest valid checkpoint")
@@ -481,6 +549,8 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
 
     torch.manual_seed(tc.seed)  # identical initial weights on every rank and in every run
     model = MixerModel(cfg.model).to(ctx.device)
+    if source is not None:  # every rank loads the same weights before wrapping (DDP and FSDP start from them)
+        load_model_weights(source.checkpoint, model)
     num_params = model.num_params()
     wrapped = wrap_model(model, ctx, tc.parallel)
     optimizer = build_optimizer(wrapped, tc.lr, tc.weight_decay, (tc.beta1, tc.beta2), tc.eps)  # decay on matrices only
@@ -501,6 +571,11 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
         progress = sys.stderr.isatty()
     log = RunLogger(run_dir, ctx.is_main, tc.max_steps, step, progress, tc.tensorboard, quiet)
     log.say(precision_note)
+    if source is not None:
+        log.record({"step": 0, "event": "init_from", "run": str(source.run_dir), "checkpoint": source.checkpoint.name,
+                    "source_step": source.step})
+        log.say(f"initial weights from {source.run_dir} ({source.checkpoint.name}, step {source.step}); the "
+                "optimizer and the schedule start fresh")
     try:
         return _loop(cfg, run_dir, ctx, data, wrapped, optimizer, batches, val_windows, final_windows, step,
                      tokens_seen, num_params, log, resume, session_t0)
@@ -619,9 +694,8 @@ def _loop(cfg: LMRunConfig, run_dir: Path, ctx: DistContext, data: PreparedData,
                    "wall_seconds_this_session": round(session_seconds, 1),
                    "process_cpu_seconds": round(cpu_seconds, 1)}
         atomic_write_json(run_dir / "summary.json", summary, indent=1)
-        ratio = final_baseline["bigram_ppl"] / final["ppl"]
-        log.say(f"done: val ppl {final['ppl']:.2f} vs bigram {final_baseline['bigram_ppl']:.2f} ({ratio:.2f}x lower), "
-                f"unigram {final_baseline['unigram_ppl']:.2f}, on {final['tokens']:,} validation tokens"
+        log.say(f"done: validation {bigram_verdict(final['ppl'], final_baseline['bigram_ppl'])}; "
+                f"unigram ppl {final_baseline['unigram_ppl']:.2f}; on {final['tokens']:,} validation tokens"
                 f"{f' ({bpc:.3f} bits/char, bigram {bigram_bpc:.3f})' if bpc and bigram_bpc else ''}; {session_seconds:.0f} s wall, {cpu_seconds:.0f} s CPU "
                 f"(this process, all threads); run directory {run_dir}")
     return result
@@ -656,15 +730,44 @@ def _grad_sync(model: nn.Module, enabled: bool):
 
 
 # ------------------------------------------------------------------------------------ evaluating runs
-def evaluate_run(run_dir: str | Path, split: str = "test", max_windows: int = 0, batch_size: int = 8) -> dict:
-    """Perplexity and per-position loss of a run's latest checkpoint on a split of its data, with the
-    bigram and unigram baselines (counted on the train split) on the same tokens."""
-    run = load_run(run_dir)
+def text_token_stream(path: str | Path, tok, doc_chars: int) -> np.ndarray:
+    """The token stream of a user's text file (or folder, or record file) packed as the prepared
+    splits are: documents cut as ``data prepare`` cuts them, each after a separator token, so that a
+    model meets the text as it met its training data."""
+    docs = path_documents(Path(path), doc_chars)
+    sep = separator_id(tok)
+    ids = [tid for doc in encode_documents(tok, [d.text for d in docs]) for tid in (sep, *doc)]
+    return np.asarray(ids, dtype=np.int64)
+
+
+def evaluate_run(run_dir: str | Path, split: str = "test", max_windows: int = 0, batch_size: int = 8,
+                 text: str | Path | None = None, context: int | None = None, device: str = "cpu") -> dict:
+    """Perplexity and per-position loss of a run's latest checkpoint on a split of its data, or on
+    a text file (``text``, tokenized with the run's tokenizer), in windows of ``context`` tokens
+    (default train.seq_len), with the bigram and unigram baselines (counted on the train split) on
+    the same tokens.
+
+    A context longer than training measures length extrapolation: position-free mixers and
+    sinusoidal codes run at any length, learned positions stop at model.max_seq_len (refused).
+    """
+    cfg = read_run_config(run_dir)
+    seq = cfg.train.seq_len if context is None else context
+    if seq < 1:
+        raise InputError(f"--context must be >= 1, got {seq}")
+    dev = resolve_device(device)
+    run = load_run(run_dir, dev)
+    limit = position_limit(run.model)
+    if limit is not None and seq > limit:
+        raise InputError(f"--context {seq} exceeds this model's learned positions (model.max_seq_len={limit}); "
+                         "a model with learned positions cannot score tokens past them")
     data = prepare_data(run.config.data, wait=True)  # reuses the run's prepared directory (re-made if it was deleted)
-    windows = eval_windows(data.split(split), run.config.train.seq_len, max_windows)
-    if not windows:
-        raise InputError(f"the {split} split of {data.dir} is empty")
-    res = evaluate_windows(run.model, windows, batch_size, torch.device("cpu"), "fp32")
+    ids = data.split(split) if text is None else text_token_stream(text, run.tokenizer, run.config.data.doc_chars)
+    windows = eval_windows(ids, seq, max_windows)
+    if not windows or len(ids) < 2:
+        raise InputError(f"'{text}' has fewer than 2 tokens" if text is not None else f"the {split} split of {data.dir} is empty")
+    res = evaluate_windows(run.model, windows, batch_size, dev, "fp32")
     base = bigram_baseline(data.split("train"), windows, data.vocab_size)
-    return {"split": split, "step": run.meta["step"], "checkpoint": str(run.checkpoint), **res,
+    return {"split": split if text is None else None, "text": None if text is None else str(text),
+            "context": seq, "train_seq_len": run.config.train.seq_len, "device": str(dev),
+            "step": run.meta["step"], "checkpoint": str(run.checkpoint), **res,
             "bigram_ppl": base["bigram_ppl"], "unigram_ppl": base["unigram_ppl"]}
