@@ -131,3 +131,21 @@ def test_branching_from_an_older_state(name):
     assert torch.allclose(yb, ref[:, -1], atol=1e-12)
     ref_a, _ = m(torch.cat([x, a[:, None], a[:, None]], 1), mode="recurrent")
     assert torch.allclose(ya2, ref_a[:, -1], atol=1e-12)
+
+
+@pytest.mark.parametrize("name", ["pow2", "pow2_ce", "sq1", "sq1_ce", "fenwick"])
+def test_training_after_inference_mode_calls(name):
+    """The structured mixers keep index tables and plans across calls; built during an
+    inference-mode call (generation), they must still serve a later autograd forward."""
+    from tokenmix.mixers import build_mixer
+    if name == "fenwick":
+        m = build_mixer("pow2", 16, n_heads=2, pattern="fenwick")
+    else:
+        m = build_mixer(name, 16, n_heads=2)
+    x = torch.randn(2, 40, 16)
+    for mode in m.modes:
+        with torch.inference_mode():
+            y_inf, _ = m(x, mode=mode)
+        y, _ = m(x.clone().requires_grad_(), mode=mode)
+        y.sum().backward()
+        torch.testing.assert_close(y.detach(), y_inf.clone())

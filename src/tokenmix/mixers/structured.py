@@ -76,7 +76,13 @@ class StructuredConfig(MixerConfig):
 
 class _LazyPlan:
     """A segment's device index table and its ``PatternPlan``, the plan built on first use; the
-    table in absolute positions ``absolute`` [T, W] (CPU, -1 = none) serves left-padded batches."""
+    table in absolute positions ``absolute`` [T, W] (CPU, -1 = none) serves left-padded batches.
+
+    Kept across calls (``StructuredMixer._table``), so everything here is built outside inference
+    mode even when the call that builds it runs inside (generation): an inference tensor kept in a
+    table would make every later autograd forward fail ("Inference tensors cannot be saved for
+    backward").
+    """
 
     def __init__(self, idx: Tensor, idx_cpu: Tensor, absolute: Tensor, prefix: int, chunk: int) -> None:
         self.idx, self._args, self._plan = idx, (idx_cpu, prefix, chunk), None
@@ -87,11 +93,13 @@ class _LazyPlan:
         """The index table on the CPU (what the compiled kernels read)."""
         return self._args[0]
 
+    @torch.inference_mode(False)
     def get(self) -> PatternPlan:
         if self._plan is None:
             self._plan = plan_pattern(*self._args)
         return self._plan
 
+    @torch.inference_mode(False)
     def padded_valid(self, start: Tensor, max_start: int) -> Tensor | None:
         """[B, T, W] bool: the entries that read a real position of their row (>= start[b]); None
         if the table reads no position below ``max_start`` (then the shared idx >= 0 is exact)."""
@@ -201,6 +209,7 @@ class StructuredRecurrence(Mixer):
             return compiled_pattern_scores(q, kbuf, plan.idx_cpu)
         return pattern_scores(q, kbuf, idx, plan.get())
 
+    @torch.inference_mode(False)  # kept across calls: never inference tensors (_LazyPlan)
     def _table(self, state: PatternCache, t: int, device) -> tuple[Tensor, _LazyPlan]:
         """Buffer indices idx [T, W] of the segment after ``state`` and their plan (built when a
         fast kernel first asks for it; the dense mode of the dense pattern never does).

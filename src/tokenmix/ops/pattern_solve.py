@@ -277,6 +277,7 @@ class PatternPlan:
                 cur = end
         return blocks
 
+    @torch.inference_mode(False)  # cached across calls: never an inference tensor
     def mask(self, name: str, like: Tensor) -> Tensor:
         """A [T, W] mask as a 0/1 tensor of like's dtype and device (cached)."""
         key = (name, like.dtype, like.device)
@@ -284,6 +285,7 @@ class PatternPlan:
             self._cache[key] = torch.from_numpy(self._np[name]).to(device=like.device, dtype=like.dtype)
         return self._cache[key]
 
+    @torch.inference_mode(False)  # cached across calls: never an inference tensor
     def on(self, t: Tensor, device: torch.device) -> Tensor:
         """One of the plan's index tensors on ``device`` (cached)."""
         key = (id(t), device)
