@@ -1,14 +1,17 @@
-"""tokenmix bench solver|decode|mixers|lm -- JSON on stdout (progress on stderr)."""
+"""tokenmix bench solver|decode|mixers|lm -- JSON on stdout (progress on stderr); tokenmix bench hf -- a
+table on stdout (``--out`` also writes the JSON)."""
 from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 from tokenmix.bench import decode, mixers, solver
 from tokenmix.bench.lm import LMBenchConfig
 from tokenmix.bench.lm import run as run_lm_bench
 from tokenmix.cli.limits import check_size, fmt_bytes, memory_budget
-from tokenmix.core.errors import InputError
+from tokenmix.core.errors import InputError, MissingDependency
+from tokenmix.core.files import atomic_write_text
 from tokenmix.mixers.registry import get_mixer_spec
 
 # memory models of the size checks (upper estimates of measured peaks, d_model 256 = 4 heads x 64):
@@ -66,6 +69,19 @@ def register(sub) -> None:
     lm.add_argument("--seed", type=int, default=d.seed)
     lm.add_argument("--out", default=None, help="also write the JSON here")
     lm.set_defaults(func=_run_lm)
+    hf = bsub.add_parser("hf", help="decode ms/token through transformers' generate() vs tokenmix's own loop "
+                                    "(needs tokenmix[hf])")
+    hf.add_argument("--mixers", nargs="+", default=["attention", "pow2_ce", "mamba2"])
+    hf.add_argument("--layers", type=int, default=4)
+    hf.add_argument("--d-model", type=int, default=256)
+    hf.add_argument("--n-heads", type=int, default=4)
+    hf.add_argument("--prompt", type=int, default=64, help="prompt tokens")
+    hf.add_argument("--new-tokens", type=int, default=128)
+    hf.add_argument("--warmup", type=int, default=8, help="decode steps not timed")
+    hf.add_argument("--repeats", type=int, default=3, help="runs of each loop, alternating (median)")
+    hf.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    hf.add_argument("--out", default=None, help="also write the JSON here")
+    hf.set_defaults(func=_run_hf)
 
 
 def lm_bench_config(args) -> LMBenchConfig:
@@ -78,6 +94,35 @@ def lm_bench_config(args) -> LMBenchConfig:
 
 def _run_lm(args) -> int:
     print(json.dumps(run_lm_bench(lm_bench_config(args), available_memory=memory_budget()), indent=2))
+    return 0
+
+
+def _run_hf(args) -> int:
+    # transformers is an optional dependency (the ``hf`` extra) and takes seconds to import, so the
+    # benchmark is imported when it runs -- not on every tokenmix command, and not to dodge a cycle.
+    try:
+        from tokenmix.bench import hf_generate
+    except ImportError as e:
+        if getattr(e, "name", None) and e.name.split(".")[0] == "transformers":
+            raise MissingDependency("transformers", "tokenmix bench hf", "hf") from None
+        raise
+    cfg = hf_generate.HFBenchConfig(mixers=tuple(args.mixers), layers=args.layers, d_model=args.d_model,
+                                    n_heads=args.n_heads, prompt=args.prompt, new_tokens=args.new_tokens,
+                                    warmup=args.warmup, repeats=args.repeats, threads=args.threads)
+    if args.out is not None:  # checked now, not after the timing
+        out = Path(args.out)
+        if out.is_dir():
+            raise InputError(f"--out '{out}' is a folder; give the path of the JSON file to write")
+        if not out.parent.is_dir():
+            raise InputError(f"--out '{out}': folder '{out.parent}' does not exist")
+    check_size("--d-model", cfg.d_model, lambda d: hf_generate.weight_bytes(cfg, d), "the models' weights")
+    check_size("--new-tokens", cfg.new_tokens, lambda n: DECODE_BYTES_PER_POSITION * float(cfg.layers)
+               * (cfg.prompt + n) * cfg.d_model / 256, "the decode caches")
+    result = hf_generate.run(cfg, lambda r: print(f"  {r['mixer']}: HF generate {r['hf_ms_per_token']:.3f} ms/token, "
+                                                   f"tokenmix {r['tokenmix_ms_per_token']:.3f}", file=sys.stderr, flush=True))
+    if args.out:
+        atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
+    print(hf_generate.table(result))
     return 0
 
 

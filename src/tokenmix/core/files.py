@@ -33,14 +33,19 @@ def fsync_path(path: Path) -> None:
         for child in path.rglob("*"):
             if child.is_file():
                 fsync_path(child)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_entries(path)
     else:
         with open(path, "rb") as f:
             os.fsync(f.fileno())
+
+
+def fsync_entries(folder: Path) -> None:
+    """Flush a folder's own entries (names), not the files below it: what makes a rename durable."""
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove(path: Path) -> None:
@@ -72,7 +77,7 @@ def atomic_path(final: str | os.PathLike, *, folder: bool = False, suffix: str =
         yield tmp
         fsync_path(tmp)
         os.replace(tmp, final)
-        fsync_path(final.parent)
+        fsync_entries(final.parent)  # the rename; the parent's other files are not ours to flush
     except BaseException:
         _remove(tmp)
         raise
