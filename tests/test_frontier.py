@@ -22,6 +22,10 @@ def _one_thread():
     torch.set_num_threads(prev)
 
 
+def _grid(cells, train=F.TRAIN, step_tokens=16 * 4) -> F.FrontierGrid:
+    return F.FrontierGrid(256, F.MODEL, tuple(cells), 4, (1e-2,), (0,), step_tokens, train)
+
+
 def test_frontier_preset_follows_its_protocol():
     runs = validate_sweep(get_preset("compare", "frontier").build())
     assert {r.label for r in runs} == set(F.DEFAULT_MIXERS)
@@ -29,23 +33,26 @@ def test_frontier_preset_follows_its_protocol():
     for r in runs:
         n, d = parse_column(r.column_name)
         task = r.task_config()
-        assert (task.seq_len, task.vocab_size, task.num_kv_pairs) == (n, 8192, n // F.PAIRS_PER_LENGTH)
+        assert (task.seq_len, task.vocab_size, task.num_kv_pairs) == (n, F.VOCAB, n // F.PAIRS_PER_LENGTH)
         model = r.model_config()
         assert model.d_model == d and model.positions == "none"
         assert model.layers == (F.CONV, r.label, F.CONV, r.label)
-        assert r.train.test_lengths == (2 * n, 4 * n)
+        assert r.train.test_lengths == tuple(k * n for k in (2, 4) if k * n < F.VOCAB)
+        assert r.train.steps * n == F.STEP_TOKENS  # the same tokens, and answers, in every cell
+    assert {r.train.test_lengths for r in runs if r.task_config().seq_len == 64} == {(128, 256)}
     full = validate_sweep(get_preset("compare", "frontier_full").build(["rg_lru"]))
     assert {parse_column(r.column_name)[0] for r in full} == {64, 128, 256, 512}
-    assert "rg_lru" in {r.label for r in full}
+    assert {r.task_config().vocab_size for r in full} == {8192}
+    assert {"rg_lru", "log_linear_mamba2"} <= {r.label for r in full}
 
 
 def test_measured_layer_state_equals_the_derived_accounting():
     for mixer, cls in (("attention", "O(n)"), ("pow2_ce", "O(log n)"), ("gla", "O(1)")):
-        cfg = F._runs([mixer], [(16, 8)], 4, (1e-3,), (0,), F.TRAIN)[0].model_config()
+        cfg = _grid([(16, 8)]).runs([mixer])[0].model_config()
         st = row_layer_state(mixer, cfg, 16)
         assert st.scalars_measured == st.scalars_derived > 0 and st.cache_class == cls
     # attention keeps every past key and value (grows with n); gla's state does not
-    sizes = {m: [row_layer_state(m, F._runs([m], [(n, 8)], 4, (1e-3,), (0,), F.TRAIN)[0].model_config(), n)
+    sizes = {m: [row_layer_state(m, _grid([(n, 8)]).runs([m])[0].model_config(), n)
                  .scalars_measured for n in (16, 32)] for m in ("attention", "gla")}
     assert sizes["attention"][1] > sizes["attention"][0] and sizes["gla"][1] == sizes["gla"][0]
 
@@ -53,8 +60,7 @@ def test_measured_layer_state_equals_the_derived_accounting():
 def test_a_tiny_frontier_sweep_gives_its_table_plots_and_findings(tmp_path):
     tiny = replace(F.TRAIN, steps=4, batch_size=4, train_examples=16, val_examples=8, test_examples=8, eval_every=2,
                    warmup_steps=1)
-    runs = F._runs(["attention", "first_order"], [(16, 8), (32, 8)], 4, (1e-2,), (0,), tiny)
-    runs = [replace(r, task_args={**r.task_args, "vocab_size": 256}) for r in runs]
+    runs = _grid([(16, 8), (32, 8)], train=tiny, step_tokens=4 * 16).runs(["attention", "first_order"])
     outcome = run_sweep(runs, tmp_path, workers=1, progress=False)
     section = frontier_section(tmp_path, runs, outcome.results)
     table_lines = [line for line in section.markdown.splitlines() if line.startswith("| ")

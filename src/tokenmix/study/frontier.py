@@ -20,7 +20,6 @@ and writes the report section (table, findings) and three plots:
 """
 from __future__ import annotations
 
-import math
 import re
 import statistics
 from dataclasses import dataclass, field
@@ -39,7 +38,7 @@ from tokenmix.training.synthetic import summarize
 
 COLUMN = re.compile(r"^MQAR L=(\d+) d=(\d+)$")
 # cache classes in the order of the frontier (what the row keeps per layer as n grows)
-CACHE_ORDER = ("O(1)", "O(log n)", "O(√n)", "O(w)", "O(n)")
+CACHE_ORDER = ("O(1)", "O(k)", "O(w)", "O(log n)", "O(sqrt n)", "O(n)")
 
 
 def frontier_column(length: int, width: int) -> str:
