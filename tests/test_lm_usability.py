@@ -318,7 +318,10 @@ def test_every_mixers_option_takes_one_syntax(tmp_path, capsys, monkeypatch):
     assert mixer_list("all") == mixer_names() and mixer_list(None, default=["pow2"]) == ["pow2"]
     assert mixer_list("none", allow_none=True) == []
     monkeypatch.chdir(tmp_path)
-    commands = [["analyze", "cost"], ["analyze", "expressivity"], ["analyze", "norms"], ["compare"]]
+    assert mixer_list(["pow2,attention", "gla"]) == ["pow2", "attention", "gla"]  # commas and spaces
+    commands = [["analyze", "cost"], ["analyze", "expressivity"], ["analyze", "norms"], ["compare"],
+                ["bench", "decode", "--n", "16"], ["bench", "mixers", "--n", "16"], ["bench", "lm"],
+                ["bench", "hf"]]
     for cmd in commands:
         unknown = one_line_error(run_cli([*cmd, "--mixers", "pow2,nosuch"], capsys), "unknown mixer 'nosuch'")
         empty = one_line_error(run_cli([*cmd, "--mixers", " , "], capsys), "--mixers is empty",
@@ -332,5 +335,5 @@ def test_every_mixers_option_takes_one_syntax(tmp_path, capsys, monkeypatch):
     seen = []
     monkeypatch.setattr(compare_cmd, "run_compare", lambda req, console=None: seen.append(req) or 1 / 0)
     with pytest.raises(ZeroDivisionError):
-        main(["compare", "--mixers", "pow2,attention"])
-    assert seen[0].extra_mixers == ("pow2", "attention")
+        main(["compare", "--mixers", "pow2,attention", "gla"])
+    assert seen[0].extra_mixers == ("pow2", "attention", "gla")

@@ -20,7 +20,7 @@ from tokenmix.analysis.outputs import check_formats, json_text, prepare_out_dir,
 from tokenmix.analysis.report import check_run_dir
 from tokenmix.analysis.run_inputs import text_layer_input
 from tokenmix.cli.limits import check_size
-from tokenmix.cli.options import mixer_list, mixers_help
+from tokenmix.cli.options import add_mixers_option, mixer_list
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import get_mixer_spec, mixer_names
 from tokenmix.patterns import get_pattern
@@ -108,7 +108,7 @@ def register(sub) -> None:
     p.set_defaults(func=run_matrix)
 
     p = asub.add_parser("cost", help="derived vs measured decode cache and training time, flagged table")
-    p.add_argument("--mixers", default=None, help=mixers_help("all"))
+    add_mixers_option(p, "all")
     p.add_argument("--cache-n", type=int, nargs="+", default=[16, 64, 256], help="decode lengths for the cache")
     p.add_argument("--time-n", type=int, nargs="*", default=[1024, 2048, 4096, 8192, 16384],
                    help="sequence lengths timed (forward + backward); none to skip timing")
@@ -141,7 +141,7 @@ def register(sub) -> None:
     p = asub.add_parser("expressivity", help="shortest path, congestion, reach: the §4.2–4.3 table from code")
     p.add_argument("--patterns", default=None,
                    help="pattern specs, comma-separated (default: the paper's rows); 'none' for no pattern row")
-    p.add_argument("--mixers", default=None, help=mixers_help("attention,local_attention", allow_none=True))
+    add_mixers_option(p, "attention,local_attention", allow_none=True)
     p.add_argument("--n", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     p.add_argument("--offset", type=int, default=None, help="copy offset L (default n/2)")
     p.add_argument("--layers", type=int, default=4, help="stacked layers for the reach")
@@ -153,7 +153,7 @@ def register(sub) -> None:
     p.set_defaults(func=run_expressivity_cmd)
 
     p = asub.add_parser("norms", help="spectral norms of M and (I - B)^-1: Gram iteration vs SVD vs power iteration")
-    p.add_argument("--mixers", default=None, help=mixers_help("all"))
+    add_mixers_option(p, "all")
     p.add_argument("--n", type=int, default=128)
     p.add_argument("--gram-iters", type=int, default=10)
     p.add_argument("--d-model", type=int, default=64)

@@ -10,6 +10,7 @@ from tokenmix.bench import decode, mixers, solver
 from tokenmix.bench.lm import LMBenchConfig
 from tokenmix.bench.lm import run as run_lm_bench
 from tokenmix.cli.limits import check_size, fmt_bytes, memory_budget
+from tokenmix.cli.options import add_mixers_option, mixer_list
 from tokenmix.core.errors import InputError, MissingDependency
 from tokenmix.core.files import atomic_write_text
 from tokenmix.mixers.registry import get_mixer_spec
@@ -38,18 +39,17 @@ def register(sub) -> None:
     s.set_defaults(func=_run_solver)
     d = bsub.add_parser("decode", help="per-token decode latency and cached positions, KV-attention baseline")
     d.add_argument("--n", type=int, nargs="+", default=None)
-    d.add_argument("--mixers", nargs="+", default=None)
+    add_mixers_option(d, "mamba2, the structured mixers and attention")
     d.set_defaults(func=_run_decode)
     m = bsub.add_parser("mixers", help="fwd+bwd time of every registered mixer vs SDPA, with achieved GFLOP/s")
     m.add_argument("--n", type=int, nargs="+", default=None, help="sequence lengths (default 512 2048 8192)")
-    m.add_argument("--mixers", nargs="+", default=None)
+    add_mixers_option(m, "every registered mixer")
     m.add_argument("--busy", type=int, default=0,
                    help="single-threaded matmul loops kept running during the run (contention test)")
     m.set_defaults(func=_run_mixers)
     lm = bsub.add_parser("lm", help="LM training and decode tokens/s per mixer at equal parameter count")
     d = LMBenchConfig()
-    lm.add_argument("--mixers", default=d.mixers,
-                    help="comma list; unregistered names among the defaults are skipped; 'all' = every mixer")
+    add_mixers_option(lm, f"{d.mixers}, those registered")
     lm.add_argument("--contexts", type=int, nargs="+", default=list(d.contexts))
     lm.add_argument("--layers", type=int, default=d.layers, help="layers of the one mixer per model")
     lm.add_argument("--n-heads", type=int, default=d.n_heads)
@@ -71,7 +71,7 @@ def register(sub) -> None:
     lm.set_defaults(func=_run_lm)
     hf = bsub.add_parser("hf", help="decode ms/token through transformers' generate() vs tokenmix's own loop "
                                     "(needs tokenmix[hf])")
-    hf.add_argument("--mixers", nargs="+", default=["attention", "pow2_ce", "mamba2"])
+    add_mixers_option(hf, "attention,pow2_ce,mamba2")
     hf.add_argument("--layers", type=int, default=4)
     hf.add_argument("--d-model", type=int, default=256)
     hf.add_argument("--n-heads", type=int, default=4)
@@ -86,7 +86,8 @@ def register(sub) -> None:
 
 def lm_bench_config(args) -> LMBenchConfig:
     """The ``bench lm`` flags as the benchmark's config."""
-    return LMBenchConfig(mixers=args.mixers, contexts=tuple(args.contexts), layers=args.layers, n_heads=args.n_heads,
+    mixers = LMBenchConfig().mixers if args.mixers is None else ",".join(mixer_list(args.mixers))
+    return LMBenchConfig(mixers=mixers, contexts=tuple(args.contexts), layers=args.layers, n_heads=args.n_heads,
                          target_params=args.target_params, vocab_size=args.vocab_size, batch_tokens=args.batch_tokens,
                          train_steps=args.train_steps, decode_tokens=args.decode_tokens,
                          decode_block=args.decode_block, threads=args.threads, seed=args.seed, out=args.out)
@@ -106,7 +107,8 @@ def _run_hf(args) -> int:
         if getattr(e, "name", None) and e.name.split(".")[0] == "transformers":
             raise MissingDependency("transformers", "tokenmix bench hf", "hf") from None
         raise
-    cfg = hf_generate.HFBenchConfig(mixers=tuple(args.mixers), layers=args.layers, d_model=args.d_model,
+    names = mixer_list(args.mixers, default=["attention", "pow2_ce", "mamba2"])
+    cfg = hf_generate.HFBenchConfig(mixers=tuple(names), layers=args.layers, d_model=args.d_model,
                                     n_heads=args.n_heads, prompt=args.prompt, new_tokens=args.new_tokens,
                                     warmup=args.warmup, repeats=args.repeats, threads=args.threads)
     if args.out is not None:  # checked now, not after the timing
@@ -156,7 +158,7 @@ def _run_solver(args) -> int:
 
 
 def _run_decode(args) -> int:
-    _check_mixers(args.mixers, "--mixers")
+    args.mixers = None if args.mixers is None else mixer_list(args.mixers)  # None: the benchmark's own list
     _check_sizes(args.n, lambda n: DECODE_BYTES_PER_POSITION * float(n + sum(args.n) - max(args.n)),
                  f"the prefilled contexts of every --n (about {fmt_bytes(DECODE_BYTES_PER_POSITION)} a position)")
     print(json.dumps(decode.run(args.n, args.mixers, _progress), indent=1))
@@ -166,7 +168,7 @@ def _run_decode(args) -> int:
 def _run_mixers(args) -> int:
     if not 0 <= args.busy <= 64:
         raise InputError(f"--busy must be in 0..64, got {args.busy}")
-    _check_mixers(args.mixers, "--mixers")
+    args.mixers = None if args.mixers is None else mixer_list(args.mixers)  # None: every registered mixer
     _check_sizes(args.n, lambda n: 2 * TRAIN_BYTES_PER_POSITION * float(n),
                  "a forward+backward over n tokens at batch 2")
     print(json.dumps(mixers.run(args.n, args.mixers, _progress, busy=args.busy), indent=1))

@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tokenmix.cli.options import mixer_list, mixers_help
+from tokenmix.cli.options import add_mixers_option, mixer_list
 from tokenmix.study.compare import CompareRequest, run_compare
 from tokenmix.study.presets import KINDS, presets
 
@@ -22,7 +22,7 @@ def register(sub) -> None:
                    help="a compare preset (`tokenmix presets --kind compare` lists them; default quick, "
                         "≤ 10 min on 2 CPU cores) or a path to a preset .py file")
     p.add_argument("--list-presets", action="store_true", help="list the compare presets and exit")
-    p.add_argument("--mixers", default=None, help="extra rows: " + mixers_help("none", allow_none=True))
+    add_mixers_option(p, "none", allow_none=True, prefix="extra rows: ")
     p.add_argument("--out", default=None, help="run directory (default runs/compare-<preset>); rerunning "
                                                  "with the same directory skips finished runs")
     p.add_argument("--workers", type=int, default=None,
