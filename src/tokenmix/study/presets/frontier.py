@@ -31,6 +31,7 @@ DEFAULT_MIXERS = ("attention", "local_attention", "first_order", "mamba2", "gla"
 FULL_MIXERS = DEFAULT_MIXERS + ("log_linear_mamba2", "log_linear_gated_deltanet")
 CONV = "short_conv"
 CONV_KERNEL = 4
+LOCAL_WINDOW = 32        # local attention's window: its cache O(w) stays 32 positions at every length
 EXTRAPOLATE = (2, 4)     # test lengths as multiples of the training length (those below the vocabulary)
 
 # the shipped preset: (length, width) cells, pairs L/16, the quick preset's MQAR recipe (no MLP, untied
@@ -42,7 +43,7 @@ PAIRS_PER_LENGTH = 16    # num_kv_pairs = L / 16
 LRS = (3e-3,)
 SEEDS = (0,)
 STEP_TOKENS = 1200 * 64  # steps x L per run: 1200 steps at L = 64, 600 at 128, 300 at 256
-TRAIN = SyntheticTrainConfig(batch_size=32, steps=1200, warmup_steps=50, min_lr_ratio=1.0, train_examples=20_000,
+TRAIN = SyntheticTrainConfig(batch_size=64, steps=1200, warmup_steps=50, min_lr_ratio=1.0, train_examples=20_000,
                              val_examples=128, test_examples=256, eval_every=50, early_stop_acc=0.99)
 
 FULL_VOCAB = 8192        # zoology's
@@ -59,7 +60,7 @@ FULL_TRAIN = SyntheticTrainConfig(batch_size=64, steps=20_000, warmup_steps=500,
 NOTES = f"""\
 MQAR generated as zoology does (pairs L/{PAIRS_PER_LENGTH}, power-law query gaps, random tokens between) with
 vocabulary {VOCAB}, at (length, width) cells {list(CELLS)}; every row is [short_conv (kernel {CONV_KERNEL}),
-mixer] x 2, no MLP, untied head, no position code; lr {LRS[0]:g} held after a {TRAIN.warmup_steps}-step warmup,
+mixer] x 2 (local attention: window {LOCAL_WINDOW}), no MLP, untied head, no position code; lr {LRS[0]:g} held after a {TRAIN.warmup_steps}-step warmup,
 seed(s) {list(SEEDS)}, batches of {TRAIN.batch_size}, {STEP_TOKENS // 64} steps at L = 64 and fewer in proportion
 at longer L (every run sees the same tokens and answers); each checkpoint also tested at
 {' and '.join(f'{m}x' for m in EXTRAPOLATE)} its length where that stays below the vocabulary.
@@ -93,7 +94,8 @@ class FrontierGrid:
                     label=m, task="assoc_recall", column=frontier_column(n, d), seed=seed,
                     task_args=dict(vocab_size=self.vocab, seq_len=n, num_kv_pairs=n // self.pairs_per_length),
                     model={**self.model, "d_model": d, "layers": [CONV, m, CONV, m],
-                           "mixer_overrides": {CONV: {"kernel_size": CONV_KERNEL}}},
+                           "mixer_overrides": {CONV: {"kernel_size": CONV_KERNEL},
+                                               **({m: {"window": LOCAL_WINDOW}} if m == "local_attention" else {})}},
                     train=replace(self.train, lr=lr, steps=self.step_tokens // n,
                                   test_lengths=tuple(k * n for k in EXTRAPOLATE if k * n < self.vocab)))
                 for seed in self.seeds for (n, d) in self.cells for lr in self.lrs for m in mixers]
