@@ -5,7 +5,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-import torch
+
+from lm_helpers import one_thread
 
 from tokenmix.study.frontier import (FrontierPoint, LayerState, frontier_column, frontier_findings,
                                      frontier_section, parse_column, row_layer_state)
@@ -14,12 +15,7 @@ from tokenmix.study.presets import get_preset
 from tokenmix.training.synthetic import run_sweep, validate_sweep
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+_one_thread = pytest.fixture(autouse=True, scope="module")(one_thread)
 
 
 def _grid(cells, train=F.TRAIN, step_tokens=16 * 4) -> F.FrontierGrid:

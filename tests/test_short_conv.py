@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from tokenmix.checks import CROSSCHECKS, load_all_crosschecks
+from tokenmix.checks.attention_family import run_in_pieces
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import solve_dense
 from tokenmix.mixers.registry import build_mixer
@@ -19,15 +20,6 @@ D, HEADS = 12, 3
 def _mixer(k: int, seed: int = 0):
     torch.manual_seed(seed)
     return build_mixer("short_conv", D, n_heads=HEADS, kernel_size=k).double()
-
-
-def _in_pieces(m, x, mode, sizes):
-    ys, state, t0 = [], None, 0
-    for size in sizes:
-        y, state = m(x[:, t0 : t0 + size], state, mode=mode)
-        ys.append(y)
-        t0 += size
-    return torch.cat(ys, 1), state
 
 
 @pytest.mark.parametrize("k", [1, 2, 3, 4, 6])
@@ -48,7 +40,7 @@ def test_every_mode_equals_the_loop_formula(k):
         y, state = m(x, mode=mode)
         assert_close(y, y_ref, FLOAT64_EXACT, f"k={k} {mode}")
         assert_close(state.inputs, u[:, u.shape[1] - (k - 1):], FLOAT64_EXACT, f"k={k} {mode} state")
-        y, state = _in_pieces(m, x, mode, (1, 2, 5, 3))
+        y, state = run_in_pieces(m, x, mode, (1, 2, 5, 3))
         assert_close(y, y_ref, FLOAT64_EXACT, f"k={k} {mode} in pieces")
         assert_close(state.inputs, u[:, u.shape[1] - (k - 1):], FLOAT64_EXACT, f"k={k} {mode} pieces state")
 
@@ -64,7 +56,7 @@ def test_kernel_two_is_identity_or_one_token_shift(mode):
     assert_close(y, u @ m.out.weight.T, FLOAT64_EXACT, f"{mode}: taps (1, 0) are the identity")
     with torch.no_grad():
         m.weight.copy_(torch.tensor([0.0, 1.0]).expand(m.channels, 2))
-    y, state = _in_pieces(m, x, mode, (3, 4))
+    y, state = run_in_pieces(m, x, mode, (3, 4))
     shifted = torch.cat([torch.zeros_like(u[:, :1]), u[:, :-1]], 1)
     assert_close(y, shifted @ m.out.weight.T, FLOAT64_EXACT, f"{mode}: taps (0, 1) shift by one token")
     assert (y[:, 0] == 0).all()
