@@ -186,7 +186,8 @@ def _prepare_locked(cfg: DataConfig, key: dict, target: Path, docs: list[Documen
     if verbose:
         print(f"corpus {cfg.corpus}: {len(docs)} documents, {sum(len(d.text) for d in docs):,} characters; "
               f"training a {cfg.vocab_size}-token byte-level BPE ...", flush=True)
-    tok = train_bpe((d.text for d in splits["train"]), cfg.vocab_size)
+    # progress bars when someone reads (verbose) and stderr is a terminal; never for --json or a log
+    tok = train_bpe((d.text for d in splits["train"]), cfg.vocab_size, show_progress=None if verbose else False)
     sep = separator_id(tok)
     dtype = np.uint16 if tok.get_vocab_size() <= 2**16 else np.uint32
 
