@@ -102,10 +102,9 @@ def run_mixer_model(net: MixerModel, input_ids: Tensor | None, attention_mask: T
     recurrent step.
 
     Not in inference mode, though tokenmix's own loop is (it saves about 0.3 ms of a 2 ms decode
-    step at d_model 256, 4 layers): the structured mixers keep index tables and plans made during a
-    forward and reuse them in later ones, and tables made in inference mode make a later training
-    forward fail ("Inference tensors cannot be saved for backward"). A transformers model is often
-    generated from and then trained (RL fine-tuning), so it runs under ``generate``'s ``no_grad``.
+    step at d_model 256, 4 layers): the logits and cache tensors go back to transformers, whose
+    generation code and users update such tensors in place outside inference mode, which inference
+    tensors refuse. ``generate`` runs it under ``no_grad``.
     """
     if input_ids is None:
         raise InputError("tokenmix models take input_ids (inputs_embeds is not supported)")
