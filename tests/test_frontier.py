@@ -80,13 +80,19 @@ def test_frontier_verdicts_follow_the_numbers():
     pts = [_point("attention", 0.95), _point("attention", 0.92, width=32), _point("pow2", 0.6), _point("pow2_ce", 0.58),
            _point("sq1", 0.7), _point("sq1_ce", 0.5), _point("first_order", 0.3), _point("gla", 0.55)]
     v = {f["claim"].split(" (")[0]: f["verdict"] for f in frontier_findings(pts)}
-    assert v["attention solves MQAR at every length at the smallest width"] == "holds"
+    assert v["attention solves MQAR at every length at its smallest width"] == "holds"
     assert v["pow2_ce keeps pow2's recall with its smaller cache"] == "holds"
     assert v["sq1_ce keeps sq1's recall with its smaller cache"] == "does not hold"
     assert v["the structured patterns"] == "holds"  # min(0.6, 0.7) > max(0.3, 0.55)
     pts[-1] = _point("gla", 0.65)
     v = {f["claim"].split(" (")[0]: f["verdict"] for f in frontier_findings(pts)}
     assert v["the structured patterns"] == "does not hold"
+    # rows at their guessing level test nothing: "untested", never "holds"
+    low = [_point(lab, 0.26, state=10) for lab in ("pow2", "pow2_ce")]
+    for p in low:
+        p.guess = 0.25
+    v = {f["claim"].split(" (")[0]: f["verdict"] for f in frontier_findings(low)}
+    assert v["pow2_ce keeps pow2's recall with its smaller cache"] == "untested"
 
 
 def test_column_names_round_trip():
