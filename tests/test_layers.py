@@ -12,8 +12,12 @@ import tokenmix
 PACKAGE = Path(tokenmix.__file__).parent
 # lower rank = lower floor; a module may import from its own package or a lower rank only
 RANK = {"core": 0, "patterns": 1, "tasks": 1, "data": 1, "ops": 2, "mixers": 3, "checks": 4, "models": 4,
-        "generation": 4, "runs": 5, "training": 6, "analysis": 6, "bench": 6, "study": 7, "cli": 8,
+        "generation": 4, "runs": 5, "training": 6, "analysis": 6, "bench": 6, "hf": 6, "study": 7, "cli": 8,
         "__main__": 9}
+# Modules that load transformers (the optional ``hf`` extra, seconds to import): the commands that
+# need them import them when they run, so every other command starts without it. Not a cycle dodge:
+# nothing below imports them. Any other import inside a function fails the test.
+LOADED_WHEN_USED = {"tokenmix.hf.export", "tokenmix.bench.hf_generate"}
 # same floor, but neither may import the other
 APART = [{"training", "analysis"}, {"analysis", "bench"}, {"training", "bench"}]
 
@@ -121,7 +125,9 @@ def upward_arrows(graph: dict[str, set[str]]) -> list[str]:
 
 def hidden_imports(name: str, source: str, known: set[str], pkg: str) -> list[int]:
     """Lines of tokenmix imports placed inside a function body."""
-    arrows = {node.lineno for _, node in _imports(name, source, known, pkg)}
+    found = _imports(name, source, known, pkg)
+    optional = {node.lineno for target, node in found if target in LOADED_WHEN_USED}
+    arrows = {node.lineno for _, node in found} - optional
     lines = []
     for fn in ast.walk(ast.parse(source)):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
