@@ -28,14 +28,14 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import matplotlib.pyplot as plt
-import torch
 
-from tokenmix.models import MixerModel, ModelConfig
+from tokenmix.models import ModelConfig
 from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.analysis.outputs import markdown_table
 from tokenmix.study.claims import CLOSE_MARGIN, GUESS_SLACK
 from tokenmix.study.plots import save_plot
 from tokenmix.study.report import ReportSection, finding_lines
+from tokenmix.study.structure import decode_states
 from tokenmix.training.synthetic import summarize
 
 COLUMN = re.compile(r"^MQAR L=(\d+) d=(\d+)$")
@@ -79,22 +79,11 @@ class FrontierPoint:
     guess: float = 0.0     # the task's best guessing baseline (``TaskConfig.baselines``): no recall below it
     still_rising: int = 0  # runs of the cell stopped by their step budget while validation still rose
 
-    def to_dict(self) -> dict[str, Any]:
-        d = dict(self.__dict__)
-        d["state"] = None if self.state is None else dict(self.state.__dict__)
-        return d
-
 
 def row_layer_state(label: str, model_cfg: ModelConfig, n: int, seed: int = 0) -> LayerState:
     """Decode n random tokens with ``model.step`` and read the measured peaks of the layers that are
     the row's own mixer (the label's name; else every layer that is not the first one's kind)."""
-    torch.manual_seed(seed)
-    model = MixerModel(model_cfg).eval()
-    tokens = torch.randint(0, model_cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
-    states = None
-    with torch.inference_mode():
-        for t in range(n):
-            _, states = model.step(tokens[:, t], states)
+    model, states = decode_states(model_cfg, n, seed)
     own = [i for i, name in enumerate(model_cfg.layers) if name == label] or list(range(1, len(model_cfg.layers)))
     mixers = [model.blocks[i].mixer for i in own]
     return LayerState(

@@ -78,17 +78,24 @@ def layer_shortest_path(mixer: torch.nn.Module, n: int, seed: int = 0) -> float:
     return math.inf if (lower >= UNREACHABLE).any() else float(lower.max()) if n > 1 else 0.0
 
 
-def structure_facts(label: str, model_cfg: ModelConfig, n: int, seed: int = 0) -> StructureFacts:
-    """Build the row's model (random weights), decode n tokens with ``model.step`` and read its
-    measured cache peaks; the derived values come from each layer's accounting methods."""
+def decode_states(model_cfg: ModelConfig, n: int, seed: int = 0) -> tuple[MixerModel, list]:
+    """The model of ``model_cfg`` (random weights, seeded) after decoding n random tokens one by one
+    with ``model.step``: (model, per-layer states whose ``peak_positions`` / ``peak_numel`` are measured)."""
     torch.manual_seed(seed)
     model = MixerModel(model_cfg).eval()
-    mixers = [b.mixer for b in model.blocks]
     tokens = torch.randint(0, model_cfg.vocab_size, (1, n), generator=torch.Generator().manual_seed(seed))
     states = None
     with torch.no_grad():
         for t in range(n):
             _, states = model.step(tokens[:, t], states)
+    return model, states
+
+
+def structure_facts(label: str, model_cfg: ModelConfig, n: int, seed: int = 0) -> StructureFacts:
+    """Build the row's model (random weights), decode n tokens with ``model.step`` and read its
+    measured cache peaks; the derived values come from each layer's accounting methods."""
+    model, states = decode_states(model_cfg, n, seed)
+    mixers = [b.mixer for b in model.blocks]
     # complexity and shortest path describe the row's own mixer when the label names one (the
     # presets' rows are "<mixer>" models, possibly behind a shared first layer), else every layer;
     # time, cache and parameter counts are always sums over all layers
