@@ -15,7 +15,7 @@ import torch.nn.functional as F
 from conftest import small_mixer
 from tokenmix.checks import CROSSCHECKS, load_all_crosschecks
 from tokenmix.core.operator import solve_dense
-from tokenmix.ops.chunked_channel_delta import (channel_delta_operator, chunked_channel_delta_rule,
+from tokenmix.ops.chunked_channel_delta import (channel_delta_operator, chunked_channel_delta_rule, decayed_scores,
                                                 recurrent_channel_delta_rule)
 from tokenmix.study.structure import layer_shortest_path
 from tolerances import FLOAT64_EXACT, assert_close
@@ -161,6 +161,27 @@ def test_chunked_channel_delta_equals_recurrence_and_operator(gated):
     eye = torch.eye(t, dtype=torch.float64)
     u = torch.linalg.solve(eye - mix_b, v.transpose(1, 2))
     assert_close((readout @ u).transpose(1, 2), o0, FLOAT64_EXACT, "operator")
+
+
+@pytest.mark.parametrize("c", [1, 3, 8, 12])
+def test_decayed_scores_binary_splitting_equals_the_pair_products(c):
+    """Every level of the binary splitting against sum_d a_id b_jd exp(G_id - G_jd), forward and gradients."""
+    torch.manual_seed(c)
+    a1, a2, b = (torch.randn(2, 3, c, 5, dtype=torch.float64, requires_grad=True) for _ in range(3))
+    g = (-torch.rand(2, 3, c, 5, dtype=torch.float64) * 3).requires_grad_()
+
+    def reference(a1, a2, b, g):
+        gc = g.cumsum(-2)
+        causal = torch.ones(c, c, dtype=torch.bool).tril()
+        decay = (gc[..., :, None, :] - gc[..., None, :, :]).masked_fill(~causal[..., None], float("-inf")).exp()
+        return tuple((a[..., :, None, :] * b[..., None, :, :] * decay).sum(-1) for a in (a1, a2))
+
+    def split(a1, a2, b, g):
+        return decayed_scores((a1, a2), b, g.cumsum(-2))
+
+    for got, want in zip(split(a1, a2, b, g), reference(a1, a2, b, g)):
+        assert_close(got, want, FLOAT64_EXACT, f"C={c} scores")
+    assert torch.autograd.gradcheck(split, (a1, a2, b, g))
 
 
 def test_chunked_channel_delta_is_finite_with_extreme_gates():

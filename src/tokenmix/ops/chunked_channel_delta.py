@@ -25,10 +25,10 @@ Chunked form: the same identity inside each chunk of C tokens, G restarted at th
     O = scale (Q ⊙ exp(G)) S + (Q Kᵀ ⊙ Gamma) U,    S' = exp(G_C) ⊙ S + (exp(G_C - G) ⊙ K)ᵀ U.
 
 The intra-chunk scores sum_d a_id k_jd exp(G_id - G_jd) (a = e for A_kk, a = q for the read-out) come from
-``decayed_scores``: sub-blocks of s rows, per-channel [s, s, K] products (exponent masked to j <= i before
-exp) on the diagonal blocks and one matmul per row block through the block's first position for the
-earlier columns; every exponent is <= 0 (g <= 0), so strong gates cannot overflow. fla's naive_chunk_kda
-forms the full [C, C, K] products instead. The UT transform is ``unit_lower_inverse`` of ops/chunked_delta.py.
+``decayed_scores``: binary splitting of the chunk, one matmul per pair of sibling blocks through the
+second block's first position, so every exponent is <= 0 (g <= 0: strong gates cannot overflow) and
+the per-channel decay costs O(K log C) elementwise work per token. fla's naive_chunk_kda forms the
+full [C, C, K] products instead. The UT transform is ``unit_lower_inverse`` of ops/chunked_delta.py.
 """
 from __future__ import annotations
 
@@ -54,14 +54,6 @@ def _pair_decay(gc: Tensor, causal: Tensor) -> Tensor:
     return diff.masked_fill(~causal[..., None], float("-inf")).exp()
 
 
-SUB_CHUNK = 4  # s: the intra-chunk sub-blocks of ``decayed_scores``
-
-
-def _sub_size(c: int) -> int:
-    """The largest divisor of C that is <= SUB_CHUNK."""
-    return max(d for d in range(1, min(c, SUB_CHUNK) + 1) if c % d == 0)
-
-
 def decayed_scores(queries: tuple[Tensor, ...], b: Tensor, gc: Tensor) -> tuple[Tensor, ...]:
     """S[i, j] = sum_d a_id b_jd exp(G_id - G_jd) for j <= i, 0 above, inside each chunk, for every a in
     ``queries`` (the decays are formed once and shared).
@@ -72,35 +64,45 @@ def decayed_scores(queries: tuple[Tensor, ...], b: Tensor, gc: Tensor) -> tuple[
     Returns:
         one [..., C, C] per query.
 
-    Sub-blocks of s rows (fla's kernels do the same): for row block α and an earlier column j, the
-    decay factors through the block's first position r_α as exp(G_i - G_r) exp(G_r - G_j), both
-    exponents <= 0 (j < r_α <= i, G non-increasing), so the off-diagonal part is one matmul per block
-    and nothing can overflow; only the s x s diagonal blocks form the per-channel [s, s, K] products.
-    Memory O(C^2 K / s + C s K) per chunk instead of O(C^2 K).
+    Binary splitting (C padded to a power of two with inert positions). Every pair j < i splits at
+    exactly one level: the smallest aligned block of 2s positions holding both has j in its first
+    half and i in its second. With r the first position of that second half, j < r <= i, so
+
+        exp(G_i - G_j) = exp(G_i - G_r) exp(G_r - G_j),   both exponents <= 0 (G non-increasing),
+
+    and the whole [s, s] block of such pairs is one matmul (a_i exp(G_i - G_r)) (b_j exp(G_r - G_j))ᵀ.
+    Level s = 1, 2, 4, ..., C/2 touches every position once (as a row of a second half or a column
+    of a first half): O(K) elementwise work per position and level, O(C K log C) per chunk in all,
+    instead of the O(C^2 K) per-channel products of fla's naive_chunk_kda; nothing can overflow,
+    since no exponent is positive. The blocks are assembled like ``unit_lower_inverse``'s
+    (diagonal a_i·b_i first, then [[M_first, 0], [off, M_second]] per level).
     """
     c, dk = b.shape[-2:]
-    s = _sub_size(c)
-    m = c // s
     lead = b.shape[:-2]
-    g4, b4 = gc.view(*lead, m, s, dk), b.view(*lead, m, s, dk)
-    causal = torch.ones(s, s, dtype=torch.bool, device=b.device).tril()
-    b_pair = _pair_decay(g4, causal) * b4[..., None, :, :]  # [..., m, s(i), s(j), K]: b_j exp(G_i - G_j)
-    blocks = torch.eye(m, dtype=b.dtype, device=b.device)[:, None, :, None]  # [m, 1, m, 1]
-    if m > 1:
-        ref = g4[..., :, :1, :]  # [..., m, 1, K]: G at the first position of each row block
-        to_ref = (g4 - ref).exp()  # [..., m, s, K]: exp(G_i - G_r) <= 1
-        before = torch.arange(c, device=b.device)[None, :] < (s * torch.arange(m, device=b.device))[:, None]
-        expo = (ref - gc[..., None, :, :]).masked_fill(~before[..., None], float("-inf"))  # [..., m, C, K]
-        b_ref = (b[..., None, :, :] * expo.exp()).transpose(-1, -2)  # [..., m, K, C]: b_j exp(G_r - G_j), j < r
-    out = []
-    for a in queries:
-        a4 = a.view(*lead, m, s, dk)
-        diag = torch.einsum("...mik,...mijk->...mij", a4, b_pair)  # [..., m, s, s]
-        scores = diag[..., :, :, None, :] * blocks  # [..., m, s, m, s], the diagonal blocks
-        if m > 1:
-            scores = scores + ((a4 * to_ref) @ b_ref).view(*lead, m, s, m, s)
-        out.append(scores.reshape(*lead, c, c))
-    return tuple(out)
+    p2 = 1 << (c - 1).bit_length()
+    if p2 != c:  # pad with inert positions: a = b = 0, G held at its last value (still non-increasing)
+        pad = p2 - c
+        queries = tuple(torch.cat([a, a.new_zeros(*lead, pad, dk)], -2) for a in queries)
+        b = torch.cat([b, b.new_zeros(*lead, pad, dk)], -2)
+        gc = torch.cat([gc, gc[..., -1:, :].expand(*lead, pad, dk)], -2)
+    scores = [(a * b).sum(-1)[..., :, None, None] for a in queries]  # [..., C, 1, 1]: the diagonal
+    s = 1
+    while s < p2:
+        nb = p2 // (2 * s)
+        g5 = gc.reshape(*lead, nb, 2, s, dk)
+        ref = g5[..., 1, :1, :]  # [..., nb, 1, K]: G at the first position r of each second half
+        to_ref = (g5[..., 1, :, :] - ref).exp()  # [..., nb, s, K]: exp(G_i - G_r), i in the second half
+        from_ref = (ref - g5[..., 0, :, :]).exp()  # [..., nb, s, K]: exp(G_r - G_j), j in the first half
+        b_t = (b.reshape(*lead, nb, 2, s, dk)[..., 0, :, :] * from_ref).transpose(-1, -2)  # [..., nb, K, s]
+        new = []
+        for a, m in zip(queries, scores):
+            off = (a.reshape(*lead, nb, 2, s, dk)[..., 1, :, :] * to_ref) @ b_t  # [..., nb, s, s]
+            pair = m.reshape(*lead, nb, 2, s, s)
+            top = torch.cat([pair[..., 0, :, :], torch.zeros_like(off)], -1)
+            new.append(torch.cat([top, torch.cat([off, pair[..., 1, :, :]], -1)], -2))
+        scores = new
+        s *= 2
+    return tuple(m.reshape(*lead, p2, p2)[..., :c, :c] for m in scores)
 
 
 def chunked_channel_delta_rule(q: Tensor, k: Tensor, v: Tensor, e: Tensor, g: Tensor | None = None,
