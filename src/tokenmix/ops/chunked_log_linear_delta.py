@@ -37,8 +37,9 @@ start mod C inert tokens: k = v = beta = g = 0, the identity transition):
      read by token t through the chunk's transition (q_eff = scale exp(G) Q - (Q Kᵀ ⊙ Gamma)·scale W)
      at level max(l, bit_length(t XOR p)), then every bucket goes through the chunk transition
      S <- exp(G_C) S - K_endᵀ (W S), the chunk's own state K_endᵀ U0 enters its level and the buckets
-     merge. bit_length(n) buckets per chunk: O(T log T · K V) in all, T / C sequential steps of batched
-     matmuls (like chunked_delta's carry), every exponent <= 0.
+     merge. Only the live buckets (the set bits of p, at most log2(T / C) + 1 once p is aligned)
+     are read and carried: O(T log(T / C) · K V) in all, T / C sequential steps of batched matmuls (like
+     chunked_delta's carry), every exponent <= 0.
 ``recurrent_log_linear_delta`` (token by token) and ``log_linear_delta_operator`` (the G-axis (A, B, R)
 above) are the references.
 """
@@ -254,18 +255,30 @@ def chunked_log_linear_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: T
     read_lvl = torch.maximum(torch.arange(1, n_slots + 1, device=q.device)[None, None, :], reach[..., None])
     w_read = lam.gather(-1, read_lvl.clamp(max=n_lam - 1).expand(b, h, n_chunks, c, n_slots))  # [B,H,N,C,L]
 
-    levels = q.new_zeros(b, h, n_slots, dk, dv)
-    if initial_levels is not None and initial_levels.shape[2]:
-        levels = torch.cat([initial_levels, levels[:, :, initial_levels.shape[2]:]], 2)
+    # The buckets as a list of slots, None while a bucket is empty: at a chunk boundary p only the
+    # buckets of p's set bits hold anything (about half of the log2(T / C) chunk levels, none of the
+    # levels <= c once p is aligned), so reading and transforming only the live ones does a quarter of
+    # the work of all bit_length(T) slots at 8k, exactly (an empty bucket stays empty and reads 0).
+    levels: list[Tensor | None] = [None] * n_slots
+    if initial_levels is not None:
+        levels[: initial_levels.shape[2]] = list(initial_levels.unbind(2))
     reads = []
     pieces = zip(q_eff.unbind(2), w.unbind(2), k_end.transpose(-1, -2).unbind(2), own.unbind(2), decay.unbind(2),
                  w_read.unbind(2))
     for i, (q_i, w_i, kt_i, own_i, d_i, wr_i) in enumerate(pieces):
         p = max(start, (j0 + i) * c)
         p2 = min(end, (j0 + i + 1) * c)
-        read = q_i[:, :, None] @ levels                                   # [B, H, L, C, V]
-        reads.append(torch.einsum("bhcl,bhlcv->bhcv", wr_i, read))
-        levels = d_i * levels - kt_i[:, :, None] @ (w_i[:, :, None] @ levels)  # the chunk's transition
+        live = [lvl for lvl, st in enumerate(levels) if st is not None]
+        if live:
+            stacked = torch.stack([levels[lvl] for lvl in live], 2)       # [B, H, L_live, K, V]
+            # token t reads sum_l lambda_t^(l) q_eff_t S_l: one [C, L_live K] x [L_live K, V] matmul
+            weighted = wr_i[..., live, None] * q_i[:, :, :, None, :]       # [B, H, C, L_live, K]
+            reads.append(weighted.flatten(-2) @ stacked.flatten(2, 3))
+            stacked = d_i * stacked - kt_i[:, :, None] @ (w_i[:, :, None] @ stacked)  # the chunk's transition
+            for lvl, st in zip(live, stacked.unbind(2)):
+                levels[lvl] = st
+        else:
+            reads.append(q_i.new_zeros(b, h, c, dv))
         top = (p2 ^ p).bit_length()                 # levels <= top of p have merged into top at p2
         low = ((p2 - 1) ^ p2).bit_length()          # the lowest bucket of p2 the chunk writes to
         if low == top:                              # the chunk's writes all land in one bucket
@@ -279,9 +292,11 @@ def chunked_log_linear_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: T
                 if bool(sel.any()):
                     u_l = t_ut[:, :, i] @ (vc[:, :, i] * (bc[:, :, i] * sel)[..., None])
                     adds[lvl] = kt_i @ u_l
-        merged = levels[:, :, :top].sum(2) + adds.pop(top, 0.0)
-        lower = [adds.get(lvl, torch.zeros_like(merged)) for lvl in range(1, top)]
-        levels = torch.cat([torch.stack(lower + [merged], 2), levels[:, :, top:]], 2)
+        parts = [st for st in levels[:top] if st is not None] + ([adds.pop(top)] if top in adds else [])
+        merged = None if not parts else parts[0] if len(parts) == 1 else torch.stack(parts, 0).sum(0)
+        levels = [adds.get(lvl) for lvl in range(1, top)] + [merged] + levels[top:]
+    zero = q.new_zeros(b, h, dk, dv)
+    levels = torch.stack([zero if st is None else st for st in levels], 2) if n_slots else q.new_zeros(b, h, 0, dk, dv)
     o = o + torch.stack(reads, 2)
     o = o.movedim(1, 3).reshape(b, n_chunks * c, h, dv)[:, front : front + t]
     return o, levels
