@@ -47,12 +47,19 @@ class TTTWeights(NamedTuple):
 
 def ln_mse_grad(z: Tensor, target: Tensor, ln_w: Tensor, ln_b: Tensor, eps: float) -> Tensor:
     """d/dz of 1/2 |ln_w ⊙ LN(z) + ln_b - target|² along the last axis (LayerNorm without affine inside)."""
+    return _ln_mse_grad_shifted(z, ln_b - target, ln_w, eps)
+
+
+def _ln_mse_grad_shifted(z: Tensor, shift: Tensor, ln_w: Tensor, eps: float) -> Tensor:
+    """``ln_mse_grad`` with shift = ln_b - target given (it does not depend on the fast weights, so the
+    chunked form computes it for the whole segment outside its sequential loop)."""
     d = z.shape[-1]
-    mean = z.mean(-1, keepdim=True)
-    rstd = (z.var(-1, unbiased=False, keepdim=True) + eps).sqrt()
-    xh = (z - mean) / rstd
-    g = ln_w * (ln_w * xh + ln_b - target)
-    return (d * g - g.sum(-1, keepdim=True) - xh * (g * xh).sum(-1, keepdim=True)) / (rstd * d)
+    var, mean = torch.var_mean(z, -1, unbiased=False, keepdim=True)
+    rstd = (var + eps).rsqrt()
+    xh = (z - mean) * rstd
+    g = ln_w * torch.addcmul(shift, ln_w, xh)                       # ln_w ⊙ (ln_w ⊙ x̂ + ln_b - target)
+    inner = d * g - g.sum(-1, keepdim=True) - xh * (g * xh).sum(-1, keepdim=True)
+    return inner * (rstd / d)
 
 
 def post_norm(o: Tensor, ln_w: Tensor, ln_b: Tensor, eps: float) -> Tensor:
@@ -74,36 +81,77 @@ def _pieces(start: int, t: int, mbs: int) -> list[tuple[int, int, bool]]:
 
 def chunked_ttt_linear(q: Tensor, k: Tensor, v: Tensor, eta: Tensor, ln_w: Tensor, ln_b: Tensor, scale: float,
                        eps: float, mbs: int, state: TTTWeights, start: int = 0) -> tuple[Tensor, TTTWeights]:
-    """Dual form, one mini-batch (or its part inside the segment) at a time.
+    """Dual form over the segment's mini-batches (or their parts inside the segment).
 
     Args:
         q, k, v: [B, T, H, D];  eta: [B, T, H];  ln_w, ln_b: [H, D];  mbs: mini-batch size b;
         state: the fast weights before the segment;  start: absolute position of its first token.
     Returns:
         o [B, T, H, D] (before the post-norm), the fast weights after the segment.
+
+    Only what needs the current fast weights runs in the sequential loop over mini-batches m:
+    nabla_m = LN-MSE gradient at z = K_m W_m + c_m, then W_{m+1} = W_m - eta_last K_mᵀ nabla_m (and c),
+    about twenty small operations per mini-batch, forward and backward. Everything else is batched
+    over the mini-batches before or after it: the targets (ln_b - v + k), and the read-out
+    o_m = scale Q_m W_m + c_m - eta (Q_m K_mᵀ scale + 1)_causal nabla_m (minus eta (scale Q_m G + gb)
+    for a mini-batch opened before the segment), formed from the stacked W_m, c_m, nabla_m. The
+    segment is cut once (one split, not a slice per mini-batch: autograd would scatter each slice's
+    gradient into a full [B, T, H, D] zero tensor, O(T² / b) traffic). B and H are flattened so that
+    z and the weight update are single baddbmm calls.
     """
-    w_, b_ = ln_w[:, None], ln_b[:, None]  # [H, 1, D]
-    W, c, G, gb = state
-    outs = []
-    for i0, i1, closes in _pieces(start, q.shape[1], mbs):
-        qi, ki, vi = (z[:, i0:i1].transpose(1, 2) for z in (q, k, v))  # [B, H, n, D]
-        ei = eta[:, i0:i1].transpose(1, 2)[..., None]                   # [B, H, n, 1]
-        grad = ln_mse_grad(ki @ W + c[:, :, None], vi - ki, w_, b_, eps)
-        sq = qi * scale
-        attn = (sq @ ki.transpose(-1, -2) + 1.0).tril()
-        o = sq @ W + c[:, :, None] - ei * (attn @ grad)
-        g_new, gb_new = ki.transpose(-1, -2) @ grad, grad.sum(-2)
+    b, t, h, d = q.shape
+    pieces = _pieces(start, t, mbs)
+    sizes = [i1 - i0 for i0, i1, _ in pieces]
+    flat = (lambda x: x.transpose(1, 2).reshape(b * h, t, *x.shape[3:]))  # [B, T, H, ...] -> [B H, T, ...]
+    sq, kf = flat(q) * scale, flat(k)                                        # [BH, T, D]
+    shift = flat(ln_b - (v - k))                                             # ln_b - target, [BH, T, D]
+    ef = flat(eta[..., None])                                                # [BH, T, 1]
+    lw = ln_w.repeat(b, 1)[:, None]                                          # [BH, 1, D]
+    W, c = state.W.reshape(b * h, d, d), state.c.reshape(b * h, 1, d)
+    G = None if state.G is None else state.G.reshape(b * h, d, d)           # open sums; None = zero
+    gb = None if state.gb is None else state.gb.reshape(b * h, 1, d)
+    read_open = G is not None                                                # only the first piece can read them
+    ws, cs, grads = [], [], []
+    for kp, shp, ep, (_, _, closes) in zip(kf.split(sizes, 1), shift.split(sizes, 1), ef.split(sizes, 1), pieces):
+        grad = _ln_mse_grad_shifted(torch.baddbmm(c, kp, W), shp, lw, eps)   # nabla at the mini-batch's W, c
+        ws.append(W)
+        cs.append(c)
+        grads.append(grad)
+        g_new, gb_new = kp.transpose(-1, -2) @ grad, grad.sum(-2, keepdim=True)
         if G is not None:
-            o = o - ei * (sq @ G + gb[:, :, None])
             g_new, gb_new = G + g_new, gb + gb_new
-        outs.append(o.transpose(1, 2))
         if closes:
-            e_last = ei[:, :, -1]  # [B, H, 1]
-            W, c = W - e_last[..., None] * g_new, c - e_last * gb_new
-            G, gb = (None, None) if G is None else (torch.zeros_like(G), torch.zeros_like(gb))
+            e_last = ep[:, -1:]                                              # [BH, 1, 1]
+            W, c = W - e_last * g_new, c - e_last * gb_new
+            G = gb = None
         else:
             G, gb = g_new, gb_new
-    return torch.cat(outs, 1), TTTWeights(W, c, G, gb)
+    # the read-out, batched over runs of consecutive equal-size pieces (all of them but the ends, in
+    # training); a first piece that reads the open sums of the state stands alone
+    runs: list[list[int]] = []  # [first piece, count]
+    for j, size in enumerate(sizes):
+        if runs and sizes[runs[-1][0]] == size and not (read_open and runs[-1][0] == 0):
+            runs[-1][1] += 1
+        else:
+            runs.append([j, 1])
+    outs, i0 = [], 0
+    for j, run in runs:
+        size = sizes[j]
+        sl = slice(i0, i0 + run * size)
+        qm, km, em = (x[:, sl].unflatten(1, (run, size)) for x in (sq, kf, ef))            # [BH, r, s, .]
+        wm, cm = torch.stack(ws[j : j + run], 1), torch.stack(cs[j : j + run], 1)          # [BH, r, D, D], [BH, r, 1, D]
+        attn = (qm @ km.transpose(-1, -2) + 1.0).tril()
+        o = qm @ wm + cm - em * (attn @ torch.stack(grads[j : j + run], 1))
+        if read_open and j == 0:
+            o = o - em * (qm @ state.G.reshape(b * h, 1, d, d) + state.gb.reshape(b * h, 1, 1, d))
+        outs.append(o.flatten(1, 2))
+        i0 += run * size
+    o = torch.cat(outs, 1) if len(outs) > 1 else outs[0]
+    if state.G is not None:                                                  # keep the state's layout
+        G = torch.zeros_like(W) if G is None else G
+        gb = torch.zeros_like(c) if gb is None else gb
+        G, gb = G.view(b, h, d, d), gb.view(b, h, d)
+    return o.view(b, h, t, d).transpose(1, 2), TTTWeights(W.view(b, h, d, d), c.view(b, h, d), G, gb)
 
 
 def ttt_linear_step(state: TTTWeights, position: int, q_t: Tensor, k_t: Tensor, v_t: Tensor, eta_t: Tensor,
