@@ -27,7 +27,9 @@ key channels, once per token.
 
 Modes: ``chunked`` (training default: every H_t chunkwise and a Cholesky solve per token with a
 closed-form backward, ops/chunked_mesa.mesa_queries, then ops/chunked_gla.py with q* -- exact, not
-the CG approximation; linear in T: O(C K² + K³) work and O(K²) memory per token),
+the CG approximation; linear in T: O(C K² + K³) work and O(K²) memory per token (the Cholesky
+factors kept for the backward). The H_t are formed, factorised and solved a cache-sized slab of
+tokens at a time, the LAPACK calls split over ``torch.get_num_threads()`` threads: see that module),
 ``dense`` (H_t through the T x T decay mask, an LU solve, then the state view through the reference
 solver), ``recurrent`` (token by token: H and S updated, one solve). Decode state per head: H
 [K, K] and S [K, V], H·(K² + K·V) scalars per batch element, whatever n.

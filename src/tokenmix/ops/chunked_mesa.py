@@ -24,9 +24,10 @@ Three ways to form every H_t of a segment ([B, T, H, K, K]):
 definite for beta >= 0, lambda > 0), O(K³) per token; ``mesa_solve_reference`` uses an LU solve.
 Autograd differentiates all of them.
 
-``mesa_queries`` (the chunked mode's path) is covariance + Cholesky solve with a hand-written
-backward that never forms a [T, K, K] gradient (autograd through the two above spends ~10x the
-forward on them). With M_t = H_t + diag(lambda), q*_t = M_t^{-1} q_t and the gradient dq*_t:
+``mesa_queries`` (the chunked mode's path) is covariance + Cholesky solve, computed slab by slab
+(below: "The chunked solve"), with a hand-written backward that never forms a [T, K, K] gradient
+(autograd through the two above spends ~10x the forward on them). With M_t = H_t + diag(lambda),
+q*_t = M_t^{-1} q_t and the gradient dq*_t:
 
     a_t = M_t^{-1} dq*_t  (M symmetric),   dq_t = a_t,   dlambda = -sum_t a_t ⊙ q*_t,
     dH_t = W_t = -a_t q*_tᵀ (rank one; plus dH_T, the final covariance's gradient, at t = T-1).
@@ -41,8 +42,44 @@ H_t = exp(G_t) H_0 + sum_{j<=t} exp(G_t - G_j) beta_j k_j k_jᵀ, so with the ac
 u and w are anti-causal gated linear attention (queries k_j, keys q*_t resp. -a_t, values -a_t resp.
 q*_t, decays exp(G_t - G_j)): ``chunked_gla`` on the time-reversed sequences with log decays
 g'_tau = g_{T-tau} (g'_0 = 0) and dH_T (transposed for u) as the initial state. O(T C K) each.
+
+The chunked solve (``_solve_slabs``, the forward of ``mesa_queries``). The cost is the B H T
+factorisations of [K, K] matrices (K³/3 each; at T = 8192, B H = 8, K = 64 that is 65536 of them,
+1 GiB in float32): everything else is arranged around them.
+  * Slabs. Time is cut into slabs of S tokens (S = whole chunks, B H S ~ SLAB_MATRICES = 512, 8 MiB
+    in float32 at K = 64: cache-sized). A slab's M_t [B, H, S, K, K] is formed, factorised in place
+    and solved before the next one is formed, so the H_t are never all held at once and the LAPACK
+    calls read matrices still in cache. The factors are kept for the backward (one [B, H, S, K, K]
+    tensor per slab, 4 bytes x K² per token in float32: refactorising there would double the
+    dominant cost).
+  * Entering covariances first. Chunk n's write decayed to its end, E'_n = sum_j exp(Gamma_n - G_j)
+    beta_j k_j k_jᵀ, is one [K, C] x [C, K] matmul per chunk; the covariance entering each chunk,
+    E_{n+1} = exp(Gamma_n) E_n + E'_n (E_0 = H_0), is T / C sequential steps on [B, H, K, K]
+    ([N + 1, B, H, K, K] kept: 1 / C of the size of every H_t); E_N = H_T.
+  * One matmul per chunk forms M_i = H_i + diag(lambda) for its C tokens, the carry and the
+    regulariser folded in as two extra rows:
+        M_i = [1, exp(G_i), exp(G_i - G_j) (j <= i, else 0)]  @  [vec diag(lambda); vec E_n; vec beta_j k_j k_jᵀ]
+              [C, C + 2]                                         [C + 2, K²]
+    (no separate pass over the slab to add them).
+  * Factorise in place, then solve. LAPACK works on column-major matrices; M is symmetric, so its
+    row-major buffer read as column-major (``m.mT``) is the same matrix, and torch factorises that
+    view in place without the copies it makes of a row-major input (measured 10-25% faster): the
+    buffer then holds Lᵀ row-major. q*_t = L^{-T} (L^{-1} q_t) by two triangular solves
+    (``cholesky_solve`` gives the same numbers ~5x slower on CPU); the backward's a_t = M_t^{-1} dq*_t
+    likewise, from the kept factors.
+  * Threads. torch runs a batched CPU Cholesky or triangular solve as a loop over the batch in the
+    calling thread (``set_num_threads`` does not apply), and releases the GIL: each slab's batch is
+    split into ``torch.get_num_threads()`` contiguous parts (``workers``) run in a thread pool. Each
+    matrix goes through the same LAPACK call either way, so the results do not depend on
+    ``workers``. The matmuls and elementwise passes use torch's own intra-op threads.
+  Symmetry: beta_j k_j k_jᵀ is not bitwise symmetric in floating point (β k_a k_b vs β k_b k_a), so
+  M_t's two triangles may differ by rounding; the factorisation reads one of them (the upper of the
+  row-major buffer), as any Cholesky does.
 """
 from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 import torch.nn.functional as F
@@ -157,7 +194,115 @@ def mesa_solve_reference(cov: Tensor, lam: Tensor, q: Tensor) -> Tensor:
     return torch.linalg.solve(cov + torch.diag_embed(lam), q[..., None])[..., 0]
 
 
-COVARIANCE_CHUNK = 16  # chunk of the forward covariance in mesa_queries: its [C, C] x [C, K²] matmuls cost O(C K²) per token
+COVARIANCE_CHUNK = 16     # C of the forward covariance in mesa_queries ([C, C + 2] x [C + 2, K²] matmuls)
+SLAB_MATRICES = 512       # about this many [K, K] systems are formed, factorised and solved at once
+MIN_ROWS_PER_WORKER = 64  # a LAPACK batch is split over threads only in parts of at least this many matrices
+
+_POOL: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, pool)
+
+
+def _pool() -> ThreadPoolExecutor:
+    """The shared pool of LAPACK threads, made on first use and again in a forked child (a child
+    inherits the pool object but not its threads: submitting to it there would wait forever)."""
+    global _POOL
+    if _POOL is None or _POOL[0] != os.getpid():
+        workers = max(1, (os.cpu_count() or 1) - 1)     # the calling thread takes one part itself
+        _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mesa-lapack"))
+    return _POOL[1]
+
+
+def _split_batch(fn, *batches: Tensor, workers: int | None = None) -> None:
+    """fn(*parts) on contiguous parts of the leading (batch) dimension of ``batches``, one part per
+    thread (``workers``, default ``torch.get_num_threads()``; parts of >= MIN_ROWS_PER_WORKER rows):
+    the first in the calling thread, the others in a shared pool.
+
+    torch's CPU Cholesky and triangular solves loop over the batch in the calling thread (intra-op
+    threads do not apply to them) and release the GIL, so the parts run on separate cores. fn writes
+    in place (``out=``); every matrix goes through the same LAPACK call as in one call over the whole
+    batch, so the result does not depend on ``workers``."""
+    rows = batches[0].shape[0]
+    workers = torch.get_num_threads() if workers is None else workers
+    workers = max(1, min(workers, rows // MIN_ROWS_PER_WORKER))
+    if workers == 1:
+        fn(*batches)
+        return
+    bounds = [rows * i // workers for i in range(workers + 1)]
+
+    def part(i: int) -> None:
+        with torch.no_grad():  # grad mode is per thread: a pool thread starts with it on
+            fn(*(x[bounds[i]:bounds[i + 1]] for x in batches))
+    futures = [_pool().submit(part, i) for i in range(1, workers)]
+    part(0)                          # the calling thread takes the first part
+    for future in futures:
+        future.result()
+
+
+def _factorise_and_solve(m: Tensor, rhs: Tensor, out: Tensor) -> None:
+    """m [R, K, K] SPD (row-major) -> its Cholesky factor, in place, stored as Lᵀ row-major (= L in
+    LAPACK's column-major layout: torch factorises ``m.mT`` with no copy in or out); out [R, K, 1] =
+    m^{-1} rhs."""
+    chol = m.mT                      # = m's values (symmetric); column-major
+    torch.linalg.cholesky(chol, out=chol)
+    _triangular_solves(chol, rhs, out)
+
+
+def _triangular_solves(chol: Tensor, rhs: Tensor, out: Tensor) -> None:
+    """out = (L Lᵀ)^{-1} rhs: L y = rhs, then Lᵀ out = y (what cholesky_solve does, ~5x faster on CPU)."""
+    torch.linalg.solve_triangular(chol, rhs, upper=False, out=out)
+    torch.linalg.solve_triangular(chol.mT, out, upper=True, out=out)
+
+
+def _chunk_layout(x: Tensor, n: int, c: int) -> Tensor:
+    """[B, T, H, ...] -> [B, H, N, C, ...], zero-padded at the end of time to N C tokens."""
+    b, t, h = x.shape[:3]
+    if n * c > t:
+        x = torch.cat([x, x.new_zeros(b, n * c - t, *x.shape[2:])], 1)
+    return x.view(b, n, c, h, *x.shape[3:]).transpose(2, 3).transpose(1, 2)
+
+
+def _solve_slabs(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None, lam: Tensor, c: int,
+                 workers: int | None = None) -> tuple[Tensor, Tensor, list[Tensor]]:
+    """The forward of ``mesa_queries`` slab by slab (module docstring, "The chunked solve").
+
+    Returns q* [B, H, T, K], the last covariance H_T [B, H, K, K] and the Cholesky factors of every
+    M_t as Lᵀ (row-major), one [B, H, S_s, K, K] tensor per slab s (S_s tokens; the last slab may end
+    with padding tokens: beta = g = q = 0).
+    """
+    b, t, h, dk = k.shape
+    n = -(-t // c)
+    kc = _chunk_layout(k, n, c)                                              # [B, H, N, C, K]
+    kbc = _chunk_layout(k * beta[..., None], n, c)
+    qc = _chunk_layout(q, n, c)
+    gc = _chunk_layout(g, n, c).cumsum(-1)                                  # [B, H, N, C], G inside each chunk
+    gamma = gc[..., -1]                                                      # [B, H, N]
+    # entering covariances E [N + 1, B, H, K, K]: E_{i+1} = exp(Gamma_i) E_i + (chunk i's write at its end)
+    ends = (kbc * (gamma[..., None] - gc).exp()[..., None]).mT @ kc         # [B, H, N, K, K]
+    entering = k.new_empty(n + 1, b, h, dk, dk)
+    entering[0] = 0.0 if h0 is None else h0
+    decay_end = gamma.exp()
+    for i in range(n):               # the only sequential part: T / C steps on [K, K]
+        torch.addcmul(ends[:, :, i], decay_end[:, :, i, None, None], entering[i], out=entering[i + 1])
+    del ends
+    # mixing rows [C, C + 2] per chunk: exp(G_i - G_j) (j <= i) for the writes, exp(G_i) for E, 1 for Lambda
+    mix = torch.cat([torch.ones_like(gc)[..., None], gc.exp()[..., None], _causal_decay(gc)], -1)
+    per_slab = max(1, SLAB_MATRICES // (b * h * c))                          # chunks per slab
+    lam_row = torch.diag_embed(lam).flatten(-2)[None, :, None]             # [1, H, 1, K²]
+    buffer = k.new_empty(b * h * per_slab * (c + 2) * dk * dk)
+    q_star = k.new_empty(b, h, n, c, dk)
+    factors = []
+    for n0 in range(0, n, per_slab):
+        ns = min(per_slab, n - n0)
+        rows = buffer[: b * h * ns * (c + 2) * dk * dk].view(b, h, ns, c + 2, dk * dk)
+        rows[..., 0, :] = lam_row                                           # vec(diag(lambda))
+        rows[..., 1, :] = entering[n0:n0 + ns].permute(1, 2, 0, 3, 4).flatten(-2)
+        torch.mul(kbc[:, :, n0:n0 + ns, :, :, None], kc[:, :, n0:n0 + ns, :, None, :],
+                  out=rows[..., 2:, :].unflatten(-1, (dk, dk)))              # beta_j k_j k_jᵀ
+        m = (mix[:, :, n0:n0 + ns] @ rows).view(-1, dk, dk)                 # every M_t of the slab [R, K, K]
+        out = k.new_empty(m.shape[0], dk, 1)
+        _split_batch(_factorise_and_solve, m, qc[:, :, n0:n0 + ns].reshape(-1, dk, 1), out, workers=workers)
+        q_star[:, :, n0:n0 + ns] = out.view(b, h, ns, c, dk)
+        factors.append(m.view(b, h, ns * c, dk, dk))
+    return q_star.view(b, h, n * c, dk)[:, :, :t], entering[n].clone(), factors
 
 
 def _reverse_readout(q: Tensor, k: Tensor, v: Tensor, g: Tensor, s_end: Tensor | None, chunk: int) -> Tensor:
@@ -169,21 +314,19 @@ def _reverse_readout(q: Tensor, k: Tensor, v: Tensor, g: Tensor, s_end: Tensor |
 
 class _MesaQueries(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, beta, g, h0, lam, chunk):
-        every, last = _covariance_head_major(k, beta, g, h0, min(chunk, COVARIANCE_CHUNK))   # [B, H, T, K, K]
-        chol = torch.linalg.cholesky(every.add_(torch.diag_embed(lam)[:, None]))  # in place: M_t, then its factor
-        del every
-        q_star = torch.cholesky_solve(q.transpose(1, 2)[..., None], chol)[..., 0].transpose(1, 2)
-        ctx.save_for_backward(q, k, beta, g, lam, chol, q_star, last)
-        ctx.meta = (chunk, h0 is not None)
+    def forward(ctx, q, k, beta, g, h0, lam, chunk, workers):
+        q_star, last, factors = _solve_slabs(q, k, beta, g, h0, lam, min(chunk, COVARIANCE_CHUNK), workers)
+        q_star = q_star.transpose(1, 2)                                          # [B, T, H, K]
+        ctx.save_for_backward(q, k, beta, g, lam, q_star, last, *factors)
+        ctx.meta = (chunk, h0 is not None, workers)
         return q_star, last
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dq_star, d_last):
-        q, k, beta, g, lam, chol, q_star, last = ctx.saved_tensors
-        chunk, has_h0 = ctx.meta
-        a = torch.cholesky_solve(dq_star.transpose(1, 2)[..., None], chol)[..., 0].transpose(1, 2)  # M^-1 dq*
+        q, k, beta, g, lam, q_star, last, *factors = ctx.saved_tensors
+        chunk, has_h0, workers = ctx.meta
+        a = _solve_with_factors(factors, dq_star, workers)                       # M^-1 dq*, [B, T, H, K]
         na = -a
         u = _reverse_readout(k, q_star, na, g, None if d_last is None else d_last.transpose(-1, -2), chunk)
         w = _reverse_readout(k, na, q_star, g, d_last, chunk)
@@ -200,18 +343,37 @@ class _MesaQueries(torch.autograd.Function):
             if d_last is not None:
                 dh0 = dh0 + eg[:, -1, :, None, None] * d_last
         dlam = -(a * q_star).sum((0, 1))
-        return a, dk, dbeta, dg, dh0, dlam, None
+        return a, dk, dbeta, dg, dh0, dlam, None, None
+
+
+def _solve_with_factors(factors: list[Tensor], rhs: Tensor, workers: int | None) -> Tensor:
+    """M_t^{-1} rhs_t for every token from the forward's per-slab Cholesky factors: rhs [B, T, H, K]."""
+    b, t, h, dk = rhs.shape
+    rhs = rhs.transpose(1, 2)
+    out = rhs.new_empty(b, h, sum(f.shape[2] for f in factors), dk)
+    t0 = 0
+    for chol in factors:                                                         # Lᵀ [B, H, S, K, K]
+        s = min(chol.shape[2], t - t0)
+        part = rhs.new_zeros(b, h, chol.shape[2], dk)                             # padding tokens: rhs 0
+        part[:, :, :s] = rhs[:, :, t0:t0 + s]
+        solved = rhs.new_empty(part.numel() // dk, dk, 1)
+        _split_batch(_triangular_solves, chol.view(-1, dk, dk).mT, part.view(-1, dk, 1), solved, workers=workers)
+        out[:, :, t0:t0 + chol.shape[2]] = solved.view(b, h, -1, dk)
+        t0 += chol.shape[2]
+    return out[:, :, :t].transpose(1, 2)
 
 
 def mesa_queries(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None, lam: Tensor,
-                 chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+                 chunk_size: int = 64, workers: int | None = None) -> tuple[Tensor, Tensor]:
     """q*_t = (H_t + diag(lam))^{-1} q_t for every token, H_t chunkwise, with the closed-form backward
     (module docstring).
 
     Args:
         q, k: [B, T, H, K];  beta, g: [B, T, H] (beta >= 0);  h0: [B, H, K, K] or None (zeros);
         lam: [H, K] > 0;  chunk_size: C of the backward's GLA; the forward covariance uses
-            min(C, COVARIANCE_CHUNK) (any chunk gives the same H_t; smaller ones cost fewer matmul flops).
+            min(C, COVARIANCE_CHUNK) (any chunk gives the same H_t; smaller ones cost fewer matmul flops);
+        workers: threads the batched Cholesky factorisations and triangular solves are split over
+            (default ``torch.get_num_threads()``; the results do not depend on it).
     Returns:
         q* [B, T, H, K], the last covariance H_T [B, H, K, K].
 
@@ -227,4 +389,6 @@ def mesa_queries(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | Non
     if q.shape != k.shape or lam.shape != k.shape[2:]:
         raise InputError(f"q must be [B, T, H, K] = {tuple(k.shape)} and lam [H, K] = {tuple(k.shape[2:])}; "
                          f"got q {tuple(q.shape)}, lam {tuple(lam.shape)}")
-    return _MesaQueries.apply(q, k, beta, g, h0, lam, int(chunk_size))
+    if workers is not None and workers <= 0:
+        raise InputError(f"workers must be > 0, got {workers}")
+    return _MesaQueries.apply(q, k, beta, g, h0, lam, int(chunk_size), workers)
