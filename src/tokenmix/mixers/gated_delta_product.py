@@ -54,6 +54,8 @@ from tokenmix.ops.chunked_delta import chunked_delta_rule, delta_rule_operator, 
 @dataclass(frozen=True)
 class GatedDeltaProductConfig(GatedDeltaNetConfig):
     n_h: int = 2  # Householder (delta) steps per token: fla's num_householder
+    chunk_size: int = 32  # C in sub-steps: the n_h T sub-steps make C = 64 chunks twice as many C x C blocks
+                          # as Gated DeltaNet's; 32 measured faster at 8k (docs/results.md, issue 22)
 
     def __post_init__(self) -> None:
         super().__post_init__()

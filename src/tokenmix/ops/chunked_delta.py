@@ -147,7 +147,7 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor 
     def chunks(x: Tensor) -> Tensor:  # [B, T, H, ...] -> [B, H, N, C, ...]
         x = _pad_time(x, pad)
         x = x.reshape(b, n, c, h, *x.shape[3:])
-        return x.movedim(3, 1)
+        return x.movedim(3, 1).contiguous()  # one copy here, not one per matmul that reads it (fwd and bwd)
 
     qc, kc, vc, bc = chunks(q), chunks(k), chunks(v), chunks(beta)  # [B,H,N,C,K|V], beta [B,H,N,C]
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
