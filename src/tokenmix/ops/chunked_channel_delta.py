@@ -141,7 +141,7 @@ def chunked_channel_delta_rule(q: Tensor, k: Tensor, v: Tensor, e: Tensor, g: Te
 
     def chunks(x: Tensor) -> Tensor:  # [B, T, H, ...] -> [B, H, N, C, ...]
         x = _pad_time(x, pad)
-        return x.reshape(b, n, c, h, *x.shape[3:]).movedim(3, 1)
+        return x.reshape(b, n, c, h, *x.shape[3:]).movedim(3, 1).contiguous()  # one copy, not one per reading bmm
 
     qc, kc, vc, ec = chunks(q), chunks(k), chunks(v), chunks(e)  # [B,H,N,C,K|V]
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
