@@ -68,6 +68,12 @@ ASYMPTOTE_FROM: dict[str, tuple[int, str]] = {
                         "GFLOP/s at n=1k, 52 at 2k, 58 at 4k, 62 at 8k, 63 at 16k; from 4k on it is within 10% of "
                         "its 16k rate, below that the tiles' fixed costs bend the slope (bare kernel 1.86 over "
                         "1k-16k, 1.93 over 4k-16k)"),
+    "path_attention": (4096, "its chunked mode's derived mixing rate (flops_per_token summed, over the mixing time; "
+                             "analyze cost, one thread, CPU time, 2026-12-05) is 18.6 GFLOP/s at n=1k, 24.5 at 2k, "
+                             "29.1 at 4k, 34.0 at 8k, 33.1 at 16k: below 4k the per-token work outside the O(n) "
+                             "logits (the UT/WY block form, O(C K), and the block transforms, O((G + N/G) K^2)) "
+                             "still weighs, from 4k on the rate is within 12% of its 16k rate (1.79 over 1k-16k, "
+                             "1.91 over 4k-16k)"),
 }
 
 
