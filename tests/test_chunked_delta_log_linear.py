@@ -51,6 +51,31 @@ def test_chunked_delta_equals_recurrent_and_dense_solve(gated):
     assert_close(o, o_rec, FLOAT64_EXACT, "dense (A, B, R) solve output")
 
 
+@pytest.mark.parametrize("gated", [False, True], ids=["delta", "gated"])
+@pytest.mark.parametrize("r", [2, 3])
+def test_read_every_gives_the_read_rows_of_the_recurrence_with_gradients(gated, r):
+    """read_every = r (DeltaProduct's sub-step clock) returns rows r-1, 2r-1, ... of the recurrence,
+    also for chunk sizes that are no multiple of r (rounded down), and the same gradients."""
+    q, k, v, beta, g, s0 = _delta_inputs(30)
+    g = g if gated else None
+    o_rec, s_rec = recurrent_delta_rule(q, k, v, beta, g, 0.6, s0)
+    for chunk in (1, 4, 7, 64):
+        o, s = chunked_delta_rule(q, k, v, beta, g, 0.6, s0, chunk, read_every=r)
+        assert_close(o, o_rec[:, r - 1 :: r], FLOAT64_EXACT, f"r={r} C={chunk} output")
+        assert_close(s, s_rec, FLOAT64_EXACT, f"r={r} C={chunk} final state")
+    leaves = [z.detach().requires_grad_() for z in (q, k, v, beta, s0)]
+    w = torch.randn_like(o_rec[:, r - 1 :: r])
+
+    def loss(read_every):
+        qq, kk, vv, bb, ss = leaves
+        o, s = chunked_delta_rule(qq, kk, vv, bb, g, 0.6, ss, 8, read_every=read_every)
+        o = o if read_every == r else o[:, r - 1 :: r]
+        return torch.autograd.grad((o * w).sum() + s.square().sum(), leaves)
+
+    for got, want in zip(loss(r), loss(1)):
+        assert_close(got, want, FLOAT64_EXACT, f"r={r} gradient")
+
+
 def test_gated_delta_rule_with_zero_gate_is_the_delta_rule():
     q, k, v, beta, g, s0 = _delta_inputs(17)
     o0, s_0 = chunked_delta_rule(q, k, v, beta, None, None, s0, 4)

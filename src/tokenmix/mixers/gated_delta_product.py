@@ -30,7 +30,8 @@ and whose values are ``values(x)`` [B, N, H, V]; the token-level operator from t
 T outputs is those rows of R (I - B)^{-1} A. Its diagonal n_h x n_h blocks of B are where the product
 of reflections sits.
 
-Modes: ``chunked`` (ops/chunked_delta.py on the sub-step clock; ``chunk_size`` counts sub-steps),
+Modes: ``chunked`` (ops/chunked_delta.py on the sub-step clock, ``chunk_size`` counting sub-steps and
+rounded down to a multiple of n_h; ``read_every = n_h`` forms only the last sub-step's read-out rows),
 ``dense`` (the [N, N] operator and core.operator.solve_dense), ``recurrent`` (n_h delta_rule_step per
 token). Decode state: S [K, V] per head, whatever n and n_h. Left padding is masked as in DeltaNet:
 every sub-step of a padding token gets beta = 0 and g = 0.
@@ -114,8 +115,9 @@ class GatedDeltaProduct(GatedDeltaNet):
     def forward_chunked(self, x: Tensor, state: DeltaState | None) -> tuple[Tensor, DeltaState]:
         q, k, v, beta, g = self._segment(x, state)
         s0 = None if state is None else state.memory
-        o, s = chunked_delta_rule(q, k, v, beta, g, self.scale, s0, self.config.chunk_size)
-        return self._per_token(o), self._next_state(state, s, x.shape[1], x.shape[0])
+        # only each token's last sub-step is read out: the other rows of the read-out are never formed
+        o, s = chunked_delta_rule(q, k, v, beta, g, self.scale, s0, self.config.chunk_size, read_every=self.n_h)
+        return self.out(o.flatten(2)), self._next_state(state, s, x.shape[1], x.shape[0])
 
     def forward_dense(self, x: Tensor, state: DeltaState | None) -> tuple[Tensor, DeltaState]:
         """U = (I - B)^{-1} (A X + offset) over the N sub-steps, then O = R U (+ S_0 read-out)."""

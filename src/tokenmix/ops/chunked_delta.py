@@ -108,7 +108,7 @@ def chunk_state_recurrence(u0: Tensor, w: Tensor, k_state: Tensor, chunk_decay: 
 
 def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None,
                        scale: float | None = None, initial_state: Tensor | None = None,
-                       chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+                       chunk_size: int = 64, read_every: int = 1) -> tuple[Tensor, Tensor]:
     """(Gated) delta rule, chunkwise.
 
     Args:
@@ -119,9 +119,12 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor 
         g: [B, T, H] log decays (<= 0), or None for no decay.
         scale: readout scale; None means K^-1/2.
         initial_state: [B, H, K, V] or None (zeros).
-        chunk_size: C.
+        chunk_size: C (rounded down to a multiple of ``read_every``).
+        read_every: r; only positions r - 1, 2r - 1, ... are read out (T must be a multiple of r):
+            DeltaProduct's sub-step clock, where only a token's last sub-step has an output row.
+            The other rows of q are ignored and their read-out is never formed.
     Returns:
-        o: [B, T, H, V];  final state S_T: [B, H, K, V].
+        o: [B, T / r, H, V];  final state S_T: [B, H, K, V].
 
     Examples:
         >>> q, k = torch.randn(1, 10, 2, 4), torch.nn.functional.normalize(torch.randn(1, 10, 2, 4), dim=-1)
@@ -132,6 +135,9 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor 
     if chunk_size <= 0:
         raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     b, t, h, dk = q.shape
+    r = read_every
+    if r <= 0 or t % r:
+        raise InputError(f"read_every must be > 0 and divide T = {t}, got {r}")
     dv = v.shape[-1]
     if k.shape != q.shape or v.shape[:3] != (b, t, h) or beta.shape != (b, t, h):
         raise InputError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
@@ -139,7 +145,7 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor 
     if g is not None and g.shape != (b, t, h):
         raise InputError(f"g must be [B, T, H] = {(b, t, h)}, got {tuple(g.shape)}")
     scale = dk ** -0.5 if scale is None else scale
-    c = chunk_size
+    c = max(r, chunk_size - chunk_size % r)  # chunks hold whole groups of r, so the read rows sit at r-1::r in each
     n = -(-t // c)
     pad = n * c - t
     # Padded tokens have k = v = beta = g = 0: they neither write, erase nor decay the state.
@@ -165,18 +171,20 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor 
     kw = kb if gc is None else kb * gc.exp()[..., None]
     t_ut = unit_lower_inverse(eye + a_kk)  # the UT transform T, [B,H,N,C,C]
     u0, w = t_ut @ (vc * bc[..., None]), t_ut @ kw  # [B,H,N,C,V], [B,H,N,C,K]
-    qk = (qc @ kc.transpose(-1, -2)) * gamma * scale  # [B,H,N,C,C], lower incl. diagonal
+    rows = slice(r - 1, None, r)  # the read-out rows of each chunk (all of them for r = 1)
+    q_read = qc[..., rows, :]
+    qk = (q_read @ kc.transpose(-1, -2)) * gamma[..., rows, :] * scale  # [B,H,N,C/r,C], lower incl. diagonal
     if gc is None:
-        q_state, k_state, chunk_decay = qc * scale, kc, None
+        q_state, k_state, chunk_decay = q_read * scale, kc, None
     else:
-        q_state = qc * (gc.exp() * scale)[..., None]
+        q_state = q_read * (gc[..., rows].exp() * scale)[..., None]
         g_last = gc[..., -1:]
         k_state = kc * (g_last - gc).exp()[..., None]  # decay from each token to the chunk end
         chunk_decay = g_last.exp()[..., None]  # [B,H,N,1,1]
 
     u, starts, s = chunk_state_recurrence(u0, w, k_state, chunk_decay, initial_state)
-    o = q_state @ starts + qk @ u  # [B,H,N,C,V]
-    o = o.movedim(1, 3).reshape(b, n * c, h, dv)[:, :t]
+    o = q_state @ starts + qk @ u  # [B,H,N,C/r,V]
+    o = o.movedim(1, 3).reshape(b, n * c // r, h, dv)[:, : t // r]
     return o, s
 
 
