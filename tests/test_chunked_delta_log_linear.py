@@ -12,7 +12,8 @@ import torch.nn.functional as F
 
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import build_mixer
-from tokenmix.ops.chunked_delta import chunked_delta_rule, delta_rule_operator, recurrent_delta_rule
+from tokenmix.ops.chunked_delta import (chunk_state_recurrence, chunk_state_recurrence_reference, chunked_delta_rule,
+                                        delta_rule_operator, recurrent_delta_rule)
 from tokenmix.ops.chunked_log_linear import (chunked_log_linear_attention, fenwick_level_matrix, final_levels,
                                              initial_levels_readout, log_linear_operator, n_levels,
                                              recurrent_log_linear_attention)
@@ -74,6 +75,32 @@ def test_read_every_gives_the_read_rows_of_the_recurrence_with_gradients(gated, 
 
     for got, want in zip(loss(r), loss(1)):
         assert_close(got, want, FLOAT64_EXACT, f"r={r} gradient")
+
+
+@pytest.mark.parametrize("decay", ["none", "scalar", "per key"])
+def test_chunk_recurrence_backward_equals_autograd_through_the_loop(decay):
+    """The hand-written backward of the chunk recurrence against autograd through the plain loop:
+    outputs, and gradients of u0, W, K, the decay and S_0 under a random read of all three outputs."""
+    torch.manual_seed(3)
+    b, h, n, c, dk, dv = 2, 3, 5, 4, 3, 2
+    u0, w, k = (torch.randn(b, h, n, c, x, dtype=F64) for x in (dv, dk, dk))
+    d = {"none": None, "scalar": torch.rand(b, h, n, 1, 1, dtype=F64),
+         "per key": torch.rand(b, h, n, dk, 1, dtype=F64)}[decay]
+    s0 = torch.randn(b, h, dk, dv, dtype=F64)
+    leaves = [z.requires_grad_() for z in (u0, w, k, d, s0) if z is not None]
+    fast, ref = chunk_state_recurrence(u0, w, k, d, s0), chunk_state_recurrence_reference(u0, w, k, d, s0)
+    weights = [torch.randn_like(x) for x in ref]
+    for got, want, what in zip(fast, ref, ("u", "starts", "final state")):
+        assert_close(got, want, FLOAT64_EXACT, what)
+    g_fast = torch.autograd.grad(sum((x * wt).sum() for x, wt in zip(fast, weights)), leaves)
+    g_ref = torch.autograd.grad(sum((x * wt).sum() for x, wt in zip(ref, weights)), leaves)
+    for got, want in zip(g_fast, g_ref):
+        assert_close(got, want, FLOAT64_EXACT, "gradient")
+    # and one output alone (the others' gradients None)
+    g_last = torch.autograd.grad(chunk_state_recurrence(u0, w, k, d, s0)[2].sum(), leaves)
+    g_last_ref = torch.autograd.grad(chunk_state_recurrence_reference(u0, w, k, d, s0)[2].sum(), leaves)
+    for got, want in zip(g_last, g_last_ref):
+        assert_close(got, want, FLOAT64_EXACT, "gradient of the final state alone")
 
 
 def test_gated_delta_rule_with_zero_gate_is_the_delta_rule():
