@@ -28,13 +28,12 @@ sums and factors exp(G_i - G_j) through chunk boundaries, so it equals the recur
 """
 from __future__ import annotations
 
-from contextlib import contextmanager
-
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from tokenmix.core.errors import InputError
+from tokenmix.core.threads import one_thread
 
 
 def _pad_time(x: Tensor, pad: int) -> Tensor:
@@ -70,17 +69,6 @@ def unit_lower_inverse(m: Tensor) -> Tensor:
         inv = torch.cat([torch.cat([x11, torch.zeros_like(x11)], -1), torch.cat([x21, x22], -1)], -2)
         s *= 2
     return inv.reshape(*lead, p2, p2)[..., :c, :c]
-
-
-@contextmanager
-def one_thread():
-    """torch's intra-op threads set to 1 inside, restored after (for loops of tiny sequential ops)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def chunk_state_recurrence(u0: Tensor, w: Tensor, k_state: Tensor, chunk_decay: Tensor | None,

@@ -34,6 +34,7 @@ import torch
 from torch import Tensor
 
 from tokenmix.core.operator import MixOperator, solve_dense
+from tokenmix.core.threads import one_thread
 
 
 class TTTWeights(NamedTuple):
@@ -97,7 +98,7 @@ def chunked_ttt_linear(q: Tensor, k: Tensor, v: Tensor, eta: Tensor, ln_w: Tenso
     for a mini-batch opened before the segment), formed from the stacked W_m, c_m, nabla_m. The
     segment is cut once (one split, not a slice per mini-batch: autograd would scatter each slice's
     gradient into a full [B, T, H, D] zero tensor, O(T² / b) traffic). B and H are flattened so that
-    z and the weight update are single baddbmm calls.
+    z and the weight update are single baddbmm calls; the loop runs on one thread (core/threads.py).
     """
     b, t, h, d = q.shape
     pieces = _pieces(start, t, mbs)
@@ -112,20 +113,21 @@ def chunked_ttt_linear(q: Tensor, k: Tensor, v: Tensor, eta: Tensor, ln_w: Tenso
     gb = None if state.gb is None else state.gb.reshape(b * h, 1, d)
     read_open = G is not None                                                # only the first piece can read them
     ws, cs, grads = [], [], []
-    for kp, shp, ep, (_, _, closes) in zip(kf.split(sizes, 1), shift.split(sizes, 1), ef.split(sizes, 1), pieces):
-        grad = _ln_mse_grad_shifted(torch.baddbmm(c, kp, W), shp, lw, eps)   # nabla at the mini-batch's W, c
-        ws.append(W)
-        cs.append(c)
-        grads.append(grad)
-        g_new, gb_new = kp.transpose(-1, -2) @ grad, grad.sum(-2, keepdim=True)
-        if G is not None:
-            g_new, gb_new = G + g_new, gb + gb_new
-        if closes:
-            e_last = ep[:, -1:]                                              # [BH, 1, 1]
-            W, c = W - e_last * g_new, c - e_last * gb_new
-            G = gb = None
-        else:
-            G, gb = g_new, gb_new
+    with one_thread():
+        for kp, shp, ep, (_, _, closes) in zip(kf.split(sizes, 1), shift.split(sizes, 1), ef.split(sizes, 1), pieces):
+            grad = _ln_mse_grad_shifted(torch.baddbmm(c, kp, W), shp, lw, eps)   # nabla at the mini-batch's W, c
+            ws.append(W)
+            cs.append(c)
+            grads.append(grad)
+            g_new, gb_new = kp.transpose(-1, -2) @ grad, grad.sum(-2, keepdim=True)
+            if G is not None:
+                g_new, gb_new = G + g_new, gb + gb_new
+            if closes:
+                e_last = ep[:, -1:]                                              # [BH, 1, 1]
+                W, c = W - e_last * g_new, c - e_last * gb_new
+                G = gb = None
+            else:
+                G, gb = g_new, gb_new
     # the read-out, batched over runs of consecutive equal-size pieces (all of them but the ends, in
     # training); a first piece that reads the open sums of the state stands alone
     runs: list[list[int]] = []  # [first piece, count]
