@@ -57,6 +57,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from tokenmix.core.errors import InputError
+from tokenmix.core.threads import one_thread
 
 _NONE, _PER_HEAD, _PER_KEY = "none", "per_head", "per_key"
 _BASE_BLOCK = 4  # safe per-key scores: pairs inside blocks of at most this many tokens are built elementwise
@@ -344,11 +345,12 @@ class _ChunkedGLA(torch.autograd.Function):
             writes.copy_(delta)
         # the only sequential part: T / C steps on [K, V] (a loop of small adds is much faster than
         # a cumulative sum along the outer axis)
-        for i in range(n):
-            if decay is None:
-                sbuf[i + 1].add_(sbuf[i])
-            else:
-                sbuf[i + 1].addcmul_(decay[i], sbuf[i])
+        with one_thread():  # [K, V]-sized steps: a second thread's wake-up costs more than it saves
+            for i in range(n):
+                if decay is None:
+                    sbuf[i + 1].add_(sbuf[i])
+                else:
+                    sbuf[i + 1].addcmul_(decay[i], sbuf[i])
         starts = sbuf[:n].view(rows, dk, dv)
         o = torch.bmm(a, vc).baddbmm_(q_in, starts)
         ctx.save_for_backward(qs, kc, vc, a, q_in, sbuf)
@@ -371,11 +373,12 @@ class _ChunkedGLA(torch.autograd.Function):
         dbuf = torch.empty_like(sbuf)
         dbuf[n] = 0 if d_s is None else d_s.reshape(b * h, dk, dv_dim)
         torch.bmm(q_in.transpose(1, 2), do, out=dbuf[:n].view(rows, dk, dv_dim))  # each chunk's read
-        for i in reversed(range(n)):
-            if decay is None:
-                dbuf[i].add_(dbuf[i + 1])
-            else:
-                dbuf[i].addcmul_(decay[i], dbuf[i + 1])
+        with one_thread():
+            for i in reversed(range(n)):
+                if decay is None:
+                    dbuf[i].add_(dbuf[i + 1])
+                else:
+                    dbuf[i].addcmul_(decay[i], dbuf[i + 1])
         starts, d_next = sbuf[:n].view(rows, dk, dv_dim), dbuf[1:].view(rows, dk, dv_dim)
         want_dg = kind != _NONE and ctx.needs_input_grad[3]  # RetNet's constant decays need no gradient
         dg = None

@@ -87,6 +87,7 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from tokenmix.core.errors import InputError
+from tokenmix.core.threads import one_thread
 from tokenmix.ops.chunked_gla import chunked_gla
 
 
@@ -280,8 +281,9 @@ def _solve_slabs(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | Non
     entering = k.new_empty(n + 1, b, h, dk, dk)
     entering[0] = 0.0 if h0 is None else h0
     decay_end = gamma.exp()
-    for i in range(n):               # the only sequential part: T / C steps on [K, K]
-        torch.addcmul(ends[:, :, i], decay_end[:, :, i, None, None], entering[i], out=entering[i + 1])
+    with one_thread():               # the only sequential part: T / C steps on [K, K]
+        for i in range(n):
+            torch.addcmul(ends[:, :, i], decay_end[:, :, i, None, None], entering[i], out=entering[i + 1])
     del ends
     # mixing rows [C, C + 2] per chunk: exp(G_i - G_j) (j <= i) for the writes, exp(G_i) for E, 1 for Lambda
     mix = torch.cat([torch.ones_like(gc)[..., None], gc.exp()[..., None], _causal_decay(gc)], -1)
