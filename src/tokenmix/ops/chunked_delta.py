@@ -154,8 +154,10 @@ class _ChunkRecurrence(torch.autograd.Function):
                     torch.baddbmm(carried, w[i].mT, du_tot[i], alpha=-1, out=ds_next[i - 1])
                 else:
                     ds0 = torch.baddbmm(carried, w[i].mT, du_tot[i], alpha=-1)
-        dw = -(du_tot @ starts.mT)                                           # [N, R, C, K]
-        dkt = ds_next @ u.mT                                                 # [N, R, K, C]
+        # batched over all chunks in the [R, N] storage order (contiguous: no copy before the bmm)
+        rn = (lambda x: x.transpose(0, 1))  # noqa: E731
+        dw = rn(-(rn(du_tot) @ rn(starts).mT))                               # [N, R, C, K]
+        dkt = rn(rn(ds_next) @ rn(u).mT)                                     # [N, R, K, C]
         dd = None if decay is None else (ds_next * starts).sum_to_size(decay.shape)
         return du_tot, dw, dkt, dd, ds0
 
