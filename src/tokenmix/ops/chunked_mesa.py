@@ -15,11 +15,11 @@ decay of the segment (G_0 = g_0); every exponent is <= 0 for g <= 0.
 Three ways to form every H_t of a segment ([B, T, H, K, K]):
   * ``recurrent_key_covariance``: the token loop of the definition (the reference);
   * ``dense_key_covariance``: the unrolled sum through the T x T decay mask (O(T² K²));
-  * ``chunked_key_covariance``: chunks of C tokens. Inside a chunk, with G restarted at the chunk
-    start, H_i = exp(G_i) H_in + sum_{j<=i in chunk} exp(G_i - G_j) beta_j k_j k_jᵀ -- one [C, C] x
-    [C, K²] matmul per chunk (exponents <= 0, masked before the exp); the chunk's last row is its
-    write decayed to its end, so the carry H_in' = exp(Gamma) H_in + (that row) is T / C small
-    sequential steps. O(T C K²) work, O(T K²) memory (every H_t is kept: the solve needs it).
+  * ``chunked_key_covariance``: chunks of C tokens. The covariance entering each chunk first (its
+    T / C sequential steps on [K, K], ``_entering_covariances``, shared with the slab solve below);
+    then inside a chunk, with G restarted at the chunk start, H_i = exp(G_i) H_in + sum_{j<=i in
+    chunk} exp(G_i - G_j) beta_j k_j k_jᵀ -- one [C, C + 1] x [C + 1, K²] matmul per chunk, H_in an
+    extra row (exponents <= 0, masked before the exp). O(T C K²) work, O(T K²) memory (every H_t).
 ``mesa_solve`` is the solve: a Cholesky factorisation (H_t + diag(lambda) is symmetric positive
 definite for beta >= 0, lambda > 0), O(K³) per token; ``mesa_solve_reference`` uses an LU solve.
 Autograd differentiates all of them.
@@ -52,10 +52,10 @@ factorisations of [K, K] matrices (K³/3 each; at T = 8192, B H = 8, K = 64 that
     calls read matrices still in cache. The factors are kept for the backward (one [B, H, S, K, K]
     tensor per slab, 4 bytes x K² per token in float32: refactorising there would double the
     dominant cost).
-  * Entering covariances first. Chunk n's write decayed to its end, E'_n = sum_j exp(Gamma_n - G_j)
-    beta_j k_j k_jᵀ, is one [K, C] x [C, K] matmul per chunk; the covariance entering each chunk,
-    E_{n+1} = exp(Gamma_n) E_n + E'_n (E_0 = H_0), is T / C sequential steps on [B, H, K, K]
-    ([N + 1, B, H, K, K] kept: 1 / C of the size of every H_t); E_N = H_T.
+  * Entering covariances first (``_entering_covariances``). Chunk n's write decayed to its end,
+    E'_n = sum_j exp(Gamma_n - G_j) beta_j k_j k_jᵀ, is one [K, C] x [C, K] matmul per chunk; the
+    covariance entering each chunk, E_{n+1} = exp(Gamma_n) E_n + E'_n (E_0 = H_0), is T / C
+    sequential steps on [B, H, K, K] ([N + 1, B, H, K, K] kept: 1 / C of the size of every H_t).
   * One matmul per chunk forms M_i = H_i + diag(lambda) for its C tokens, the carry and the
     regulariser folded in as two extra rows:
         M_i = [1, exp(G_i), exp(G_i - G_j) (j <= i, else 0)]  @  [vec diag(lambda); vec E_n; vec beta_j k_j k_jᵀ]
@@ -150,31 +150,44 @@ def chunked_key_covariance(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None
 
 
 def _covariance_head_major(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None, c: int) -> tuple[Tensor, Tensor]:
-    """``chunked_key_covariance`` with every H_t in head-major layout [B, H, T, K, K] (what the solve reads)."""
+    """``chunked_key_covariance`` with every H_t in head-major layout [B, H, T, K, K]: the entering
+    covariances, then one [C, C + 1] x [C + 1, K²] matmul per chunk (the carry folded in as an extra
+    row, as the slab solve below does with the regulariser too)."""
     b, t, h, dk = k.shape
     n = -(-t // c)
-    pad = n * c - t                  # trailing padding tokens: beta = 0, g = 0 (no write, no decay)
-    kb = k * beta[..., None]
-    if pad:
-        k, kb, g = F.pad(k, (0, 0, 0, 0, 0, pad)), F.pad(kb, (0, 0, 0, 0, 0, pad)), F.pad(g, (0, 0, 0, pad))
-    kc = k.view(b, n, c, h, dk).permute(0, 3, 1, 2, 4)                      # [B, H, N, C, K]
-    kbc = kb.view(b, n, c, h, dk).permute(0, 3, 1, 2, 4)
-    gc = g.view(b, n, c, h).permute(0, 3, 1, 2).cumsum(-1)                  # [B, H, N, C], G inside each chunk
-    outer = (kbc[..., :, None] * kc[..., None, :]).flatten(-2)              # [B, H, N, C, K*K]
-    every = (_causal_decay(gc) @ outer).view(b, h, n, c, dk, dk)            # chunk-local sums
-    del outer
-    gamma = gc[..., -1].exp()                                               # [B, H, N]
-    cov = k.new_zeros(b, h, dk, dk) if h0 is None else h0
-    starts = []
-    for i in range(n):               # the only sequential part: T / C steps on [K, K]
-        starts.append(cov)
-        cov = gamma[:, :, i, None, None] * cov + every[:, :, i, -1]
-    entering = torch.stack(starts, 2)[:, :, :, None]                        # [B, H, N, 1, K, K]
-    if torch.is_grad_enabled() and (every.requires_grad or entering.requires_grad):
-        every = every + gc.exp()[..., None, None] * entering
-    else:                            # in place: no second [B, H, T, K, K] buffer
-        every.addcmul_(gc.exp()[..., None, None], entering)
-    return every.view(b, h, n * c, dk, dk)[:, :, :t], cov
+    kc, kbc = _chunk_layout(k, n, c), _chunk_layout(k * beta[..., None], n, c)    # [B, H, N, C, K]
+    gc = _chunk_layout(g, n, c).cumsum(-1)                                  # [B, H, N, C], G inside each chunk
+    entering = _entering_covariances(kc, kbc, gc, h0)                       # [N + 1, B, H, K, K]
+    rows = torch.cat([entering[:n].permute(1, 2, 0, 3, 4).flatten(-2)[..., None, :],
+                      (kbc[..., :, None] * kc[..., None, :]).flatten(-2)], -2)  # [B, H, N, C + 1, K²]
+    mix = torch.cat([gc.exp()[..., None], _causal_decay(gc)], -1)          # [B, H, N, C, C + 1]
+    return (mix @ rows).view(b, h, n * c, dk, dk)[:, :, :t], entering[n]
+
+
+def _entering_covariances(kc: Tensor, kbc: Tensor, gc: Tensor, h0: Tensor | None) -> Tensor:
+    """The covariance entering each chunk, E_0 = H_0 and E_{i+1} = exp(Gamma_i) E_i + E'_i with
+    E'_i = sum_j exp(Gamma_i - G_j) beta_j k_j k_jᵀ chunk i's write decayed to its end (one
+    [K, C] x [C, K] matmul per chunk): kc, kbc (= beta k) [B, H, N, C, K], gc [B, H, N, C] (G
+    restarted in each chunk) -> [N + 1, B, H, K, K]; E_N = H_T. Differentiable by autograd."""
+    b, h, n, _, dk = kc.shape
+    gamma = gc[..., -1]                                                      # [B, H, N]
+    ends = (kbc * (gamma[..., None] - gc).exp()[..., None]).mT @ kc         # [B, H, N, K, K]
+    decay_end = gamma.exp()[..., None, None]
+    cov = kc.new_zeros(b, h, dk, dk) if h0 is None else h0
+    out = [cov]
+    with one_thread():               # the only sequential part: T / C steps on [K, K]
+        for i in range(n):
+            cov = torch.addcmul(ends[:, :, i], decay_end[:, :, i], cov)
+            out.append(cov)
+    return torch.stack(out)
+
+
+def _chunk_layout(x: Tensor, n: int, c: int) -> Tensor:
+    """[B, T, H, ...] -> [B, H, N, C, ...], zero-padded at the end of time to N C tokens."""
+    b, t, h = x.shape[:3]
+    if n * c > t:
+        x = torch.cat([x, x.new_zeros(b, n * c - t, *x.shape[2:])], 1)
+    return x.view(b, n, c, h, *x.shape[3:]).transpose(2, 3).transpose(1, 2)
 
 
 def _causal_decay(gc: Tensor) -> Tensor:
@@ -253,14 +266,6 @@ def _triangular_solves(chol: Tensor, rhs: Tensor, out: Tensor) -> None:
     torch.linalg.solve_triangular(chol.mT, out, upper=True, out=out)
 
 
-def _chunk_layout(x: Tensor, n: int, c: int) -> Tensor:
-    """[B, T, H, ...] -> [B, H, N, C, ...], zero-padded at the end of time to N C tokens."""
-    b, t, h = x.shape[:3]
-    if n * c > t:
-        x = torch.cat([x, x.new_zeros(b, n * c - t, *x.shape[2:])], 1)
-    return x.view(b, n, c, h, *x.shape[3:]).transpose(2, 3).transpose(1, 2)
-
-
 def _solve_slabs(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None, lam: Tensor, c: int,
                  workers: int | None = None) -> tuple[Tensor, Tensor, list[Tensor]]:
     """The forward of ``mesa_queries`` slab by slab (module docstring, "The chunked solve").
@@ -275,16 +280,7 @@ def _solve_slabs(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | Non
     kbc = _chunk_layout(k * beta[..., None], n, c)
     qc = _chunk_layout(q, n, c)
     gc = _chunk_layout(g, n, c).cumsum(-1)                                  # [B, H, N, C], G inside each chunk
-    gamma = gc[..., -1]                                                      # [B, H, N]
-    # entering covariances E [N + 1, B, H, K, K]: E_{i+1} = exp(Gamma_i) E_i + (chunk i's write at its end)
-    ends = (kbc * (gamma[..., None] - gc).exp()[..., None]).mT @ kc         # [B, H, N, K, K]
-    entering = k.new_empty(n + 1, b, h, dk, dk)
-    entering[0] = 0.0 if h0 is None else h0
-    decay_end = gamma.exp()
-    with one_thread():               # the only sequential part: T / C steps on [K, K]
-        for i in range(n):
-            torch.addcmul(ends[:, :, i], decay_end[:, :, i, None, None], entering[i], out=entering[i + 1])
-    del ends
+    entering = _entering_covariances(kc, kbc, gc, h0)                       # [N + 1, B, H, K, K]
     # mixing rows [C, C + 2] per chunk: exp(G_i - G_j) (j <= i) for the writes, exp(G_i) for E, 1 for Lambda
     mix = torch.cat([torch.ones_like(gc)[..., None], gc.exp()[..., None], _causal_decay(gc)], -1)
     per_slab = max(1, SLAB_MATRICES // (b * h * c))                          # chunks per slab
@@ -304,7 +300,7 @@ def _solve_slabs(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | Non
         _split_batch(_factorise_and_solve, m, qc[:, :, n0:n0 + ns].reshape(-1, dk, 1), out, workers=workers)
         q_star[:, :, n0:n0 + ns] = out.view(b, h, ns, c, dk)
         factors.append(m.view(b, h, ns * c, dk, dk))
-    return q_star.view(b, h, n * c, dk)[:, :, :t], entering[n].clone(), factors
+    return q_star.view(b, h, n * c, dk)[:, :, :t], entering[n].clone(), factors  # not a view: the [N + 1] stack is freed
 
 
 def _reverse_readout(q: Tensor, k: Tensor, v: Tensor, g: Tensor, s_end: Tensor | None, chunk: int) -> Tensor:
