@@ -84,6 +84,12 @@ def exclusive_reverse_cumsum(g: Tensor, dim: int) -> Tensor:
     return torch.cat([rc.narrow(dim, 1, g.shape[dim] - 1), torch.zeros_like(g.narrow(dim, 0, 1))], dim)
 
 
+def gate_bias(gsum: Tensor, p: int, i0: int, i1: int) -> Tensor:
+    """The forget gates' logit bias of queries i0 .. i1 - 1 over keys 0 .. P + i1 - 1: sum of log f
+    over (j, i], i.e. gsum_i - gsum_j with gsum [B, P + T, H] the cumulative log gates -> [B, H, i1 - i0, P + i1]."""
+    return gsum[:, p + i0 : p + i1].transpose(1, 2)[..., None] - gsum[:, : p + i1].transpose(1, 2)[:, :, None, :]
+
+
 class RowAttention(Mixer):
     """Attention-like mixer y_i = sum_j a_{i,j} v_j whose weight rows a_{i,.} can be computed one query
     block at a time. Subclasses provide ``_segment`` (and ``forward_recurrent``, the decode)."""
@@ -171,9 +177,8 @@ class ForgettingAttention(RowAttention):
         def rows(i0: int, i1: int) -> Tensor:
             s = p + i1
             scores = torch.einsum("bthk,bshk->bhts", q[:, i0:i1], kbuf[:, :s, :, :kdim]) / math.sqrt(kdim)
-            bias = gsum[:, p + i0 : s].transpose(1, 2)[..., None] - gsum[:, :s].transpose(1, 2)[:, :, None, :]
             mask = allowed_keys(p + i0, i1 - i0, None, x.device, key_start)
-            return torch.softmax((scores + bias).masked_fill(~mask, float("-inf")), dim=-1)
+            return torch.softmax((scores + gate_bias(gsum, p, i0, i1)).masked_fill(~mask, float("-inf")), dim=-1)
 
         return Segment(p, t, rows, vbuf, lambda: grown)
 

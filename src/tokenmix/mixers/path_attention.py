@@ -69,7 +69,7 @@ from torch import Tensor, nn
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.attention import allowed_keys, mask_padding_keys
 from tokenmix.mixers.base import MixerConfig, MixerState
-from tokenmix.mixers.forgetting_attention import RowAttention, Segment, exclusive_reverse_cumsum
+from tokenmix.mixers.forgetting_attention import RowAttention, Segment, exclusive_reverse_cumsum, gate_bias
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.query_blocks import by_query_blocks
 
@@ -179,11 +179,9 @@ class PathAttention(RowAttention):
     def _logits_to_probs(self, scores: Tensor, gsum: Tensor | None, p: int, i0: int, i1: int,
                          key_start: Tensor | None) -> Tensor:
         """Softmax rows of queries i0 .. i1 - 1 from scores [B, H, i1 - i0, P + i1] (unscaled)."""
-        s = p + i1
         scores = scores / math.sqrt(self.head_dim)
         if gsum is not None:
-            scores = scores + (gsum[:, p + i0 : s].transpose(1, 2)[..., None]
-                               - gsum[:, :s].transpose(1, 2)[:, :, None, :])
+            scores = scores + gate_bias(gsum, p, i0, i1)
         mask = allowed_keys(p + i0, i1 - i0, None, scores.device, key_start)
         return torch.softmax(scores.masked_fill(~mask, float("-inf")), dim=-1)
 
@@ -205,8 +203,7 @@ class PathAttention(RowAttention):
             for j0, scores in rows(i0, i1):  # scores [B, H, j1 - j0, P + j1], scaled, -inf above the diagonal
                 j1 = j0 + scores.shape[2]
                 if gsum is not None:
-                    scores = scores + (gsum[:, p + j0 : p + j1].transpose(1, 2)[..., None]
-                                       - gsum[:, : p + j1].transpose(1, 2)[:, :, None, :])
+                    scores = scores + gate_bias(gsum, p, j0, j1)
                 if key_start is not None:
                     mask = allowed_keys(p + j0, j1 - j0, None, scores.device, key_start)
                     scores = scores.masked_fill(~mask, float("-inf"))

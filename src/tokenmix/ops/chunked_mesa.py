@@ -82,7 +82,6 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
