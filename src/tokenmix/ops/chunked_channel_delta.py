@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from tokenmix.core.errors import InputError
-from tokenmix.ops.chunked_delta import _pad_time, chunk_state_recurrence, unit_lower_inverse
+from tokenmix.ops.chunked_delta import chunk_state_recurrence, time_chunks, unit_lower_inverse
 
 
 def _check(q: Tensor, k: Tensor, v: Tensor, e: Tensor, g: Tensor | None) -> None:
@@ -136,13 +136,8 @@ def chunked_channel_delta_rule(q: Tensor, k: Tensor, v: Tensor, e: Tensor, g: Te
     scale = dk ** -0.5 if scale is None else scale
     c = chunk_size
     n = -(-t // c)
-    pad = n * c - t
     # padded tokens have k = e = v = g = 0: they neither write, erase nor decay the state
-
-    def chunks(x: Tensor) -> Tensor:  # [B, T, H, ...] -> [B, H, N, C, ...]
-        x = _pad_time(x, pad)
-        return x.reshape(b, n, c, h, *x.shape[3:]).movedim(3, 1).contiguous()  # one copy, not one per reading bmm
-
+    chunks = (lambda x: time_chunks(x, n, c))  # noqa: E731  [B, T, H, ...] -> [B, H, N, C, ...]
     qc, kc, vc, ec = chunks(q), chunks(k), chunks(v), chunks(e)  # [B,H,N,C,K|V]
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
     eye = torch.eye(c, dtype=q.dtype, device=q.device)

@@ -36,11 +36,14 @@ from tokenmix.core.errors import InputError
 from tokenmix.core.threads import one_thread
 
 
-def _pad_time(x: Tensor, pad: int) -> Tensor:
-    """Zero-pad dim 1 (time) of [B, T, ...] at the end."""
-    if pad == 0:
-        return x
-    return torch.cat([x, x.new_zeros(x.shape[0], pad, *x.shape[2:])], 1)
+def time_chunks(x: Tensor, n: int, c: int) -> Tensor:
+    """[B, T, H, ...] -> [B, H, N, C, ...], zero-padded at the end of time to N C tokens (padding
+    tokens are inert when their write strength and log decay are 0). Contiguous: one copy here, not
+    one per matmul that reads the chunks (forward and backward)."""
+    b, t, h = x.shape[:3]
+    if n * c > t:
+        x = torch.cat([x, x.new_zeros(b, n * c - t, *x.shape[2:])], 1)
+    return x.reshape(b, n, c, h, *x.shape[3:]).movedim(3, 1).contiguous()
 
 
 def unit_lower_inverse(m: Tensor) -> Tensor:
@@ -216,14 +219,8 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor 
     scale = dk ** -0.5 if scale is None else scale
     c = max(r, chunk_size - chunk_size % r)  # chunks hold whole groups of r, so the read rows sit at r-1::r in each
     n = -(-t // c)
-    pad = n * c - t
     # Padded tokens have k = v = beta = g = 0: they neither write, erase nor decay the state.
-
-    def chunks(x: Tensor) -> Tensor:  # [B, T, H, ...] -> [B, H, N, C, ...]
-        x = _pad_time(x, pad)
-        x = x.reshape(b, n, c, h, *x.shape[3:])
-        return x.movedim(3, 1).contiguous()  # one copy here, not one per matmul that reads it (fwd and bwd)
-
+    chunks = (lambda x: time_chunks(x, n, c))  # noqa: E731  [B, T, H, ...] -> [B, H, N, C, ...]
     qc, kc, vc, bc = chunks(q), chunks(k), chunks(v), chunks(beta)  # [B,H,N,C,K|V], beta [B,H,N,C]
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
     if g is None:

@@ -87,6 +87,7 @@ from torch.autograd.function import once_differentiable
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.threads import one_thread
+from tokenmix.ops.chunked_delta import time_chunks
 from tokenmix.ops.chunked_gla import chunked_gla
 
 
@@ -154,8 +155,8 @@ def _covariance_head_major(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None
     row, as the slab solve below does with the regulariser too)."""
     b, t, h, dk = k.shape
     n = -(-t // c)
-    kc, kbc = _chunk_layout(k, n, c), _chunk_layout(k * beta[..., None], n, c)    # [B, H, N, C, K]
-    gc = _chunk_layout(g, n, c).cumsum(-1)                                  # [B, H, N, C], G inside each chunk
+    kc, kbc = time_chunks(k, n, c), time_chunks(k * beta[..., None], n, c)    # [B, H, N, C, K]
+    gc = time_chunks(g, n, c).cumsum(-1)                                  # [B, H, N, C], G inside each chunk
     entering = _entering_covariances(kc, kbc, gc, h0)                       # [N + 1, B, H, K, K]
     rows = torch.cat([entering[:n].permute(1, 2, 0, 3, 4).flatten(-2)[..., None, :],
                       (kbc[..., :, None] * kc[..., None, :]).flatten(-2)], -2)  # [B, H, N, C + 1, K²]
@@ -179,14 +180,6 @@ def _entering_covariances(kc: Tensor, kbc: Tensor, gc: Tensor, h0: Tensor | None
             cov = torch.addcmul(ends[:, :, i], decay_end[:, :, i], cov)
             out.append(cov)
     return torch.stack(out)
-
-
-def _chunk_layout(x: Tensor, n: int, c: int) -> Tensor:
-    """[B, T, H, ...] -> [B, H, N, C, ...], zero-padded at the end of time to N C tokens."""
-    b, t, h = x.shape[:3]
-    if n * c > t:
-        x = torch.cat([x, x.new_zeros(b, n * c - t, *x.shape[2:])], 1)
-    return x.view(b, n, c, h, *x.shape[3:]).transpose(2, 3).transpose(1, 2)
 
 
 def _causal_decay(gc: Tensor) -> Tensor:
@@ -275,10 +268,10 @@ def _solve_slabs(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | Non
     """
     b, t, h, dk = k.shape
     n = -(-t // c)
-    kc = _chunk_layout(k, n, c)                                              # [B, H, N, C, K]
-    kbc = _chunk_layout(k * beta[..., None], n, c)
-    qc = _chunk_layout(q, n, c)
-    gc = _chunk_layout(g, n, c).cumsum(-1)                                  # [B, H, N, C], G inside each chunk
+    kc = time_chunks(k, n, c)                                              # [B, H, N, C, K]
+    kbc = time_chunks(k * beta[..., None], n, c)
+    qc = time_chunks(q, n, c)
+    gc = time_chunks(g, n, c).cumsum(-1)                                  # [B, H, N, C], G inside each chunk
     entering = _entering_covariances(kc, kbc, gc, h0)                       # [N + 1, B, H, K, K]
     # mixing rows [C, C + 2] per chunk: exp(G_i - G_j) (j <= i) for the writes, exp(G_i) for E, 1 for Lambda
     mix = torch.cat([torch.ones_like(gc)[..., None], gc.exp()[..., None], _causal_decay(gc)], -1)
