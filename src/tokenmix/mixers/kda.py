@@ -49,7 +49,7 @@ from tokenmix.ops.chunked_channel_delta import channel_delta_operator, channel_d
 
 @dataclass(frozen=True)
 class KDAConfig(GatedDeltaNetConfig):
-    chunk_size: int = 32  # C: fastest whole-mixer fwd+bwd at 8k in a fresh process (32 vs 16: 0.96 vs 1.06 s, docs/results.md)
+    chunk_size: int = 32  # C: fastest whole-mixer fwd+bwd at 8k in a fresh process (docs/results.md, issue 22)
 
 
 class ChannelDelta(DeltaNet):

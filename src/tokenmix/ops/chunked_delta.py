@@ -116,9 +116,8 @@ class _ChunkRecurrence(torch.autograd.Function):
     du0 = du,  dW = -du Sᵀ,  dKᵀ = dS_{+1} uᵀ,  dd = sum(dS_{+1} ⊙ S) (to d's shape),  dS_0.
     Autograd through the plain loop ran ~10 operator nodes per chunk backward, each with its own
     dispatch and temporaries. The loops run on one thread (``one_thread``): their [R, C, K] x [K, V]
-    products are ~1 MFLOP, where waking a second OpenMP thread costs more than it saves (the loop
-    measured 0.31 s on one thread vs 0.42 s on two at N = 512, R = 8, C = 32, K = V = 64); the
-    batched products after the loop keep every thread. Checked against autograd through the plain loop
+    products are ~1 MFLOP, where waking a second OpenMP thread costs more than it saves (measured in
+    docs/results.md, issue 22); the batched products after the loop keep every thread. Checked against autograd through the plain loop
     (``chunk_state_recurrence_reference``) in float64, forward and gradients.
     """
 
