@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 import tokenmix.ops.chunked_mesa as cm
+from tokenmix.core.errors import InputError
 from tolerances import assert_close
 
 
@@ -90,10 +91,8 @@ def test_split_batch_runs_parts_in_separate_threads(monkeypatch):
 
 
 def test_workers_must_be_positive():
-    from tokenmix.core.errors import InputError
     with pytest.raises(InputError):
         cm.mesa_queries(*_inputs(b=1, t=3), 4, workers=0)
-
 
 
 def test_pool_is_remade_after_fork(monkeypatch):
