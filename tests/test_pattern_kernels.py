@@ -8,6 +8,7 @@ an irregular random table), with prefixes and all gradients, in float64; and the
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -18,7 +19,7 @@ import torch
 from conftest import small_mixer
 from test_pattern_solve import SPECS, _check_solve_against_dense, _grads, buffer_table, f64
 from tokenmix.mixers import structured
-from tokenmix.ops import pattern_kernels
+from tokenmix.ops import numba_runtime, pattern_kernels
 from tokenmix.ops.pattern_kernels import compiled_pattern_scores, compiled_pattern_solve, lattice_step, step_read
 from tokenmix.ops.pattern_solve import pattern_scores_reference
 from tolerances import FLOAT32_REL_RMS, FLOAT64_EXACT, assert_close, rel_rms
@@ -85,7 +86,7 @@ def _read_formula(qkv, keys, values, read, scale):
 def test_decode_reads_match_their_definition(compiled, monkeypatch):
     """One decode read (scores, softmax over the self slot and the cached neighbours, weighted sum)
     and the lattice step on slot-stable storage, by the kernel and by the pure-PyTorch fallback."""
-    monkeypatch.setattr(pattern_kernels, "ENABLED", compiled)
+    monkeypatch.setattr(numba_runtime, "ENABLED", compiled)
     g = torch.Generator().manual_seed(0)
     b, s, h, k = 2, 5, 3, 4
     qkv, keys, values = f64(g, b, 3, h, k), f64(g, b, s, h, k), f64(g, b, s, h, k)
@@ -116,7 +117,7 @@ def test_disabled_kernels_fall_back_to_chunked_with_one_warning(name, monkeypatc
     m = small_mixer(name)
     x = torch.randn(2, 37, m.d_model, dtype=torch.float64)
     y_compiled, s_compiled = m(x, mode="compiled")
-    monkeypatch.setattr(pattern_kernels, "ENABLED", False)
+    monkeypatch.setattr(numba_runtime, "ENABLED", False)
     structured._warn_no_kernel.cache_clear()
     with pytest.warns(RuntimeWarning, match="compiled pattern kernels are unavailable") as record:
         y_fallback, s_fallback = m(x, mode="compiled")
@@ -143,3 +144,31 @@ def test_half_precision_and_other_devices_take_the_pytorch_path():
     yb, _ = m.to(torch.bfloat16)(x.to(torch.bfloat16), mode="compiled")
     assert yb.dtype == torch.bfloat16 and torch.isfinite(yb).all()
     assert (yb.double() - y64).abs().max() < 0.1
+
+
+IDLE_WORKERS = """
+import time, torch
+from tokenmix.ops import pattern_kernels as k
+torch.set_num_threads(2)
+b, t, h, v = 4, 64, 2, 16
+alpha, beta, x = torch.rand(b, t, h), torch.rand(b, t, h, 3), torch.randn(b, t, h, v)
+idx = torch.arange(t)[:, None] - torch.tensor([1, 2, 4])
+idx[idx < 0] = -1
+k.compiled_pattern_solve(alpha, beta, idx, x)
+cpu, own = time.process_time(), time.thread_time()
+for _ in range(200):          # small kernels with idle gaps between them, as in a training step
+    k.compiled_pattern_solve(alpha, beta, idx, x)
+    time.sleep(0.002)
+print((time.process_time() - cpu) - (time.thread_time() - own))
+"""
+
+
+def test_idle_kernel_workers_sleep_in_a_plain_python_process():
+    """A library user's process (torch imported first, no OMP_WAIT_POLICY) must not pay for
+    kernel workers that spin between kernels: numba's OpenMP layer shared torch's libgomp, whose
+    idle threads spun ~4 ms after every call (~0.7 CPU-s over these 200 calls, against ~0.02 s)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "NUMBA_THREADING_LAYER",
+                                                             "NUMBA_NUM_THREADS")}
+    out = subprocess.run([sys.executable, "-c", IDLE_WORKERS], env=env, capture_output=True, text=True, check=True)
+    others = float(out.stdout.strip())   # CPU seconds of every thread but the caller's
+    assert others < 0.2, f"kernel worker threads burned {others:.2f} CPU-s while idle"

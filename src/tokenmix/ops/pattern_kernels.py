@@ -22,52 +22,29 @@ table (exact patterns, lattices, Fenwick, reads of a sparse cache) alike. (b, h)
 independent, so the sweeps run in parallel over B H with ``prange`` (both cores busy); within a
 row the V- and K-loops are contiguous and vectorise.
 
-Availability. numba is a dependency of the package; if it cannot be imported (or a tensor is not a
-float32 / float64 CPU tensor: CUDA, bfloat16), the functions here fall back to the pure-PyTorch
-kernels with the same arguments, and ``kernel_available()`` says which one runs (the mixer's
-``compiled`` mode warns once when it is missing). Both paths are checked against the dense
+Availability and threads (``ops/numba_runtime.py``): where numba cannot run (not importable,
+``TOKENMIX_NO_COMPILED=1``, or a tensor that is not a float32 / float64 CPU tensor: CUDA, bfloat16),
+the functions here fall back to the pure-PyTorch kernels with the same arguments, and
+``kernel_available()`` says which one runs (the mixer's ``compiled`` mode warns once when it is
+missing). Both paths are checked against the dense
 reference in float64 by the generic mixer matrix (the ``compiled`` and ``chunked`` modes).
 Reference for the tests: ``pattern_solve.recurrent_pattern_solve`` and
 ``pattern_solve.pattern_scores_reference``.
 """
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import torch
 from torch import Tensor
 
 from tokenmix.core.errors import InputError
+
+from tokenmix.ops.numba_runtime import PARALLEL_JIT as _JIT, kernel_available, launch, numba, supported
+from tokenmix.ops.numba_runtime import as_numpy as _np
 from tokenmix.ops.pattern_solve import chunked_pattern_solve, pattern_scores
 
-try:  # the compiled path; everything below works without it (the pure-PyTorch kernels run instead)
-    import numba
+if numba is not None:
     from numba import njit, prange
-except ImportError:  # pragma: no cover - exercised only where numba is missing
-    numba = None
-
-_JIT = dict(parallel=True, fastmath=True, cache=True, nogil=True)
-_DTYPES = (torch.float32, torch.float64)
-
-
-#: Whether the compiled kernels run: numba importable and ``TOKENMIX_NO_COMPILED`` not set (read once,
-#: at import: a decode step asks for every token). Tests switch it with ``monkeypatch.setattr``.
-ENABLED = numba is not None and os.environ.get("TOKENMIX_NO_COMPILED", "").lower() not in ("1", "true", "yes")
-
-
-def kernel_available() -> bool:
-    """Whether the compiled kernels can run here (numba importable and not disabled by
-    ``TOKENMIX_NO_COMPILED=1``)."""
-    return ENABLED
-
-
-def supported(*tensors: Tensor) -> bool:
-    """Whether the compiled kernels take these tensors: float32 or float64, all one dtype, on the CPU."""
-    if not ENABLED:
-        return False
-    dtype = tensors[0].dtype
-    return dtype in _DTYPES and all(z.dtype == dtype and z.device.type == "cpu" for z in tensors)
 
 
 if numba is not None:
@@ -269,34 +246,25 @@ if numba is not None:
         return m
 
 
-def _np(z: Tensor) -> np.ndarray:
-    return z.detach().numpy()
-
-
-def _threads() -> None:
-    """Use as many numba threads as torch uses (the CLI and benchmarks set torch's count)."""
-    numba.set_num_threads(max(1, min(torch.get_num_threads(), numba.config.NUMBA_NUM_THREADS)))
-
-
 class _CompiledSolve(torch.autograd.Function):
     @staticmethod
     def forward(ctx, alpha, beta, idx, x, y_prefix):
         alpha, beta, x, y_prefix = (z.contiguous() for z in (alpha, beta, x, y_prefix))
-        _threads()
         y = torch.empty_like(x)
-        _solve_forward(_np(alpha), _np(beta), _np(idx), _np(x), _np(y_prefix), _np(y))
+        with launch():
+            _solve_forward(_np(alpha), _np(beta), _np(idx), _np(x), _np(y_prefix), _np(y))
         ctx.save_for_backward(alpha, beta, idx, x, y_prefix, y)
         return y
 
     @staticmethod
     def backward(ctx, gy):
         alpha, beta, idx, x, y_prefix, y = ctx.saved_tensors
-        _threads()
         g = gy.contiguous().clone()
         galpha, gbeta = torch.empty_like(alpha), torch.empty_like(beta)
         gx, gp = torch.empty_like(x), torch.zeros_like(y_prefix)
-        _solve_backward(_np(alpha), _np(beta), _np(idx), _np(x), _np(y_prefix), _np(y), _np(g),
-                        _np(galpha), _np(gbeta), _np(gx), _np(gp))
+        with launch():
+            _solve_backward(_np(alpha), _np(beta), _np(idx), _np(x), _np(y_prefix), _np(y), _np(g),
+                            _np(galpha), _np(gbeta), _np(gx), _np(gp))
         return galpha, gbeta, None, gx, gp
 
 
@@ -304,18 +272,18 @@ class _CompiledScores(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, kbuf, idx):
         q, kbuf = q.contiguous(), kbuf.contiguous()
-        _threads()
         s = q.new_empty(*q.shape[:3], idx.shape[1])
-        _scores_forward(_np(q), _np(kbuf), _np(idx), _np(s))
+        with launch():
+            _scores_forward(_np(q), _np(kbuf), _np(idx), _np(s))
         ctx.save_for_backward(q, kbuf, idx)
         return s
 
     @staticmethod
     def backward(ctx, ds):
         q, kbuf, idx = ctx.saved_tensors
-        _threads()
         dq, dk = torch.empty_like(q), torch.zeros_like(kbuf)
-        _scores_backward(_np(q), _np(kbuf), _np(idx), _np(ds.contiguous()), _np(dq), _np(dk))
+        with launch():
+            _scores_backward(_np(q), _np(kbuf), _np(idx), _np(ds.contiguous()), _np(dq), _np(dk))
         return dq, dk, None
 
 
