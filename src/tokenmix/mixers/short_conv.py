@@ -20,8 +20,9 @@ gets gradient from the start. PyTorch's Conv1d default (uniform in (-1/sqrt(k), 
 keeps) gives no tap a preference and shrinks the signal to about 0.58 of its input at k = 4. That
 suits a conv followed by a gate and an SSM, but not a conv used on its own as a mixer.
 
-Modes: ``conv`` (training default: F.conv1d with groups = C over the cached inputs and the segment,
-left-padded with zeros to k - 1 positions of history; O(T k) per channel), ``dense`` (the banded A
+Modes: ``conv`` (training default: the causal depthwise convolution of ``ops/causal_conv.py`` over
+the cached inputs and the segment, compiled where numba runs, torch's F.conv1d otherwise; O(T k)
+per channel), ``dense`` (the banded A
 through the one reference solver, cached inputs entering as its known right-hand side), and
 ``recurrent`` (token by token). Decode state: the inputs u of the last min(k - 1, position) positions,
 oldest first: cache_positions(n) = min(k - 1, n - 1), state_size(n) = that times C.
@@ -36,13 +37,13 @@ import math
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
 from tokenmix.mixers.registry import register_mixer
+from tokenmix.ops.causal_conv import causal_conv
 
 
 @dataclass(frozen=True)
@@ -111,13 +112,13 @@ class ShortConv(Mixer):
             u = u.masked_fill(pad[..., None], 0.0)
         return state, u
 
-    def _finish(self, state: ConvWindow, buf: Tensor, v: Tensor) -> tuple[Tensor, ConvWindow]:
-        """Output projection of v [B, T, C] and the state holding the last positions of ``buf``
-        [B, P + T, C] (the cached inputs, then the segment's)."""
-        t = v.shape[1]
-        keep = min(self.kernel_size - 1, buf.shape[1])
-        # a copy: a view would keep the whole segment's buffer alive for as long as the state lives
-        kept = buf[:, buf.shape[1] - keep :].clone()
+    def _finish(self, state: ConvWindow, u: Tensor, v: Tensor) -> tuple[Tensor, ConvWindow]:
+        """Output projection of v [B, T, C] and the state holding the last positions of the cached
+        inputs followed by the segment's u [B, T, C]."""
+        t, cached = v.shape[1], state.inputs
+        keep = min(self.kernel_size - 1, cached.shape[1] + t)
+        # copies: a view would keep the whole segment alive for as long as the state lives
+        kept = u[:, t - keep:].clone() if keep <= t else torch.cat([cached[:, cached.shape[1] - (keep - t):], u], 1)
         new = ConvWindow(state.owner, state.batch_size, state.position + t, kept)
         return self.out(v), new.carry_over(state)
 
@@ -130,24 +131,10 @@ class ShortConv(Mixer):
         taps = self.weight[:, lag.clamp(0, k - 1)]  # [C, T, P + T]
         return taps * inside.to(taps.dtype)
 
-    def conv(self, u: Tensor, cached: Tensor) -> tuple[Tensor, Tensor]:
-        """The causal depthwise convolution of the segment u [B, T, C] after the cached inputs
-        [B, P, C] -> (v [B, T, C], the buffer [B, P + T, C])."""
-        p, k = cached.shape[1], self.kernel_size
-        buf = torch.cat([cached, u], 1) if p else u
-        if k == 1:
-            return u * self.weight[:, 0], buf
-        # conv1d correlates: out[t] = sum_i kernel[i] in[t + i]; with k - 1 positions of history in
-        # front of u_t, in[t + i] = u_{t - (k - 1 - i)}, so the kernel is w reversed
-        hist = F.pad(buf.transpose(1, 2), (k - 1 - p, 0))  # [B, C, k - 1 + T]
-        v = F.conv1d(hist, self.weight.flip(-1)[:, None, :], groups=self.channels)
-        return v.transpose(1, 2), buf
-
     # ---------------------------------------------------------------- modes
     def forward_conv(self, x: Tensor, state: ConvWindow | None) -> tuple[Tensor, ConvWindow]:
         state, u = self._start(x, state)
-        v, buf = self.conv(u, state.inputs)
-        return self._finish(state, buf, v)
+        return self._finish(state, u, causal_conv(u, state.inputs, self.weight))
 
     def forward_dense(self, x: Tensor, state: ConvWindow | None) -> tuple[Tensor, ConvWindow]:
         state, u = self._start(x, state)
@@ -159,8 +146,7 @@ class ShortConv(Mixer):
         # side, read through the prefix columns of the band
         offset = torch.einsum("cts,bsc->btc", full[:, :, :p], cached)[..., None] if p else None
         v = solve_dense(MixOperator(mix_a, torch.zeros_like(mix_a)), u[..., None], offset=offset)[..., 0]
-        buf = torch.cat([cached, u], 1) if p else u
-        return self._finish(state, buf, v)
+        return self._finish(state, u, v)
 
     def forward_recurrent(self, x: Tensor, state: ConvWindow | None) -> tuple[Tensor, ConvWindow]:
         """Token by token: read the cached inputs and the token's own, keep the last k - 1."""
@@ -192,10 +178,11 @@ class ShortConv(Mixer):
         return self.in_proj(x)[..., None]
 
     def mixing_core(self, x: Tensor):
-        """(fn, inputs): the convolution of x's inputs u without the projections (for benchmarks)."""
+        """(fn, inputs): the convolution of x's inputs u without the projections (for benchmarks);
+        fn returns (v, None)."""
         u = self.in_proj(x).detach().requires_grad_()
         empty = u.new_zeros(u.shape[0], 0, self.channels)
-        return (lambda uu: self.conv(uu, empty)), (u,)
+        return (lambda uu: (causal_conv(uu, empty, self.weight), None)), (u,)
 
     def cache_positions(self, n: int) -> int:
         return min(max(n - 1, 0), self.kernel_size - 1)
