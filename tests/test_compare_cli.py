@@ -288,8 +288,8 @@ def test_recall_preset_is_the_quick_mqar_column_trained_longer():
     long = recall(["diag_ssm"])
     assert len(long) == len(short) == 10 * 3
     for s, c in zip(short, long):
-        assert c.train.steps == module.STEPS > 4 * s.train.steps and c.train.patience == module.PATIENCE > 0
-        assert replace(c, train=replace(c.train, steps=s.train.steps, patience=s.train.patience)) == s
+        assert c.train.steps == module.STEPS > 4 * s.train.steps and c.train.patience_steps == module.PATIENCE_STEPS > 0
+        assert replace(c, train=replace(c.train, steps=s.train.steps, patience_steps=s.train.patience_steps)) == s
 
 
 @pytest.mark.parametrize("extra,needle", [

@@ -74,9 +74,10 @@ def test_tiny_training_run_loss_falls():
 
 def test_early_stop_and_progress_total():
     seen = []
-    res = train_one(tiny_run(steps=30, eval_every=3, early_stop_acc=0.0), on_steps=seen.append)
+    res = train_one(tiny_run(steps=30, eval_every=3, early_stop_acc=0.0), on_steps=lambda k, c: seen.append((k, c)))
     assert res["stop_reason"] == "early_stop_acc" and res["steps_done"] == 3
-    assert sum(seen) == 30  # the skipped budget is reported so progress bars complete
+    # the skipped budget is reported, credited, so progress completes and an ETA knows it was not trained
+    assert seen == [(3, False), (27, True)]
 
 
 def test_run_id_tracks_the_resolved_config():
@@ -95,9 +96,9 @@ def trained_ids(monkeypatch) -> list[str]:
     calls: list[str] = []
     real = harness.train_one
 
-    def counting(cfg, on_steps=None, device="cpu"):
+    def counting(cfg, on_steps=None, device="cpu", **kw):
         calls.append(cfg.run_id)
-        return real(cfg, on_steps, device)
+        return real(cfg, on_steps, device, **kw)
 
     monkeypatch.setattr(harness, "train_one", counting)
     return calls
@@ -296,3 +297,85 @@ def test_answer_logits_equal_the_full_heads_answers_and_give_the_same_loss():
     ref = torch.nn.functional.cross_entropy(full.flatten(0, 1), data.labels.flatten(), ignore_index=-100)
     got = torch.nn.functional.cross_entropy(logits, data.labels[answered])
     torch.testing.assert_close(got, ref, rtol=1e-12, atol=1e-12)
+
+
+def test_learning_budget_stops_on_patience_in_steps_never_before_min_steps():
+    """A gain is min_gain over the last gain (a slow climb counts once it adds up); patience counts
+    steps since the last gain, and no run stops on patience before min_steps."""
+    tc = TrainConfig(steps=10_000, eval_every=100, patience_steps=300, min_gain=0.02, min_steps=1000,
+                     early_stop_acc=0.99)
+    b = harness.LearningBudget(tc)
+    plateau = [(s, 0.05) for s in range(100, 1100, 100)]            # flat from the start
+    assert all(b.observe(s, a) is None for s, a in plateau[:-1])   # past the patience, but before min_steps
+    assert b.observe(*plateau[-1]) == "patience"                    # step 1000: 900 steps since the gain at 100
+    b = harness.LearningBudget(tc)
+    climb = [(100 * i, 0.05 + 0.011 * i) for i in range(1, 12)]    # +1.1 points per validation
+    assert all(b.observe(s, a) is None for s, a in climb)
+    assert b.last_gain_step == 1100                                 # gains counted every second validation
+    assert b.observe(1200, 0.20) is None and b.last_gain_step == 1200
+    # stopped by the step budget with the last gain inside the patience window: still rising
+    assert b.still_rising("max_steps", 1450, []) and not b.still_rising("max_steps", 1500, [])
+    assert not b.still_rising("patience", 1450, [])
+    assert b.observe(1300, 0.99) == "early_stop_acc"
+    # no patience rule: the curve's last quarter decides, as before budgets by learning
+    flat = [{"step": s, "val_acc": 0.25} for s in range(8)]
+    assert not harness.LearningBudget(TrainConfig()).still_rising("max_steps", 8, flat)
+
+
+def test_run_records_its_learning_curve_steps_to_fractions_and_budget_fields():
+    res = train_one(tiny_run(steps=12, eval_every=3, patience_steps=6, min_steps=9, early_stop_acc=1.01))
+    assert [c["step"] for c in res["curve"]][:2] == [3, 6]
+    assert all(set(c) == {"step", "loss", "val_acc", "val_loss"} and c["val_loss"] > 0 for c in res["curve"])
+    best = res["best_val_acc"]
+    first = next(c["step"] for c in res["curve"] if c["val_acc"] >= 0.5 * best)
+    assert res["steps_to_half"] == first and res["steps_to_90"] >= first
+    assert isinstance(res["still_rising"], bool)
+    assert harness.steps_to_fraction([{"step": 5, "val_acc": 0.0}], 0.0, 0.5) is None
+    # the budget fields are part of the run id only when set; old configs' validation patience converts
+    plain, learned = tiny_run(), tiny_run(patience_steps=6, min_gain=0.01, min_steps=9)
+    assert not set(harness.SyntheticTrainConfig().__dict__) - set(plain.to_dict()["train"]) - {
+        "patience_steps", "min_gain", "min_steps", "test_lengths"}
+    assert plain.run_id != learned.run_id and RunConfig.from_dict(learned.to_dict()).train == learned.train
+    old = plain.to_dict()
+    old["train"]["patience"] = 4
+    assert RunConfig.from_dict(old).train.patience_steps == 4 * plain.train.eval_every
+    with pytest.raises(ValueError, match="min_gain must be in"):
+        TrainConfig(min_gain=1.5)
+    with pytest.raises(ValueError, match="patience_steps must be an integer"):
+        TrainConfig(patience_steps=-1)
+
+
+def test_score_loss_is_the_mean_cross_entropy_over_answers():
+    torch.manual_seed(0)
+    data = RunConfig(label="x", task="assoc_recall", task_args=dict(vocab_size=64, seq_len=16, num_kv_pairs=2)
+                     ).task_config().build(10, seed=3)
+    model = MixerModel(ModelConfig(vocab_size=64, d_model=8, n_heads=2, layers=("attention",))).double()
+    with torch.no_grad():
+        full, _ = model(data.inputs)
+    ref = torch.nn.functional.cross_entropy(full.flatten(0, 1), data.labels.flatten(), ignore_index=-100)
+    for batch_size in (256, 3):
+        got = harness.score(model, data, batch_size=batch_size)
+        assert got.loss == pytest.approx(float(ref), rel=1e-9)
+        assert got.acc == harness.evaluate(model, data)
+
+
+def test_fused_adamw_equals_the_per_op_update():
+    """``build_optimizer`` takes torch's fused AdamW: the same update as the per-operation loop (float64,
+    several steps, both parameter groups), with a state dict the other loads."""
+    torch.manual_seed(0)
+    model = MixerModel(ModelConfig(vocab_size=10, d_model=8, layers=("pow2",), n_heads=2)).double()
+    twin = MixerModel(ModelConfig(vocab_size=10, d_model=8, layers=("pow2",), n_heads=2)).double()
+    twin.load_state_dict(model.state_dict())
+    fused = build_optimizer(model, 1e-2, 0.1)
+    plain = torch.optim.AdamW(param_groups(twin, 0.1), lr=1e-2, betas=(0.9, 0.98), eps=1e-8, foreach=False)
+    assert fused.defaults["fused"] and not plain.defaults.get("fused")
+    for step in range(5):
+        g = torch.Generator().manual_seed(step)
+        for a, b in zip(model.parameters(), twin.parameters()):
+            a.grad = torch.randn(a.shape, generator=g, dtype=a.dtype)
+            b.grad = a.grad.clone()
+        fused.step()
+        plain.step()
+    for a, b in zip(model.parameters(), twin.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+    plain.load_state_dict(fused.state_dict())

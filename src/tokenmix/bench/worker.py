@@ -41,12 +41,13 @@ def run_case(case: dict, prepare: Callable[[dict], tuple[Callable[[], None], dic
             "peak_mb": max(0.0, _peak_mb() - base)}
 
 
-def run_in_subprocess(case: dict, module: str, timeout: float = 600) -> dict:
+def run_in_subprocess(case: dict, module: str, timeout: float = 600, env: dict[str, str] | None = None) -> dict:
     """Run ``case`` as ``python -m <module> '<json case>'`` (a benchmark module whose ``__main__``
-    calls ``case_main`` with its prepare function); failures come back as {"error": ...}."""
+    calls ``case_main`` with its prepare function) in ``env`` (None: this process's environment);
+    failures come back as {"error": ...}."""
     try:
         out = subprocess.run([sys.executable, "-m", module, json.dumps(case)],
-                             capture_output=True, text=True, timeout=timeout)
+                             capture_output=True, text=True, timeout=timeout, env=env)
     except subprocess.TimeoutExpired:
         return {**case, "error": f"timed out after {timeout:.0f} s"}
     if out.returncode != 0:

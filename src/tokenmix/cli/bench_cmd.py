@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from tokenmix.bench import decode, mixers, solver
+from tokenmix.bench import decode, mixers, solver, synthetic_step
 from tokenmix.bench.lm import LMBenchConfig
 from tokenmix.bench.lm import run as run_lm_bench
 from tokenmix.cli.limits import check_size, fmt_bytes, memory_budget
@@ -14,6 +14,7 @@ from tokenmix.cli.options import add_mixers_option, mixer_list
 from tokenmix.core.errors import InputError, MissingDependency
 from tokenmix.core.files import atomic_write_text
 from tokenmix.mixers.registry import get_mixer_spec
+from tokenmix.study.presets import compare_preset
 
 # memory models of the size checks (upper estimates of measured peaks, d_model 256 = 4 heads x 64):
 # a decode keeps every n's prefilled input and state at once (8-22 KiB a position measured); a
@@ -25,7 +26,8 @@ SOLVER_MODES = ("compiled", "chunked", "dense")
 
 
 def _progress(r: dict) -> None:
-    keys = ("mixer", "mode", "n", "time_s", "latency_ms", "peak_mb", "error")
+    keys = ("mixer", "label", "environment", "mode", "n", "time_s", "latency_ms", "cpu_ms_per_step", "peak_mb",
+            "error")
     print("  " + " ".join(f"{k}={r[k]:.4g}" if isinstance(r.get(k), float) else f"{k}={r[k]}"
                           for k in keys if k in r), file=sys.stderr, flush=True)
 
@@ -69,6 +71,17 @@ def register(sub) -> None:
     lm.add_argument("--seed", type=int, default=d.seed)
     lm.add_argument("--out", default=None, help="also write the JSON here")
     lm.set_defaults(func=_run_lm)
+    st = bsub.add_parser("step", help="CPU ms per training step of a compare preset's runs, under the CLI's "
+                                      "settings and in a plain python process (~1 min at the defaults)")
+    st.add_argument("--preset", default="frontier", help="compare preset whose run configs are timed (default frontier)")
+    add_mixers_option(st, "attention, mamba2, pow2, sq1_ce")
+    st.add_argument("--steps", type=int, default=20, help="timed steps per block")
+    st.add_argument("--repeats", type=int, default=3, help="timed blocks (the best is reported)")
+    st.add_argument("--busy", type=int, default=0,
+                    help="single-threaded matmul loops kept running during the run (contention test)")
+    st.add_argument("--environments", default="cli,python",
+                    help="cli (the compare worker's settings), python (a plain process), or both")
+    st.set_defaults(func=_run_step)
     hf = bsub.add_parser("hf", help="decode ms/token through transformers' generate() vs tokenmix's own loop "
                                     "(needs tokenmix[hf])")
     add_mixers_option(hf, "attention,pow2_ce,mamba2")
@@ -82,6 +95,29 @@ def register(sub) -> None:
     hf.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
     hf.add_argument("--out", default=None, help="also write the JSON here")
     hf.set_defaults(func=_run_hf)
+
+
+def _run_step(args) -> int:
+    names = mixer_list(args.mixers, default=["attention", "mamba2", "pow2", "sq1_ce"])
+    envs = [e.strip() for e in args.environments.split(",") if e.strip()]
+    bad = [e for e in envs if e not in synthetic_step.ENVIRONMENTS]
+    if bad or not envs:
+        raise InputError(f"--environments: unknown {bad or envs}; use {', '.join(synthetic_step.ENVIRONMENTS)}")
+    for flag, v in (("--steps", args.steps), ("--repeats", args.repeats)):
+        if v < 1:
+            raise InputError(f"{flag} must be >= 1, got {v}")
+    if not 0 <= args.busy <= 64:
+        raise InputError(f"--busy must be in 0..64, got {args.busy}")
+    runs = compare_preset(args.preset).build(names)
+    configs = []
+    for name in names:
+        cfg = next((c for c in runs if c.label == name), None)
+        if cfg is None:
+            raise InputError(f"preset '{args.preset}' has no run of row '{name}'")
+        configs.append(cfg)
+    print(json.dumps(synthetic_step.run(configs, args.steps, repeats=args.repeats, environments=envs,
+                                        busy=args.busy, progress=_progress), indent=1))
+    return 0
 
 
 def lm_bench_config(args) -> LMBenchConfig:

@@ -36,6 +36,9 @@ from tokenmix.tasks import TaskConfig, make_task
 
 
 
+LEARNING_BUDGET_FIELDS = ("patience_steps", "min_gain", "min_steps")
+
+
 @dataclass(frozen=True)
 class SyntheticTrainConfig:
     """Optimisation and evaluation of one run."""
@@ -50,9 +53,14 @@ class SyntheticTrainConfig:
     train_examples: int = 10_000    # size of the training set (generated from the run's seed)
     val_examples: int = 256
     test_examples: int = 1_000
-    eval_every: int = 50            # steps between validation passes
+    eval_every: int = 50            # steps between validation passes (one point of the learning curve each)
     early_stop_acc: float = 0.99    # stop once validation accuracy reaches this (> 1 = never)
-    patience: int = 0               # stop after this many validations without improvement (0 = off)
+    # budget by learning: stop once validation accuracy has not gained ``min_gain`` over its last
+    # counted gain for ``patience_steps`` steps (0 = off), never before ``min_steps`` (the plateau
+    # MQAR-like tasks sit on before they learn must not end a run); ``steps`` is the hard maximum
+    patience_steps: int = 0
+    min_gain: float = 0.0           # accuracy points (as a fraction) that count as a gain
+    min_steps: int = 0
     val_seed: int = 1_000_003
     test_seed: int = 2_000_003
     mode: str | None = None         # mixer mode used for training and evaluation (None = fast default)
@@ -60,7 +68,7 @@ class SyntheticTrainConfig:
                                         # the training length: extrapolation of models without a position code
 
     def __post_init__(self) -> None:
-        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip"):
+        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "min_gain"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise InputError(f"train config: {name} must be a finite number, got {v!r}")
@@ -72,8 +80,12 @@ class SyntheticTrainConfig:
                 raise InputError(f"train config: {name} must be a positive integer, got {v!r}")
         if not self.lr > 0:
             raise InputError(f"train config: lr must be > 0, got {self.lr}")
-        if self.warmup_steps < 0 or self.patience < 0:
-            raise InputError("train config: warmup_steps and patience must be >= 0")
+        for name in ("warmup_steps", "patience_steps", "min_steps"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+                raise InputError(f"train config: {name} must be an integer >= 0, got {v!r}")
+        if not 0.0 <= self.min_gain < 1.0:
+            raise InputError(f"train config: min_gain must be in [0, 1), got {self.min_gain}")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise InputError("train config: grad_clip and weight_decay must be >= 0")
         if not isinstance(self.test_lengths, tuple) or any(
@@ -151,14 +163,21 @@ class SyntheticRunConfig:
             del train["test_lengths"]  # configs without extra lengths keep the run ids they had before the field
         else:
             train["test_lengths"] = list(train["test_lengths"])
+        for name in LEARNING_BUDGET_FIELDS:  # likewise for runs without a budget by learning
+            if train[name] == 0:
+                del train[name]
         return {"label": self.label, "task": self.task, "column": self.column_name, "task_args": task,
                 "model": model, "train": train, "seed": self.seed}
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SyntheticRunConfig":
         model = {k: v for k, v in d["model"].items() if k != "vocab_size"}
+        train = {**d["train"], "test_lengths": tuple(d["train"].get("test_lengths", ()))}
+        legacy = train.pop("patience", 0)  # written before budgets by learning: validations, not steps
+        if legacy and "patience_steps" not in train:
+            train["patience_steps"] = legacy * train.get("eval_every", SyntheticTrainConfig.eval_every)
         return cls(label=d["label"], task=d["task"], task_args=dict(d["task_args"]), model=model,
-                   train=SyntheticTrainConfig(**{**d["train"], "test_lengths": tuple(d["train"].get("test_lengths", ()))}),
+                   train=SyntheticTrainConfig(**train),
                    seed=int(d["seed"]),
                    column=None if d.get("column", d["task"]) == d["task"] else d["column"])
 
@@ -177,7 +196,7 @@ class SyntheticRunConfig:
 
 def result_csv_row(result: dict[str, Any]) -> dict[str, Any]:
     keys = ("run_id", "label", "task", "column", "layers", "d_model", "lr", "seed", "test_acc", "best_val_acc",
-            "steps_done", "stop_reason", "train_loss_first", "train_loss_last", "tokens_per_s",
+            "steps_done", "stop_reason", "still_rising", "steps_to_half", "steps_to_90", "train_loss_first", "train_loss_last", "tokens_per_s",
             "tokens_per_cpu_s", "train_seconds", "train_cpu_seconds", "num_params")
     row = {k: result.get(k) for k in keys}
     row["layers"] = "+".join(result.get("layers", []))

@@ -2,7 +2,11 @@
 
 Protocol (zoology's): AdamW, linear warmup + cosine decay, early stopping once the validation
 accuracy reaches ``early_stop_acc``; the checkpoint with the best validation accuracy is scored on
-a held-out test set. The three splits come from three different seeds: training data from the
+a held-out test set. A run's budget can be set by learning instead of by tokens (``LearningBudget``:
+stop once validation accuracy has stopped gaining, never before a floor of steps that lets a run
+leave its initial plateau); every run records its learning curve (training loss, validation
+accuracy and loss at every validation), the steps it took to reach 50 % / 90 % of its best
+validation accuracy, and whether its step budget stopped it while it was still rising. The three splits come from three different seeds: training data from the
 run's seed, validation and test sets from ``val_seed`` / ``test_seed`` (the same for every run, so
 all mixers are scored on the same examples). ``summarize`` reports, per (row, task, width), the
 learning rate whose mean test accuracy over seeds is highest, with that mean ± std.
@@ -36,8 +40,9 @@ from torch import Tensor
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_json, atomic_write_text, prepare_output_dir
 from tokenmix.core.lock import folder_lock
+from tokenmix.core.progress import Progress
 from tokenmix.models import MixerModel
-from tokenmix.runs.synthetic import SyntheticRunConfig, load_result, results_to_csv, run_dir
+from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig, load_result, results_to_csv, run_dir
 from tokenmix.tasks import IGNORE_INDEX, TaskConfig, TaskData, make_task
 from tokenmix.training.optim import build_optimizer
 from tokenmix.training.schedule import build_scheduler
@@ -69,10 +74,19 @@ def answer_logits(model: MixerModel, inputs: Tensor, labels: Tensor, mode: str |
     return model.head(h[answered]), answered
 
 
+@dataclass(frozen=True)
+class Scores:
+    """Accuracy over the scored answer positions and the mean cross-entropy over every answer
+    position (scored or only trained on: the quantity the training loss averages)."""
+
+    acc: float
+    loss: float
+
+
 @torch.no_grad()
-def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str | None = None,
-             by_group: dict[str, float] | None = None) -> float:
-    """Accuracy over the scored answer positions of ``data`` (labels != −100, within ``score_mask``).
+def score(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str | None = None,
+          by_group: dict[str, float] | None = None) -> Scores:
+    """:class:`Scores` of ``model`` on ``data`` (labels != −100; accuracy within ``score_mask``).
 
     ``by_group``: filled, for data with answer groups, with each group's accuracy over all of its
     answer positions (scored or only trained on), from the same forward passes.
@@ -80,14 +94,19 @@ def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
-    correct = total = 0
+    correct = total = answers = 0
+    loss_sum = 0.0
     k = len(data.group_names) if data.groups is not None else 0
     group_correct, group_total = torch.zeros(k, dtype=torch.long), torch.zeros(k, dtype=torch.long)
     for i in range(0, len(data), batch_size):
         part = data[i : i + batch_size]
         logits, answered = answer_logits(model, part.inputs.to(device), part.labels.to(device), mode)
         answered = answered.cpu()
-        hit = logits.argmax(-1).cpu() == part.labels[answered]       # [M], one per answer position
+        target = part.labels[answered]
+        wide = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits summed in fp32
+        loss_sum += float(F.cross_entropy(wide, target.to(device), reduction="sum"))
+        answers += int(answered.sum())
+        hit = logits.argmax(-1).cpu() == target                       # [M], one per answer position
         scored = part.scored[answered]                                # scored answers among them
         correct, total = correct + int(hit[scored].sum()), total + int(scored.sum())
         if k:
@@ -100,15 +119,97 @@ def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str
     if by_group is not None:
         by_group.update({name: int(c) / int(n) for name, c, n in zip(data.group_names, group_correct, group_total)
                          if n > 0})
-    return correct / max(total, 1)
+    return Scores(correct / max(total, 1), loss_sum / max(answers, 1))
 
 
-def train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int], None] | None = None, device: str = "cpu") -> dict[str, Any]:
+def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str | None = None,
+             by_group: dict[str, float] | None = None) -> float:
+    """Accuracy over the scored answer positions of ``data`` (:func:`score`'s ``acc``)."""
+    return score(model, data, batch_size, mode, by_group).acc
+
+
+class LearningBudget:
+    """When a run stops, by learning rather than by tokens (``SyntheticTrainConfig``'s budget fields).
+
+    A *gain* is a validation accuracy at least ``min_gain`` above the accuracy of the last gain (so a
+    slow climb counts once it adds up). The run stops at ``early_stop_acc``, or once ``patience_steps``
+    steps have passed since the last gain and at least ``min_steps`` were trained, or at ``steps``.
+    ``still_rising``: a run stopped by ``steps`` that the patience rule would have continued (its last
+    gain is within the patience window); without a patience rule, a gain of 2 points over the last
+    quarter of the curve (``curve_still_rising``).
+    """
+
+    def __init__(self, tc: SyntheticTrainConfig) -> None:
+        self.tc = tc
+        self.reference = -1.0      # accuracy of the last gain
+        self.last_gain_step = 0
+
+    def observe(self, step: int, val_acc: float) -> str | None:
+        """Record a validation; the stop reason if the run should stop after it, else None."""
+        tc = self.tc
+        if val_acc >= self.reference + tc.min_gain and (val_acc > self.reference):
+            self.reference, self.last_gain_step = val_acc, step
+        if val_acc >= tc.early_stop_acc:
+            return "early_stop_acc"
+        if tc.patience_steps and step >= tc.min_steps and step - self.last_gain_step >= tc.patience_steps:
+            return "patience"
+        return None
+
+    def still_rising(self, stop_reason: str, step: int, curve: Sequence[dict[str, float]]) -> bool:
+        if stop_reason != "max_steps":
+            return False
+        if self.tc.patience_steps:
+            return step - self.last_gain_step < self.tc.patience_steps
+        return curve_still_rising(curve)
+
+
+def steps_to_fraction(curve: Sequence[dict[str, float]], final: float, fraction: float) -> int | None:
+    """The first curve step whose validation accuracy reaches ``fraction`` × ``final`` (None if final <= 0)."""
+    if final <= 0:
+        return None
+    return next((c["step"] for c in curve if c["val_acc"] >= fraction * final), None)
+
+
+def train_step(model: MixerModel, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, tc: SyntheticTrainConfig
+               ) -> Tensor:
+    """One optimiser step on a batch (inputs x, labels y [B, T]): the loss over the answer positions,
+    backward, gradient clipping, the update; returns the loss (not yet synchronised)."""
+    logits, answered = answer_logits(model, x, y, tc.mode)
+    loss = F.cross_entropy(logits, y[answered])  # the mean over answer positions, as ignore_index gives
+    opt.zero_grad(set_to_none=True)
+    loss.backward()
+    if tc.grad_clip > 0:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
+    opt.step()
+    return loss
+
+
+#: torch threads of a run by default: the models of synthetic tasks are small, so one thread per
+#: process is fastest (a second one waits for work more than it does any) and leaves the other cores
+#: to the sweep's other runs; what the CLI's workers use, and a library caller gets the same
+RUN_THREADS = 1
+
+
+def train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | None = None,
+              device: str = "cpu", threads: int | None = RUN_THREADS) -> dict[str, Any]:
     """Train and evaluate one run on ``device``; returns its result dict (see module docstring).
 
-    ``on_steps(k)`` is called as training advances by k steps (progress bars); when training
-    stops early the remaining budget is reported too, so the total always equals ``train.steps``.
+    ``on_steps(k, credited)`` is called as training advances by k steps (progress); when training
+    stops early the remaining budget is reported with ``credited=True``, so the total always
+    equals ``train.steps`` and an ETA can tell trained steps from skipped ones. ``threads``: torch's
+    intra-op threads during the run (restored after; None: leave torch's setting).
     """
+    if threads is None:
+        return _train_one(cfg, on_steps, device)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        return _train_one(cfg, on_steps, device)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | None, device: str) -> dict[str, Any]:
     cfg.validate()
     tc = cfg.train
     task = cfg.task_config()
@@ -127,8 +228,9 @@ def train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int], None] | None = 
     order = torch.randperm(n_train, generator=gen)
     cursor = 0
     losses: list[float] = []
-    curve: list[dict[str, float]] = []
-    best_val, best_state, since_best = -1.0, None, 0
+    curve: list[dict[str, float]] = []   # the learning curve: one point per validation
+    budget = LearningBudget(tc)
+    best_val, best_state = -1.0, None
     stop_reason = "max_steps"
     train_seconds = cpu_seconds = 0.0
     tokens = 0
@@ -143,13 +245,7 @@ def train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int], None] | None = 
         idx = order[cursor : cursor + tc.batch_size]
         cursor += tc.batch_size
         x, y = train_data.inputs[idx].to(device), train_data.labels[idx].to(device)
-        logits, answered = answer_logits(model, x, y, tc.mode)
-        loss = F.cross_entropy(logits, y[answered])  # the mean over answer positions, as ignore_index gives
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        if tc.grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), tc.grad_clip)
-        opt.step()
+        loss = train_step(model, opt, x, y, tc)
         sched.step()
         losses.append(loss.item())  # synchronises on an accelerator, so the timing below is real
         train_seconds += time.perf_counter() - t0
@@ -159,25 +255,21 @@ def train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int], None] | None = 
             stop_reason = "diverged"
             break
         if step % tc.eval_every == 0 or step == tc.steps:
-            val = evaluate(model, val_data, mode=tc.mode)
-            curve.append({"step": step, "loss": sum(losses[-tc.eval_every:]) / len(losses[-tc.eval_every:]),
-                          "val_acc": val})
-            if val > best_val:
-                best_val, since_best = val, 0
+            val = score(model, val_data, mode=tc.mode)
+            window = losses[-tc.eval_every:]
+            curve.append({"step": step, "loss": sum(window) / len(window), "val_acc": val.acc, "val_loss": val.loss})
+            if val.acc > best_val:
+                best_val = val.acc
                 best_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
-            else:
-                since_best += 1
             if on_steps is not None:
-                on_steps(step - reported)
+                on_steps(step - reported, False)
                 reported = step
-            if val >= tc.early_stop_acc:
-                stop_reason = "early_stop_acc"
-                break
-            if tc.patience and since_best >= tc.patience:
-                stop_reason = "patience"
+            reason = budget.observe(step, val.acc)
+            if reason is not None:
+                stop_reason = reason
                 break
     if on_steps is not None and tc.steps > reported:
-        on_steps(tc.steps - reported)
+        on_steps(tc.steps - reported, reported == step)  # the steps after the last validation were trained
     if best_state is not None:
         model.load_state_dict(best_state)
     # a run that diverged before its first validation has no checkpoint worth scoring
@@ -203,6 +295,9 @@ def train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int], None] | None = 
         "best_val_acc": best_val,
         "steps_done": step,
         "stop_reason": stop_reason,
+        "still_rising": budget.still_rising(stop_reason, step, curve),   # stopped by the budget, still learning
+        "steps_to_half": steps_to_fraction(curve, best_val, 0.5),      # of the best validation accuracy
+        "steps_to_90": steps_to_fraction(curve, best_val, 0.9),
         "train_loss_first": sum(head) / len(head),
         "train_loss_last": sum(tail) / len(tail),
         "curve": curve,
@@ -235,14 +330,12 @@ class SweepOutcome:
 def _execute(cfg_dict: dict[str, Any], out: str, threads: int | None, progress_queue: Any = None,
              device: str = "cpu") -> dict[str, Any]:
     """Train one run and write its files (used in-process and by pool workers)."""
-    if threads:
-        torch.set_num_threads(threads)
     cfg = SyntheticRunConfig.from_dict(cfg_dict)
     rdir = run_dir(Path(out), cfg)
     rdir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(rdir / "config.json", cfg.to_dict())
-    on_steps = (lambda k: progress_queue.put(k)) if progress_queue is not None else None
-    result = train_one(cfg, on_steps, device)
+    on_steps = (lambda k, credited: progress_queue.put((k, credited))) if progress_queue is not None else None
+    result = train_one(cfg, on_steps, device, threads=threads)
     atomic_write_text(rdir / "result.csv", results_to_csv([result]))
     atomic_write_json(rdir / "result.json", result)  # last: its presence marks the run finished
     return result
@@ -342,7 +435,8 @@ def run_sweep(configs: Sequence[SyntheticRunConfig], out: str | Path, workers: i
         out: run directory (created; must be writable).
         workers: parallel worker processes (1 = in this process).
         threads: torch threads per worker (None = leave torch's default).
-        progress: show a rich progress bar (steps of all pending runs).
+        progress: show progress (steps of all pending runs): a bar on a terminal, plain lines with an
+            ETA on stderr otherwise (``core/progress.py``).
         device: torch device of the training ("cpu", "cuda", "cuda:1", ...); not part of the run id.
 
     ``out`` is locked while the sweep runs (a second sweep into it is refused, naming this process);
@@ -376,28 +470,30 @@ def _run_sweep(configs: list[SyntheticRunConfig], out: Path, workers: int, threa
     # instead of one long run keeping a single core busy after the others have finished
     pending.sort(key=lambda c: -c.train.steps)
 
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, \
-        TimeRemainingColumn
-
     total_steps = sum(c.train.steps for c in pending)
-    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                   TextColumn("steps"), TimeElapsedColumn(), TimeRemainingColumn(),
-                   console=console, disable=not progress or not pending, transient=False)
-    with bar:
-        task_id = bar.add_task(f"{len(pending)} runs ({skipped} done before)", total=total_steps)
+    with Progress("compare", total_steps, "steps", enabled=progress and bool(pending), console=console) as bar:
         finished_now = 0
 
         def describe() -> str:
             return f"runs {finished_now}/{len(pending)} ({skipped} done before)"
 
+        def finished(res: dict[str, Any]) -> None:
+            nonlocal finished_now
+            finished_now += 1
+            bar.note(describe())
+            bar.milestone(f"{res['label']} / {res.get('column', res['task'])} seed {res['seed']}: test accuracy "
+                          f"{100 * res['test_acc']:.1f} % after {res['steps_done']} steps ({res['stop_reason']}"
+                          + (", still rising" if res.get("still_rising") else "") + ")")
+
+        bar.note(describe())
         if workers == 1 or len(pending) <= 1:
             prev_threads = torch.get_num_threads()
             try:
                 for cfg in pending:
-                    bar.update(task_id, description=f"{describe()} {cfg.task}/{cfg.label}")
-                    res = _execute(cfg.to_dict(), str(out), threads, _BarSink(bar, task_id), device)
+                    bar.note(f"{describe()} {cfg.task}/{cfg.label}")
+                    res = _execute(cfg.to_dict(), str(out), threads, _ProgressSink(bar), device)
                     done[cfg.run_id] = res
-                    finished_now += 1
+                    finished(res)
             finally:
                 torch.set_num_threads(prev_threads)
         else:
@@ -409,16 +505,14 @@ def _run_sweep(configs: list[SyntheticRunConfig], out: Path, workers: int, threa
                 futures = {pool.submit(_execute_in_worker, c.to_dict(), str(out), threads, device): c
                            for c in pending}
                 remaining = set(futures)
-                bar.update(task_id, description=describe())
                 while remaining:
-                    finished, remaining = wait(remaining, timeout=0.5, return_when=FIRST_COMPLETED)
-                    _drain(q, bar, task_id)
-                    for fut in finished:
+                    done_now, remaining = wait(remaining, timeout=0.5, return_when=FIRST_COMPLETED)
+                    _drain(q, bar)
+                    for fut in done_now:
                         res = fut.result()  # re-raises a worker's exception
                         done[res["run_id"]] = res
-                        finished_now += 1
-                    bar.update(task_id, description=describe())
-                _drain(q, bar, task_id)
+                        finished(res)
+                _drain(q, bar)
             except BaseException:  # interrupted, terminated or a run failed: stop the others now
                 _stop_workers(pool)
                 raise
@@ -427,7 +521,6 @@ def _run_sweep(configs: list[SyntheticRunConfig], out: Path, workers: int, threa
             finally:
                 q.close()
                 q.cancel_join_thread()
-        bar.update(task_id, description=describe())
 
     results = [done[c.run_id] for c in configs]
     atomic_write_json(out / "results.json", results)
@@ -435,23 +528,23 @@ def _run_sweep(configs: list[SyntheticRunConfig], out: Path, workers: int, threa
     return SweepOutcome(results, trained=len(pending), skipped=skipped, wall_seconds=time.perf_counter() - t0)
 
 
-class _BarSink:
-    """Queue-like sink that advances the progress bar (in-process runs)."""
+class _ProgressSink:
+    """Queue-like sink that advances the progress (in-process runs)."""
 
-    def __init__(self, bar: Any, task_id: Any) -> None:
-        self.bar, self.task_id = bar, task_id
+    def __init__(self, bar: Progress) -> None:
+        self.bar = bar
 
-    def put(self, k: int) -> None:
-        self.bar.advance(self.task_id, k)
+    def put(self, item: tuple[int, bool]) -> None:
+        self.bar.advance(*item)
 
 
-def _drain(q: Any, bar: Any, task_id: Any) -> None:
+def _drain(q: Any, bar: Progress) -> None:
     while True:
         try:
-            k = q.get_nowait()
+            k, credited = q.get_nowait()
         except queue_mod.Empty:
             return
-        bar.advance(task_id, k)
+        bar.advance(k, credited)
 
 
 # --------------------------------------------------------------------------------------- summaries
@@ -494,8 +587,7 @@ def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
             "steps_mean": statistics.fmean(r["steps_done"] for r in best_runs),
             "max_steps": max(r["config"]["train"]["steps"] if "config" in r else r["steps_done"] for r in best_runs),
             "stopped_early": sum(r.get("stop_reason") == "early_stop_acc" for r in best_runs),
-            "still_rising": sum(r.get("stop_reason") == "max_steps" and curve_still_rising(r.get("curve", []))
-                                for r in best_runs),
+            "still_rising": sum(run_still_rising(r) for r in best_runs),
         })
     return rows
 
@@ -513,6 +605,14 @@ def _mean_by_group(runs: Sequence[dict[str, Any]]) -> dict[str, float]:
     per_run = [r.get("test_acc_by_group") or {} for r in runs]
     names = [g for g in per_run[0] if all(g in p for p in per_run)] if per_run else []
     return {g: statistics.fmean(p[g] for p in per_run) for g in names}
+
+
+def run_still_rising(result: dict[str, Any]) -> bool:
+    """The run's own flag (``LearningBudget.still_rising``); results written before it existed: the
+    curve's tail (``curve_still_rising``) of a run stopped by its step budget."""
+    if "still_rising" in result:
+        return bool(result["still_rising"])
+    return result.get("stop_reason") == "max_steps" and curve_still_rising(result.get("curve", []))
 
 
 def curve_still_rising(curve: Sequence[dict[str, float]], tail: float = 0.25, min_gain: float = 0.02) -> bool:

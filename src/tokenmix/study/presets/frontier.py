@@ -55,7 +55,7 @@ FULL_SEEDS = (0, 1, 2)
 FULL_STEP_TOKENS = 20_000 * 64
 FULL_TRAIN = SyntheticTrainConfig(batch_size=64, steps=20_000, warmup_steps=500, train_examples=100_000,
                                   val_examples=512, test_examples=3_000, eval_every=500, early_stop_acc=0.99,
-                                  patience=10)
+                                  patience_steps=5000)
 
 NOTES = f"""\
 MQAR generated as zoology does (pairs L/{PAIRS_PER_LENGTH}, power-law query gaps, random tokens between) with
@@ -72,7 +72,7 @@ FULL_NOTES = f"""\
 zoology's MQAR grid: vocabulary {FULL_VOCAB}, (length, width) cells {list(FULL_CELLS)}, pairs L/{FULL_PAIRS_PER_LENGTH};
 every row [short_conv (kernel {CONV_KERNEL}), mixer] x 2 with MLPs, tied embeddings, no position code; lrs
 {list(FULL_LRS)}, seeds {list(FULL_SEEDS)}, batches of {FULL_TRAIN.batch_size}, {FULL_STEP_TOKENS // 64} steps at L = 64
-and fewer in proportion at longer L, patience {FULL_TRAIN.patience} validations; tested at
+and fewer in proportion at longer L, patience {FULL_TRAIN.patience_steps} steps; tested at
 {' and '.join(f'{m}x' for m in EXTRAPOLATE)} the training length. Meant for `--device cuda` or a long CPU run."""
 
 

@@ -2,8 +2,8 @@
 
 At the quick preset's 800 steps the pattern rows are still climbing, near the ~30 % positional guess.
 This preset keeps the same task, rows, model recipe (``quick.model_for``), learning rate (3e-3,
-constant after the warmup) and seeds, for up to 6000 steps with patience: a run stops after 20
-validations (1000 steps) without a new best. 6000 steps because the slowest row was still rising at
+constant after the warmup) and seeds, for up to 6000 steps with patience: a run stops after 1000
+steps without a new best validation accuracy. 6000 steps because the slowest row was still rising at
 4000 in development. Run it with ``tokenmix compare --preset recall``.
 
 Development runs and measurements: docs/notes/compare-presets.md; results: docs/results.md.
@@ -21,11 +21,11 @@ DEFAULT_MIXERS = QUICK.DEFAULT_MIXERS
 
 TASK = "assoc_recall"
 STEPS = 6000
-PATIENCE = 20  # validations (every 50 steps) without a new best
+PATIENCE_STEPS = 1000  # steps without a new best validation accuracy
 
 NOTES = f"""\
 The quick preset's MQAR column (same task, rows, recipe, learning rate and seeds) with up to {STEPS}
-steps instead of 800, stopping after {PATIENCE} validations without a new best: where each row's recall
+steps instead of 800, stopping after {PATIENCE_STEPS} steps without a new best: where each row's recall
 levels off. Direct reads (the report's per-row fraction) bound what one pattern layer can answer by
 content; the rest can only be guessed (the positional guess is about 30 %)."""
 
@@ -34,7 +34,7 @@ def recall(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
     mixers = registered(DEFAULT_MIXERS)[0] + [m for m in extra_mixers if m not in DEFAULT_MIXERS]
     args = QUICK.TASKS[TASK]
     return [SyntheticRunConfig(label=m, task=TASK, task_args=args, model=QUICK.model_for(m, TASK),
-                      train=replace(QUICK.train_for(m, TASK, lr), steps=STEPS, patience=PATIENCE), seed=seed)
+                      train=replace(QUICK.train_for(m, TASK, lr), steps=STEPS, patience_steps=PATIENCE_STEPS), seed=seed)
             for seed in QUICK.SEEDS for lr in QUICK.TASK_LRS[TASK] for m in mixers]
 
 

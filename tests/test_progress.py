@@ -1,0 +1,37 @@
+"""Progress on a terminal and in a log: plain lines with done/total, elapsed and an ETA that
+discounts the budget runs did not use."""
+from __future__ import annotations
+
+import io
+
+from tokenmix.core import progress as P
+
+
+def test_plain_lines_in_a_log_with_an_eta_from_real_work(monkeypatch):
+    clock = [100.0]
+    monkeypatch.setattr(P.time, "monotonic", lambda: clock[0])
+    log = io.StringIO()
+    with P.Progress("compare", 1000, "steps", stream=log, every=30) as bar:
+        clock[0] += 10
+        bar.advance(100)                   # 10 s after the start: no line yet
+        clock[0] += 30
+        bar.advance(100)                   # 200 steps in 40 s; a line is due
+        bar.advance(300, credited=True)    # a run stopped early: 300 steps credited, not trained
+        bar.note("runs 1/4")
+        bar.milestone("pow2 seed 0 finished")
+    lines = log.getvalue().splitlines()
+    assert lines[0] == "compare: 0/1,000 steps (0%), 0:00 elapsed -- started"
+    assert lines[1] == "compare: 200/1,000 steps (20%), 0:40 elapsed, ETA 2:40"  # 800 left at 5 steps/s
+    # 500 left; finished work used 200 of 500 counted steps, so 500 * 0.4 = 200 steps at 5 steps/s
+    assert lines[2] == "compare: runs 1/4 500/1,000 steps (50%), 0:40 elapsed, ETA 0:40 -- pow2 seed 0 finished"
+    assert lines[-1].endswith("-- done")
+
+
+def test_disabled_progress_prints_nothing():
+    log = io.StringIO()
+    with P.Progress("x", 10, stream=log, enabled=False) as bar:
+        bar.advance(10)
+        bar.milestone("m")
+        bar.warn("w")
+    assert log.getvalue() == ""
+    assert P.format_seconds(3725) == "1:02:05" and P.format_seconds(65) == "1:05"
