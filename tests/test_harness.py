@@ -358,24 +358,3 @@ def test_score_loss_is_the_mean_cross_entropy_over_answers():
         assert got.loss == pytest.approx(float(ref), rel=1e-9)
         assert got.acc == harness.evaluate(model, data)
 
-
-def test_fused_adamw_equals_the_per_op_update():
-    """``build_optimizer`` takes torch's fused AdamW: the same update as the per-operation loop (float64,
-    several steps, both parameter groups), with a state dict the other loads."""
-    torch.manual_seed(0)
-    model = MixerModel(ModelConfig(vocab_size=10, d_model=8, layers=("pow2",), n_heads=2)).double()
-    twin = MixerModel(ModelConfig(vocab_size=10, d_model=8, layers=("pow2",), n_heads=2)).double()
-    twin.load_state_dict(model.state_dict())
-    fused = build_optimizer(model, 1e-2, 0.1)
-    plain = torch.optim.AdamW(param_groups(twin, 0.1), lr=1e-2, betas=(0.9, 0.98), eps=1e-8, foreach=False)
-    assert fused.defaults["fused"] and not plain.defaults.get("fused")
-    for step in range(5):
-        g = torch.Generator().manual_seed(step)
-        for a, b in zip(model.parameters(), twin.parameters()):
-            a.grad = torch.randn(a.shape, generator=g, dtype=a.dtype)
-            b.grad = a.grad.clone()
-        fused.step()
-        plain.step()
-    for a, b in zip(model.parameters(), twin.parameters()):
-        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
-    plain.load_state_dict(fused.state_dict())
