@@ -130,10 +130,16 @@ class _ChunkRecurrence(torch.autograd.Function):
         s = starts[0]
         with one_thread():
             for i in range(n):
-                torch.baddbmm(u0[i], w[i], s, alpha=-1, out=u[i])      # u0 - W S
+                # each product into a fresh contiguous result, copied into its slot after: torch's CPU
+                # baddbmm takes the batched path only for a contiguous output, and the slots of the
+                # [R, N] storage are not (it then loops over R with one small addmm each, which at
+                # short lengths and B x H = 128 cost more than the products themselves)
+                u_i = torch.baddbmm(u0[i], w[i], s, alpha=-1)                 # u0 - W S
+                u[i] = u_i
                 carried = s if decay is None else decay[i] * s
-                s = (torch.baddbmm(carried, kt[i], u[i], out=starts[i + 1]) if i + 1 < n
-                     else torch.baddbmm(carried, kt[i], u[i]))
+                s = torch.baddbmm(carried, kt[i], u_i)
+                if i + 1 < n:
+                    starts[i + 1] = s
         ctx.save_for_backward(u, starts, w, kt, decay)
         return u, starts, s
 
@@ -148,14 +154,15 @@ class _ChunkRecurrence(torch.autograd.Function):
         ds_next[n - 1] = 0.0 if ds is None else ds
         du_tot = torch.empty_like(u)
         with one_thread():
-            for i in range(n - 1, -1, -1):
-                torch.baddbmm(du[i], kt[i].mT, ds_next[i], out=du_tot[i])          # dU_i + K_i dS_{i+1}
-                carried = (dstarts[i] + ds_next[i] if decay is None
-                           else torch.addcmul(dstarts[i], decay[i], ds_next[i]))
+            ds_i = ds_next[n - 1]
+            for i in range(n - 1, -1, -1):  # contiguous results copied into their slots (see forward)
+                du_i = torch.baddbmm(du[i], kt[i].mT, ds_i)                         # dU_i + K_i dS_{i+1}
+                du_tot[i] = du_i
+                carried = dstarts[i] + ds_i if decay is None else torch.addcmul(dstarts[i], decay[i], ds_i)
+                ds_i = torch.baddbmm(carried, w[i].mT, du_i, alpha=-1)
                 if i:
-                    torch.baddbmm(carried, w[i].mT, du_tot[i], alpha=-1, out=ds_next[i - 1])
-                else:
-                    ds0 = torch.baddbmm(carried, w[i].mT, du_tot[i], alpha=-1)
+                    ds_next[i - 1] = ds_i
+            ds0 = ds_i
         # batched over all chunks in the [R, N] storage order (contiguous: no copy before the bmm)
         rn = (lambda x: x.transpose(0, 1))  # noqa: E731
         dw = rn(-(rn(du_tot) @ rn(starts).mT))                               # [N, R, C, K]
