@@ -213,7 +213,13 @@ def test_recall_reads_count_direct_reads_of_the_value_position():
     sq1 = recall_reads("sq1", build_mixer("sq1", d_model=8, n_heads=1), data, 4)  # odd distances 1, 5, 17
     assert sq1.direct > pow2.direct
     assert abs(pow2.ceiling - (pow2.fraction + (1 - pow2.fraction) / 4)) < 1e-12
-    assert recall_reads("attention", build_mixer("attention", d_model=8, n_heads=1), data, 4) is None
+    att = recall_reads("attention", build_mixer("attention", d_model=8, n_heads=1), data, 4)
+    assert att.direct == att.two_hops == att.answers and att.pattern == "attention"  # every position in one hop
+    # two hops: a neighbour's neighbour (q - 1 - 1 = q - 2 reads p + 1 when q = p + 3, ...)
+    by_hand = sum(1 for x, m in zip(data.inputs.tolist(), data.scored.tolist()) for q, s in enumerate(m)
+                  if s and (x.index(x[q]) + 1) in {q - a - b for a in (0, *(2 ** k for k in range(5)))
+                                                   for b in (0, *(2 ** k for k in range(5)))})
+    assert pow2.two_hops == by_hand and pow2.two_hops > pow2.direct
     # behind a window-3 shift p + 2 holds the pair too: pow2's even distances read it
     pow2_w3 = recall_reads("pow2", build_mixer("pow2", d_model=8, n_heads=1), data, 4, shift_window=3)
     by_hand = sum(1 for x, m in zip(data.inputs.tolist(), data.scored.tolist()) for q, s in enumerate(m)
@@ -252,7 +258,7 @@ def test_presets_in_the_repository_build_valid_sweeps():
             assert mcfg.layers == ("local_attention", c.label)
             window = 3 if c.task == "assoc_recall" else module.SHIFT_WINDOW
             assert mcfg.mixer_overrides["local_attention"] == {"window": window}
-            assert theory.shift_window(mcfg, c.label) == window
+            assert theory.binding_window(mcfg, c.label) == window
         assert (mcfg.d_model, mcfg.n_heads, mcfg.positions, mcfg.tie_weights) == (32, 1, "learned", False)
     assert len({c.train.lr for c in configs}) >= 2  # a real max over learning rates
     # the full-size grid shares the recipe, MQAR's shift window included
@@ -441,3 +447,29 @@ def test_pointer_doubling_answers_the_deepest_ask_after_doubling_layers(n):
         assert bool((held[deepest] == data.labels[deepest]).all()) is solved
         assert not solved or bool((held[deepest] != -1).all())
     assert doubling_layers(n) >= math.ceil(math.log2(n + 1))
+
+
+def test_point_labels_never_overlap():
+    """``label_points`` places every label where no other label (and no marker) is, even for a
+    crowd of points at nearly the same place (the plots where labels used to overlap)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from tokenmix.study.plots import label_points
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    xs = [100, 105, 110, 100, 4000, 4100, 4000, 30, 31]
+    ys = [50, 50.5, 49.5, 51, 90, 90, 89, 2, 2.5]
+    names = ["attention", "dense_recurrence", "chacal", "sq1_ce", "pow2_ce", "pow2", "sq1", "first_order", "gla"]
+    ax.scatter(xs, ys)
+    ax.set_xscale("log")
+    ax.set_xlim(10, 40000)
+    ax.set_ylim(-2, 102)
+    texts = label_points(ax, xs, ys, names)
+    fig.canvas.draw()
+    boxes = [t.get_window_extent(fig.canvas.get_renderer()) for t in texts]
+    for i, a in enumerate(boxes):
+        for b in boxes[i + 1:]:
+            assert not a.overlaps(b) or a.intersection(a, b).width * a.intersection(a, b).height < 1e-6
+    plt.close(fig)

@@ -227,3 +227,36 @@ def test_tiny_train_adds_an_accuracy_column_and_resumes(tmp_path, capsys):
     assert trained[0]["pattern"] == best["pattern"]
     rc, stdout, _ = run_cli(args, capsys)  # resumable: the finished run is skipped
     assert rc == 0 and "trained 0 runs (1 finished before)" in stdout
+
+
+def test_train_mqar_ranks_candidates_by_their_recall_ceiling_first(tmp_path, capsys):
+    """``--train mqar`` (assoc_recall) computes each candidate's ceiling on the run's own validation
+    queries behind quick's token shift and trains the highest first; the table shows it."""
+    from tokenmix.analysis.design import DesignRequest, explore
+    from tokenmix.study.design import DesignTraining, attach_recall_ceilings, pick_top
+    from tokenmix.study.theory import binding_window, pattern_recall_reads
+    from tokenmix.study.design import run_config
+    from tokenmix.training.synthetic import dataset
+
+    result = explore(DesignRequest(n=64, max_cache=6))
+    training = DesignTraining(task="mqar", top=3)
+    assert training.task == "assoc_recall"
+    attach_recall_ceilings(result, training)
+    picked = pick_top(result, 3)
+    ceilings = [(r.reads_one_hop, r.reads_two_hops) for r in picked]
+    front = [c for r, c in zip(picked, ceilings) if r.on_front]
+    assert front == sorted(front, reverse=True) and all(0 <= a <= b <= 1 for a, b in ceilings)
+    # the ceiling is the frontier's RecallReads of the candidate's pattern on those queries
+    cfg = run_config(picked[0], training, 0)
+    data = dataset(cfg.task_config(), cfg.train.val_examples, cfg.train.val_seed)
+    ref = pattern_recall_reads("x", picked[0].candidate.pattern(), data, cfg.task_config().num_kv_pairs,
+                               binding_window(cfg.model_config(), "pow2"))
+    assert (ref.fraction, ref.two_hop_fraction) == ceilings[0]
+    # front members come first (the question is whether the front learns), each group by its ceiling
+    assert [r.on_front for r in picked] == sorted((r.on_front for r in picked), reverse=True)
+    rest = [r for r in result.rows if r.on_front and r not in picked]
+    assert all(picked[-1].on_front is False or (r.reads_one_hop, r.reads_two_hops) <= ceilings[-1] for r in rest)
+    args = ["design", "--n", "32", "--max-cache", "5", "--train", "mqar", "--top", "1", "--steps", "2",
+            "--out", str(tmp_path / "m"), "--quiet", "--no-plots"]
+    rc, stdout, _ = run_cli(args, capsys)
+    assert rc == 0 and "reads 1 / 2 hops %" in stdout and "assoc_recall acc %" in stdout

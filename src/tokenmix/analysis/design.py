@@ -331,6 +331,10 @@ class DesignRow:
     accuracy: float | None = None            # mean test accuracy over seeds (study/design.py)
     accuracy_std: float | None = None
     task: str | None = None
+    # MQAR's ceiling (study/design.py, --train assoc_recall): shares of the task's queries whose layer
+    # reads the position holding key and value in one hop / within two
+    reads_one_hop: float | None = None
+    reads_two_hops: float | None = None
 
     @property
     def name(self) -> str:
@@ -349,7 +353,8 @@ class DesignRow:
                 "congestion_worst": self.congestion_worst, "reach_hops": self.reach_hops,
                 "reach_layers": self.reach_layers, "in_budget": self.in_budget, "on_front": self.on_front,
                 "same_as": ",".join(self.same_as), "task": self.task, "accuracy": self.accuracy,
-                "accuracy_std": self.accuracy_std, "method": self.method}
+                "accuracy_std": self.accuracy_std, "reads_one_hop": self.reads_one_hop,
+                "reads_two_hops": self.reads_two_hops, "method": self.method}
 
 
 @dataclass
@@ -505,6 +510,8 @@ def table_rows(result: DesignResult, rows: Sequence[DesignRow] | None = None) ->
              f"reach ≤{L} hops": rec["reach_hops"], "same as": rec["same_as"] or "—"}
         if result.training is not None:
             d["front"] = "yes" if r.on_front else "no"
+            if r.reads_one_hop is not None:
+                d["reads 1 / 2 hops %"] = f"{100 * r.reads_one_hop:.1f} / {100 * (r.reads_two_hops or 0):.1f}"
             d[f"{result.training['task']} acc %"] = (None if r.accuracy is None
                                                      else f"{100 * r.accuracy:.1f} ± {100 * (r.accuracy_std or 0):.1f}")
         out.append(d)

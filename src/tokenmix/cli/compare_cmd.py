@@ -13,6 +13,7 @@ from rich.table import Table
 from tokenmix.cli.options import add_mixers_option, mixer_list
 from tokenmix.study.compare import CompareRequest, run_compare
 from tokenmix.study.presets import KINDS, presets
+from tokenmix.study.table import RISING, RISING_NOTE
 
 
 def register(sub) -> None:
@@ -87,8 +88,11 @@ def run(args) -> int:
     if res.paper_header:
         console.print(_rich_table("next to the paper's Table 1 (framework.md §5.1; its sizes and steps are unknown)",
                                   res.paper_header, res.paper_rows))
+    if any(RISING in cell for row in res.rows for cell in row):
+        console.print(RISING_NOTE, highlight=False)
     for f in res.findings:  # the claims, each with the facts from its runs that explain the verdict
-        console.print(f"- {escape(f['claim'])}: [bold]{escape(f['verdict'])}[/bold] ({escape(f['measured'])})",
+        mark = f" {RISING}" if f.get("still_rising") else ""
+        console.print(f"- {escape(f['claim'])}: [bold]{escape(f['verdict'])}{mark}[/bold] ({escape(f['measured'])})",
                       highlight=False)
         for w in f["why"]:
             console.print(f"    {w}", markup=False, highlight=False)

@@ -12,11 +12,29 @@ work actually used (``used / (used + credited)``): the runs ahead are expected t
 """
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any, TextIO
 
 LOG_EVERY_SECONDS = 30.0
+BUSY_LOAD = 0.5   # 1-min load average (other work, before a job starts) that makes its stated duration optimistic
+
+
+def load_warning(load: float | None = None, cores: int | None = None) -> str | None:
+    """A line saying that other work holds the machine (1-min load >= ``BUSY_LOAD`` before the job
+    starts), so durations stated for a quiet machine will be exceeded; None when it is quiet."""
+    if load is None:
+        try:
+            load = os.getloadavg()[0]
+        except OSError:  # pragma: no cover - platforms without a load average
+            return None
+    cores = cores or os.cpu_count() or 1
+    if load < BUSY_LOAD:
+        return None
+    return (f"the machine is busy before this job starts (1-min load {load:.1f} on {cores} cores): it will take "
+            f"longer than durations stated for a quiet machine (about {min(load, cores) / cores:.0%} of the cores "
+            "are taken)")
 
 
 def format_seconds(seconds: float) -> str:
@@ -39,10 +57,12 @@ class Progress:
         stream: where plain lines go (default stderr); a terminal stream gets the live bar.
         every: seconds between plain lines.
         console: a rich Console for the live bar (default: one on ``stream``).
+        check_load: warn once, at the start, when other work already loads the machine (``load_warning``).
     """
 
     def __init__(self, label: str, total: int, unit: str = "steps", enabled: bool = True,
-                 stream: TextIO | None = None, every: float = LOG_EVERY_SECONDS, console: Any = None) -> None:
+                 stream: TextIO | None = None, every: float = LOG_EVERY_SECONDS, console: Any = None,
+                 check_load: bool = False) -> None:
         self.label, self.total, self.unit, self.enabled = label, max(int(total), 0), unit, enabled
         self.stream = stream if stream is not None else sys.stderr
         self.every = every
@@ -66,8 +86,15 @@ class Progress:
                                          console=console, transient=False)
                 self._bar.start()
                 self._task = self._bar.add_task(label, total=self.total or None)
+                self._warn_load(check_load)
                 return
         self._line("started")
+        self._warn_load(check_load)
+
+    def _warn_load(self, check: bool) -> None:
+        note = load_warning() if check else None
+        if note:
+            self.warn(note)
 
     # ------------------------------------------------------------------------------------------
     def eta_seconds(self) -> float | None:
@@ -145,4 +172,4 @@ class Progress:
         self.close()
 
 
-__all__ = ["LOG_EVERY_SECONDS", "Progress", "format_seconds"]
+__all__ = ["BUSY_LOAD", "LOG_EVERY_SECONDS", "Progress", "format_seconds", "load_warning"]

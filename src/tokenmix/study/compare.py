@@ -99,7 +99,9 @@ def _compare_locked(req: CompareRequest, preset: Preset, configs: list, workers:
     paper_header, paper_rows = (table.paper_comparison(labels, cells) if any(c in PAPER_TASKS for c in columns)
                                 else ([], []))
     figures = [] if not req.plots else (plots.write_plots(out, labels, columns, facts, cells)
-                                        + plots.write_depth_plot(out, configs, cells))
+                                        + plots.write_depth_plot(out, configs, cells)
+                                        + plots.write_learning_curves(out, outcome.results, labels, columns, cells,
+                                                                      table.baselines_by_column(configs)))
     stats = InvocationStats(
         wall_seconds=time.perf_counter() - start, cpu_seconds=_cpu_seconds(), trained=outcome.trained,
         skipped=outcome.skipped, workers=workers, threads=req.threads, load_before=load_before,

@@ -6,7 +6,11 @@ What this adds, and why it is built this way:
 
 * Which candidates: the front members ranked by max path, then cost (then cache, then name); when K
   exceeds the front, the next in-budget candidates in the same order. Dominated candidates are only
-  trained when the front is too small, since the question is whether the *front* learns.
+  trained when the front is too small, since the question is whether the *front* learns. On MQAR
+  (``assoc_recall``, alias ``mqar``) the structure says more than the path: each candidate's ceiling
+  (the share of the task's validation queries whose layer reads the position holding key and value
+  in one hop, then within two, behind quick's token shift: ``study.theory.RecallReads``, the column
+  the frontier reports) ranks the candidates first, before anything is trained.
 * The model is the ``quick`` compare preset's row recipe (``study/presets/quick.py``: a window-2
   local-attention token shift, then the row mixer, width 32, one head, learned positions, no MLP)
   and its task sizes (copy / assoc_recall / multi_hop at length 32; another registered task runs at
@@ -33,13 +37,15 @@ from tokenmix.analysis.outputs import FIGURE_FORMATS
 from tokenmix.core.errors import InputError
 from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.study.presets import quick
+from tokenmix.study.theory import binding_window, pattern_recall_reads
 from tokenmix.tasks import make_task, task_names
-from tokenmix.training.synthetic import check_device, run_sweep, summarize
+from tokenmix.training.synthetic import check_device, dataset, run_sweep, summarize
 
 CARRIER = "pow2"          # a registered structured-recurrence mixer; its pattern is overridden per candidate
 DEFAULT_LR = 3e-3         # quick's rate on every task (its only one on assoc_recall)
 DEFAULT_STEPS = 200       # tasks quick does not train
 MAX_TOP = 32
+TASK_ALIASES = {"mqar": "assoc_recall"}   # the name the anchors use
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ class DesignTraining:
     progress: bool = True
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "task", TASK_ALIASES.get(self.task, self.task))
         if self.task not in task_names():
             raise InputError(f"unknown task '{self.task}'; known: {', '.join(task_names())}")
         if not 1 <= self.top <= MAX_TOP:
@@ -76,11 +83,28 @@ class DesignTraining:
         return self.steps if self.steps is not None else quick.STEPS.get(self.task, DEFAULT_STEPS)
 
 
+def attach_recall_ceilings(result: DesignResult, training: DesignTraining) -> None:
+    """Each in-budget candidate's MQAR ceiling (reads in one hop / within two) on the validation
+    set of the run it would train, behind that run's token shift (``run_config``)."""
+    rows = [r for r in result.rows if r.in_budget and r.path_max is not None]
+    if not rows:
+        return
+    cfg = run_config(rows[0], training, 0)
+    task = cfg.task_config()
+    data = dataset(task, cfg.train.val_examples, cfg.train.val_seed)
+    window = binding_window(cfg.model_config(), CARRIER)
+    for r in rows:
+        reads = pattern_recall_reads(r.name, r.candidate.pattern(), data, task.num_kv_pairs, window)
+        r.reads_one_hop, r.reads_two_hops = reads.fraction, reads.two_hop_fraction
+
+
 def pick_top(result: DesignResult, k: int) -> list[DesignRow]:
     """The k candidates to train: front members by (max path, cost, cache, name), then the other
-    in-budget candidates in the same order."""
+    in-budget candidates in the same order; candidates with an MQAR ceiling (``attach_recall_ceilings``)
+    by that ceiling first (one hop, then two, highest first)."""
     def rank(r: DesignRow):
-        return (r.point()[2], r.cost, r.cache, r.name)
+        ceiling = (-(r.reads_one_hop or 0.0), -(r.reads_two_hops or 0.0))
+        return (*ceiling, r.point()[2], r.cost, r.cache, r.name)
 
     measured = [r for r in result.rows if r.in_budget and r.path_max is not None]
     front = sorted((r for r in measured if r.on_front), key=rank)
@@ -108,6 +132,8 @@ def train_top(result: DesignResult, training: DesignTraining, out: Path, console
     """Train the top candidates under ``out/train`` (finished runs are skipped) and write their mean test
     accuracy over seeds into the rows (``accuracy``, ``accuracy_std``, ``task``)."""
     check_device(training.device)
+    if training.task == "assoc_recall":
+        attach_recall_ceilings(result, training)
     rows = pick_top(result, training.top)
     configs = [run_config(r, training, s) for s in training.seeds for r in rows]
     outcome = run_sweep(configs, Path(out) / "train", workers=training.workers or 1, threads=training.threads,

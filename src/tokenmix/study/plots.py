@@ -1,9 +1,10 @@
-"""The compare run's figures: accuracy against derived cost and cache per task, and accuracy
-against layers for the depth presets.
+"""The compare run's figures: accuracy against derived cost and cache per task, accuracy against
+layers for the depth presets, and every row's learning curves per table column.
 """
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -28,7 +29,9 @@ def write_plots(out: Path, labels: Sequence[str], tasks: Sequence[str], facts: d
         ("accuracy_vs_cost", f"mixing multiply-adds per token at n={n} (derived)", lambda f: f.flops_per_token),
     ):
         fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False)
+        placed = []
         for ax, task in zip(axes[0], tasks):
+            xs, ys, names = [], [], []
             for i, label in enumerate(labels):
                 cell = cells.get((label, task))
                 if cell is None:
@@ -36,8 +39,7 @@ def write_plots(out: Path, labels: Sequence[str], tasks: Sequence[str], facts: d
                 x = max(xval(facts[label]), 1)
                 ax.errorbar([x], [100 * cell["acc_mean"]], yerr=[100 * cell["acc_std"]], fmt="o",
                             color=plt.cm.tab10(i % 10), capsize=3, label=label)
-                ax.annotate(label, (x, 100 * cell["acc_mean"]), fontsize=7, xytext=(3, 3),
-                            textcoords="offset points")
+                xs, ys, names = xs + [x], ys + [100 * cell["acc_mean"]], names + [label]
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
             ax.set_ylim(-2, 102)
@@ -45,7 +47,13 @@ def write_plots(out: Path, labels: Sequence[str], tasks: Sequence[str], facts: d
             ax.set_xlabel(xlabel, fontsize=8)
             ax.set_ylabel("test accuracy (%)")
             ax.grid(alpha=0.3)
-        paths.append(save_plot(fig, out, stem))
+            placed.append((ax, xs, ys, names))
+        fig.tight_layout()
+        for ax, xs, ys, names in placed:
+            if xs:
+                ax.set_xlim(min(xs) / 2, max(xs) * 8)  # room on the right for the labels
+                label_points(ax, xs, ys, names)
+        paths.append(save_plot(fig, out, stem, layout=False))
     return paths
 
 
@@ -108,7 +116,101 @@ def write_depth_plot(out: Path, configs: Sequence[SyntheticRunConfig], cells: di
     return [save_plot(fig, out, "accuracy_vs_layers")]
 
 
-def save_plot(fig, out: Path, stem: str) -> Path:
-    """out/<stem>.png through the one figure writer (laid out first)."""
-    fig.tight_layout()
+def write_learning_curves(out: Path, results: Sequence[dict[str, Any]], labels: Sequence[str],
+                          columns: Sequence[str], cells: dict[tuple[str, str], dict[str, Any]],
+                          baselines: dict[str, dict[str, float]]) -> list[Path]:
+    """learning_curves_<column>.png: per table column, one panel per row with the validation
+    accuracy of each seed's run (at the cell's chosen learning rate and width) against the step,
+    the column's best guessing level dashed, and the panel's title marked where a run was stopped
+    by its step budget while still rising. Read these, not one number at the end: where a curve
+    has left its plateau, and whether it had stopped climbing when the run ended."""
+    paths = []
+    for column in columns:
+        panels = [lab for lab in labels if (lab, column) in cells]
+        if not panels:
+            continue
+        ncols = min(4, len(panels))
+        nrows = math.ceil(len(panels) / ncols)
+        fig, axes = plt.subplots(nrows, ncols, figsize=(3.4 * ncols, 2.5 * nrows), squeeze=False, sharey=True)
+        guess = max(baselines.get(column, {}).values(), default=None)
+        for ax, label in zip(axes.flat, panels):
+            cell = cells[(label, column)]
+            runs = sorted((r for r in results if r["label"] == label and r.get("column", r["task"]) == column
+                           and r["lr"] == cell["best_lr"] and r["d_model"] == cell["d_model"]), key=lambda r: r["seed"])
+            for r in runs:
+                curve = r.get("curve") or []
+                ax.plot([c["step"] for c in curve], [100 * c["val_acc"] for c in curve], lw=1,
+                        label=f"seed {r['seed']}" + (" (still rising)" if r.get("still_rising") else ""))
+            if guess is not None:
+                ax.axhline(100 * guess, color="grey", ls="--", lw=0.8)
+            rising = cell.get("still_rising", 0)
+            ax.set_title(f"{label}" + (f"  [{rising} still rising]" if rising else ""), fontsize=8,
+                         color="tab:red" if rising else "black")
+            ax.set_ylim(-2, 102)
+            ax.grid(alpha=0.3)
+            ax.tick_params(labelsize=7)
+            ax.legend(fontsize=6, loc="upper left")
+        for ax in list(axes.flat)[len(panels):]:
+            ax.set_visible(False)
+        for ax in axes[-1]:
+            ax.set_xlabel("step", fontsize=8)
+        for ax in axes[:, 0]:
+            ax.set_ylabel("val. accuracy (%)", fontsize=8)
+        fig.suptitle(f"learning curves: {column}" + ("  (dashed: best guessing level)" if guess is not None else ""),
+                     fontsize=9)
+        slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", column).strip("-")
+        paths.append(save_plot(fig, out, f"learning_curves_{slug}"))
+    return paths
+
+
+def label_points(ax, xs: Sequence[float], ys: Sequence[float], labels: Sequence[str], fontsize: float = 7,
+                 **text_kw) -> list:
+    """Write each point's label beside it where no other label is: candidate places at growing
+    distances around the point (right first), the first whose box meets no box already placed and
+    no marker is taken, with a thin leader line when it is away from the point. Call after the axes'
+    limits and scales are final (the boxes are measured in display space). Returns the texts."""
+    fig = ax.figure
+    fig.canvas.draw()  # a renderer, and the final transforms
+    renderer = fig.canvas.get_renderer()
+    points = ax.transData.transform(list(zip(xs, ys)))
+    marker = 4.0  # display pixels around each point kept free
+    taken = [(px - marker, py - marker, px + marker, py + marker) for px, py in points]
+    texts = []
+
+    def clear(box) -> bool:
+        return all(box[2] <= b[0] or box[0] >= b[2] or box[3] <= b[1] or box[1] >= b[3] for b in taken)
+
+    for (px, py), label in zip(points, labels):
+        probe = ax.text(0, 0, label, fontsize=fontsize, transform=None)
+        bb = probe.get_window_extent(renderer)
+        w, h = bb.width, bb.height
+        probe.remove()
+        best = None
+        for r in (6, 14, 24, 36, 50, 66, 84):
+            for dx, dy in ((1, 0), (1, 1), (1, -1), (0, 1), (0, -1), (-1, 0), (-1, 1), (-1, -1)):
+                x0 = px + dx * r - (w if dx < 0 else w / 2 if dx == 0 else 0)
+                y0 = py + dy * r - (h if dy < 0 else h / 2 if dy == 0 else 0)
+                box = (x0, y0, x0 + w, y0 + h)
+                if clear(box):
+                    best = (box, r)
+                    break
+            if best:
+                break
+        if best is None:  # crowded: stack it above everything placed so far
+            top = max(b[3] for b in taken) + 2
+            best = ((px, top, px + w, top + h), 99)
+        box, r = best
+        taken.append(box)
+        xy = ax.transData.inverted().transform((box[0], box[1]))
+        arrow = dict(arrowprops=dict(arrowstyle="-", lw=0.4, color="grey")) if r > 14 else {}
+        texts.append(ax.annotate(label, xy=(ax.transData.inverted().transform((px, py))), xytext=xy,
+                                 textcoords="data", fontsize=fontsize, ha="left", va="bottom", **arrow, **text_kw))
+    return texts
+
+
+def save_plot(fig, out: Path, stem: str, layout: bool = True) -> Path:
+    """out/<stem>.png through the one figure writer (laid out first, unless the caller already laid
+    it out and placed labels in display space: ``label_points``)."""
+    if layout:
+        fig.tight_layout()
     return save_figure(fig, out, stem, formats=("png",))[0]

@@ -11,7 +11,7 @@ from tokenmix.analysis.outputs import markdown_table
 from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.study.claims import depth_findings, qualitative_findings
 from tokenmix.study.paper import DIAGONAL_SSM, PAPER_TASKS
-from tokenmix.study.table import baselines_by_column, paper_comparison, table_length
+from tokenmix.study.table import RISING, RISING_NOTE, baselines_by_column, paper_comparison, table_length
 from tokenmix.study.theory import copy_routes_for_rows, recall_reads_for_rows
 
 
@@ -57,7 +57,8 @@ def finding_lines(findings: list[dict[str, Any]]) -> list[str]:
     """Markdown bullets of verdicts, each with the computed facts behind it, then a blank line."""
     lines = []
     for f in findings:
-        lines.append(f"- **{f['claim']}: {f['verdict']}** ({f['measured']})")
+        mark = f" {RISING}" if f.get("still_rising") else ""  # judged on a cell still rising: said in its facts
+        lines.append(f"- **{f['claim']}: {f['verdict']}{mark}** ({f['measured']})")
         lines += [f"  - {w}" for w in f["why"]]
     return lines + [""]
 

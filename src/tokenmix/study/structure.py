@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from tokenmix.analysis.expressivity import UNREACHABLE, operator_graph
+from tokenmix.analysis.expressivity import UNREACHABLE, CommunicationGraph, operator_graph
 from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.patterns import pattern_report
 
@@ -59,23 +59,37 @@ def fmt_path(p: float) -> str:
     return "∞" if math.isinf(p) else str(int(p))
 
 
-def layer_shortest_path(mixer: torch.nn.Module, n: int, seed: int = 0) -> float:
-    """Largest shortest information path over pairs j < i < n through one layer."""
+def layer_distances(mixer: torch.nn.Module, n: int, seed: int = 0) -> np.ndarray:
+    """D [n, n]: the fewest hops from input x_j to output i through one layer (``UNREACHABLE`` if
+    none; 0 on the diagonal). A hop is one off-diagonal entry of A (x_j read directly) or of B (an
+    earlier output read): a pattern recurrence (A diagonal) reaches its neighbours' inputs in one hop,
+    attention and the linear recurrences (A lower triangular) every earlier input in one hop.
+    Pattern recurrences are read from their pattern, every other mixer from the supports of its
+    materialised operator (on one random input; min over heads and state channels)."""
     pattern = getattr(mixer, "pattern", None)
     if pattern is not None and hasattr(pattern, "neighbor_table"):
-        return float(pattern_report(pattern, n, path_limit=n)["shortest_path_max"])
+        return CommunicationGraph.from_pattern(pattern, n).distances()
     p = next(mixer.parameters())
     x = torch.randn(1, n, mixer.d_model, generator=torch.Generator().manual_seed(seed), dtype=p.dtype)
     with torch.no_grad():
         op = mixer.materialize(x)
     sub = getattr(mixer, "substeps", 1)
     if sub == 1:
-        return float(operator_graph(op).path_stats()[0])
+        return operator_graph(op).distances()
     # an operator on ``sub`` sub-steps per token (DeltaProduct): token j reaches token i when some
     # sub-step of j reaches i's output, read at i's last sub-step (the others have no output row)
-    d = operator_graph(op).distances().reshape(n, sub, n, sub)[:, -1].min(-1)  # [n, n]
-    lower = d[np.tril_indices(n, k=-1)]
-    return math.inf if (lower >= UNREACHABLE).any() else float(lower.max()) if n > 1 else 0.0
+    return operator_graph(op).distances().reshape(n, sub, n, sub)[:, -1].min(-1)  # [n, n]
+
+
+def layer_shortest_path(mixer: torch.nn.Module, n: int, seed: int = 0) -> float:
+    """Largest shortest information path over pairs j < i < n through one layer."""
+    pattern = getattr(mixer, "pattern", None)
+    if pattern is not None and hasattr(pattern, "neighbor_table"):
+        return float(pattern_report(pattern, n, path_limit=n)["shortest_path_max"])
+    if n < 2:
+        return 0.0
+    lower = layer_distances(mixer, n, seed)[np.tril_indices(n, k=-1)]
+    return math.inf if (lower >= UNREACHABLE).any() else float(lower.max())
 
 
 def decode_states(model_cfg: ModelConfig, n: int, seed: int = 0) -> tuple[MixerModel, list]:

@@ -50,10 +50,15 @@ def throughput(results: Sequence[dict[str, Any]]) -> dict[str, tuple[float, floa
     return {k: (statistics.fmean(w for w, _ in v), statistics.fmean(c for _, c in v)) for k, v in by.items()}
 
 
+RISING = "↑"  # marks a cell with a run stopped by its step budget while still rising
+RISING_NOTE = (f"{RISING}: at least one seed of the cell was stopped by its step budget while its validation "
+               "accuracy was still rising (the number is a lower bound on what the row learns)")
+
+
 def acc_cell(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return "—"
-    return f"{100 * cell['acc_mean']:.1f} ± {100 * cell['acc_std']:.1f}"
+    return f"{100 * cell['acc_mean']:.1f} ± {100 * cell['acc_std']:.1f}" + (f" {RISING}" if cell.get("still_rising") else "")
 
 
 def at_length_cell(cell: dict[str, Any] | None, n: str) -> str:

@@ -14,6 +14,8 @@ import torch
 from tokenmix.mixers.registry import get_mixer_spec
 from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.runs.synthetic import SyntheticRunConfig
+from tokenmix.analysis.expressivity import CommunicationGraph
+from tokenmix.study.structure import layer_distances
 from tokenmix.training.synthetic import dataset
 
 
@@ -140,32 +142,41 @@ def copy_routes_for_rows(configs: Sequence[SyntheticRunConfig]) -> dict[str, Cop
 
 @dataclass(frozen=True)
 class RecallReads:
-    """Which MQAR queries one layer of a row's pattern recurrence can answer by one content-based read.
+    """Which MQAR queries one layer of a row's mixer can answer by reading its key and value directly.
 
     In zoology's layout key_i sits at an even position p = 2i and value_i at p + 1; the queries come
-    after the context, each at an even position q holding its key. Behind a token shift of window w
-    (block 1 reads positions u − w + 1 .. u) the positions holding key_i *and* value_i are
-    p + 1 .. p + w − 1: only p + 1 for w = 2, p + 1 and p + 2 for w = 3. A one-layer softmax over
-    {q} ∪ N(q) can select the bound value by its key only when one of them is in {q} ∪ N(q). Relays do
-    not help: a relay u chooses what it carries by its own token, before the query is known, and its
-    score for q is computed from its own token (the mixer's k_j is a projection of the layer input),
-    not from what y_u carries. ``direct`` counts the scored queries with such a read on the
-    validation set; ``ceiling`` is the accuracy of solving those and guessing the rest uniformly
-    among the context's values (a yardstick, not a proof: a model might guess better, e.g. by ruling
-    out the value that a read of a neighbouring pair brings, or from the query's rank: queries come
-    roughly in the keys' order, and that guess alone gets about 30 % at 4 pairs, length 32). Parity: with w = 2, q − (p + 1) is odd,
-    and 2^k has one odd distance, 1; with w = 3, p + 2 adds the even distances.
+    after the context, each at an even position q holding its key. Behind a layer that mixes the last
+    w positions (a token shift of window w, or a short convolution of w taps: position u then holds
+    inputs u − w + 1 .. u) the positions holding key_i *and* value_i are p + 1 .. p + w − 1: only
+    p + 1 for w = 2, p + 1 .. p + 3 behind zoology's kernel-4 convolution. The layer at q can select
+    the bound value by its key only through a path from such a position to q: ``direct`` counts the
+    scored queries with one in one hop (a pattern recurrence: q itself or a neighbour of q; attention
+    and the linear recurrences: any earlier position), ``two_hops`` within two (``layer_distances``;
+    the second hop is what a second layer of the row, stacked on the first, can add). In one layer,
+    relays do not help a softmax pattern: a relay u chooses what it carries by its own token, before
+    the query is known. ``ceiling`` is the accuracy of solving the directly read queries and guessing
+    the rest uniformly among the context's values (a yardstick, not a proof: a model might guess
+    better, e.g. from the query's rank: queries come roughly in the keys' order under zoology's
+    power-law gaps, and that guess alone gets about 30 % at 4 pairs, length 32). Reachability is not
+    capacity: a recurrence that reads every position (A lower triangular) still holds them in a
+    fixed-size state. Parity: with w = 2, q − (p + 1) is odd, and 2^k has one odd distance, 1; with
+    w = 3, p + 2 adds the even distances.
     """
 
     label: str
-    pattern: str
+    pattern: str   # the pattern's name, or the mixer's name when it reads through its operator
     num_kv_pairs: int
-    answers: int   # scored queries of the validation set
-    direct: int    # those whose value position is a neighbour of the query position
+    answers: int   # scored queries of the sample
+    direct: int    # those with a position holding key and value within one hop of the query
+    two_hops: int = 0  # ... within two hops
 
     @property
     def fraction(self) -> float:
         return self.direct / max(self.answers, 1)
+
+    @property
+    def two_hop_fraction(self) -> float:
+        return self.two_hops / max(self.answers, 1)
 
     @property
     def ceiling(self) -> float:
@@ -182,45 +193,61 @@ class RecallReads:
 
 
 def recall_reads(label: str, mixer: torch.nn.Module, data: Any, num_kv_pairs: int,
-                 shift_window: int = 2) -> RecallReads | None:
-    """:class:`RecallReads` of ``mixer``'s pattern on MQAR ``data`` behind a token shift of window
-    ``shift_window`` (None when the mixer has no pattern)."""
+                 shift_window: int = 2) -> RecallReads:
+    """:class:`RecallReads` of ``mixer`` on MQAR ``data`` behind a layer mixing the last ``shift_window``
+    positions (a token shift's window, a short convolution's taps)."""
     pattern = getattr(mixer, "pattern", None)
-    if pattern is None or not hasattr(pattern, "neighbors"):
-        return None
-    n = data.inputs.shape[1]
-    reads = [set(pattern.neighbors(q)) | {q} for q in range(n)]
-    answers = direct = 0
+    name = str(getattr(pattern, "name", pattern)) if pattern is not None else label
+    return reads_from_distances(label, name, layer_distances(mixer, data.inputs.shape[1]), data, num_kv_pairs,
+                                shift_window)
+
+
+def pattern_recall_reads(label: str, pattern: Any, data: Any, num_kv_pairs: int, shift_window: int = 2) -> RecallReads:
+    """:class:`RecallReads` of one layer reading its pattern's neighbours (no mixer built): what
+    ``tokenmix design --train assoc_recall`` ranks candidate patterns by before training them."""
+    hops = CommunicationGraph.from_pattern(pattern, data.inputs.shape[1]).distances()
+    return reads_from_distances(label, str(getattr(pattern, "name", pattern)), hops, data, num_kv_pairs, shift_window)
+
+
+def reads_from_distances(label: str, name: str, hops: Any, data: Any, num_kv_pairs: int,
+                         shift_window: int) -> RecallReads:
+    """Count the scored queries of ``data`` whose layer (``hops`` [T, T]: fewest hops from input j to
+    output i) reaches a position holding the queried key and its value in one / two hops."""
+    answers = direct = two = 0
     for inputs, scored in zip(data.inputs.tolist(), data.scored.tolist()):
         for q in (i for i, s in enumerate(scored) if s):
             p = inputs.index(inputs[q])  # the key's first occurrence: its place in the context
+            near = int(hops[q, p + 1 : min(p + shift_window, q + 1)].min())
             answers += 1
-            direct += any(u in reads[q] for u in range(p + 1, p + shift_window))
-    return RecallReads(label=label, pattern=str(getattr(pattern, "name", pattern)), num_kv_pairs=num_kv_pairs,
-                       answers=answers, direct=direct)
+            direct += near <= 1
+            two += near <= 2
+    return RecallReads(label=label, pattern=name, num_kv_pairs=num_kv_pairs, answers=answers, direct=direct,
+                       two_hops=two)
 
 
-def shift_window(model_cfg: ModelConfig, row: str) -> int:
-    """Window of the token shift in front of ``row``: the local attention just before its first layer;
-    2 when there is none (the binding counted at the value position only, as before any shift)."""
+def binding_window(model_cfg: ModelConfig, row: str) -> int:
+    """How many positions the layer in front of ``row``'s first layer mixes: a local attention's
+    window, a short convolution's taps; 2 when there is none (the binding counted at the value
+    position only, as before any shift)."""
     i = model_cfg.layers.index(row)
-    if i == 0 or model_cfg.layers[i - 1] != "local_attention":
+    before = model_cfg.layers[i - 1] if i > 0 else None
+    if before not in ("local_attention", "short_conv"):
         return 2
     # the layer's config as the registry resolves it for the model (defaults, then the overrides)
-    overrides = model_cfg.mixer_overrides.get("local_attention", {})
-    return get_mixer_spec("local_attention").make_config(**overrides).window
+    config = get_mixer_spec(before).make_config(**model_cfg.mixer_overrides.get(before, {}))
+    return config.window if before == "local_attention" else config.kernel_size
 
 
-def recall_reads_for_rows(configs: Sequence[SyntheticRunConfig]) -> dict[str, RecallReads]:
-    """Per row label with an MQAR run whose row mixer is a pattern recurrence: its :class:`RecallReads`
-    on that run's validation set."""
+def recall_reads_for_rows(configs: Sequence[SyntheticRunConfig], patterns_only: bool = True) -> dict[str, RecallReads]:
+    """Per row label with an MQAR run: its :class:`RecallReads` on that run's validation set; by
+    default only rows whose mixer is a pattern recurrence (the others read every position)."""
 
     out: dict[str, RecallReads] = {}
     for c, task, mixer in _row_mixers(configs, "assoc_recall"):
-        reads = recall_reads(c.label, mixer, dataset(task, c.train.val_examples, c.train.val_seed), task.num_kv_pairs,
-                             shift_window(c.model_config(), c.label))
-        if reads is not None:
-            out[c.label] = reads
+        if patterns_only and not hasattr(getattr(mixer, "pattern", None), "neighbors"):
+            continue
+        data = dataset(task, c.train.val_examples, c.train.val_seed)
+        out[c.label] = recall_reads(c.label, mixer, data, task.num_kv_pairs, binding_window(c.model_config(), c.label))
     return out
 
 

@@ -92,7 +92,9 @@ class StateTrackingConfig(TaskConfig):
         return int(group_table(self.group).shape[0])
 
     def baselines(self) -> dict[str, float]:
-        return {"uniform element": 1 / self.vocab_size}
+        # the first label is the first input itself: a model that copies it and guesses the rest
+        first = 1 / self.seq_len + (1 - 1 / self.seq_len) / self.vocab_size
+        return {"uniform element": 1 / self.vocab_size, "the first position copied, uniform elsewhere": first}
 
     def _generate(self, num_examples: int, seed: int) -> TaskData:
         rng = np.random.default_rng(seed)

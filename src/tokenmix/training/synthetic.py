@@ -471,7 +471,8 @@ def _run_sweep(configs: list[SyntheticRunConfig], out: Path, workers: int, threa
     pending.sort(key=lambda c: -c.train.steps)
 
     total_steps = sum(c.train.steps for c in pending)
-    with Progress("compare", total_steps, "steps", enabled=progress and bool(pending), console=console) as bar:
+    with Progress("compare", total_steps, "steps", enabled=progress and bool(pending), console=console,
+                  check_load=True) as bar:
         finished_now = 0
 
         def describe() -> str:
