@@ -21,20 +21,41 @@ LOG_EVERY_SECONDS = 30.0
 BUSY_LOAD = 0.5   # 1-min load average (other work, before a job starts) that makes its stated duration optimistic
 
 
-def load_warning(load: float | None = None, cores: int | None = None) -> str | None:
-    """A line saying that other work holds the machine (1-min load >= ``BUSY_LOAD`` before the job
-    starts), so durations stated for a quiet machine will be exceeded; None when it is quiet."""
-    if load is None:
+def busy_cores(sample_seconds: float = 0.3) -> float | None:
+    """Cores other work keeps busy now: the non-idle share of all cores over a short sample of
+    /proc/stat (this process sleeps through it), times the core count; the 1-min load average where
+    /proc/stat is missing. (The load average alone lags: a job that just ended still counts.)"""
+    def ticks() -> tuple[int, int]:
+        with open("/proc/stat") as f:
+            fields = [int(v) for v in f.readline().split()[1:]]
+        return sum(fields), fields[3] + (fields[4] if len(fields) > 4 else 0)  # total, idle + iowait
+
+    try:
+        total0, idle0 = ticks()
+        time.sleep(sample_seconds)
+        total1, idle1 = ticks()
+    except (OSError, ValueError, IndexError):
         try:
-            load = os.getloadavg()[0]
+            return os.getloadavg()[0]
         except OSError:  # pragma: no cover - platforms without a load average
+            return None
+    cores = os.cpu_count() or 1
+    return cores * (1 - (idle1 - idle0) / max(total1 - total0, 1))
+
+
+def load_warning(load: float | None = None, cores: int | None = None) -> str | None:
+    """A line saying that other work holds the machine (``busy_cores`` >= ``BUSY_LOAD`` before the
+    job starts), so durations stated for a quiet machine will be exceeded; None when it is quiet."""
+    if load is None:
+        load = busy_cores()
+        if load is None:
             return None
     cores = cores or os.cpu_count() or 1
     if load < BUSY_LOAD:
         return None
-    return (f"the machine is busy before this job starts (1-min load {load:.1f} on {cores} cores): it will take "
-            f"longer than durations stated for a quiet machine (about {min(load, cores) / cores:.0%} of the cores "
-            "are taken)")
+    return (f"the machine is busy before this job starts ({load:.1f} of {cores} cores taken by other work): it will "
+            f"take longer than durations stated for a quiet machine (about {min(load, cores) / cores:.0%} of the "
+            "cores are taken)")
 
 
 def format_seconds(seconds: float) -> str:
