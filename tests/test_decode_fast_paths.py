@@ -1,8 +1,11 @@
-"""The single-token decode fast paths against the general step they shortcut (float64, up to rounding).
+"""The single-token decode strategies against the general step (float64, up to rounding).
 
-Structured recurrences: ``_fixed_distance_step`` (taken without autograd, for translation-invariant
-patterns with score softmaxes) vs the table-lookup step (taken when autograd records). Mamba-2: its
-own ``forward_recurrent`` vs the family's ``GatedLinearMixer.forward_recurrent``.
+Structured recurrences: every cache records the strategy its steps take, chosen once from the
+pattern and the coefficients (``pattern_cache.STRATEGIES``): ``fixed_distance`` (translation-invariant
+patterns with score softmaxes), ``neighbor_set`` (lattices, Fenwick), ``general``; a step that
+autograd records runs the general step. Each strategy is compared with the general step on the same
+tokens (prefill, steps, padding, branches). Mamba-2: its own ``forward_recurrent`` vs the family's
+``GatedLinearMixer.forward_recurrent``.
 """
 from __future__ import annotations
 
@@ -30,38 +33,37 @@ def _decode(m, x: torch.Tensor, start, prefill: int):
     return torch.cat(ys, 1), state
 
 
-def _count_steps(monkeypatch, method: str) -> dict[str, int]:
-    """Counts the tokens the fast step ``StructuredRecurrence.<method>`` took (not None) and declined."""
-    counts = {"taken": 0, "declined": 0}
-    original = getattr(StructuredRecurrence, method)
-
-    def counted(self, *args):
-        out = original(self, *args)
-        counts["taken" if out is not None else "declined"] += 1
-        return out
-    monkeypatch.setattr(StructuredRecurrence, method, counted)
-    return counts
+STEPS = {"fixed_distance": "_fixed_distance_step", "neighbor_set": "_neighbor_set_step", "general": "_general_step"}
 
 
 @pytest.fixture
-def fixed_steps(monkeypatch):
-    """Counts the tokens ``_fixed_distance_step`` took and declined."""
-    return _count_steps(monkeypatch, "_fixed_distance_step")
+def steps(monkeypatch) -> dict[str, int]:
+    """Counts the tokens each strategy's step of ``StructuredRecurrence`` decoded."""
+    counts = dict.fromkeys(STEPS, 0)
+    for strategy, method in STEPS.items():
+        original = getattr(StructuredRecurrence, method)
+
+        def counted(self, *args, strategy=strategy, original=original):
+            counts[strategy] += 1
+            return original(self, *args)
+        monkeypatch.setattr(StructuredRecurrence, method, counted)
+    return counts
 
 
 @pytest.mark.parametrize("padding", PADDINGS)
 @pytest.mark.parametrize("name", ["pow2", "sq1", "kth_order", "dense_recurrence", "first_order"])
-def test_fixed_distance_step_matches_general_step(name, padding, fixed_steps):
+def test_fixed_distance_step_matches_general_step(name, padding, steps):
     torch.manual_seed(0)
     m = build_mixer(name, 16, n_heads=2).double()
     x = torch.randn(3, 70, 16, dtype=torch.float64)
     start = PADDINGS[padding]
+    assert m.init_state(3, start=start).strategy == "fixed_distance"
     with torch.no_grad():
         y_fast, s_fast = _decode(m, x, start, prefill=40)
-    assert fixed_steps["taken"] > 0
-    taken = fixed_steps["taken"]
+    assert steps == {"fixed_distance": 70, "neighbor_set": 0, "general": 0}  # every token, padded rows too
+    assert s_fast.strategy == "fixed_distance" and "strategy=fixed_distance" in repr(s_fast)
     y_gen, s_gen = _decode(m, x, start, prefill=40)  # parameters require grad: the general step
-    assert fixed_steps["taken"] == taken
+    assert steps == {"fixed_distance": 70, "neighbor_set": 0, "general": 70}
     assert_close(y_fast, y_gen.detach(), FLOAT64_EXACT, f"{name} {padding} outputs")
     assert s_fast.positions.tolist() == s_gen.positions.tolist()
     for key, t in s_fast.tensors().items():
@@ -72,7 +74,7 @@ def test_fixed_distance_step_matches_general_step(name, padding, fixed_steps):
     assert_close(y_fast, y_chunked, FLOAT64_EXACT, f"{name} {padding} step vs chunked")
 
 
-def test_fixed_distance_step_keeps_branches_valid(fixed_steps):
+def test_fixed_distance_step_keeps_branches_valid(steps):
     """Stepping an older cache after a newer one was appended in place copies it first: both
     continuations equal a straight decode."""
     torch.manual_seed(1)
@@ -87,7 +89,7 @@ def test_fixed_distance_step_keeps_branches_valid(fixed_steps):
         y_b2, _ = m.step(x[:, 21], b)
         straight, _ = m(x[:, :22])
         branched, _ = m(torch.cat([x[:, :20], alt[:, None], x[:, 21:22]], 1))
-    assert fixed_steps["taken"] == 4
+    assert steps["fixed_distance"] == 4 and steps["general"] == 0
     assert_close(torch.stack([y_a, y_a2], 1), straight[:, 20:22], FLOAT64_EXACT, "first branch")
     assert_close(torch.stack([y_b, y_b2], 1), branched[:, 20:22], FLOAT64_EXACT, "second branch")
 
@@ -155,7 +157,7 @@ def test_model_linear_transposed_weight_follows_weight_updates():
         "_kept" in k for k in model.state_dict())
 
 
-def test_fixed_distance_step_leaves_a_tracked_cache_to_autograd(fixed_steps):
+def test_fixed_distance_step_leaves_a_tracked_cache_to_autograd(steps):
     """Frozen weights, a prefill whose input requires grad: the cache is tracked, so the steps
     after it take the general (recorded) step, and gradients reach the prefill through them."""
     torch.manual_seed(5)
@@ -167,7 +169,7 @@ def test_fixed_distance_step_leaves_a_tracked_cache_to_autograd(fixed_steps):
     for i in range(9, 12):
         y_t, state = m.step(x[:, i], state)
         ys.append(y_t)
-    assert fixed_steps["taken"] == 0
+    assert steps["fixed_distance"] == 0 and steps["general"] == 3 and state.strategy == "fixed_distance"
     full, _ = m(x)
     assert_close(torch.stack(ys, 1).detach(), full[:, 9:], FLOAT64_EXACT, "steps after a tracked prefill")
     (grad,) = torch.autograd.grad(torch.stack(ys, 1).sum(), prompt)
@@ -187,28 +189,25 @@ def test_mamba2_decode_without_autograd_follows_parameter_updates():
             m.A_log.add_(0.5)
 
 
-@pytest.fixture
-def lattice_steps(monkeypatch):
-    """Counts the tokens ``_neighbor_cache_step`` (the slot-stable lattice step) took and declined."""
-    return _count_steps(monkeypatch, "_neighbor_cache_step")
-
-
 @pytest.mark.parametrize("padding", PADDINGS)
 @pytest.mark.parametrize("name,overrides", [("pow2_ce", {}), ("sq1_ce", {}), ("pow2", {"pattern": "fenwick"})],
                          ids=["pow2_ce", "sq1_ce", "fenwick"])
-def test_lattice_step_matches_general_step(name, overrides, padding, lattice_steps):
+def test_lattice_step_matches_general_step(name, overrides, padding, steps):
     """200 tokens (the slot-stable storage fills and is compacted many times) against the general
     step and the chunked mode; the cache holds the same positions with the same entries."""
     torch.manual_seed(0)
     m = build_mixer(name, 16, n_heads=2, **overrides).double()
     x = torch.randn(3, 240, 16, dtype=torch.float64)
     start = PADDINGS[padding]
+    assert m.init_state(3).strategy == "neighbor_set"
     with torch.no_grad():
         y_fast, s_fast = _decode(m, x, start, prefill=40)
-    assert lattice_steps["taken"] >= 150
-    taken = lattice_steps["taken"]
+    # every token of every row group (a padded batch runs its three rows as three groups)
+    assert steps["neighbor_set"] == (240 if padding == "unpadded" else 240 * 3 - sum(PADDINGS[padding]))
+    assert steps["general"] == 0 and steps["fixed_distance"] == 0
+    taken = steps["neighbor_set"]
     y_gen, s_gen = _decode(m, x, start, prefill=40)  # parameters require grad: the general step
-    assert lattice_steps["taken"] == taken
+    assert steps["neighbor_set"] == taken and steps["general"] == taken
     assert_close(y_fast, y_gen.detach(), FLOAT64_EXACT, f"{name} {padding} outputs")
     if padding == "unpadded":  # (a padded lattice batch runs by row groups, each its own cache)
         assert s_fast.positions.tolist() == s_gen.positions.tolist()
@@ -225,7 +224,7 @@ def test_lattice_step_matches_general_step(name, overrides, padding, lattice_ste
 
 
 @torch.no_grad()
-def test_lattice_step_keeps_branches_valid(lattice_steps):
+def test_lattice_step_keeps_branches_valid(steps):
     """Two continuations of one lattice cache (the second finds its storage written past it and
     copies first) and a later step of the first: all equal straight runs."""
     torch.manual_seed(1)
@@ -243,6 +242,35 @@ def test_lattice_step_keeps_branches_valid(lattice_steps):
         ys_b.append(y)
     straight, _ = m(x)
     branched, _ = m(torch.cat([x[:, :40], alt[:, None], x[:, 41:]], 1))
-    assert lattice_steps["taken"] == 40
+    assert steps["neighbor_set"] == 40 and steps["general"] == 0
     assert_close(torch.stack(ys_a, 1), straight[:, 40:], FLOAT64_EXACT, "first branch")
     assert_close(torch.stack(ys_b, 1), branched[:, 40:], FLOAT64_EXACT, "second branch")
+
+
+@pytest.mark.parametrize("name,overrides,strategy", [
+    ("pow2", {}, "fixed_distance"), ("first_order", {}, "fixed_distance"), ("pow2_ce", {}, "neighbor_set"),
+    ("pow2", {"pattern": "fenwick"}, "neighbor_set"), ("pow2", {"coefficients": "gate_softmax"}, "general"),
+    ("sq1_ce", {"coefficients": "gate_l1"}, "general")])
+def test_every_strategy_equals_the_general_step(name, overrides, strategy, steps):
+    """Each (pattern, coefficients) pair decodes by its strategy without autograd and by the general
+    step with it: the same outputs and caches in float64, and the strategy is in the state."""
+    torch.manual_seed(7)
+    m = build_mixer(name, 16, n_heads=2, **overrides).double()
+    x = torch.randn(2, 50, 16, dtype=torch.float64)
+    with torch.no_grad():
+        y_fast, s_fast = _decode(m, x, None, prefill=10)
+    assert s_fast.strategy == strategy and steps[strategy] == 50
+    y_gen, s_gen = _decode(m, x, None, prefill=10)
+    assert steps["general"] == 50 + (50 if strategy == "general" else 0)
+    assert_close(y_fast, y_gen.detach(), FLOAT64_EXACT, f"{name} {overrides} outputs")
+    assert s_fast.positions.tolist() == s_gen.positions.tolist()
+    for key, t in s_fast.tensors().items():
+        assert_close(t, s_gen.tensors()[key].detach(), FLOAT64_EXACT, f"{name} {overrides} cache {key}")
+
+
+def test_bench_decode_reports_each_caches_strategy():
+    from tokenmix.bench.decode import decode_mixers
+
+    rows = decode_mixers(["pow2", "sq1_ce", "attention"], [16], heads=2, head_dim=4, steps=3, block=2)
+    assert {r["mixer"]: r["strategy"] for r in rows} == {"pow2": "fixed_distance", "sq1_ce": "neighbor_set",
+                                                        "attention": "KVCache"}

@@ -17,10 +17,17 @@ import time
 
 import torch
 
+from tokenmix.mixers.pattern_cache import PatternCache
 from tokenmix.mixers.registry import build_mixer, mixer_names
 
 PATTERNS = ["pow2", "pow2_ce", "sq1", "sq1_ce", "first_order", "kth_order", "dense_recurrence"]
 SIZES = [1024, 4096, 16384]
+
+
+def decode_strategy(state) -> str:
+    """How the steps read the state: a pattern recurrence's strategy (``pattern_cache.STRATEGIES``),
+    else the state's kind (a KV cache, a recurrent state)."""
+    return state.strategy if type(state) is PatternCache else type(state).__name__
 
 
 @torch.no_grad()
@@ -58,7 +65,8 @@ def decode_mixers(names: list[str], sizes: list[int], heads: int = 4, head_dim: 
                             "latency_min_ms": 1e3 * min(wall[key]), "cpu_ms": 1e3 * statistics.median(cpu[key]),
                             "cached_positions": cached[key], "peak_positions_measured": states[key].peak_positions,
                             "cache_positions_derived": m.cache_positions(n + steps),
-                            "state_scalars": states[key].numel_per_batch()})
+                            "state_scalars": states[key].numel_per_batch(),
+                            "strategy": decode_strategy(states[key])})
             if progress:
                 progress(results[-1])
     return results
@@ -77,4 +85,5 @@ def run(sizes: list[int] | None = None, mixers: list[str] | None = None, progres
         for key, label in (("latency_ms", "growth"), ("latency_min_ms", "growth_min"), ("cpu_ms", "growth_cpu")):
             entry[f"{label}_{hi}/{lo}"] = round(rows[hi][key] / rows[lo][key], 2)
         entry[f"cached_positions@{hi}"] = rows[hi]["cached_positions"]
+        entry["strategy"] = rows[hi]["strategy"]
     return {"benchmark": "decode", "results": results, "summary": summary}

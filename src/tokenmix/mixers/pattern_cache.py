@@ -35,6 +35,18 @@ from tokenmix.mixers.base import MixerState
 
 _MIN_CAPACITY = 16
 
+#: How a decode step reads a cache, chosen once when the cache is made (``StructuredRecurrence.
+#: decode_strategy``) and kept by every cache that follows from it:
+#:     fixed_distance  translation-invariant patterns with score softmaxes: the cache is the contiguous
+#:                     suffix of positions, a token reads fixed distances back in the storage (one
+#:                     compiled call); row padding is a per-row mask of that read
+#:     neighbor_set    patterns whose cache is their neighbour set (the lattices, Fenwick) with score
+#:                     softmaxes: slot-stable storage, one compiled call finds, reads and writes
+#:     general         anything else (gate-based coefficients): the table lookup and tensor ops
+#: Whatever the strategy, a step that autograd records (parameters or a cache that require grad)
+#: runs the general step's differentiable arithmetic; the compiled reads never record.
+STRATEGIES = ("fixed_distance", "neighbor_set", "general")
+
 
 def _records_grad(store: "_Storage", *new: Tensor) -> bool:
     """Whether an append of ``new`` tensors to ``store`` would be recorded by autograd: then it goes
@@ -91,6 +103,8 @@ class PatternCache(MixerState):
         position: number of tokens seen so far.
     """
 
+    strategy: str = "general"   # one of STRATEGIES: how a decode step reads this cache
+
     def __init__(self, owner: str, batch_size: int, position: int, store: _Storage, start: int, size: int,
                  contiguous: bool = True, slotted: tuple[np.ndarray, np.ndarray, int] | None = None) -> None:
         self.owner, self.batch_size, self.position = owner, batch_size, position
@@ -103,12 +117,26 @@ class PatternCache(MixerState):
         self._slotted = slotted
 
     @classmethod
-    def empty(cls, owner: str, batch_size: int, heads: int, key_dim: int, value_dim: int, device, dtype
-              ) -> "PatternCache":
+    def empty(cls, owner: str, batch_size: int, heads: int, key_dim: int, value_dim: int, device, dtype,
+              strategy: str = "general") -> "PatternCache":
+        if strategy not in STRATEGIES:
+            raise InputError(f"unknown decode strategy '{strategy}'; known: {', '.join(STRATEGIES)}")
         store = _Storage(torch.zeros(batch_size, _MIN_CAPACITY, heads, key_dim, device=device, dtype=dtype),
                          torch.zeros(batch_size, _MIN_CAPACITY, heads, value_dim, device=device, dtype=dtype),
                          torch.zeros(_MIN_CAPACITY, dtype=torch.long), 0)
-        return cls(owner, batch_size, 0, store, 0, 0)
+        cache = cls(owner, batch_size, 0, store, 0, 0)
+        cache.strategy = strategy
+        return cache
+
+    def carry_over(self, other: MixerState) -> "PatternCache":
+        """``MixerState.carry_over`` and the decode strategy, which outlives every update."""
+        super().carry_over(other)
+        self.strategy = getattr(other, "strategy", self.strategy)
+        return self
+
+    def __repr__(self) -> str:
+        return (f"PatternCache(strategy={self.strategy}, position={self.position}, cached={self._size}, "
+                f"batch={self.batch_size})")
 
     @property
     def positions(self) -> Tensor:
@@ -181,7 +209,7 @@ class PatternCache(MixerState):
         return type(self)(self.owner, self.batch_size, self.position + 1, store, self._start + drop,
                           self._size + 1 - drop).carry_over(self)
 
-    def lattice_storage(self) -> tuple["PatternCache", Tensor, np.ndarray | None, np.ndarray, np.ndarray, int] | None:
+    def lattice_storage(self) -> tuple["PatternCache", Tensor, np.ndarray | None, np.ndarray, np.ndarray, int]:
         """Where a lattice decode step may write its token: (cache, kv, kv_np, held, slots, end).
 
         ``cache`` holds this cache's entries on slot-stable storage kv [2, B, cap, H, K] (numpy view
@@ -189,8 +217,8 @@ class PatternCache(MixerState):
         written. That is this cache itself when it is the latest on its slot-stable storage and
         the storage has room; otherwise its entries are copied into fresh storage of twice their
         number (at least 16 slots), so a step costs O(|N(t)|) amortised and every cache returned
-        earlier stays valid (nothing is overwritten, the same rule as ``next_slot``). None if keys
-        and values differ in width (one kv tensor cannot hold both).
+        earlier stays valid (nothing is overwritten, the same rule as ``next_slot``). Keys and values
+        must have one width (one kv tensor holds both).
         """
         store = self._store
         if self._slotted is not None and store.kv is not None and store.end == self._slotted[2] \
@@ -199,7 +227,8 @@ class PatternCache(MixerState):
             return self, store.kv, store.kv_np, held, slots, end
         keys, values = self.keys, self.values
         if keys.shape[-1] != values.shape[-1]:
-            return None
+            raise InputError(f"slot-stable storage holds keys and values of one width, got {keys.shape[-1]} and "
+                             f"{values.shape[-1]}")
         held, m = self.held_positions().copy(), self._size
         b, _, h, k = keys.shape
         kv = keys.new_empty(2, b, max(_MIN_CAPACITY, 2 * (m + 1)), h, k)

@@ -15,9 +15,9 @@ neighbour scores from shifted / strided slices; patterns that read every one of 
 M >= C positions -- the dense pattern -- take the matmul path ``chunked_window_softmax``),
 ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token by token with a
 cache that evicts a position as soon as no later token reads it; a step gathers only the
-|N(t)| neighbours and appends to preallocated storage, O(|N(t)| K) whatever the cache size;
-without autograd, translation-invariant patterns with score softmaxes read their neighbours at
-fixed distances back in the storage, a few tensor ops per token: ``_fixed_distance_step``).
+|N(t)| neighbours and appends to preallocated storage, O(|N(t)| K) whatever the cache size; how a
+step reads its cache is the cache's decode strategy, chosen once from the pattern and the
+coefficients: ``pattern_cache.STRATEGIES``).
 
 Left padding (mixers/base.py). A solo run excludes the nonexistent neighbours of t < f(k) from the
 normalisation. Translation-invariant patterns (N(t) = {t - f(k)}: every row of a padded batch reads
@@ -36,12 +36,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import Mixer, MixerConfig
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig
 from tokenmix.mixers.pattern_cache import PatternCache
 from tokenmix.ops.pattern_kernels import (compiled_pattern_scores, compiled_pattern_solve, kernel_available,
                                           lattice_step, step_read, supported)
@@ -140,9 +140,9 @@ class StructuredRecurrence(Mixer):
         super().__init__(config, d_model)
         self.pattern = get_pattern(config.pattern, config.cache_efficient)
         h, k = self.n_heads, self.head_dim
-        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
-        self.out = nn.Linear(h * k, d_model, bias=False)
-        self.gates = nn.Linear(d_model, h * (config.max_levels + 1)) if config.coefficients != "softmax" else None
+        self.qkv = Linear(d_model, 3 * h * k, bias=False)
+        self.out = Linear(h * k, d_model, bias=False)
+        self.gates = Linear(d_model, h * (config.max_levels + 1)) if config.coefficients != "softmax" else None
         self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, _LazyPlan)
         self._offsets: list = []  # (lo, hi, distances, reach) spans of fixed-distance steps
         self._rows: OrderedDict = OrderedDict()  # first position -> table rows, for neighbour-cache steps
@@ -317,60 +317,74 @@ class StructuredRecurrence(Mixer):
         mix_a = torch.diag_embed(alpha.transpose(1, 2))
         return mix_a, mix_b
 
-    def forward_recurrent(self, x: Tensor, state: PatternCache | None):
-        """Token-by-token reference: read N(t) from the cache, write y_t, evict what no later token
-        reads. A step gathers only the |N(t)| neighbours: O(|N(t)| K), whatever the cache size.
+    def decode_strategy(self) -> str:
+        """How this mixer's decode steps read its cache (``pattern_cache.STRATEGIES``), from its
+        pattern and coefficients alone: chosen when a cache is made, recorded in it."""
+        if self.gates is not None:
+            return "general"
+        if isinstance(self.pattern, TranslationInvariant):
+            return "fixed_distance"
+        if self.pattern.cache_is_neighbors:
+            return "neighbor_set"
+        return "general"
 
-        Decoding without autograd, tokens with score-softmax coefficients take one of two fast
-        steps (the same numbers up to rounding, one compiled call for the reads instead of the
-        table lookups below): ``_fixed_distance_step`` for translation-invariant patterns (fixed
-        distances back in a contiguous cache) and ``_neighbor_cache_step`` for patterns whose
-        cache is their neighbour set (lattices, Fenwick). Each says None where it does not apply
-        (a padding neighbour, a cache of another shape) and the general step runs."""
+    def forward_recurrent(self, x: Tensor, state: PatternCache | None):
+        """Token by token, each token by its cache's strategy (``pattern_cache.STRATEGIES``):
+        ``_fixed_distance_step``, ``_neighbor_set_step`` or ``_general_step``, which is also the
+        arithmetic of every step that autograd records (the compiled reads never record): then the
+        parameters, the segment's input or the cache require grad. The strategies compute the same
+        numbers up to rounding (tests/test_decode_fast_paths.py, in float64)."""
         b, t, _ = x.shape
         if state is None:
             state = self.empty_state(b, x.device, x.dtype)
         qkv = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim)
-        fast = None
-        if self.gates is None and not (torch.is_grad_enabled() and qkv.requires_grad):
-            if isinstance(self.pattern, TranslationInvariant):
-                fast = self._fixed_distance_step
-            elif self.pattern.cache_is_neighbors:
-                fast = self._neighbor_cache_step
-        q = k = v = None  # [B, T, H, K] each, split off for the first token of the general step
+        recorded = torch.is_grad_enabled() and (qkv.requires_grad
+                                                or any(z.requires_grad for z in state.buffers()))
+        strategy = "general" if recorded else state.strategy
         ys = []
         for s in range(t):
             state.observe()
-            pos = state.position
-            if fast is not None:
-                # q, k, v of token s: [B, 3, H, K]
-                token = qkv.view(b, 3, self.n_heads, self.head_dim) if t == 1 else qkv[:, s]
-                stepped = fast(token, state)
-                if stepped is not None:
-                    y_t, state = stepped
-                    ys.append(y_t[:, None])
-                    continue
-            if q is None:
-                q, k, v = qkv.unbind(2)
-            nb = self.pattern.neighbor_table(pos, pos + 1)[0]  # [W] absolute, -1 = none
-            slot = state.slots(nb).to(x.device)
-            valid = slot >= 0
-            if state.start is not None and bool((nb >= 0).any()) and int(nb[nb >= 0].min()) < state.max_start:
-                valid = nb.to(x.device)[None, :] >= state.start[:, None]  # [B, W]: no padding neighbours
-            if state.keys.shape[1]:
-                k_nb = state.keys.index_select(1, slot.clamp(min=0))  # [B, W, H, K]
-                y_nb = state.values.index_select(1, slot.clamp(min=0))  # [B, W, H, V]
-            else:  # nothing stored yet (a first token whose table row holds only -1 entries: Fenwick)
-                k_nb = state.keys.new_zeros(b, len(nb), self.n_heads, self.head_dim)
-                y_nb = state.values.new_zeros(b, len(nb), self.n_heads, self.head_dim)
-            s_nb = torch.einsum("bhk,bwhk->bhw", q[:, s], k_nb) * (valid[None] if valid.dim() == 1 else valid[:, None])
-            alpha, beta = self._coefficients(x[:, s : s + 1], q[:, s : s + 1], k[:, s : s + 1],
-                                             s_nb[:, None] if self.gates is None else None, valid[..., None, :])
-            y_t = alpha[:, 0, :, None] * v[:, s] + torch.einsum("bhw,bwhv->bhv", beta[:, 0], y_nb)
+            token = qkv.view(b, 3, self.n_heads, self.head_dim) if t == 1 else qkv[:, s]  # [B, 3, H, K]
+            if strategy == "fixed_distance":
+                y_t, state = self._fixed_distance_step(token, state)
+            elif strategy == "neighbor_set":
+                y_t, state = self._neighbor_set_step(token, state)
+            else:
+                y_t, state = self._general_step(x[:, s : s + 1], token, state)
             ys.append(y_t[:, None])
-            state = self._extend(state, k[:, s : s + 1], y_t[:, None], pos + 1)
         y = ys[0] if t == 1 else torch.cat(ys, 1)  # [B, T, H, V]
         return self.out(y.flatten(2)), state
+
+    def _general_step(self, x_t: Tensor, qkv_t: Tensor, state: PatternCache) -> tuple[Tensor, PatternCache]:
+        """One token by the definition: read N(t) from the cache through the table, the coefficients
+        as in the chunked modes, y_t, then extend the cache (evicting what no later token reads).
+        O(|N(t)| K) whatever the cache size; differentiable.
+
+        Args:
+            x_t: [B, 1, D] the token's layer input (the gate-based coefficients read it).
+            qkv_t: [B, 3, H, K] its q, k, v.
+        Returns:
+            (y_t [B, H, V], next cache).
+        """
+        b = qkv_t.shape[0]
+        q, k, v = qkv_t.unbind(1)  # [B, H, K] each
+        pos = state.position
+        nb = self.pattern.neighbor_table(pos, pos + 1)[0]  # [W] absolute, -1 = none
+        slot = state.slots(nb).to(x_t.device)
+        valid = slot >= 0
+        if state.start is not None and bool((nb >= 0).any()) and int(nb[nb >= 0].min()) < state.max_start:
+            valid = nb.to(x_t.device)[None, :] >= state.start[:, None]  # [B, W]: no padding neighbours
+        if state.keys.shape[1]:
+            k_nb = state.keys.index_select(1, slot.clamp(min=0))  # [B, W, H, K]
+            y_nb = state.values.index_select(1, slot.clamp(min=0))  # [B, W, H, V]
+        else:  # nothing stored yet (a first token whose table row holds only -1 entries: Fenwick)
+            k_nb = state.keys.new_zeros(b, len(nb), self.n_heads, self.head_dim)
+            y_nb = state.values.new_zeros(b, len(nb), self.n_heads, self.head_dim)
+        s_nb = torch.einsum("bhk,bwhk->bhw", q, k_nb) * (valid[None] if valid.dim() == 1 else valid[:, None])
+        alpha, beta = self._coefficients(x_t, q[:, None], k[:, None], s_nb[:, None] if self.gates is None else None,
+                                         valid[..., None, :])
+        y_t = alpha[:, 0, :, None] * v + torch.einsum("bhw,bwhv->bhv", beta[:, 0], y_nb)
+        return y_t, self._extend(state, k[:, None], y_t[:, None], pos + 1)
 
     def _step_offsets(self, pos: int) -> tuple[np.ndarray, int]:
         """(distances [W] int64: the f(k) <= pos of the W levels token pos reads, the largest
@@ -384,35 +398,36 @@ class StructuredRecurrence(Mixer):
         del self._offsets[_ROW_BLOCKS_KEPT:]
         return self._offsets[0][2], self._offsets[0][3]
 
-    def _fixed_distance_step(self, qkv_t: Tensor, state: PatternCache) -> tuple[Tensor, PatternCache] | None:
-        """One token of a translation-invariant pattern with score-softmax coefficients.
+    def _fixed_distance_step(self, qkv_t: Tensor, state: PatternCache) -> tuple[Tensor, PatternCache]:
+        """One token of a translation-invariant pattern with score-softmax coefficients, no autograd.
 
         Args:
             qkv_t: [B, 3, H, K] q, k, v of the token at position ``state.position``.
-            state: its cache; the caller checked that no autograd op is recorded.
+            state: its cache (strategy ``fixed_distance``: the contiguous suffix of positions).
         Returns:
-            (y_t [B, H, V], next cache), or None where this step does not apply (a cache that is
-            not the contiguous suffix of positions, a tracked one, or neighbours in a row's
-            padding): the general step then runs.
+            (y_t [B, H, V], next cache).
 
         N(t) = {t - f(k)} is a set of fixed distances, and a contiguous cache holds position j in
         storage slot at - (t - j), at the slot of t itself: the neighbours' slots are at minus the
         distances, with no position lookup. k_t goes into slot at, and ``step_read`` (one compiled
         call: scores, softmax over {t} ∪ N(t), weighted sum) writes y_t straight into the value
-        slot at, the entry the cache keeps.
+        slot at, the entry the cache keeps. In a left-padded batch a row does not read the
+        neighbours in its padding (the read's per-row mask), as in every other mode.
         """
         pos = state.position
         dist, reach = self._step_offsets(pos)
-        if not state.contiguous or reach > state.cached_positions():
-            return None
+        if not state.contiguous or reach > state.cached_positions():  # made only by this mixer's own modes
+            raise RuntimeError(f"fixed-distance decode at position {pos}: the cache holds "
+                               f"{state.cached_positions()} positions{'' if state.contiguous else ' (not contiguous)'}, "
+                               f"the pattern reads {reach} back")
+        visible = None
         if state.start is not None and reach and pos - reach < state.max_start:
-            return None  # some row's neighbours include its padding: the general step masks them
-        if torch.is_grad_enabled() and any(z.requires_grad for z in state.buffers()):
-            return None  # a cache that autograd tracks (from a recorded prefill) takes the general step
+            start = state.start.cpu().numpy()
+            visible = (pos - dist)[None, :] >= start[:, None]  # [B, W]: a row does not read its padding
         state, at = state.next_slot()
         keys, values = state.buffers()  # [B, cap, H, K], [B, cap, H, V]
         keys[:, at] = qkv_t[:, 1]
-        y_t = step_read(qkv_t, keys, values, at - dist, self._scale, values[:, at])
+        y_t = step_read(qkv_t, keys, values, at - dist, self._scale, values[:, at], visible)
         return y_t, state.advanced(at, self.pattern.needed_from(pos + 1))
 
     @functools.cached_property
@@ -430,7 +445,7 @@ class StructuredRecurrence(Mixer):
                 self._rows.popitem(last=False)
         return block[pos - lo]
 
-    def _neighbor_cache_step(self, qkv_t: Tensor, state: PatternCache) -> tuple[Tensor, PatternCache] | None:
+    def _neighbor_set_step(self, qkv_t: Tensor, state: PatternCache) -> tuple[Tensor, PatternCache]:
         """One token of a pattern whose decode cache is its neighbour set (``cache_is_neighbors``:
         the lattice, Fenwick), score-softmax coefficients, no autograd.
 
@@ -439,28 +454,25 @@ class StructuredRecurrence(Mixer):
         next cache is the same storage with another list of (position, slot) pairs -- no entry
         moves. One compiled call (``lattice_step``) finds the neighbours' slots, reads them (scores,
         softmax, weighted sum) and writes the token: O(|N(t)| (K + V)), plus an amortised copy of
-        the live entries each time the storage fills. Returns (y_t [B, H, V], next cache), or None
-        if the cache lacks a position the rows name (padding rows, a cache from elsewhere): the
-        general step then runs.
+        the live entries each time the storage fills. Left-padded batches of these patterns run
+        by row groups (``pads_by_row_groups``), each group an unpadded cache of its own.
+        Returns (y_t [B, H, V], next cache).
         """
         pos = state.position
-        if state.start is not None and pos < state.max_start:
-            return None
-        if torch.is_grad_enabled() and any(z.requires_grad for z in state.buffers()):
-            return None
-        room = state.lattice_storage()
-        if room is None:
-            return None
-        state, kv, kv_np, held, slots, end = room
+        if state.start is not None:  # made only by this mixer's own modes, which pad by row groups
+            raise RuntimeError("neighbour-set decode of a padded cache (these patterns pad by row groups)")
+        state, kv, kv_np, held, slots, end = state.lattice_storage()
         stepped = lattice_step(qkv_t, kv, kv_np, held, slots, end, self._table_row(pos), self._table_row(pos + 1),
                                pos, self._scale)
         if stepped is None:
-            return None
+            raise RuntimeError(f"neighbour-set decode at position {pos}: the cache does not hold the positions "
+                               f"the pattern reads (held {held.tolist()})")
         return kv[1, :, end], state.lattice_appended(*stepped, pos + 1)
 
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:
-        return PatternCache.empty(self.owner, batch_size, self.n_heads, self.head_dim, self.head_dim, device, dtype)
+        return PatternCache.empty(self.owner, batch_size, self.n_heads, self.head_dim, self.head_dim, device, dtype,
+                                  self.decode_strategy())
 
     def materialize(self, x: Tensor) -> MixOperator:
         state, q, k, v, idx, plan, alpha, beta = self._segment(x, None)

@@ -157,9 +157,10 @@ if numba is not None:
     # One decoded token: a few hundred multiply-adds per head, so no threads (their wake-up would
     # cost more than the work) -- one call instead of a dozen tensor operations.
     @njit(fastmath=True, cache=True, nogil=True)
-    def _read(qkv, keys, values, slots, scale, y):  # pragma: no cover - compiled
+    def _read(qkv, keys, values, slots, visible, scale, y):  # pragma: no cover - compiled
         # qkv [B,3,H,K] the token's q, k, v; keys [B,S,H,K], values [B,S,H,V]; slots [W] (-1 = none);
-        # y [B,H,V] written after every read (it may alias a slot no neighbour reads)
+        # visible [B,W] uint8 (0: that row does not read that neighbour, e.g. its padding); y [B,H,V]
+        # written after every read (it may alias a slot no neighbour reads)
         nb, _, nh, nk = qkv.shape
         nv = values.shape[3]
         nw = slots.shape[0]
@@ -173,7 +174,7 @@ if numba is not None:
                 top = logit[0]
                 for w in range(nw):
                     j = slots[w]
-                    if j < 0:
+                    if j < 0 or not visible[b, w]:
                         continue
                     acc = 0.0
                     for i in range(nk):
@@ -183,7 +184,7 @@ if numba is not None:
                 total = np.exp(logit[0] - top)
                 logit[0] = total
                 for w in range(nw):
-                    if slots[w] >= 0:
+                    if slots[w] >= 0 and visible[b, w]:
                         logit[w + 1] = np.exp(logit[w + 1] - top)
                         total += logit[w + 1]
                 c = logit[0] / total
@@ -191,7 +192,7 @@ if numba is not None:
                     y[b, h, i] = c * qkv[b, 2, h, i]
                 for w in range(nw):
                     j = slots[w]
-                    if j < 0:
+                    if j < 0 or not visible[b, w]:
                         continue
                     c = logit[w + 1] / total
                     for i in range(nv):
@@ -240,7 +241,7 @@ if numba is not None:
         keep[at] = pos
         for i in range(m):
             new_slots[i] = end if i == at else hslot[new_slots[i]]
-        _read(qkv, kv[0], kv[1], slots, scale, kv[1, :, end])
+        _read(qkv, kv[0], kv[1], slots, np.ones((qkv.shape[0], slots.shape[0]), np.uint8), scale, kv[1, :, end])
         for b in range(qkv.shape[0]):
             kv[0, b, end] = qkv[b, 1]
         return m
@@ -287,25 +288,39 @@ class _CompiledScores(torch.autograd.Function):
         return dq, dk, None
 
 
-def step_read(qkv: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, scale: float, out: Tensor) -> Tensor:
+def step_read(qkv: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, scale: float, out: Tensor,
+              visible: np.ndarray | None = None) -> Tensor:
     """One decoded token of a score-softmax pattern: out = alpha v + sum_w beta_w values[slots[w]],
     (alpha, beta) the softmax of scale * (q . k, q . keys[slots[w]]) over the self slot and the
-    cached neighbours. Inference only (no autograd).
+    cached neighbours. Inference only (no autograd). By the compiled kernel where it runs, else by
+    ``step_read_reference`` (the definition, against which the kernel is tested).
 
     Args:
         qkv: [B, 3, H, K] the token's q, k, v.
         keys, values: [B, S, H, K], [B, S, H, V] cache storage.
         slots: [W] int64 numpy, the storage slots of the token's neighbours, -1 = none.
         out: [B, H, V], written (may be a view into ``values``: it is written after every read).
+        visible: [B, W] bool / uint8 numpy: whether row b reads neighbour w (False: e.g. a position in
+            the row's left padding, left out of its softmax); None = every row reads every neighbour.
     Returns:
         out.
     """
+    if visible is None:
+        visible = np.ones((qkv.shape[0], slots.shape[0]), np.uint8)
     if supported(qkv, keys, values, out):
-        _read(_np(qkv), _np(keys), _np(values), slots, scale, _np(out))
+        _read(_np(qkv), _np(keys), _np(values), slots, visible.astype(np.uint8, copy=False), scale, _np(out))
         return out
+    return step_read_reference(qkv, keys, values, slots, scale, out, visible)
+
+
+def step_read_reference(qkv: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, scale: float, out: Tensor,
+                        visible: np.ndarray) -> Tensor:
+    """``step_read`` in tensor operations (any dtype and device): gather, masked softmax, weighted sum."""
     q, k, v = qkv.unbind(1)
-    read = torch.from_numpy(slots[slots >= 0]).to(keys.device)
-    logits = torch.cat([(q * k).sum(-1, keepdim=True), torch.einsum("bhk,bwhk->bhw", q, keys[:, read])], -1) * scale
+    read = torch.from_numpy(slots.clip(min=0)).to(keys.device)
+    mask = torch.from_numpy((slots >= 0)[None, :] & visible.astype(bool)).to(keys.device)  # [B, W]
+    scores = torch.einsum("bhk,bwhk->bhw", q, keys[:, read]).masked_fill(~mask[:, None, :], float("-inf"))
+    logits = torch.cat([(q * k).sum(-1, keepdim=True), scores], -1) * scale
     coef = torch.softmax(logits, -1, dtype=torch.promote_types(logits.dtype, torch.float32)).to(values.dtype)
     out.copy_(coef[..., :1] * v + torch.einsum("bhw,bwhv->bhv", coef[..., 1:], values[:, read]))
     return out
@@ -313,7 +328,9 @@ def step_read(qkv: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, scal
 
 def lattice_step(qkv: Tensor, kv: Tensor, kv_np: np.ndarray | None, held: np.ndarray, hslot: np.ndarray, end: int,
                  row: np.ndarray, nxt: np.ndarray, pos: int, scale: float) -> tuple[np.ndarray, np.ndarray] | None:
-    """One decoded token whose cache is a neighbour set (a lattice), on slot-stable storage.
+    """One decoded token whose cache is a neighbour set (a lattice), on slot-stable storage: by the
+    compiled kernel where it runs, else by ``lattice_step_reference`` (the definition, against which
+    the kernel is tested).
 
     Args:
         qkv: [B, 3, H, K] the token's q, k, v (at position ``pos``).
@@ -327,12 +344,18 @@ def lattice_step(qkv: Tensor, kv: Tensor, kv_np: np.ndarray | None, held: np.nda
         y = kv[1, :, end]); or None, with nothing written, if a position the rows name is not held
         (or pos + 1 does not read pos).
     """
-    width = nxt.shape[0]
-    keep, new_slots = np.empty(width, np.int64), np.empty(width, np.int64)
     if supported(qkv, kv):
+        width = nxt.shape[0]
+        keep, new_slots = np.empty(width, np.int64), np.empty(width, np.int64)
         m = _lattice_step(_np(qkv), _np(kv) if kv_np is None else kv_np, held, hslot, end, row, nxt, pos, scale,
                           keep, new_slots)
         return None if m < 0 else (keep[:m], new_slots[:m])
+    return lattice_step_reference(qkv, kv, held, hslot, end, row, nxt, pos, scale)
+
+
+def lattice_step_reference(qkv: Tensor, kv: Tensor, held: np.ndarray, hslot: np.ndarray, end: int, row: np.ndarray,
+                           nxt: np.ndarray, pos: int, scale: float) -> tuple[np.ndarray, np.ndarray] | None:
+    """``lattice_step`` in numpy lookups and ``step_read_reference`` (any dtype and device)."""
     keep = np.sort(nxt[nxt >= 0])
     wanted = np.concatenate([row, np.where(keep == pos, -1, keep)])
     j = np.searchsorted(held, np.maximum(wanted, 0)).clip(max=max(len(held) - 1, 0))
@@ -342,7 +365,8 @@ def lattice_step(qkv: Tensor, kv: Tensor, kv_np: np.ndarray | None, held: np.nda
     if pos not in keep or not found.all():
         return None
     slot = np.where(wanted >= 0, hslot[j] if len(held) else -1, -1)
-    step_read(qkv, kv[0], kv[1], slot[: len(row)], scale, kv[1, :, end])
+    step_read_reference(qkv, kv[0], kv[1], slot[: len(row)], scale, kv[1, :, end],
+                        np.ones((qkv.shape[0], len(row)), np.uint8))
     kv[0, :, end] = qkv[:, 1]
     new_slots = np.where(keep == pos, end, slot[len(row):])
     return keep, new_slots
@@ -393,5 +417,5 @@ def compiled_pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan=None) -> 
     return _CompiledScores.apply(q, kbuf, _check_causal(idx, p))
 
 
-__all__ = ["compiled_pattern_scores", "compiled_pattern_solve", "kernel_available", "lattice_step", "step_read",
-           "supported"]
+__all__ = ["compiled_pattern_scores", "compiled_pattern_solve", "kernel_available", "lattice_step",
+           "lattice_step_reference", "step_read", "step_read_reference", "supported"]
