@@ -38,7 +38,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import Mixer, MixerConfig
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig
 from tokenmix.mixers.pattern_cache import PatternCache
 
 
@@ -175,8 +175,8 @@ class SoftmaxAttention(Mixer):
     def __init__(self, config: MixerConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
-        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
-        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.qkv = Linear(d_model, 3 * h * k, bias=False)
+        self.out = Linear(h * k, d_model, bias=False)
 
     @property
     def window(self) -> int | None:

@@ -46,7 +46,7 @@ from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.attention import attention_probs, mask_padding_keys
-from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
 from tokenmix.ops.chunked_chacal import chunked_chacal
 
 _GAMMA_FLOOR = 1e-9  # gamma = 0 would put theta at -inf, where sigmoid has zero gradient
@@ -104,8 +104,8 @@ class ChainCausalAttention(Mixer):
     def __init__(self, config: ChacalConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
-        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
-        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.qkv = Linear(d_model, 3 * h * k, bias=False)
+        self.out = Linear(h * k, d_model, bias=False)
         s0 = max(config.gamma, _GAMMA_FLOOR) / (1.0 - GAMMA_MARGIN)  # sigmoid(theta) giving gamma = config's
         self.gamma_logit = nn.Parameter(torch.full((h,), math.log(s0 / (1.0 - s0))))
 

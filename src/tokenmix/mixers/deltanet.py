@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
 from tokenmix.ops.chunked_delta import chunked_delta_rule, delta_rule_operator, delta_rule_step
 
 
@@ -76,9 +76,9 @@ class DeltaNet(Mixer):
     def __init__(self, config: DeltaNetConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
-        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
-        self.beta_proj = nn.Linear(d_model, h)
-        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.qkv = Linear(d_model, 3 * h * k, bias=False)
+        self.beta_proj = Linear(d_model, h)
+        self.out = Linear(h * k, d_model, bias=False)
         self.scale = k ** -0.5
 
     # ---------------------------------------------------------------- shared pieces

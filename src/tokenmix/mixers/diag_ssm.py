@@ -34,6 +34,7 @@ from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
 from tokenmix.mixers.mamba2 import SelectiveSSMConfig, inverse_softplus_dt
 from tokenmix.ops.selective_scan import selective_scan
+from tokenmix.mixers.base import Linear
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,13 @@ class DiagSSM(GatedLinearMixer):
         super().__init__(config, d_model)
         d_in, n = self.n_heads * self.head_dim, config.state_dim
         self.state_heads, self.key_dim, self.value_dim, self.has_decay = d_in, n, 1, True
-        self.in_proj = nn.Linear(d_model, d_in, bias=False)       # u
-        self.dt_proj = nn.Linear(d_model, d_in, bias=False)       # Delta (before softplus)
-        self.bc_proj = nn.Linear(d_model, 2 * n, bias=False)      # B_t, C_t
+        self.in_proj = Linear(d_model, d_in, bias=False)       # u
+        self.dt_proj = Linear(d_model, d_in, bias=False)       # Delta (before softplus)
+        self.bc_proj = Linear(d_model, 2 * n, bias=False)      # B_t, C_t
         self.dt_bias = nn.Parameter(inverse_softplus_dt(d_in, config.dt_min, config.dt_max))
         self.A_log = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(d_in, 1))
         self.D = nn.Parameter(torch.ones(d_in)) if config.d_skip else None
-        self.out = nn.Linear(d_in, d_model, bias=False)
+        self.out = Linear(d_in, d_model, bias=False)
 
     def _scan_inputs(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """u, Delta [B, T, D_in], A = -exp(A_log) [D_in, N], B_t, C_t [B, T, N] (no [B, T, D_in, N] tensor)."""

@@ -44,7 +44,7 @@ from torch import Tensor, nn
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.attention import KVCache, allowed_keys, mask_padding_keys
-from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.query_blocks import by_query_blocks
 
@@ -153,9 +153,9 @@ class ForgettingAttention(RowAttention):
     def __init__(self, config: ForgettingAttentionConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
-        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
-        self.fgate = nn.Linear(d_model, h, bias=True)  # log f_t = logsigmoid(fgate(x_t)), per head
-        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.qkv = Linear(d_model, 3 * h * k, bias=False)
+        self.fgate = Linear(d_model, h, bias=True)  # log f_t = logsigmoid(fgate(x_t)), per head
+        self.out = Linear(h * k, d_model, bias=False)
 
     def log_forget(self, x: Tensor, state: MixerState | None = None) -> Tensor:
         """log f [B, T, H] of a segment; 0 at padding positions of ``state`` (inert)."""

@@ -50,6 +50,7 @@ from tokenmix.mixers.deltanet import DeltaState
 from tokenmix.mixers.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.chunked_delta import chunked_delta_rule, delta_rule_operator, delta_rule_step
+from tokenmix.mixers.base import Linear
 
 
 @dataclass(frozen=True)
@@ -76,8 +77,8 @@ class GatedDeltaProduct(GatedDeltaNet):
         self.n_h = nh
         self.substeps = nh  # positions of the operator clock per token: materialize is [N, N], N = n_h·T
         # one query, n_h keys and n_h values per token; n_h write strengths
-        self.qkv = nn.Linear(d_model, (1 + 2 * nh) * h * dk, bias=False)
-        self.beta_proj = nn.Linear(d_model, nh * h)
+        self.qkv = Linear(d_model, (1 + 2 * nh) * h * dk, bias=False)
+        self.beta_proj = Linear(d_model, nh * h)
 
     # ---------------------------------------------------------------- the sub-step clock
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:

@@ -43,6 +43,7 @@ from torch import Tensor, nn
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.deltanet import DeltaNet, DeltaNetConfig
+from tokenmix.mixers.base import Linear
 
 
 @dataclass(frozen=True)
@@ -64,7 +65,7 @@ class GatedDeltaNet(DeltaNet):
     def __init__(self, config: GatedDeltaNetConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h = self.n_heads
-        self.a_proj = nn.Linear(d_model, h, bias=False)
+        self.a_proj = Linear(d_model, h, bias=False)
         self.A_log = nn.Parameter(torch.empty(h).uniform_(1, 16).log())
         dt = torch.exp(torch.empty(h).uniform_(math.log(config.dt_min), math.log(config.dt_max)))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)

@@ -28,6 +28,7 @@ from torch import Tensor, nn
 
 from tokenmix.mixers.kda import KDA, KDAConfig
 from tokenmix.mixers.registry import register_mixer
+from tokenmix.mixers.base import Linear
 
 
 @register_mixer("gdn2", KDAConfig, family="delta rule",
@@ -40,8 +41,8 @@ class GDN2(KDA):
         super().__init__(config, d_model)
         h, dk = self.n_heads, self.head_dim
         del self.beta_proj  # replaced by the two channel-wise gates
-        self.erase_proj = nn.Linear(d_model, h * dk)  # b_t [H, K]
-        self.write_proj = nn.Linear(d_model, h * dk)  # w_t [H, V] (V = K = head_dim)
+        self.erase_proj = Linear(d_model, h * dk)  # b_t [H, K]
+        self.write_proj = Linear(d_model, h * dk)  # w_t [H, V] (V = K = head_dim)
 
     def _gates(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """The erase gate b [B, T, H, K] in (0, 1) (or (0, 2)) and the write gate w [B, T, H, V] in (0, 1)."""

@@ -26,7 +26,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import MixerConfig
+from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
 
 
@@ -57,10 +57,10 @@ class GLA(GatedLinearMixer):
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
         self.state_heads, self.key_dim, self.value_dim, self.has_decay = h, k, k, True
-        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
-        self.gate_down = nn.Linear(d_model, config.gate_low_rank_dim, bias=False)
-        self.gate_up = nn.Linear(config.gate_low_rank_dim, h * k, bias=True)
-        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.qkv = Linear(d_model, 3 * h * k, bias=False)
+        self.gate_down = Linear(d_model, config.gate_low_rank_dim, bias=False)
+        self.gate_up = Linear(config.gate_low_rank_dim, h * k, bias=True)
+        self.out = Linear(h * k, d_model, bias=False)
 
     def _features(self, x: Tensor) -> LinearFeatures:
         """q, k, v [B, T, H, K]; gk [B, T, H, K] <= 0."""

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import MixerConfig
+from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
 
 
@@ -76,8 +76,8 @@ class HGRN2(GatedLinearMixer):
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
         self.state_heads, self.key_dim, self.value_dim, self.has_decay = h, k, k, True
-        self.qfi = nn.Linear(d_model, 3 * h * k, bias=False)   # W_q, W_f, W_i
-        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.qfi = Linear(d_model, 3 * h * k, bias=False)   # W_q, W_f, W_i
+        self.out = Linear(h * k, d_model, bias=False)
 
     def _features(self, x: Tensor) -> LinearFeatures:
         """q = swish(W_q x), k = 1 - f, v = i [B, T, H, K]; log f [B, T, H, K] <= 0."""

@@ -30,12 +30,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
 from tokenmix.ops.pattern_solve import chunked_pattern_solve
 from tokenmix.patterns import get_pattern
 
@@ -95,9 +95,9 @@ class HigherOrderLRU(Mixer):
         self.order = config.order
         self.channels = self.n_heads * self.head_dim
         self.pattern = get_pattern(f"window:{config.order}")
-        self.v_proj = nn.Linear(d_model, self.channels, bias=False)
-        self.gates = nn.Linear(d_model, self.channels * (config.order + 1))
-        self.out = nn.Linear(self.channels * config.order, d_model, bias=False)
+        self.v_proj = Linear(d_model, self.channels, bias=False)
+        self.gates = Linear(d_model, self.channels * (config.order + 1))
+        self.out = Linear(self.channels * config.order, d_model, bias=False)
 
     # ---------------------------------------------------------------- shared pieces
     def _gates(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -45,6 +45,7 @@ from tokenmix.mixers.deltanet import DeltaNet, DeltaState
 from tokenmix.mixers.gated_deltanet import GatedDeltaNetConfig
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.chunked_channel_delta import channel_delta_operator, channel_delta_step, chunked_channel_delta_rule
+from tokenmix.mixers.base import Linear
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ class KDA(ChannelDelta):
     def __init__(self, config: KDAConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, dk = self.n_heads, self.head_dim
-        self.a_proj = nn.Linear(d_model, h * dk, bias=False)
+        self.a_proj = Linear(d_model, h * dk, bias=False)
         self.A_log = nn.Parameter(torch.empty(h).uniform_(1, 16).log())
         dt = torch.exp(torch.empty(h * dk).uniform_(math.log(config.dt_min), math.log(config.dt_max)))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)

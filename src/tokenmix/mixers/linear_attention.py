@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import MixerConfig
+from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
 
 FEATURE_MAPS = {
@@ -55,8 +55,8 @@ class LinearAttention(GatedLinearMixer):
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
         self.state_heads, self.key_dim, self.value_dim, self.has_decay = h, k, k, False
-        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
-        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.qkv = Linear(d_model, 3 * h * k, bias=False)
+        self.out = Linear(h * k, d_model, bias=False)
         self.feature_map = FEATURE_MAPS[config.feature_map]
 
     def _features(self, x: Tensor) -> LinearFeatures:

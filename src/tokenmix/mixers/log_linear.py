@@ -38,7 +38,7 @@ from torch import Tensor, nn
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
 from tokenmix.ops.chunked_log_linear import (chunked_log_linear_attention, final_levels, initial_levels_readout,
                                              log_linear_operator, log_linear_step, n_levels)
 
@@ -96,14 +96,14 @@ class LogLinearAttention(Mixer):
     def __init__(self, config: LogLinearConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
-        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
-        self.a_proj = nn.Linear(d_model, h, bias=False)
+        self.qkv = Linear(d_model, 3 * h * k, bias=False)
+        self.a_proj = Linear(d_model, h, bias=False)
         self.A_log = nn.Parameter(torch.empty(h).uniform_(1, 16).log())
         dt = torch.exp(torch.empty(h).uniform_(math.log(config.dt_min), math.log(config.dt_max)))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
-        self.level_proj = nn.Linear(d_model, h * config.max_levels)
+        self.level_proj = Linear(d_model, h * config.max_levels)
         nn.init.constant_(self.level_proj.bias, math.log(math.e - 1))  # softplus(b) = 1: start as Mamba-2
-        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.out = Linear(h * k, d_model, bias=False)
         self.scale = k ** -0.5
 
     # ---------------------------------------------------------------- shared pieces

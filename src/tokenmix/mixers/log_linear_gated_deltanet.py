@@ -47,6 +47,7 @@ from tokenmix.mixers.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig
 from tokenmix.mixers.log_linear import FenwickState
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.chunked_log_linear import n_levels
+from tokenmix.mixers.base import Linear
 from tokenmix.ops.chunked_log_linear_delta import (chunked_log_linear_delta, final_levels, initial_levels_readout,
                                                    log_linear_delta_operator, log_linear_delta_step)
 
@@ -76,7 +77,7 @@ class LogLinearGatedDeltaNet(GatedDeltaNet):
 
     def __init__(self, config: LogLinearGatedDeltaNetConfig, d_model: int) -> None:
         super().__init__(config, d_model)
-        self.level_proj = nn.Linear(d_model, self.n_heads * config.max_levels)
+        self.level_proj = Linear(d_model, self.n_heads * config.max_levels)
         nn.init.constant_(self.level_proj.bias, math.log(math.e - 1))  # softplus(b) = 1: start as Gated DeltaNet
 
     # ---------------------------------------------------------------- shared pieces

@@ -39,7 +39,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.base import Mixer
+from tokenmix.mixers.base import Linear, Mixer
 from tokenmix.mixers.log_linear import FenwickState, LogLinearAttention, LogLinearConfig
 from tokenmix.mixers.mamba2 import inverse_softplus_dt
 from tokenmix.mixers.registry import register_mixer
@@ -70,13 +70,13 @@ class LogLinearMamba2(LogLinearAttention):
         Mixer.__init__(self, config, d_model)  # not LogLinearAttention's projections: Mamba-2's below
         h, p, n = self.n_heads, self.head_dim, config.state_dim
         self.key_dim = n
-        self.in_proj = nn.Linear(d_model, h * p + 2 * n + h, bias=False)  # x, B, C, dt (as mamba2)
+        self.in_proj = Linear(d_model, h * p + 2 * n + h, bias=False)  # x, B, C, dt (as mamba2)
         self.A_log = nn.Parameter(torch.empty(h).uniform_(1, 16).log())
         self.dt_bias = nn.Parameter(inverse_softplus_dt(h, config.dt_min, config.dt_max))
         self.D = nn.Parameter(torch.ones(h)) if config.d_skip else None
-        self.level_proj = nn.Linear(d_model, h * config.max_levels)
+        self.level_proj = Linear(d_model, h * config.max_levels)
         nn.init.constant_(self.level_proj.bias, math.log(math.e - 1))  # softplus(b) = 1: start as Mamba-2
-        self.out = nn.Linear(h * p, d_model, bias=False)
+        self.out = Linear(h * p, d_model, bias=False)
         self.scale = 1.0
 
     def _split(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

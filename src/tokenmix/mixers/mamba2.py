@@ -30,7 +30,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import MixerConfig, kept_derived
+from tokenmix.mixers.base import kept_derived, Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
 from tokenmix.ops.chunked_ssd import chunked_ssd
 
@@ -87,11 +87,11 @@ class Mamba2(GatedLinearMixer):
         super().__init__(config, d_model)
         h, p, n = self.n_heads, self.head_dim, config.state_dim
         self.state_heads, self.key_dim, self.value_dim, self.has_decay = h, n, p, True
-        self.in_proj = nn.Linear(d_model, h * p + 2 * n + h, bias=False)  # x, B, C, dt
+        self.in_proj = Linear(d_model, h * p + 2 * n + h, bias=False)  # x, B, C, dt
         self.A_log = nn.Parameter(torch.empty(h).uniform_(1, 16).log())
         self.dt_bias = nn.Parameter(inverse_softplus_dt(h, config.dt_min, config.dt_max))
         self.D = nn.Parameter(torch.ones(h)) if config.d_skip else None
-        self.out = nn.Linear(h * p, d_model, bias=False)
+        self.out = Linear(h * p, d_model, bias=False)
 
     def _mix_chunked(self, f: LinearFeatures, s0: Tensor | None) -> tuple[Tensor, Tensor]:
         """SSD over all heads at once: q and k are C and B broadcast over the heads, [:, :, 0] is the shared one."""

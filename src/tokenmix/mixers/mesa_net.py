@@ -48,7 +48,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import MixerConfig
+from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
 from tokenmix.ops.chunked_gla import chunked_gla
 from tokenmix.ops.chunked_mesa import dense_key_covariance, key_covariance_step, mesa_queries, mesa_solve_reference
@@ -98,14 +98,14 @@ class MesaNet(GatedLinearMixer):
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
         self.state_heads, self.key_dim, self.value_dim, self.has_decay = h, k, k, True
-        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
-        self.beta_proj = nn.Linear(d_model, h, bias=False)
-        self.decay_proj = nn.Linear(d_model, h, bias=True)
+        self.qkv = Linear(d_model, 3 * h * k, bias=False)
+        self.beta_proj = Linear(d_model, h, bias=False)
+        self.decay_proj = Linear(d_model, h, bias=True)
         with torch.no_grad():
             self.decay_proj.bias.fill_(config.decay_bias_init)
         lam0 = config.lambda_init - config.lambda_lower_bound
         self.lambda_param = nn.Parameter(torch.full((h, k), math.log(math.expm1(lam0))))  # softplus^-1
-        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.out = Linear(h * k, d_model, bias=False)
 
     # ---------------------------------------------------------------- pieces
     def regulariser(self) -> Tensor:

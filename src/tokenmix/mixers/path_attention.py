@@ -68,7 +68,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.attention import allowed_keys, mask_padding_keys
-from tokenmix.mixers.base import MixerConfig, MixerState
+from tokenmix.mixers.base import Linear, MixerConfig, MixerState
 from tokenmix.mixers.forgetting_attention import RowAttention, Segment, exclusive_reverse_cumsum, gate_bias
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.query_blocks import by_query_blocks
@@ -147,11 +147,11 @@ class PathAttention(RowAttention):
     def __init__(self, config: PathAttentionConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
-        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
-        self.w_proj = nn.Linear(d_model, h * k, bias=False)  # w_t = normalize(w_proj(x_t)) per head
-        self.beta_proj = nn.Linear(d_model, h, bias=True)    # beta_t = (2) sigmoid(beta_proj(x_t))
-        self.fgate = nn.Linear(d_model, h, bias=True) if config.use_forget_gate else None
-        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.qkv = Linear(d_model, 3 * h * k, bias=False)
+        self.w_proj = Linear(d_model, h * k, bias=False)  # w_t = normalize(w_proj(x_t)) per head
+        self.beta_proj = Linear(d_model, h, bias=True)    # beta_t = (2) sigmoid(beta_proj(x_t))
+        self.fgate = Linear(d_model, h, bias=True) if config.use_forget_gate else None
+        self.out = Linear(h * k, d_model, bias=False)
 
     # ---------------------------------------------------------------- shared pieces
     def transforms(self, x: Tensor, state: MixerState | None = None

@@ -18,11 +18,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import MixerConfig
+from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
 
 
@@ -53,8 +53,8 @@ class RetNet(GatedLinearMixer):
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
         self.state_heads, self.key_dim, self.value_dim, self.has_decay = h, k, k, True
-        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
-        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.qkv = Linear(d_model, 3 * h * k, bias=False)
+        self.out = Linear(h * k, d_model, bias=False)
 
     def _features(self, x: Tensor) -> LinearFeatures:
         """q, k, v [B, T, H, K]; g [B, T, H] = log gamma_h."""

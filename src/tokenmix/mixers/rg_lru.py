@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import MixerConfig
+from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
 from tokenmix.ops.selective_scan import selective_scan
 
@@ -73,12 +73,12 @@ class RGLRU(GatedLinearMixer):
         h, hd = self.n_heads, self.head_dim
         d_in = h * hd
         self.state_heads, self.key_dim, self.value_dim, self.has_decay = d_in, 1, 1, True
-        self.in_proj = nn.Linear(d_model, d_in, bias=False)                        # u = W_u x
+        self.in_proj = Linear(d_model, d_in, bias=False)                        # u = W_u x
         bound = 1.0 / math.sqrt(hd)
         self.gate_weight = nn.Parameter(torch.empty(h, hd, 2 * hd).uniform_(-bound, bound))  # blocks of W_a | W_x
         self.gate_bias = nn.Parameter(torch.zeros(2, d_in))                         # b_a, b_x
         self.Lambda = nn.Parameter(rg_lru_log_a_init(d_in, config.c, config.a_min, config.a_max))
-        self.out = nn.Linear(d_in, d_model, bias=False)
+        self.out = Linear(d_in, d_model, bias=False)
 
     def _gates(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """u, r, the input multiplier sqrt(1 - a_t²) ⊙ i_t [B, T, D_in], and c log a [D_in] (log a_t = r · it)."""

@@ -41,7 +41,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.causal_conv import causal_conv
 
@@ -97,9 +97,9 @@ class ShortConv(Mixer):
         super().__init__(config, d_model)
         self.kernel_size = config.kernel_size
         self.channels = self.n_heads * self.head_dim
-        self.in_proj = nn.Linear(d_model, self.channels, bias=False)   # u = W_in x
+        self.in_proj = Linear(d_model, self.channels, bias=False)   # u = W_in x
         self.weight = nn.Parameter(short_conv_init(self.channels, config.kernel_size))  # w [C, k]
-        self.out = nn.Linear(self.channels, d_model, bias=False)
+        self.out = Linear(self.channels, d_model, bias=False)
 
     # ---------------------------------------------------------------- shared pieces
     def _start(self, x: Tensor, state: ConvWindow | None) -> tuple[ConvWindow, Tensor]:

@@ -35,7 +35,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.attention import KVCache
-from tokenmix.mixers.base import MixerConfig
+from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.forgetting_attention import RowAttention, Segment, exclusive_reverse_cumsum
 from tokenmix.mixers.registry import register_mixer
 
@@ -76,8 +76,8 @@ class StickBreakingAttention(RowAttention):
     def __init__(self, config: StickBreakingAttentionConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
-        self.qkv = nn.Linear(d_model, 3 * h * k, bias=False)
-        self.out = nn.Linear(h * k, d_model, bias=False)
+        self.qkv = Linear(d_model, 3 * h * k, bias=False)
+        self.out = Linear(h * k, d_model, bias=False)
 
     def _visible(self, p: int, t: int, s: int, key_start: Tensor | None, device) -> Tensor:
         """Keys read by queries at buffer positions p .. p + t - 1 among buffer keys 0 .. s - 1:

@@ -40,7 +40,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator
-from tokenmix.mixers.base import Mixer, MixerConfig, MixerState
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.ttt_linear import (TTTWeights, chunked_ttt_linear, dense_ttt_linear, post_norm,
                                      recurrent_ttt_linear, ttt_operator)
@@ -87,11 +87,11 @@ class TTTLinear(Mixer):
     def __init__(self, config: TTTLinearConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, d = self.n_heads, self.head_dim
-        self.qkv = nn.Linear(d_model, 3 * h * d, bias=False)
-        self.eta_proj = nn.Linear(d_model, h)
+        self.qkv = Linear(d_model, 3 * h * d, bias=False)
+        self.eta_proj = Linear(d_model, h)
         self.ln_w = nn.Parameter(torch.ones(h, d))
         self.ln_b = nn.Parameter(torch.zeros(h, d))
-        self.out = nn.Linear(h * d, d_model, bias=False)
+        self.out = Linear(h * d, d_model, bias=False)
         self.scale = d ** -0.5
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:

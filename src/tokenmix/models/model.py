@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import build_mixer, get_mixer_spec
-from tokenmix.mixers.base import MixerState, kept_derived, padding_start
+from tokenmix.mixers.base import Linear, MixerState, padding_start
 
 
 def parse_layers(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -125,31 +125,6 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0, device: torch.
     return ids.to(device), start.to(device)
 
 
-class Linear(nn.Linear):
-    """``nn.Linear`` that multiplies a few rows without autograd by a kept transposed copy of its weight.
-
-    At batch 1 a decode step's linear layers are matrix-vector products that stream their whole
-    weight, and MKL streams the weight for x Wᵀ with W in nn.Linear's [out, in] layout at about
-    half the rate it streams Wᵀ stored [in, out] for x (Wᵀ) (measured: docs/notes/model.md). The
-    copy is made on first use and again whenever the weight changes (another tensor or an in-place
-    update), costs one more weight's memory per layer once decoding starts, and is no parameter
-    (state dicts are unchanged). Same numbers up to rounding (another summation order). ``MixerModel`` gives every
-    linear layer of the model, mixers' included, this forward.
-    """
-
-    rows_transposed = 8  # up to this many rows (B * T) take the transposed weight
-
-    def forward(self, x: Tensor) -> Tensor:
-        w, bias = self.weight, self.bias
-        if (torch.is_grad_enabled() or x.numel() > self.rows_transposed * self.in_features
-                or w.is_inference()):  # (an inference tensor's in-place updates cannot be seen)
-            return F.linear(x, w, bias)
-        wt = kept_derived(self, "_kept_transpose", w, lambda w: w.detach().t().contiguous())  # [in, out]
-        if bias is None:
-            return x @ wt  # [..., out]: one call, the row folding inside matmul
-        return torch.addmm(bias, x.reshape(-1, self.in_features), wt).view(*x.shape[:-1], self.out_features)
-
-
 class RMSNorm(nn.RMSNorm):
     """``nn.RMSNorm`` over the last dimension; without autograd, the same arithmetic written out.
 
@@ -170,8 +145,8 @@ class RMSNorm(nn.RMSNorm):
 class MLP(nn.Module):
     def __init__(self, d: int, ratio: int) -> None:
         super().__init__()
-        self.up = nn.Linear(d, ratio * d, bias=False)
-        self.down = nn.Linear(ratio * d, d, bias=False)
+        self.up = Linear(d, ratio * d, bias=False)
+        self.down = Linear(ratio * d, d, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         return self.down(F.gelu(self.up(x)))
@@ -209,7 +184,7 @@ class MixerModel(nn.Module):
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else None
         self.blocks = nn.ModuleList(Block(cfg, name) for name in cfg.layers)
         self.norm = RMSNorm(cfg.d_model)
-        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        self.head = Linear(cfg.d_model, cfg.vocab_size, bias=False)
         self.apply(self._init)
         # GPT-2 style: scale the projections that write into the residual stream by depth
         for name, p in self.named_parameters():
@@ -217,9 +192,6 @@ class MixerModel(nn.Module):
                 nn.init.normal_(p, std=0.02 / math.sqrt(2 * len(cfg.layers)))
         if cfg.tie_weights:
             self.head.weight = self.embed.weight
-        for m in self.modules():  # the decode layout of every linear layer (``Linear``)
-            if type(m) is nn.Linear:
-                m.__class__ = Linear
 
     @staticmethod
     def _init(m: nn.Module) -> None:
