@@ -16,6 +16,7 @@ from tokenmix.patterns import get_pattern, pattern_report
 from tokenmix.mixers.registry import build_mixer
 from tokenmix.study import plots, theory
 from tokenmix.study.presets import compare_preset, presets
+from tokenmix.study.cells import CompareCells, column_baselines
 from tokenmix.study.claims import qualitative_findings
 from tokenmix.study.structure import structure_facts
 from tokenmix.study.theory import copy_routes
@@ -380,6 +381,13 @@ def test_depth_claim_is_checked_per_number_of_changes():
     assert any("a known solution needs 4 layers" in w for w in why["n=7: fewest attention layers reaching 90 % (lower bound 3)"])
 
 
+def _cells(configs, cells) -> CompareCells:
+    """A CompareCells around hand-made cells (no runs behind them)."""
+    return CompareCells(configs=configs, results=[], summary=[], labels=list(dict.fromkeys(c.label for c in configs)),
+                        columns=list(dict.fromkeys(c.column_name for c in configs)), n=0, facts={}, cells=cells,
+                        throughput={}, baselines=column_baselines(configs), lrs=[], seeds=[])
+
+
 def test_depth_plot_drawn_for_entity_tracking_tables_only(tmp_path):
     """accuracy_vs_layers.png: accuracy against layers, and a second panel row by question depth when
     the cells have answer groups; nothing for a table without entity tracking."""
@@ -399,14 +407,15 @@ def test_depth_plot_drawn_for_entity_tracking_tables_only(tmp_path):
         assert data[:8] == PNG_SIGNATURE
         return int.from_bytes(data[20:24], "big")
 
-    (with_groups,) = plots.write_depth_plot(tmp_path, configs, cells)
+    (with_groups,) = plots.write_depth_plot(tmp_path, _cells(configs, cells))
     tall = height(with_groups)
     cells[("chacal x1", "n=3")].pop("acc_by_group")
-    (plain,) = plots.write_depth_plot(tmp_path, configs, cells)
+    (plain,) = plots.write_depth_plot(tmp_path, _cells(configs, cells))
     assert plain.name == "accuracy_vs_layers.png" and tall > 1.5 * height(plain)
     assert not list(tmp_path.glob(".*tmp*"))  # written through a temporary file, none left over
     other = [RunConfig(label="pow2", task="copy", task_args=GOOD_TASKS["copy"], model=dict(d_model=8, layers=["pow2"]))]
-    assert plots.write_depth_plot(tmp_path / "none", other, {("pow2", "copy"): {"acc_mean": 1.0, "acc_std": 0.0}}) == []
+    assert plots.write_depth_plot(tmp_path / "none", _cells(other, {("pow2", "copy"): {"acc_mean": 1.0,
+                                                                                       "acc_std": 0.0}})) == []
 
 
 def _pointer_doubling(task, inputs: torch.Tensor, layers: int) -> torch.Tensor:

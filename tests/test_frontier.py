@@ -8,6 +8,7 @@ import pytest
 
 from lm_helpers import one_thread
 
+from tokenmix.study.cells import CompareCells
 from tokenmix.study.frontier import (FrontierPoint, LayerState, frontier_column, frontier_findings,
                                      frontier_section, parse_column, row_layer_state)
 from tokenmix.study.presets import frontier as F
@@ -68,7 +69,7 @@ def test_a_tiny_frontier_sweep_gives_its_table_plots_and_findings(tmp_path):
                    warmup_steps=1, min_steps=0, patience_steps=0)
     runs = _grid([(16, 8), (32, 8)], train=tiny).runs(["attention", "first_order"])
     outcome = run_sweep(runs, tmp_path, workers=1, progress=False)
-    section = frontier_section(tmp_path, runs, outcome.results)
+    section = frontier_section(tmp_path, CompareCells.build(runs, outcome.results, structure=False))
     table_lines = [line for line in section.markdown.splitlines() if line.startswith("| ")
                    and ("attention" in line or "first_order" in line)]
     assert len(table_lines) == 4  # one per (row, cell)

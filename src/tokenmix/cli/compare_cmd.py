@@ -86,7 +86,7 @@ def run(args) -> int:
     console.print(_rich_table(f"tokenmix compare — preset {res.preset.name} (n = {res.n}; accuracy % mean ± std "
                               "over seeds)", res.header, res.rows))
     if res.paper_header:
-        console.print(_rich_table("next to the paper's Table 1 (framework.md §5.1; its sizes and steps are unknown)",
+        console.print(_rich_table("next to the paper's Table 1 (study/paper.py; its sizes and steps are unknown)",
                                   res.paper_header, res.paper_rows))
     if any(RISING in cell for row in res.rows for cell in row):
         console.print(RISING_NOTE, highlight=False)

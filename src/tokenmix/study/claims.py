@@ -7,10 +7,9 @@ import math
 from typing import Any, Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig
+from tokenmix.study.cells import CompareCells, column_baselines
 from tokenmix.study.paper import DIAGONAL_SSM, PAPER_TASKS
-from tokenmix.study.table import acc_of, baselines_by_column
-from tokenmix.study.theory import (CopyRoutes, RecallReads, copy_routes_for_rows, doubling_layers,
-                                   recall_reads_for_rows)
+from tokenmix.study.theory import CopyRoutes, RecallReads, doubling_layers
 
 
 WIDE_MARGIN = 0.20   # "by a wide margin"
@@ -104,7 +103,8 @@ def qualitative_findings(cells: dict[tuple[str, str], dict[str, Any]],
     reads = reads or {}
 
     def get(label, task):
-        return acc_of(cells, label, task)
+        c = cells.get((label, task))
+        return None if c is None else c["acc_mean"]
 
     out = []
 
@@ -192,7 +192,8 @@ def depth_rows(configs: Sequence[SyntheticRunConfig]) -> tuple[list[str], dict[i
 
 
 def depth_findings(cells: dict[tuple[str, str], dict[str, Any]], configs: Sequence[SyntheticRunConfig],
-                   lrs: Sequence[float] = ()) -> list[dict[str, Any]]:
+                   lrs: Sequence[float] = (), baselines: dict[str, dict[str, float]] | None = None
+                   ) -> list[dict[str, Any]]:
     """ChaCAL's depth claim (framework §6.2, references §3) on an entity-tracking table.
 
     Per column with n state changes, bound b = ceil(log2(n + 1)): (1) a one-layer dense recurrence
@@ -202,7 +203,7 @@ def depth_findings(cells: dict[tuple[str, str], dict[str, Any]], configs: Sequen
     models: one layer of ``dense_recurrence`` or ``chacal``, or only ``attention`` layers.
     """
     one_layer, attention, columns = depth_rows(configs)
-    baselines = baselines_by_column(configs)
+    baselines = column_baselines(configs) if baselines is None else baselines
     out = []
     for col, n in columns.items():
         bound = math.ceil(math.log2(n + 1))
@@ -245,14 +246,15 @@ def depth_findings(cells: dict[tuple[str, str], dict[str, Any]], configs: Sequen
     return out
 
 
-def all_findings(configs: Sequence[SyntheticRunConfig], cells: dict[tuple[str, str], dict[str, Any]]) -> list[dict[str, Any]]:
-    """The paper's claims (when the table has a paper column) and the depth claims (when it has entity
-    tracking), each explained from the runs; the same list goes to the report, summary.json and the terminal."""
-    baselines = baselines_by_column(configs)
-    lrs = sorted({c.train.lr for c in configs})
-    out: list[dict[str, Any]] = []
-    if any(c.column_name in PAPER_TASKS for c in configs):
-        out += qualitative_findings(cells, baselines, lrs, copy_routes_for_rows(configs), recall_reads_for_rows(configs))
-    if any(c.task == "entity_tracking" for c in configs):
-        out += depth_findings(cells, configs, lrs)
-    return out
+def paper_findings(cc: CompareCells) -> list[dict[str, Any]]:
+    """The paper's qualitative claims on the sweep's cells (none when it has no paper column)."""
+    if not any(c in PAPER_TASKS for c in cc.columns):
+        return []
+    return qualitative_findings(cc.cells, cc.baselines, cc.lrs, cc.routes, cc.reads)
+
+
+def entity_depth_findings(cc: CompareCells) -> list[dict[str, Any]]:
+    """The depth claims on the sweep's cells (none when it has no entity-tracking column)."""
+    if not any(c.task == "entity_tracking" for c in cc.configs):
+        return []
+    return depth_findings(cc.cells, cc.configs, cc.lrs, cc.baselines)

@@ -3,9 +3,11 @@ complexity-vs-expressivity table, the paper's side-by-side, the claims, plots an
 
     result = run_compare(CompareRequest(preset="quick"))     # what the CLI calls
 
-The pieces, each in its own module: ``table`` (cells and rows), ``structure`` (derived and measured
-cost, cache, path), ``theory`` (what one layer can do on a task), ``claims`` (the paper's claims
-checked), ``plots`` and ``report`` (the Markdown report); the paper's own numbers: ``paper``.
+The finished sweep is read once into a ``CompareCells`` (``cells``: summary, best cells, structure
+facts, throughput, baselines, the patterns' copy routes and MQAR reads); every part then reads it:
+``table`` (the table's text), ``claims`` (the paper's claims checked), ``plots``, the preset's own
+section, and ``report`` (the Markdown report). Below them: ``structure`` (derived and measured
+cost, cache, path), ``theory`` (what one layer can do on a task); the paper's own numbers: ``paper``.
 """
 from __future__ import annotations
 
@@ -20,10 +22,10 @@ from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_json, atomic_write_text, prepare_output_dir
 from tokenmix.core.lock import folder_lock
 from tokenmix.study import claims, plots, table
-from tokenmix.study.paper import PAPER_TASKS
+from tokenmix.study.cells import CompareCells
 from tokenmix.study.presets import Preset, compare_preset, registered
 from tokenmix.study.report import InvocationStats, report_markdown
-from tokenmix.training.synthetic import check_device, run_sweep, summarize, validate_sweep
+from tokenmix.training.synthetic import check_device, run_sweep, validate_sweep
 
 
 @dataclass(frozen=True)
@@ -88,40 +90,31 @@ def _compare_locked(req: CompareRequest, preset: Preset, configs: list, workers:
                     load_before: tuple[float, float, float], console: Any) -> CompareResult:
     outcome = run_sweep(configs, out, workers=workers, threads=req.threads, progress=req.progress,
                         console=console, device=req.device)
-    summary = summarize(outcome.results)
-    labels, columns = table.rows_and_tasks(configs)
-    facts = table.facts_for_rows(configs)
-    cells = table.best_cells(summary)
-    table.attach_seed_accuracies(cells, outcome.results)
-    tok_s = table.throughput(outcome.results)
-    header, rows = table.table_rows(labels, columns, facts, cells, tok_s)
-    n = table.table_length(configs)
-    paper_header, paper_rows = (table.paper_comparison(labels, cells) if any(c in PAPER_TASKS for c in columns)
-                                else ([], []))
-    figures = [] if not req.plots else (plots.write_plots(out, labels, columns, facts, cells)
-                                        + plots.write_depth_plot(out, configs, cells)
-                                        + plots.write_learning_curves(out, outcome.results, labels, columns, cells,
-                                                                      table.baselines_by_column(configs)))
+    cc = CompareCells.build(configs, outcome.results)  # every part below reads it; nothing is recomputed
+    header, rows = table.table_rows(cc)
+    paper_header, paper_rows = table.paper_comparison(cc)
+    paper_claims, depth_claims = claims.paper_findings(cc), claims.entity_depth_findings(cc)
+    figures = [] if not req.plots else (plots.write_plots(out, cc) + plots.write_depth_plot(out, cc)
+                                        + plots.write_learning_curves(out, cc))
     stats = InvocationStats(
         wall_seconds=time.perf_counter() - start, cpu_seconds=_cpu_seconds(), trained=outcome.trained,
         skipped=outcome.skipped, workers=workers, threads=req.threads, load_before=load_before,
         load_after=os.getloadavg(), cpu_count=os.cpu_count() or 1)
-    own = ([] if preset.report_section is None
-           else [preset.report_section(out, configs, outcome.results, req.plots)])
+    own = [] if preset.report_section is None else [preset.report_section(out, cc, req.plots)]
     figures += [f for section in own for f in section.figures]
-    report = report_markdown(preset.name, configs, labels, columns, header, rows, cells, summary, stats, figures,
-                             notes=preset.notes, sections=[section.markdown for section in own])
-    findings = claims.all_findings(configs, cells) + [f for section in own for f in section.findings]
+    report = report_markdown(preset.name, cc, header, rows, (paper_header, paper_rows), paper_claims, depth_claims,
+                             stats, figures, notes=preset.notes, sections=[section.markdown for section in own])
+    findings = paper_claims + depth_claims + [f for section in own for f in section.findings]
     atomic_write_text(out / "report.md", report)
     atomic_write_json(out / "summary.json", {
-        "preset": preset.name, "n": n, "wall_seconds": stats.wall_seconds, "cpu_seconds": stats.cpu_seconds,
+        "preset": preset.name, "n": cc.n, "wall_seconds": stats.wall_seconds, "cpu_seconds": stats.cpu_seconds,
         "load_before": list(stats.load_before), "load_after": list(stats.load_after), "cpu_count": stats.cpu_count,
         "trained": outcome.trained, "skipped": outcome.skipped, "workers": workers, "threads": req.threads,
-        "rows": labels, "columns": columns, "baselines": table.baselines_by_column(configs),
-        "structure": {k: v.to_dict() for k, v in facts.items()}, "summary": summary,
+        "rows": cc.labels, "columns": cc.columns, "baselines": cc.baselines,
+        "structure": {k: v.to_dict() for k, v in cc.facts.items()}, "summary": cc.summary,
         "findings": findings,
     })
-    return CompareResult(preset=preset, n=n, header=list(header), rows=[list(r) for r in rows],
+    return CompareResult(preset=preset, n=cc.n, header=list(header), rows=[list(r) for r in rows],
                          paper_header=list(paper_header), paper_rows=[list(r) for r in paper_rows],
                          findings=findings, stats=stats, out=out, plots=figures,
                          missing_rows=registered(preset.default_mixers)[1])

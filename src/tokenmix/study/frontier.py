@@ -43,6 +43,7 @@ import torch
 from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.analysis.outputs import markdown_table
+from tokenmix.study.cells import CompareCells
 from tokenmix.study.claims import CLOSE_MARGIN, GUESS_SLACK
 from tokenmix.study.plots import label_points, save_plot
 from tokenmix.study.report import ReportSection, finding_lines
@@ -399,10 +400,9 @@ def write_frontier_plots(out: Path, points: Sequence[FrontierPoint]) -> list[Pat
     return paths
 
 
-def frontier_section(out: Path, configs: Sequence[SyntheticRunConfig], results: Sequence[dict[str, Any]],
-                     plots: bool = True) -> ReportSection:
+def frontier_section(out: Path, cc: CompareCells, plots: bool = True) -> ReportSection:
     """The frontier report section, its figures (under ``out``) and findings for a finished sweep."""
-    points = frontier_points(configs, results)
+    points = frontier_points(cc.configs, cc.results)
     header, rows = frontier_table(points)
     findings = frontier_findings(points)
     figures = write_frontier_plots(out, points) if plots else []

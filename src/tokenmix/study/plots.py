@@ -12,17 +12,15 @@ import matplotlib.ticker
 import matplotlib.pyplot as plt
 
 from tokenmix.analysis.outputs import save_figure
-from tokenmix.runs.synthetic import SyntheticRunConfig
+from tokenmix.study.cells import CompareCells
 from tokenmix.study.claims import depth_rows
-from tokenmix.study.structure import StructureFacts
-from tokenmix.study.table import baselines_by_column
 
 
-def write_plots(out: Path, labels: Sequence[str], tasks: Sequence[str], facts: dict[str, StructureFacts],
-                cells: dict[tuple[str, str], dict[str, Any]]) -> list[Path]:
+def write_plots(out: Path, cc: CompareCells) -> list[Path]:
     """accuracy_vs_cache.png and accuracy_vs_cost.png: one panel per task, one point per row."""
+    labels, tasks, facts, cells = cc.labels, cc.columns, cc.facts, cc.cells
     paths = []
-    n = next(iter(facts.values())).n
+    n = cc.n
     for stem, xlabel, xval in (
         ("accuracy_vs_cache", f"decode cache at n={n} (scalars per sequence, measured)",
          lambda f: f.state_size_measured),
@@ -57,7 +55,7 @@ def write_plots(out: Path, labels: Sequence[str], tasks: Sequence[str], facts: d
     return paths
 
 
-def write_depth_plot(out: Path, configs: Sequence[SyntheticRunConfig], cells: dict[tuple[str, str], dict[str, Any]]) -> list[Path]:
+def write_depth_plot(out: Path, cc: CompareCells) -> list[Path]:
     """accuracy_vs_layers.png for a table with entity tracking and attention rows (else nothing).
 
     Per entity-tracking column: test accuracy on the deepest questions against the number of layers
@@ -65,11 +63,11 @@ def write_depth_plot(out: Path, configs: Sequence[SyntheticRunConfig], cells: di
     layer counts below the bound ceil(log2(n + 1)) shaded; below it, when the runs have answer groups,
     every row's accuracy by question depth.
     """
+    configs, cells, baselines = cc.configs, cc.cells, cc.baselines
     one_layer, attention, columns = depth_rows(configs)
     columns = {col: n for col, n in columns.items() if any((lab, col) in cells for lab in attention.values())}
     if not columns:
         return []
-    baselines = baselines_by_column(configs)
     deepest = {c.column_name: c.task_config().score_deepest for c in configs if c.column_name in columns}
     labels = one_layer + [attention[L] for L in sorted(attention)]
     by_depth = any(cells.get((lab, col), {}).get("acc_by_group") for lab in labels for col in columns)
@@ -116,14 +114,13 @@ def write_depth_plot(out: Path, configs: Sequence[SyntheticRunConfig], cells: di
     return [save_plot(fig, out, "accuracy_vs_layers")]
 
 
-def write_learning_curves(out: Path, results: Sequence[dict[str, Any]], labels: Sequence[str],
-                          columns: Sequence[str], cells: dict[tuple[str, str], dict[str, Any]],
-                          baselines: dict[str, dict[str, float]]) -> list[Path]:
+def write_learning_curves(out: Path, cc: CompareCells) -> list[Path]:
     """learning_curves_<column>.png: per table column, one panel per row with the validation
     accuracy of each seed's run (at the cell's chosen learning rate and width) against the step,
     the column's best guessing level dashed, and the panel's title marked where a run was stopped
     by its step budget while still rising. Read these, not one number at the end: where a curve
     has left its plateau, and whether it had stopped climbing when the run ended."""
+    results, labels, columns, cells, baselines = cc.results, cc.labels, cc.columns, cc.cells, cc.baselines
     paths = []
     for column in columns:
         panels = [lab for lab in labels if (lab, column) in cells]

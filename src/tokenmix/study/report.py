@@ -8,11 +8,9 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tokenmix.analysis.outputs import markdown_table
-from tokenmix.runs.synthetic import SyntheticRunConfig
-from tokenmix.study.claims import depth_findings, qualitative_findings
-from tokenmix.study.paper import DIAGONAL_SSM, PAPER_TASKS
-from tokenmix.study.table import RISING, RISING_NOTE, baselines_by_column, paper_comparison, table_length
-from tokenmix.study.theory import copy_routes_for_rows, recall_reads_for_rows
+from tokenmix.study.cells import CompareCells
+from tokenmix.study.paper import DIAGONAL_SSM
+from tokenmix.study.table import RISING, RISING_NOTE
 
 
 @dataclass
@@ -63,21 +61,19 @@ def finding_lines(findings: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
-def report_markdown(preset: str, configs: Sequence[SyntheticRunConfig], labels: Sequence[str], tasks: Sequence[str],
-                    header: Sequence[str], rows: Sequence[Sequence[str]], cells: dict, summary: Sequence[dict],
-                    stats: InvocationStats, plots: Sequence[Path], notes: str = "",
+def report_markdown(preset: str, cc: CompareCells, header: Sequence[str], rows: Sequence[Sequence[str]],
+                    paper_table: tuple[Sequence[str], Sequence[Sequence[str]]], paper_claims: list[dict[str, Any]],
+                    depth_claims: list[dict[str, Any]], stats: InvocationStats, plots: Sequence[Path], notes: str = "",
                     sections: Sequence[str] = ()) -> str:
     """The Markdown report: measured table, the paper's table beside it, the claims checked with the
-    computed facts behind each verdict, the preset's own notes, setup and every cell."""
-    n = table_length(configs)
-    seeds = sorted({c.seed for c in configs})
-    lrs = sorted({c.train.lr for c in configs})
-    baselines = baselines_by_column(configs)
+    computed facts behind each verdict, the preset's own notes, setup and every cell; everything
+    read from ``cc`` and the parts computed from it once (``study/compare.py``)."""
+    configs, labels, tasks, summary, baselines = cc.configs, cc.labels, cc.columns, cc.summary, cc.baselines
     lines = [
         f"# tokenmix compare — preset `{preset}`",
         "",
         f"{len(configs)} runs ({stats.trained} trained now, {stats.skipped} finished before), {len(labels)} rows × "
-        f"{len(tasks)} tasks × {len(lrs)} learning rate(s) {[f'{lr:g}' for lr in lrs]} × {len(seeds)} seeds. "
+        f"{len(tasks)} tasks × {len(cc.lrs)} learning rate(s) {[f'{lr:g}' for lr in cc.lrs]} × {len(cc.seeds)} seeds. "
         f"This invocation: {stats.describe()}. The runs themselves, whenever they were trained: "
         f"{sum(s.get('train_cpu_seconds', 0.0) for s in summary):.0f} CPU seconds in their training steps "
         "(validation, data and process start-up not included).",
@@ -85,10 +81,11 @@ def report_markdown(preset: str, configs: Sequence[SyntheticRunConfig], labels: 
         "Accuracy: test accuracy (%) on the answer positions, mean ± std over seeds, at the learning rate "
         "(and width) with the best mean *validation* accuracy (zoology's max over learning rates; the "
         "validation and test sets come from their own seeds, and the test set chooses nothing). "
-        f"Structure columns at n = {n}; cache measured after an n-token decode with `model.step`, summed "
+        f"Structure columns at n = {cc.n}; cache measured after an n-token decode with `model.step`, summed "
         "over layers, next to the derived accounting ((!) marks a mismatch). Throughput: training tokens "
         "per wall second of one worker process (depends on the machine's load) and per CPU second of "
-        "that process (what one free core gives), averaged over the row's runs.",
+        "that process (what one free core gives), averaged over the row's runs. "
+        f"{RISING_NOTE}.",
         "",
         "## Measured",
         "",
@@ -97,25 +94,23 @@ def report_markdown(preset: str, configs: Sequence[SyntheticRunConfig], labels: 
     ]
     for section in sections:  # the preset's own (ReportSection)
         lines += [section.rstrip("\n"), ""]
-    if any(t in PAPER_TASKS for t in tasks):
-        ph, pr = paper_comparison(labels, cells)
-        lines += ["## Next to the paper's Table 1 (framework.md §5.1)", "",
-                  "Paper numbers as reproduced by the papernotes note; its task sizes, widths, depths and "
-                  "steps are unknown, so only the ordering is comparable. The paper's \"Diagonal SSM\" "
-                  f"(O(1) time and cache) is our `{DIAGONAL_SSM}` row.", "",
+    ph, pr = paper_table
+    if ph:
+        lines += ["## Next to the paper's Table 1", "",
+                  "The paper's numbers (`study/paper.py`, Table 1 of Fagnou et al., ICML 2026); its task sizes, "
+                  "widths, depths and steps are unknown, so only the ordering is comparable. The paper's "
+                  f"\"Diagonal SSM\" (O(1) time and cache) is our `{DIAGONAL_SSM}` row.", "",
                   markdown_table(pr, ph).rstrip("\n"), ""]
-        findings = qualitative_findings(cells, baselines, lrs, copy_routes_for_rows(configs),
-                                        recall_reads_for_rows(configs))
+    if paper_claims:
         lines += ["## The paper's qualitative findings, checked on this table", "",
                   "Each verdict is computed from the measured cells above. Below each claim: facts computed "
                   "from its runs that bear on the verdict (the explanation of a disagreement).", ""]
-        lines += finding_lines(findings)
-    if any(c.task == "entity_tracking" for c in configs):
-        findings = depth_findings(cells, configs, lrs)
+        lines += finding_lines(paper_claims)
+    if depth_claims:
         lines += ["## Depth: ChaCAL's claim checked on this table", "",
                   "Accuracy on the deepest questions (depth n) unless the task scores every depth; verdicts "
                   "computed from the cells above.", ""]
-        lines += finding_lines(findings)
+        lines += finding_lines(depth_claims)
     if notes.strip():
         lines += ["## Notes of the preset (its design, written before these numbers)", "", notes.strip(), ""]
     lines += ["## Setup", ""]
@@ -133,7 +128,7 @@ def report_markdown(preset: str, configs: Sequence[SyntheticRunConfig], labels: 
         extra = f", mixer_overrides={m['mixer_overrides']}" if m.get("mixer_overrides") else ""
         lines.append(f"- row `{label}`: layers={'+'.join(m['layers'])}{extra}, {shared}, "
                      f"training mode={c.train.mode or 'default'}")
-    lines.append(f"- seeds {seeds}; learning rates {[f'{lr:g}' for lr in lrs]}")
+    lines.append(f"- seeds {cc.seeds}; learning rates {[f'{lr:g}' for lr in cc.lrs]}")
     lines += ["", "## Every (row, task, width)", "",
               "`val by lr` chooses the learning rate; `acc by lr` (test) is shown, never used to choose.", "",
               markdown_table([[s["label"], s["column"], str(s["d_model"]), f"{s['best_lr']:g}",

@@ -21,7 +21,7 @@ from typing import Any, Sequence
 from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.study.claims import GUESS_SLACK
 from tokenmix.study.report import ReportSection, finding_lines
-from tokenmix.study.table import baselines_by_column, best_cells
+from tokenmix.study.cells import CompareCells, best_cells, column_baselines
 from tokenmix.training.synthetic import summarize
 
 PARITY, A5 = "parity", "A5"                  # the preset's columns
@@ -41,7 +41,7 @@ def _learned(label: str, column: str, results: Sequence[dict[str, Any]], cell: d
 def state_findings(configs: Sequence[SyntheticRunConfig], results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The claims of the module docstring on a finished state sweep (see there for the verdicts)."""
     cells = best_cells(summarize(results))
-    baselines = baselines_by_column(configs)
+    baselines = column_baselines(configs)
     for cell in cells.values():  # each seed's test accuracy at the cell's learning rate
         cell["by_seed"] = sorted((r["seed"], r["test_acc"]) for r in results if r["label"] == cell["label"]
                                  and r.get("column", r["task"]) == cell["column"] and r["lr"] == cell["best_lr"])
@@ -97,10 +97,9 @@ def state_findings(configs: Sequence[SyntheticRunConfig], results: Sequence[dict
     return out
 
 
-def state_section(out: Path, configs: Sequence[SyntheticRunConfig], results: Sequence[dict[str, Any]],
-                  plots: bool = True) -> ReportSection:
+def state_section(out: Path, cc: CompareCells, plots: bool = True) -> ReportSection:
     """The state preset's report part: its claims (figures: the generic learning curves)."""
-    findings = state_findings(configs, results)
+    findings = state_findings(cc.configs, cc.results)
     md = ["## State tracking: the published claims", "",
           "Each claim read at the training length (test accuracy, learning rate chosen by validation); every "
           "seed's accuracy and the longer test length in brackets.", ""]

@@ -36,7 +36,7 @@ class Preset:
     notes: str = ""                               # compare: the report's "about this preset" paragraph
     default_mixers: tuple[str, ...] = ()          # compare: rows run when their mixers are registered
     source: str = ""                              # where it was defined (module or file)
-    # compare: the preset's own report part, (out, configs, results, plots) -> study.report.ReportSection
+    # compare: the preset's own report part, (out, study.cells.CompareCells, plots) -> study.report.ReportSection
     report_section: Callable[..., Any] | None = None
 
     def __post_init__(self) -> None:
@@ -82,6 +82,12 @@ def registered(names: Sequence[str]) -> tuple[list[str], list[str]]:
     """Split mixer names into (registered, missing)."""
     known = set(mixer_names())
     return [n for n in names if n in known], [n for n in names if n not in known]
+
+
+def preset_rows(defaults: Sequence[str], extra_mixers: Sequence[str] = ()) -> list[str]:
+    """A preset's rows: its default mixers that are registered, then the extra ones (``--mixers``) it
+    does not already have, in the order given."""
+    return registered(defaults)[0] + [m for m in extra_mixers if m not in defaults]
 
 
 def load_preset_file(path: str | Path) -> Preset:

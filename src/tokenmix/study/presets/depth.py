@@ -20,7 +20,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
-from tokenmix.study.presets.base import Preset, register_preset, registered
+from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
 CHANGES = (3, 4)
 ONE_LAYER = ("dense_recurrence", "chacal")
@@ -46,7 +46,7 @@ def task_args(n: int) -> dict:
 
 def rows(extra_mixers: Sequence[str] = ()) -> list[tuple[str, str, int]]:
     """(label, mixer, layers) of every row."""
-    one = registered(ONE_LAYER)[0] + [m for m in extra_mixers if m not in ONE_LAYER]
+    one = preset_rows(ONE_LAYER, extra_mixers)
     return ([(f"{m} x1", m, 1) for m in one]
             + [(f"attention x{layers}", "attention", layers) for layers in range(1, MAX_ATTENTION_LAYERS + 1)])
 

@@ -18,7 +18,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig
-from tokenmix.study.presets.base import Preset, register_preset, registered
+from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
 from tokenmix.study.presets import depth as DEPTH  # task and training defaults shared with the depth preset
 
@@ -36,7 +36,7 @@ development runs."""
 
 
 def depth_long(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
-    one = registered(ONE_LAYER)[0] + [m for m in extra_mixers if m not in ONE_LAYER]
+    one = preset_rows(ONE_LAYER, extra_mixers)
     rows = [(f"{m} x1", m, 1) for m in one] + [(f"attention x{L}", "attention", L) for L in ATTENTION_LAYERS]
     return [SyntheticRunConfig(label=label, task="entity_tracking", task_args=DEPTH.task_args(CHANGES),
                       column=f"entity n={CHANGES}", model={**MODEL, "layers": [mixer] * layers},

@@ -33,7 +33,7 @@ from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
 from tokenmix.study.frontier import MAIN_CELL, frontier_column, frontier_section
-from tokenmix.study.presets.base import Preset, register_preset, registered
+from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
 # the main cell's rows: every row a claim compares, attention (the calibration) and local attention
 # (the check that a window cannot score by position); the paper's O(n) rows and log-linear attention
@@ -157,20 +157,16 @@ and fewer in proportion at longer L, patience {FULL_TRAIN.patience_steps} steps;
 {' and '.join(f'{m}x' for m in EXTRAPOLATE)} the training length. Meant for `--device cuda`."""
 
 
-def _rows(defaults: Sequence[str], extra_mixers: Sequence[str]) -> list[str]:
-    return registered(defaults)[0] + [m for m in extra_mixers if m not in defaults]
-
-
 def frontier(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
-    return GRID.runs(_rows(DEFAULT_MIXERS, extra_mixers))
+    return GRID.runs(preset_rows(DEFAULT_MIXERS, extra_mixers))
 
 
 def frontier_long(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
-    return LONG_GRID.runs(_rows(LONG_MIXERS, extra_mixers))
+    return LONG_GRID.runs(preset_rows(LONG_MIXERS, extra_mixers))
 
 
 def frontier_full(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
-    return FULL_GRID.runs(_rows(FULL_MIXERS, extra_mixers))
+    return FULL_GRID.runs(preset_rows(FULL_MIXERS, extra_mixers))
 
 
 PRESET = register_preset(Preset(

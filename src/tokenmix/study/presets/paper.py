@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
-from tokenmix.study.presets.base import Preset, register_preset, registered
+from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
 from tokenmix.study.presets import quick as QUICK  # the row recipe is shared with the quick preset
 DEFAULT_MIXERS = QUICK.DEFAULT_MIXERS
@@ -44,7 +44,7 @@ def model_for(mixer: str, d_model: int, task: str | None = None) -> dict:
 
 
 def paper(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
-    mixers = registered(DEFAULT_MIXERS)[0] + [m for m in extra_mixers if m not in DEFAULT_MIXERS]
+    mixers = preset_rows(DEFAULT_MIXERS, extra_mixers)
     return [SyntheticRunConfig(label=m, task=task, task_args=args, model=model_for(m, d, task),
                       train=replace(TRAIN, lr=lr), seed=seed)
             for seed in SEEDS for task, args in TASKS.items() for d in WIDTHS for lr in LRS for m in mixers]

@@ -20,7 +20,7 @@ from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
 from tokenmix.study.paper import PAPER_ROWS
-from tokenmix.study.presets.base import Preset, register_preset, registered
+from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
 DEFAULT_MIXERS = PAPER_ROWS  # the paper's rows, in its table order
 
@@ -86,7 +86,7 @@ def train_for(mixer: str, task: str, lr: float) -> SyntheticTrainConfig:
 
 
 def quick(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
-    mixers = registered(DEFAULT_MIXERS)[0] + [m for m in extra_mixers if m not in DEFAULT_MIXERS]
+    mixers = preset_rows(DEFAULT_MIXERS, extra_mixers)
     return [SyntheticRunConfig(label=m, task=task, task_args=args, model=model_for(m, task), train=train_for(m, task, lr),
                       seed=seed)
             for seed in SEEDS for task, args in TASKS.items() for lr in TASK_LRS.get(task, LRS) for m in mixers]

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig
-from tokenmix.study.presets.base import Preset, register_preset, registered
+from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
 from tokenmix.study.presets import quick as QUICK  # rows, task, model recipe and training shared with the quick preset
 DEFAULT_MIXERS = QUICK.DEFAULT_MIXERS
@@ -31,7 +31,7 @@ content; the rest can only be guessed (the positional guess is about 30 %)."""
 
 
 def recall(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
-    mixers = registered(DEFAULT_MIXERS)[0] + [m for m in extra_mixers if m not in DEFAULT_MIXERS]
+    mixers = preset_rows(DEFAULT_MIXERS, extra_mixers)
     args = QUICK.TASKS[TASK]
     return [SyntheticRunConfig(label=m, task=TASK, task_args=args, model=QUICK.model_for(m, TASK),
                       train=replace(QUICK.train_for(m, TASK, lr), steps=STEPS, patience_steps=PATIENCE_STEPS), seed=seed)
