@@ -40,9 +40,10 @@ def test_frontier_preset_follows_its_protocol():
         # budget by learning: a floor past the plateau, a patience with a minimum gain, a maximum
         assert r.train.steps == F.MAX_STEPS > r.train.min_steps == F.MIN_STEPS > 0
         assert r.train.patience_steps == F.PATIENCE_STEPS > 0 and r.train.min_gain == F.MIN_GAIN > 0
-    local = next(r for r in runs if r.label == "local_attention").model_config()
-    assert local.mixer_overrides["local_attention"]["window"] == F.LOCAL_WINDOW
+        assert r.train.min_loss_gain == F.MIN_LOSS_GAIN > 0
     long = validate_sweep(get_preset("compare", "frontier_long").build())
+    local = next(r for r in long if r.label == "local_attention").model_config()
+    assert local.mixer_overrides["local_attention"]["window"] == F.LOCAL_WINDOW
     assert {parse_column(r.column_name) for r in long} == set(F.LONG_CELLS)
     assert {r.train.test_lengths for r in long if r.task_config().seq_len == 256} == {()}
     full = validate_sweep(get_preset("compare", "frontier_full").build(["rg_lru"]))

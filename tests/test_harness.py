@@ -317,6 +317,15 @@ def test_learning_budget_stops_on_patience_in_steps_never_before_min_steps():
     assert b.still_rising("max_steps", 1450, []) and not b.still_rising("max_steps", 1500, [])
     assert not b.still_rising("patience", 1450, [])
     assert b.observe(1300, 0.99) == "early_stop_acc"
+    # the loss read too: a plateau of accuracy whose loss still falls (as before a transition) goes on
+    tc = TrainConfig(steps=10_000, eval_every=100, patience_steps=300, min_gain=0.02, min_loss_gain=0.05,
+                     min_steps=0)
+    b = harness.LearningBudget(tc)
+    falling = [(100 * i, 0.24, 2.5 - 0.03 * i) for i in range(1, 11)]   # -0.05 nats every ~170 steps
+    assert all(b.observe(*v) is None for v in falling)
+    assert b.last_gain_step == 900                                  # 2.23 nats, 0.06 below the gain before
+    flat = [(1000 + 100 * i, 0.24, 2.2) for i in range(1, 3)]
+    assert [b.observe(*v) for v in flat] == [None, "patience"]
     # no patience rule: the curve's last quarter decides, as before budgets by learning
     flat = [{"step": s, "val_acc": 0.25} for s in range(8)]
     assert not harness.LearningBudget(TrainConfig()).still_rising("max_steps", 8, flat)
@@ -334,7 +343,7 @@ def test_run_records_its_learning_curve_steps_to_fractions_and_budget_fields():
     # the budget fields are part of the run id only when set; old configs' validation patience converts
     plain, learned = tiny_run(), tiny_run(patience_steps=6, min_gain=0.01, min_steps=9)
     assert not set(harness.SyntheticTrainConfig().__dict__) - set(plain.to_dict()["train"]) - {
-        "patience_steps", "min_gain", "min_steps", "test_lengths"}
+        "patience_steps", "min_gain", "min_loss_gain", "min_steps", "test_lengths"}
     assert plain.run_id != learned.run_id and RunConfig.from_dict(learned.to_dict()).train == learned.train
     old = plain.to_dict()
     old["train"]["patience"] = 4

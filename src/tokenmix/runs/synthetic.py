@@ -36,7 +36,7 @@ from tokenmix.tasks import TaskConfig, make_task
 
 
 
-LEARNING_BUDGET_FIELDS = ("patience_steps", "min_gain", "min_steps")
+LEARNING_BUDGET_FIELDS = ("patience_steps", "min_gain", "min_loss_gain", "min_steps")
 
 
 @dataclass(frozen=True)
@@ -55,11 +55,13 @@ class SyntheticTrainConfig:
     test_examples: int = 1_000
     eval_every: int = 50            # steps between validation passes (one point of the learning curve each)
     early_stop_acc: float = 0.99    # stop once validation accuracy reaches this (> 1 = never)
-    # budget by learning: stop once validation accuracy has not gained ``min_gain`` over its last
-    # counted gain for ``patience_steps`` steps (0 = off), never before ``min_steps`` (the plateau
-    # MQAR-like tasks sit on before they learn must not end a run); ``steps`` is the hard maximum
+    # budget by learning: stop once validation has not gained for ``patience_steps`` steps (0 = off):
+    # neither accuracy by ``min_gain`` nor loss by ``min_loss_gain`` over their last counted gains
+    # (on the plateau MQAR-like tasks sit on before they bind keys the loss still falls while the
+    # accuracy does not), never before ``min_steps``; ``steps`` is the hard maximum
     patience_steps: int = 0
     min_gain: float = 0.0           # accuracy points (as a fraction) that count as a gain
+    min_loss_gain: float = 0.0      # validation loss (nats per answer) that counts as a gain (0 = loss not read)
     min_steps: int = 0
     val_seed: int = 1_000_003
     test_seed: int = 2_000_003
@@ -68,7 +70,7 @@ class SyntheticTrainConfig:
                                         # the training length: extrapolation of models without a position code
 
     def __post_init__(self) -> None:
-        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "min_gain"):
+        for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "min_gain", "min_loss_gain"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
                 raise InputError(f"train config: {name} must be a finite number, got {v!r}")
@@ -86,6 +88,8 @@ class SyntheticTrainConfig:
                 raise InputError(f"train config: {name} must be an integer >= 0, got {v!r}")
         if not 0.0 <= self.min_gain < 1.0:
             raise InputError(f"train config: min_gain must be in [0, 1), got {self.min_gain}")
+        if self.min_loss_gain < 0:
+            raise InputError(f"train config: min_loss_gain must be >= 0, got {self.min_loss_gain}")
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise InputError("train config: grad_clip and weight_decay must be >= 0")
         if not isinstance(self.test_lengths, tuple) or any(

@@ -131,9 +131,11 @@ def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str
 class LearningBudget:
     """When a run stops, by learning rather than by tokens (``SyntheticTrainConfig``'s budget fields).
 
-    A *gain* is a validation accuracy at least ``min_gain`` above the accuracy of the last gain (so a
-    slow climb counts once it adds up). The run stops at ``early_stop_acc``, or once ``patience_steps``
-    steps have passed since the last gain and at least ``min_steps`` were trained, or at ``steps``.
+    A *gain* is a validation accuracy at least ``min_gain`` above the accuracy of the last accuracy
+    gain, or (with ``min_loss_gain`` > 0) a validation loss at least ``min_loss_gain`` below the loss of
+    the last loss gain (so a slow climb counts once it adds up; the loss is what moves on the plateau
+    before a transition). The run stops at ``early_stop_acc``, or once ``patience_steps`` steps have
+    passed since the last gain of either kind and at least ``min_steps`` were trained, or at ``steps``.
     ``still_rising``: a run stopped by ``steps`` that the patience rule would have continued (its last
     gain is within the patience window); without a patience rule, a gain of 2 points over the last
     quarter of the curve (``curve_still_rising``).
@@ -141,14 +143,17 @@ class LearningBudget:
 
     def __init__(self, tc: SyntheticTrainConfig) -> None:
         self.tc = tc
-        self.reference = -1.0      # accuracy of the last gain
+        self.reference = -1.0            # accuracy of the last accuracy gain
+        self.reference_loss = math.inf   # loss of the last loss gain
         self.last_gain_step = 0
 
-    def observe(self, step: int, val_acc: float) -> str | None:
+    def observe(self, step: int, val_acc: float, val_loss: float = math.inf) -> str | None:
         """Record a validation; the stop reason if the run should stop after it, else None."""
         tc = self.tc
         if val_acc >= self.reference + tc.min_gain and (val_acc > self.reference):
             self.reference, self.last_gain_step = val_acc, step
+        if tc.min_loss_gain and val_loss <= self.reference_loss - tc.min_loss_gain:
+            self.reference_loss, self.last_gain_step = val_loss, step
         if val_acc >= tc.early_stop_acc:
             return "early_stop_acc"
         if tc.patience_steps and step >= tc.min_steps and step - self.last_gain_step >= tc.patience_steps:
@@ -264,7 +269,7 @@ def _train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | 
             if on_steps is not None:
                 on_steps(step - reported, False)
                 reported = step
-            reason = budget.observe(step, val.acc)
+            reason = budget.observe(step, val.acc, val.loss)
             if reason is not None:
                 stop_reason = reason
                 break
