@@ -149,3 +149,21 @@ def test_training_after_inference_mode_calls(name):
         y, _ = m(x.clone().requires_grad_(), mode=mode)
         y.sum().backward()
         torch.testing.assert_close(y.detach(), y_inf.clone())
+
+
+@pytest.mark.parametrize("name", ["sq1_ce", "sq1", "pow2"])
+def test_gated_coefficients_default_slots_cover_long_sequences(name):
+    """The default gate slots are sized from the pattern for GATED_LENGTH tokens: sq1_ce with gates
+    runs past 1025 tokens (the old fixed 32 slots refused it), and a length beyond the slots is one line."""
+    from tokenmix.mixers.structured import GATED_LENGTH
+
+    torch.manual_seed(0)
+    m = build_mixer(name, 8, n_heads=2, coefficients="gate_l1")
+    assert m.levels == m.pattern.neighbor_table(GATED_LENGTH - 1, GATED_LENGTH).shape[1]
+    x = torch.randn(1, 1100, 8)
+    with torch.no_grad():
+        y, _ = m(x)
+    assert torch.isfinite(y).all()
+    small = build_mixer(name, 8, n_heads=2, coefficients="gate_l1", max_levels=4)
+    with pytest.raises(ValueError, match="raise max_levels"):
+        small(torch.randn(1, 600, 8))

@@ -50,6 +50,7 @@ from tokenmix.ops.pattern_solve import (PatternPlan, chunked_pattern_solve, chun
 from tokenmix.patterns import Lattice, Pattern, TranslationInvariant, get_pattern
 
 COEFFICIENTS = ("softmax", "gate_softmax", "gate_l1")
+GATED_LENGTH = 16384  # the longest sequence the default gate slots cover (StructuredConfig.max_levels)
 _ROW_BLOCK = 256  # table rows computed at once for neighbour-cache decode steps
 _ROW_BLOCKS_KEPT = 8
 _PLANS_KEPT = 2  # index tables + plans kept per mixer (a plan of a 16k-token sq1 segment is ~20 MB)
@@ -60,7 +61,9 @@ class StructuredConfig(MixerConfig):
     pattern: str = "pow2"          # see tokenmix.patterns: pow2, sq1, dense, first_order, window:M, fenwick, f:EXPR
     cache_efficient: bool = False  # use the lattice variant (Prop. 4.12)
     coefficients: str = "softmax"  # softmax | gate_softmax | gate_l1
-    max_levels: int = 32           # level slots of the gate-based coefficients
+    # level slots of the gate-based coefficients; None: as many as the pattern reads at GATED_LENGTH
+    # tokens (a slot per neighbour: sq1's grow like sqrt(n), 128 at 16k; pow2's like log2(n), 14)
+    max_levels: int | None = None
     chunk_size: int = 64           # C of the chunked solve
 
     def __post_init__(self) -> None:
@@ -69,8 +72,10 @@ class StructuredConfig(MixerConfig):
             raise InputError(f"coefficients must be one of {COEFFICIENTS}, got '{self.coefficients}'")
         if self.chunk_size <= 0:
             raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
-        if self.max_levels <= 0:
-            raise InputError(f"max_levels must be > 0, got {self.max_levels}")
+        if self.max_levels is not None and (isinstance(self.max_levels, bool) or not isinstance(self.max_levels, int)
+                                            or self.max_levels <= 0):
+            raise InputError(f"max_levels must be an integer > 0 (or None: sized for {GATED_LENGTH} tokens), "
+                             f"got {self.max_levels!r}")
         get_pattern(self.pattern, self.cache_efficient)  # validate now, with a clear message
 
 
@@ -142,7 +147,9 @@ class StructuredRecurrence(Mixer):
         h, k = self.n_heads, self.head_dim
         self.qkv = Linear(d_model, 3 * h * k, bias=False)
         self.out = Linear(h * k, d_model, bias=False)
-        self.gates = Linear(d_model, h * (config.max_levels + 1)) if config.coefficients != "softmax" else None
+        self.levels = (config.max_levels if config.max_levels is not None
+                       else int(self.pattern.neighbor_table(GATED_LENGTH - 1, GATED_LENGTH).shape[1]))
+        self.gates = Linear(d_model, h * (self.levels + 1)) if config.coefficients != "softmax" else None
         self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, _LazyPlan)
         self._offsets: list = []  # (lo, hi, distances, reach) spans of fixed-distance steps
         self._rows: OrderedDict = OrderedDict()  # first position -> table rows, for neighbour-cache steps
@@ -178,10 +185,10 @@ class StructuredRecurrence(Mixer):
             logits = torch.cat([s_self[..., None], s_nb], -1) / math.sqrt(self.head_dim)
             mode = "softmax"
         else:
-            if w > self.config.max_levels:
+            if w > self.levels:
                 raise InputError(f"pattern '{self.pattern.name}' needs {w} level slots at this length but "
-                                 f"max_levels={self.config.max_levels}; raise max_levels")
-            g = self.gates(x).view(b, t, h, self.config.max_levels + 1)
+                                 f"{self.levels} level slots (max_levels={self.config.max_levels}); raise max_levels")
+            g = self.gates(x).view(b, t, h, self.levels + 1)
             logits = g[..., : w + 1]
             mode = "softmax" if self.config.coefficients == "gate_softmax" else "l1"
         mask = torch.cat([valid.new_ones(*valid.shape[:-1], 1), valid], -1)  # [(B,) T, W + 1], slot 0 = self
