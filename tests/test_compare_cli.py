@@ -465,7 +465,7 @@ def test_point_labels_never_overlap():
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from tokenmix.study.plots import label_points
+    from tokenmix.analysis.labels import label_points
 
     fig, ax = plt.subplots(figsize=(6, 4))
     xs = [100, 105, 110, 100, 4000, 4100, 4000, 30, 31]

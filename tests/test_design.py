@@ -260,3 +260,29 @@ def test_train_mqar_ranks_candidates_by_their_recall_ceiling_first(tmp_path, cap
             "--out", str(tmp_path / "m"), "--quiet", "--no-plots"]
     rc, stdout, _ = run_cli(args, capsys)
     assert rc == 0 and "reads 1 / 2 hops %" in stdout and "assoc_recall acc %" in stdout
+
+
+def _annotation_boxes(fig):
+    """Display-space boxes of every annotation (point label) of every axes of ``fig``."""
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    return [[t.get_window_extent(renderer) for t in ax.texts] for ax in fig.axes]
+
+
+def test_design_front_labels_never_overlap(tmp_path, monkeypatch):
+    """design_front.png names the front and the named patterns where no other name is (labels used
+    to overlap along the cost ~ cache diagonal)."""
+    from tokenmix.analysis import design as D
+
+    figures = []
+    monkeypatch.setattr(D, "save_figure", lambda fig, out, stem, formats=(): figures.append(fig) or [])
+    result = D.explore(D.DesignRequest(n=256, max_cache=24))
+    D.plot_front(result, tmp_path)
+    (fig,) = figures
+    boxes = _annotation_boxes(fig)
+    assert sum(map(len, boxes)) >= 8  # the front and the named patterns are named
+    for ax_boxes in boxes:
+        for i, a in enumerate(ax_boxes):
+            for b in ax_boxes[i + 1:]:
+                inter = a.intersection(a, b)
+                assert inter is None or inter.width * inter.height < 1e-6, "two labels overlap"

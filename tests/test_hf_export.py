@@ -177,3 +177,7 @@ def test_lm_eval_runs_the_shipped_local_tasks_on_the_export(exported, tmp_path):
     ppl = results["tokenmix_heldout"]["word_perplexity,none"]
     acc = results["tokenmix_continuation"]["acc,none"]
     assert torch.isfinite(torch.tensor(ppl)) and ppl > 1 and 0.0 <= acc <= 1.0
+    # our task files state every metric's aggregation and direction: lm-eval warns about none of them
+    task_warnings = [line for line in done.stderr.splitlines() if "WARNING" in line
+                     and any(w in line for w in ("aggregation", "higher_is_better", "tokenmix_"))]
+    assert not task_warnings, task_warnings

@@ -68,6 +68,7 @@ from typing import Any, Callable, Sequence
 from matplotlib.colors import LogNorm
 
 from tokenmix.analysis.expressivity import GRAPH_PATH_LIMIT, UNREACHABLE, CommunicationGraph, pattern_metrics
+from tokenmix.analysis.labels import label_points
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_text
@@ -80,9 +81,8 @@ DEFAULT_POWERS = (2, 3, 4)
 DEFAULT_MIX_WINDOWS = (2, 4, 8)
 DEFAULT_MIX_BASES = (Fraction(2), Fraction(3))
 DEFAULT_WINDOWS = (4, 16, 64)
-# Sizes: the lattice graphs are n^2 / 8 bytes of bitsets a candidate and the gap DP of dense n^2 steps;
-# at 16384 a lattice takes ~1 s on one core and dense ~2 s, beyond that a design run stops being
-# interactive. The candidate count and the denominators of rational bases keep the space and the
+# Sizes: the lattice graphs are n^2 / 8 bytes of bitsets a candidate and the gap DP of dense n^2 steps,
+# so beyond 16384 a design run stops being interactive (docs/notes/design-measurements.md). The candidate count and the denominators of rational bases keep the space and the
 # f:EXPR specs (at most 256 characters) to something a person reads.
 MAX_N = 16384
 MAX_CANDIDATES = 400
@@ -410,8 +410,8 @@ def _finite(v: float) -> float:
 
 class _Tabled(Pattern):
     """A pattern whose neighbour lists are read once from its table: the copy routing of
-    ``CommunicationGraph.route`` asks for them ~10^5 times at n = 4096 (10 s through ``neighbors``,
-    which builds a table row per call). Everything else is the wrapped pattern's."""
+    ``CommunicationGraph.route`` asks for them ~10^5 times at n = 4096 (``neighbors`` builds a table
+    row per call). Everything else is the wrapped pattern's."""
 
     def __init__(self, pattern: Pattern, n: int) -> None:
         self.base, self.name = pattern, pattern.name
@@ -548,10 +548,6 @@ def plot_front(result: DesignResult, out_dir: Path, formats: Sequence[str] = FIG
     if over:
         ax.scatter([max(r.cost, 1) for r in over], [max(r.cache, 1) for r in over], s=10, c="0.75", marker=".",
                    label="over budget (paths not computed)")
-        for r in over:
-            if r.candidate.family == "named":
-                ax.annotate(r.name, (max(r.cost, 1), max(r.cache, 1)), fontsize=6, color="0.5", xytext=(2, -8),
-                            textcoords="offset points")
     mappable = None
     for front in (False, True):
         for named in (False, True):
@@ -569,15 +565,6 @@ def plot_front(result: DesignResult, out_dir: Path, formats: Sequence[str] = FIG
     if unreachable:
         ax.scatter([max(r.cost, 1) for r in unreachable], [max(r.cache, 1) for r in unreachable], marker="x", c="red",
                    label="some pair has no path")
-    labelled = [r for r in done if (r.candidate.family == "named" or r.on_front)]
-    for i, r in enumerate(sorted(labelled, key=lambda r: (r.cost, r.cache))):
-        weight = "bold" if r.candidate.family == "named" else "normal"
-        dy = 4 if i % 2 == 0 else -9  # alternate above / below: neighbours on the diagonal overlap less
-        ax.annotate(r.name, (max(r.cost, 1), max(r.cache, 1)), fontsize=6, xytext=(4, dy), textcoords="offset points",
-                    fontweight=weight)
-        if math.isfinite(r.path_max):
-            ax_p.annotate(r.name, (max(r.cache, 1), r.path_max), fontsize=6, xytext=(4, dy),
-                          textcoords="offset points", fontweight=weight)
     if req.max_cost is not None:
         ax.axvline(max(req.max_cost, 1), ls="--", lw=0.8, c="0.4")
     if req.max_cache is not None:
@@ -597,6 +584,15 @@ def plot_front(result: DesignResult, out_dir: Path, formats: Sequence[str] = FIG
         fig.colorbar(mappable, ax=ax_p, label="max shortest path (hops)")
     ax.legend(fontsize=6, loc="lower right")
     fig.tight_layout()
+    # names placed where no other name or marker is (leader lines when pushed away): the front and
+    # the named patterns, and the named ones over budget in grey
+    labelled = sorted((r for r in done if r.candidate.family == "named" or r.on_front), key=lambda r: (r.cost, r.cache))
+    named_over = [r for r in over if r.candidate.family == "named"]
+    label_points(ax, [max(r.cost, 1) for r in labelled + named_over], [max(r.cache, 1) for r in labelled + named_over],
+                 [r.name for r in labelled + named_over], fontsize=6)
+    finite_rows = [r for r in labelled if math.isfinite(r.path_max)]
+    label_points(ax_p, [max(r.cache, 1) for r in finite_rows], [r.path_max for r in finite_rows],
+                 [r.name for r in finite_rows], fontsize=6)
     return save_figure(fig, out_dir, "design_front", formats)
 
 

@@ -47,8 +47,14 @@ doc_to_target: "{{{{text}}}}"
 should_decontaminate: false
 metric_list:
   - metric: word_perplexity
+    aggregation: weighted_perplexity
+    higher_is_better: false
   - metric: byte_perplexity
+    aggregation: weighted_perplexity
+    higher_is_better: false
   - metric: bits_per_byte
+    aggregation: bits_per_byte
+    higher_is_better: false
 metadata:
   version: 1.0
 """
@@ -66,7 +72,11 @@ doc_to_choice: choices
 doc_to_target: label
 metric_list:
   - metric: acc
+    aggregation: mean
+    higher_is_better: true
   - metric: acc_norm
+    aggregation: mean
+    higher_is_better: true
 metadata:
   version: 1.0
 """

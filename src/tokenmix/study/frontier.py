@@ -45,7 +45,8 @@ from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.analysis.outputs import markdown_table
 from tokenmix.study.cells import CompareCells
 from tokenmix.study.claims import CLOSE_MARGIN, GUESS_SLACK
-from tokenmix.study.plots import label_points, save_plot
+from tokenmix.analysis.labels import label_points
+from tokenmix.study.plots import save_plot
 from tokenmix.study.report import ReportSection, finding_lines
 from tokenmix.study.structure import decode_states
 from tokenmix.study.table import RISING, RISING_NOTE
