@@ -274,9 +274,8 @@ class keep_freed_memory:
     Why: by default glibc serves every block above its mmap threshold (32 MB at most) with a fresh
     mapping and unmaps it on free, so each call of a long sequence faults its buffers in again,
     zero-filled. That cost grows with the buffer sizes, not with the computation (system time,
-    plus the first-touch misses it causes in user time): kth_order at n = 16k took 1.09 s of CPU
-    time per forward + backward that way and 0.65 s with the memory kept. ``active`` says whether
-    it applied. On exit the defaults come back and the heap is trimmed.
+    plus the first-touch misses it causes in user time; docs/notes/design-measurements.md).
+    ``active`` says whether it applied. On exit the defaults come back and the heap is trimmed.
     """
 
     _M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # mallopt parameters (malloc.h)

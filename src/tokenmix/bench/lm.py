@@ -40,7 +40,7 @@ from tokenmix.mixers.registry import mixer_names
 from tokenmix.models import MixerModel, ModelConfig
 
 DEFAULT_MIXERS = ("attention", "pow2", "mamba2")
-TRAIN_TARGET_AT_LONG = 3.0    # train tokens/s vs attention at the long context (issue 21's target)
+TRAIN_TARGET_AT_LONG = 3.0    # train tokens/s vs attention at the long context (the project's target)
 DECODE_TARGET_AT_LONG = 5.0   # decode speed-up per token vs attention at the long context
 WITHIN_AT_SHORT = 1.5         # at the short context: within this factor of attention
 MAX_D_MODEL = 4096            # size_model searches widths up to this
@@ -146,8 +146,8 @@ def _round_robin(calls: dict[str, Callable[[int], None]], indices: range, block:
     moment-to-moment load. Each call is timed on its own.
 
     Decode takes turns in blocks: a decoder streams its model's weights and cache every token, and
-    one that runs right after another model's tokens finds them evicted from the CPU caches (~1 ms
-    more a step at 1 M parameters, the same for every mixer, which pulls the ratios towards 1). Real
+    one that runs right after another model's tokens finds them evicted from the CPU caches (a cost
+    the same for every mixer, which pulls the ratios towards 1). Real
     generation decodes one model's tokens back to back: within a block only the first token is
     cold, and the median ignores it."""
     names = list(calls)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 
 # Before anything imports torch: OpenMP threads that spin while waiting for work burn whole cores on a
-# shared or loaded machine (`train lm` took 1452 CPU-s instead of 288 on two busy cores). libgomp reads
+# shared or loaded machine (docs/notes/design-measurements.md). libgomp reads
 # OMP_WAIT_POLICY once, when torch loads it, so it is set here, ahead of the command modules (which
 # import torch); a value the user set is kept. tokenmix/__init__.py and tokenmix/cli/__init__.py
 # import no torch, so nothing has loaded it yet.

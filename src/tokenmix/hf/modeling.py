@@ -101,8 +101,8 @@ def run_mixer_model(net: MixerModel, input_ids: Tensor | None, attention_mask: T
     same). A filled cache means a continuation from its states: one token per row runs the
     recurrent step.
 
-    Not in inference mode, though tokenmix's own loop is (it saves about 0.3 ms of a 2 ms decode
-    step at d_model 256, 4 layers): the logits and cache tensors go back to transformers, whose
+    Not in inference mode, though tokenmix's own loop is (docs/notes/design-measurements.md says what
+    it saves): the logits and cache tensors go back to transformers, whose
     generation code and users update such tensors in place outside inference mode, which inference
     tensors refuse. ``generate`` runs it under ``no_grad``.
     """

@@ -49,8 +49,8 @@ class HLRUConfig(MixerConfig):
     normalization: str = "softmax"  # softmax | l1 (tanh then L1) over the m + 1 gates
     # C of the chunked pattern solve. Small because every channel is its own head with one value:
     # the solve's [C, 2C] band and C x C chunk inverse per channel cost O(T C) each against O(T m)
-    # useful work, so at C = 64 they dominate (8k tokens, 256 channels: 3.0 GB, 5.0 s fwd+bwd;
-    # C = 8: 0.8 GB, 1.6 s). Orders m > C stay exact: reads past the chunk take the far path.
+    # useful work, so at C = 64 they dominate (docs/notes/design-measurements.md). Orders m > C
+    # stay exact: reads past the chunk take the far path.
     chunk_size: int = 8
 
     def __post_init__(self) -> None:

@@ -116,9 +116,10 @@ class _ChunkRecurrence(torch.autograd.Function):
     du0 = du,  dW = -du Sᵀ,  dKᵀ = dS_{+1} uᵀ,  dd = sum(dS_{+1} ⊙ S) (to d's shape),  dS_0.
     Autograd through the plain loop ran ~10 operator nodes per chunk backward, each with its own
     dispatch and temporaries. The loops run on one thread (``one_thread``): their [R, C, K] x [K, V]
-    products are ~1 MFLOP, where waking a second OpenMP thread costs more than it saves (measured in
-    docs/results.md, issue 22); the batched products after the loop keep every thread. Checked against autograd through the plain loop
-    (``chunk_state_recurrence_reference``) in float64, forward and gradients.
+    products are ~1 MFLOP, where waking a second OpenMP thread costs more than it saves
+    (docs/notes/design-measurements.md); the batched products after the loop keep every thread.
+    Checked against autograd through the plain loop (``chunk_state_recurrence_reference``) in float64,
+    forward and gradients.
     """
 
     @staticmethod
