@@ -1,0 +1,213 @@
+"""Packed rows: several documents concatenated in one batch row, no state and no attention crossing a
+document boundary.
+
+One representation inside tokenmix, ``Packing``: for every position of a [B, T] batch, the position
+its document starts at,
+
+    starts[b, t] = the largest s <= t with a document starting at s in row b        [B, T] long
+
+so t belongs to the document [starts[b, t], ...] and j may be read from t iff starts[b, t] <= j <= t.
+The first document of every row continues from the state the segment is given (none: a fresh one,
+as for an unpacked row, whose starts are 0 everywhere); every later document starts fresh. Every mixer's semantics follow from the dense
+reference: a packed row equals its documents run one by one, each from a fresh state, and
+concatenated; in (A, B) terms both are block-diagonal over the documents.
+
+The conventions of other libraries convert at the edges:
+    cu_seqlens      fla / flash-attention: cumulative document lengths over the flattened batch
+                    (``from_cu_seqlens``; documents may not cross a row end)
+    position_ids    transformers: positions restarting at 0 at each document (``from_position_ids``)
+    lengths         per row, the documents' lengths in order (``from_lengths``)
+    document ids    per token, any id that changes at a boundary (``from_document_ids``)
+Bad boundaries (not increasing, not covering the row, a shape that does not match the batch) are an
+``InputError`` naming what is wrong.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from tokenmix.core.errors import InputError
+
+
+@dataclass(frozen=True)
+class Packing:
+    """Document starts of a packed batch (module docstring).
+
+    Attributes:
+        starts: [B, T] long, starts[b, t] <= t, non-decreasing along t, starts[b, t] = t at a start.
+    """
+
+    starts: Tensor
+
+    def __post_init__(self) -> None:
+        s = self.starts
+        if not isinstance(s, Tensor) or s.dim() != 2 or s.dtype != torch.long:
+            raise InputError(f"packing starts must be a [B, T] long tensor, got "
+                             f"{tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__}"
+                             f"{'' if not isinstance(s, Tensor) else f' {s.dtype}'}")
+        t = torch.arange(s.shape[1], device=s.device)
+        if bool((s > t).any()) or bool((s < 0).any()):
+            raise InputError("packing starts must lie in [0, t] at every position t")
+        if s.shape[1] > 1 and bool((s[:, 1:] < s[:, :-1]).any()):
+            raise InputError("packing starts must not decrease along a row (documents are contiguous)")
+        # a start that is not t must be the start of t - 1 (no jump into the middle of a document)
+        jumped = (s[:, 1:] != s[:, :-1]) & (s[:, 1:] != t[1:])
+        if bool(jumped.any()):
+            raise InputError("packing starts may change only where a document starts (starts[b, t] = t)")
+
+    # ------------------------------------------------------------------------------------ views
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.starts.shape)  # type: ignore[return-value]
+
+    @property
+    def boundaries(self) -> Tensor:
+        """[B, T] bool: a later document starts here (t > 0 and starts[b, t] = t): the state resets."""
+        t = torch.arange(self.starts.shape[1], device=self.starts.device)
+        return (self.starts == t) & (t > 0)
+
+    @property
+    def positions(self) -> Tensor:
+        """[B, T] long: the position within the document (t - starts[b, t])."""
+        return torch.arange(self.starts.shape[1], device=self.starts.device) - self.starts
+
+    @property
+    def trivial(self) -> bool:
+        """One document per row from position 0: the unpacked batch."""
+        return not bool(self.starts.any())
+
+    def visible(self, keys: Tensor | None = None) -> Tensor:
+        """[B, T, T] bool: query t may read key j (same document, j <= t); with ``keys`` [T'] absolute
+        positions of the keys (default 0 .. T - 1)."""
+        t = torch.arange(self.starts.shape[1], device=self.starts.device)
+        j = t if keys is None else keys
+        return (j[None, None, :] >= self.starts[:, :, None]) & (j[None, None, :] <= t[None, :, None])
+
+    def documents(self, row: int) -> list[tuple[int, int]]:
+        """The documents of row ``row`` as [begin, end) position ranges, in order (the first begins at 0)."""
+        begins = [0] + torch.nonzero(self.boundaries[row])[:, 0].tolist()
+        ends = begins[1:] + [self.starts.shape[1]]
+        return list(zip(begins, ends))
+
+    def segment(self, t0: int, t1: int) -> "Packing":
+        """The packing of positions t0 .. t1 - 1 as a segment of its own (starts before t0 clamp to 0:
+        the document that began earlier continues from the state the segment starts with)."""
+        return Packing((self.starts[:, t0:t1] - t0).clamp(min=0))
+
+    def row_documents(self) -> Iterator[tuple[int, int, int]]:
+        """Every (row, begin, end) document of the batch."""
+        for b in range(self.starts.shape[0]):
+            for begin, end in self.documents(b):
+                yield b, begin, end
+
+    def to(self, device) -> "Packing":
+        return Packing(self.starts.to(device))
+
+    def check(self, batch_size: int, length: int) -> None:
+        if self.shape != (batch_size, length):
+            raise InputError(f"packing covers [B, T] = {list(self.shape)} but the batch is [{batch_size}, {length}]")
+
+    # ------------------------------------------------------------------------------- conversions
+    @classmethod
+    def from_resets(cls, resets: Tensor) -> "Packing":
+        """From [B, T] bool flags, True where a document starts (position 0 always begins the first one)."""
+        if not isinstance(resets, Tensor) or resets.dim() != 2:
+            raise InputError("document start flags must be a [B, T] tensor")
+        b, t = resets.shape
+        pos = torch.arange(t, device=resets.device).expand(b, t)
+        marked = torch.where(resets.bool(), pos, torch.zeros_like(pos))
+        return cls(torch.cummax(marked, dim=1).values)
+
+    @classmethod
+    def from_lengths(cls, lengths: Sequence[Sequence[int]], length: int | None = None) -> "Packing":
+        """From the documents' lengths of each row (each row's lengths must sum to the row length)."""
+        rows = [list(map(int, r)) for r in lengths]
+        if not rows:
+            raise InputError("packing needs at least one row")
+        total = {sum(r) for r in rows}
+        t = length if length is not None else max(total)
+        for i, r in enumerate(rows):
+            if not r or any(n <= 0 for n in r):
+                raise InputError(f"row {i}: document lengths must be positive integers, got {r}")
+            if sum(r) != t:
+                raise InputError(f"row {i}: document lengths {r} sum to {sum(r)}, not the row length {t}")
+        resets = torch.zeros(len(rows), t, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            begin = 0
+            for n in r:
+                resets[i, begin] = True
+                begin += n
+        return cls.from_resets(resets)
+
+    @classmethod
+    def from_cu_seqlens(cls, cu_seqlens: Tensor | Sequence[int], batch_size: int, length: int) -> "Packing":
+        """From cumulative document lengths over the flattened [B * T] batch (fla's ``cu_seqlens``:
+        0 first, B * T last, increasing); a document may not cross the end of a row."""
+        cu = torch.as_tensor(cu_seqlens, dtype=torch.long).flatten()
+        n = batch_size * length
+        if cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != n:
+            raise InputError(f"cu_seqlens must start at 0 and end at B x T = {n}, got "
+                             f"{cu.tolist() if cu.numel() <= 8 else cu[:4].tolist() + ['...']}")
+        if bool((cu[1:] <= cu[:-1]).any()):
+            raise InputError("cu_seqlens must be strictly increasing (documents of at least one token)")
+        row_ends = torch.arange(1, batch_size + 1) * length
+        for begin, end in zip(cu[:-1].tolist(), cu[1:].tolist()):
+            if (end - 1) // length != begin // length:
+                raise InputError(f"a document [{begin}, {end}) of cu_seqlens crosses the end of row {begin // length}")
+        del row_ends
+        resets = torch.zeros(n, dtype=torch.bool)
+        resets[cu[:-1]] = True
+        return cls.from_resets(resets.view(batch_size, length))
+
+    @classmethod
+    def from_position_ids(cls, position_ids: Tensor) -> "Packing":
+        """From transformers' ``position_ids`` [B, T] restarting at 0 at each document (and counting up
+        by one inside it)."""
+        p = torch.as_tensor(position_ids)
+        if p.dim() != 2 or p.dtype not in (torch.int32, torch.int64):
+            raise InputError("position_ids must be a [B, T] integer tensor")
+        p = p.long()
+        t = torch.arange(p.shape[1], device=p.device)
+        if bool((p < 0).any()) or bool((p > t).any()):
+            raise InputError("position_ids must lie in [0, t] at every position t")
+        if p.shape[1] > 1 and bool(((p[:, 1:] != p[:, :-1] + 1) & (p[:, 1:] != 0)).any()):
+            raise InputError("position_ids must count up by one inside a document and restart at 0 at the next")
+        return cls(t - p)
+
+    @classmethod
+    def from_document_ids(cls, ids: Tensor) -> "Packing":
+        """From per-token document ids [B, T] (any values; a change marks a boundary)."""
+        ids = torch.as_tensor(ids)
+        if ids.dim() != 2:
+            raise InputError("document ids must be a [B, T] tensor")
+        resets = torch.ones_like(ids, dtype=torch.bool)
+        resets[:, 1:] = ids[:, 1:] != ids[:, :-1]
+        return cls.from_resets(resets)
+
+    def cu_seqlens(self) -> Tensor:
+        """[D + 1] long: fla's cumulative lengths over the flattened batch (D documents)."""
+        b, t = self.shape
+        first = torch.zeros_like(self.boundaries)
+        first[:, 0] = True
+        begins = torch.nonzero((self.boundaries | first).flatten())[:, 0]
+        return torch.cat([begins, torch.tensor([b * t], device=begins.device)])
+
+    def position_ids(self) -> Tensor:
+        """[B, T] long: positions restarting at 0 at each document (transformers' convention)."""
+        return self.positions
+
+
+def as_packing(value, batch_size: int, length: int) -> Packing | None:
+    """``value`` (a Packing, document start flags, or None) as a checked Packing for a [B, T] batch;
+    None for None or a trivial packing (one document per row: the unpacked path)."""
+    if value is None:
+        return None
+    packing = value if isinstance(value, Packing) else Packing.from_resets(torch.as_tensor(value))
+    packing.check(batch_size, length)
+    return None if packing.trivial else packing
+
+
+__all__ = ["Packing", "as_packing"]
