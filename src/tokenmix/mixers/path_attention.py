@@ -20,29 +20,15 @@ B = 0. The data-dependent transforms sit inside A's logits: each logit is a bili
 a product of up to i - j rank-one updates of I (a product of generalized Householder matrices).
 
 Modes:
-    ``chunked`` (training default) -- blocks of C = chunk_size tokens, grouped G at a time
-        (G ~ sqrt(N) of the N = T / C blocks, a power of two, G C <= 512; ``group_blocks``).
-        Per block c, the UT/WY form P_c = H_{end} ... H_{start} = I - W^T T (beta W) with
-        T = (I + strict_lower(beta W W^T))^{-1} (a unit-triangular solve, all blocks at once) gives
-        the in-block logits [B, H, N, C, C], the queries transformed down to the block start qh and
-        the keys transformed up to the block end kh ([B, H, N, C, K]), and hm = I - P_c [B, H, N, K, K].
-        Two levels then replace fla's naive walk (query block c multiplied by one block product per
-        earlier key block: ~N^2 / 2 tiny steps, each again in the recompute and the backward):
-          * per group, once for all groups (G batched steps): the keys brought to their group's end
-            (P_{group end} ... P_{j+1} kh_j) and the group products SP_s = P_{end} ... P_{start} [K, K];
-          * per row group s (one checkpointed call, queries [G C]): inside the group a walk along the
-            diagonals, where step d = 1 .. G - 1 moves the queries of blocks d .. G - 1 one block back
-            in one batched matmul ([G - d, C, K] x [G - d, K, K]) and reads key blocks 0 .. G - 1 - d
-            ([G - d, C, C] logits), leaving every block's queries at the group start; the s earlier
-            groups (and the cache) are read through keys brought to the group start by a suffix
-            product SP_{s-1} ... SP_{s'+1} (s steps of [G C, K] x [K, K]), then in ONE matmul
-            [G C, K] x [K, P + s G C]. The softmax and the read of the values run per block of C
-            queries over exactly its P + i1 keys (no masked upper half of a [G C, G C] tile).
-        Per token: O(n K) for the logits, O(C K) for the UT form, O((G + N / G) K^2) for the
-        transforms; Python steps O(N + (N / G)^2) instead of O(N^2). Row groups are checkpointed in
-        training: memory O(G C n) (no [T, T] logits), shared inputs O(n).
-    ``dense`` -- the reference: transforms applied one token at a time to every earlier key, the
-        materialised A and the reference solver.
+    ``chunked`` (training default) -- ops/chunked_path.py: blocks of C = chunk_size tokens in the
+        UT/WY form, grouped G at a time (G ~ sqrt(N) of the N = T / C blocks, G C <= 512), read by
+        row groups of G C queries in a two-level walk (inside a group along the diagonals, the
+        earlier groups and the cache in one matmul); here, per block of C queries, the gate, the
+        padding mask, the softmax over its P + i1 keys and the read of the values. Row groups are
+        checkpointed in training (ops/query_blocks.py): memory O(G C n) (no [T, T] logits), shared
+        inputs O(n); per token O(n K) for the logits and O((G + N / G) K^2) for the transforms.
+    ``dense`` -- the reference: transforms applied one token at a time to every earlier key
+        (ops/chunked_path.sequential_path_scores), the materialised A and the reference solver.
     ``recurrent`` -- token by token over the decode cache below.
 
 Decode cache (``PathCache``): for every past position j < t its key *already transformed to the
@@ -64,16 +50,15 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.attention import allowed_keys, mask_padding_keys
+from tokenmix.mixers.attention_family import RowAttention, Segment, exclusive_reverse_cumsum, gate_bias
 from tokenmix.mixers.base import Linear, MixerConfig, MixerState
-from tokenmix.mixers.forgetting_attention import RowAttention, Segment, exclusive_reverse_cumsum, gate_bias
 from tokenmix.mixers.registry import register_mixer
+from tokenmix.ops.chunked_path import ChunkedPath, householder_step, sequential_path_scores
 from tokenmix.ops.query_blocks import by_query_blocks
-
-GROUP_TOKENS = 512  # queries per row group (G C) of the chunked mode: memory O(G C n) per group
 
 
 @dataclass(frozen=True)
@@ -120,23 +105,6 @@ class PathCache(MixerState):
 
     def after(self, keys: Tensor, values: Tensor, gates: Tensor | None, position: int) -> "PathCache":
         return PathCache(self.owner, self.batch_size, position, keys, values, gates).carry_over(self)
-
-
-def group_blocks(t: int, chunk: int) -> int:
-    """G, the blocks of C = ``chunk`` queries per row group of the chunked mode, for a segment of t
-    tokens (N = ceil(t / C) blocks): the power of two at or below ceil(sqrt(N)) (so groups tile the
-    usual lengths), which balances the query transforms inside a group (~G K^2 per token) against
-    the key transforms across groups (~N / G K^2 per token); at least 2 (from N = 2 on both levels
-    of the walk run), at most ``GROUP_TOKENS`` / C."""
-    n_blocks = -(-t // chunk)
-    root = 1 << (math.isqrt(max(n_blocks - 1, 0)) + 1).bit_length() - 1  # power of two <= ceil(sqrt(N))
-    return max(1, min(max(root, 2), GROUP_TOKENS // chunk, n_blocks))
-
-
-def householder_step(keys: Tensor, w: Tensor, beta: Tensor) -> Tensor:
-    """H keys for H = I - beta w w^T: keys [B, P, H, K], w [B, H, K], beta [B, H] -> [B, P, H, K]."""
-    proj = torch.einsum("bphk,bhk->bph", keys, w)
-    return keys - (beta[:, None] * proj)[..., None] * w[:, None]
 
 
 class PathAttention(RowAttention):
@@ -188,19 +156,19 @@ class PathAttention(RowAttention):
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: PathCache | None) -> tuple[Tensor, PathCache]:
         """Row groups of G C queries (``by_query_blocks``, checkpointed in training), each giving its
-        logits block by block (``_blocked``); per block of C queries the softmax over its P + i1 keys
-        and the read of the values."""
+        logits block by block (``ChunkedPath.rows``); per block of C queries the gate, the padding
+        mask, the softmax over its P + i1 keys and the read of the values."""
         state, q, k, v, w, beta, logf, gbuf = self._start(x, state)
         p, t = state.cached_positions(), x.shape[1]
         key_start = state.padded_keys(p)
         gsum = gbuf.cumsum(1) if gbuf is not None else None
         vbuf = torch.cat([state.values, v], 1)
         vh = vbuf.transpose(1, 2).contiguous()  # [B, H, P + T, V], read by every block
-        rows, keys, rc = self._blocked(q, k, w, beta, state.keys)
+        blocked = ChunkedPath.build(q, k, w, beta, state.keys, self.config.chunk_size, 1.0 / math.sqrt(self.head_dim))
 
         def group(i0: int, i1: int) -> Tensor:
             ys, vg = [], vh[:, :, : p + i1]
-            for j0, scores in rows(i0, i1):  # scores [B, H, j1 - j0, P + j1], scaled, -inf above the diagonal
+            for j0, scores in blocked.rows(i0, i1):  # [B, H, j1 - j0, P + j1], scaled, -inf above the diagonal
                 j1 = j0 + scores.shape[2]
                 if gsum is not None:
                     scores = scores + gate_bias(gsum, p, j0, j1)
@@ -211,8 +179,8 @@ class PathAttention(RowAttention):
             return torch.cat(ys, 2).transpose(1, 2)  # [B, i1 - i0, H, V]
 
         records = torch.is_grad_enabled() and (x.requires_grad or any(z.requires_grad for z in self.parameters()))
-        y = by_query_blocks(group, t, rc, records)
-        return self.out(y.flatten(2)), state.after(keys(), vbuf, gbuf, state.position + t)
+        y = by_query_blocks(group, t, blocked.group_tokens, records)
+        return self.out(y.flatten(2)), state.after(blocked.keys(), vbuf, gbuf, state.position + t)
 
     # ---------------------------------------------------------------- segments
     def _segment(self, x: Tensor, state: PathCache | None, mode: str) -> Segment:
@@ -224,132 +192,10 @@ class PathAttention(RowAttention):
         key_start = state.padded_keys(p)
         gsum = gbuf.cumsum(1) if gbuf is not None else None
         vbuf = torch.cat([state.values, v], 1)
-        scores, keys = self._sequential_scores(q, k, w, beta, state.keys)
+        scores, keys = sequential_path_scores(q, k, w, beta, state.keys)
         probs = self._logits_to_probs(scores, gsum, p, 0, t, key_start)
         return Segment(p, t, lambda i0, i1: probs[:, :, i0:i1, : p + i1], vbuf,
                        lambda: state.after(keys, vbuf, gbuf, state.position + t))
-
-    def _sequential_scores(self, q: Tensor, k: Tensor, w: Tensor, beta: Tensor, cached: Tensor
-                           ) -> tuple[Tensor, Tensor]:
-        """Reference logits: the transforms applied one token at a time to every earlier key.
-
-        Returns:
-            scores [B, H, T, P + T] (q_i^T H_i ... H_{j+1} k_j, 0 above the diagonal, unscaled) and the
-            keys [B, P + T, H, K] transformed to the segment's last position (the next cache).
-        """
-        t = q.shape[1]
-        keys, rows = cached, []
-        for s in range(t):
-            keys = torch.cat([householder_step(keys, w[:, s], beta[:, s]), k[:, s : s + 1]], 1)
-            rows.append(F.pad(torch.einsum("bhk,bshk->bhs", q[:, s], keys), (0, t - 1 - s)))
-        return torch.stack(rows, 2), keys
-
-    def _blocked(self, q: Tensor, k: Tensor, w: Tensor, beta: Tensor, cached: Tensor):
-        """The chunked (UT/WY) form, read by row groups of G C queries (module docstring, Modes).
-
-        Returns:
-            rows: (i0, i1) -> per block of C queries j0 .. j1 - 1 in [i0, i1) (i0 a multiple of G C,
-                i1 <= i0 + G C), (j0, logits [B, H, j1 - j0, P + j1]): scaled by 1 / sqrt(K), -inf
-                above the diagonal, no gate and no padding mask yet.
-            keys: () -> the keys [B, P + T, H, K] transformed to the segment's last position.
-            G C: the row group size.
-        """
-        b, t, h, kd = q.shape
-        c_sz = self.config.chunk_size
-        g_sz = group_blocks(t, c_sz)
-        nb = -(-t // c_sz)
-        ns = -(-nb // g_sz)  # groups; the last one is padded with whole inert blocks (below)
-        pad = nb * c_sz - t
-
-        def blocks(z: Tensor) -> Tensor:  # [B, T, H, .] -> [B, H, N, C, .]; padded tokens are inert (w = 0)
-            z = F.pad(z, (0, 0, 0, 0, 0, pad))
-            return z.view(b, nb, c_sz, h, z.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
-
-        qb, kb, wb = blocks(q), blocks(k), blocks(w)
-        wbeta = wb * blocks(beta[..., None])
-        eye_c = torch.eye(c_sz, dtype=q.dtype, device=q.device)
-        strict = torch.ones(c_sz, c_sz, dtype=torch.bool, device=q.device).tril(-1)
-        lower = strict | eye_c.bool()
-        wt, kt = wb.transpose(-1, -2), kb.transpose(-1, -2)
-        # T = (I + strict_lower(beta W W^T))^{-1}:  H_{end} ... H_{start} = I - W^T T (beta W)
-        # (half precision is solved in float32: there is no bf16 / fp16 triangular solve)
-        work = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
-        tmat = torch.linalg.solve_triangular((eye_c + (wbeta @ wt).masked_fill(~strict, 0.0)).to(work),
-                                             eye_c.to(work).expand(b, h, nb, c_sz, c_sz), upper=False,
-                                             unitriangular=True).to(q.dtype)
-        twb = tmat @ wbeta                                              # [B, H, N, C, K]
-        twbk = tmat @ (wbeta @ kt).masked_fill(~strict, 0.0)             # [B, H, N, C, C]
-        qw = (qb @ wt).masked_fill(~lower, 0.0)
-        a_local = (qb @ kt).masked_fill(~lower, 0.0) - qw @ twbk          # in-block logits
-        qh = qb - qw @ twb          # q_i^T H_i ... H_{block start}
-        kh = kb - twbk.transpose(-1, -2) @ wb  # H_{block end} ... H_{j+1} k_j
-        hm = wt @ twb               # block product P_c = H_{end} ... H_{start} = I - hm   [B, H, N, K, K]
-
-        # whole inert blocks up to Ns G (P = I: hm = 0, kh = 0, qh = 0)
-        qh, kh, hm, a_local = (F.pad(z, (0, 0, 0, 0, 0, ns * g_sz - nb)) for z in (qh, kh, hm, a_local))
-
-        def groups(z: Tensor) -> tuple[Tensor, ...]:  # [B, H, Ns G, ...] -> Ns x [B, H, G, ...]
-            return z.unflatten(2, (ns, g_sz)).unbind(2)
-
-        # Group level, all groups at once (G steps): the keys transformed up to their group's end,
-        # khe_j = P_{group end} ... P_{j+1} kh_j, and the group products SP = P_{end} ... P_{start}.
-        eye_k = torch.eye(kd, dtype=q.dtype, device=q.device)
-        suffix = eye_k.expand(b, h, ns, kd, kd)
-        khe = [None] * g_sz
-        kh_g, hm_g = kh.unflatten(2, (ns, g_sz)).unbind(3), hm.unflatten(2, (ns, g_sz)).unbind(3)
-        for g in range(g_sz - 1, -1, -1):
-            khe[g] = kh_g[g] @ suffix.transpose(-1, -2)      # [B, H, Ns, C, K]
-            suffix = suffix - suffix @ hm_g[g]
-        khe = torch.stack(khe, 3).flatten(3, 4).unbind(2)     # Ns x [B, H, G C, K]
-        prods = suffix.unbind(2)                              # Ns x [B, H, K, K]
-        qh_s, kh_s, hm_s, local_s = groups(qh), groups(kh), groups(hm), groups(a_local)
-        kc = cached.transpose(1, 2)  # [B, H, P, K]
-        p = kc.shape[2]
-        rc = g_sz * c_sz
-        scale = 1.0 / math.sqrt(kd)
-
-        def rows(i0: int, i1: int) -> list[tuple[int, Tensor]]:
-            s, gs = i0 // rc, -(-(i1 - i0) // c_sz)  # group, its blocks G' (< G only in a ragged last group)
-            qg = qh_s[s][:, :, :gs] * scale
-            khg, hmg = kh_s[s][:, :, :gs], hm_s[s][:, :, :gs]
-            # inside the group, along the diagonals: step d maps the queries of blocks d .. G' - 1 one
-            # block further back (one batched matmul) and reads key blocks 0 .. G' - 1 - d:
-            # diags[d][:, :, j] = logits of query block j + d over key block j, [B, H, C, C]
-            diags = [(local_s[s][:, :, :gs] * scale).masked_fill(~lower, float("-inf")).unbind(2)]
-            down, cur = [qg[:, :, 0]], qg[:, :, 1:]
-            for d in range(1, gs):
-                diags.append((cur @ khg[:, :, : gs - d].transpose(-1, -2)).unbind(2))
-                cur = cur - cur @ hmg[:, :, : gs - d]
-                down.append(cur[:, :, 0])  # block d now sits at the group start
-                cur = cur[:, :, 1:]
-            # the earlier groups and the cache, through keys brought to the group start:
-            # suffix = SP_{s-1} ... SP_{s'+1} as the walk reaches group s'
-            suffix, earlier = None, [None] * s
-            for prev in range(s - 1, -1, -1):
-                earlier[prev] = khe[prev] if suffix is None else khe[prev] @ suffix.transpose(-1, -2)
-                suffix = prods[prev] if suffix is None else suffix @ prods[prev]
-            if p:
-                earlier.insert(0, kc if suffix is None else kc @ suffix.transpose(-1, -2))
-            out = []
-            if earlier:  # [B, H, G' C, P + s G C]: one matmul for all the group's queries
-                outer = (torch.stack(down, 2).flatten(2, 3) @ torch.cat(earlier, 2).transpose(-1, -2)).split(c_sz, 2)
-            for g in range(gs):
-                j0 = i0 + g * c_sz
-                j1 = min(j0 + c_sz, i1)
-                row = ([outer[g]] if earlier else []) + [diags[g - j][j] for j in range(g + 1)]
-                out.append((j0, torch.cat(row, -1)[:, :, : j1 - j0, : p + j1]))
-            return out
-
-        def keys() -> Tensor:
-            suffix = eye_k.expand(b, h, kd, kd)
-            out = [None] * ns
-            for s in range(ns - 1, -1, -1):  # suffix = SP_{Ns-1} ... SP_{s+1}
-                out[s] = khe[s] @ suffix.transpose(-1, -2)
-                suffix = suffix @ prods[s]
-            seg = torch.cat(out, 2)[:, :, :t]
-            return torch.cat([kc @ suffix.transpose(-1, -2), seg], 2).transpose(1, 2)
-
-        return rows, keys, rc
 
     # ---------------------------------------------------------------- decode
     def forward_recurrent(self, x: Tensor, state: PathCache | None) -> tuple[Tensor, PathCache]:

@@ -31,12 +31,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.attention import KVCache
+from tokenmix.mixers.attention_family import RowAttention, Segment, exclusive_reverse_cumsum
 from tokenmix.mixers.base import Linear, MixerConfig
-from tokenmix.mixers.forgetting_attention import RowAttention, Segment, exclusive_reverse_cumsum
 from tokenmix.mixers.registry import register_mixer
 
 
