@@ -9,8 +9,9 @@ with a channel-wise erase gate on the key axis b_t [K] = sigmoid(W_b x_t) (2·si
 the value axis w_t [V] = sigmoid(W_w x_t), and KDA's channel-wise log decay g_t [K] <= 0; q, k
 L2-normalised, scale = K^-1/2. b_t = w_t = beta_t·1 recovers KDA (mixers/kda.py).
 
-(A, B, R) form, per head, all [T, T] (derivation: ops/chunked_channel_delta.py). The write gate acts
-on the value channels, which a T x T matrix cannot hold, so it is folded into the mixed values:
+(A, B, R) form, per head, all [T, T] (the family's derivation, mixers/delta_family.py, with e = b ⊙ k
+and w = w_gate ⊙ v). The write gate acts on the value channels, which a T x T matrix cannot hold, so
+it is folded into the mixed values:
 
     X = W ⊙ V  [T, V],   U = (I - B)^{-1} (A X + offset),   A = I,
         B[t, j] = -sum_d b_td k_td k_jd exp(G_td - G_jd)     (j < t; the solve: erase gated per key channel),
@@ -18,29 +19,32 @@ on the value channels, which a T x T matrix cannot hold, so it is folded into th
     O = R U + scale (Q ⊙ exp(G)) S_0,   R[t, j] = scale sum_d q_td k_jd exp(G_td - G_jd)   (j <= t).
 
 The erase gate b only enters B (the solve), the write gate only X, the decay B and R alike.
-Modes, chunked form and decode state are KDA's (``ChannelDelta``): chunked (UT transform), dense,
-recurrent with S [K, V] per head.
+Modes, chunked form and decode state are the family's channel-wise ones (``ChannelDelta``): chunked
+(UT transform), dense, recurrent with S [K, V] per head. The config is KDA's.
 """
 from __future__ import annotations
 
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
-from tokenmix.mixers.kda import KDA, KDAConfig
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Linear
+from tokenmix.mixers.delta_family import ChannelDelta
+from tokenmix.mixers.kda import KDAConfig
+from tokenmix.mixers.registry import register_mixer
 
 
 @register_mixer("gdn2", KDAConfig, family="delta rule",
                 ab_form="X = w ⊙ v, A = I, B[t,j] = -sum_d b_td k_td k_jd exp(G_td-G_jd), "
                         "R[t,j] = scale sum_d q_td k_jd exp(G_td-G_jd)")
-class GDN2(KDA):
+class GDN2(ChannelDelta):
     config_cls = KDAConfig
 
     def __init__(self, config: KDAConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, dk = self.n_heads, self.head_dim
-        del self.beta_proj  # replaced by the two channel-wise gates
+        # the two channel-wise gates replace beta; the base builds beta_proj all the same, so that a
+        # seed gives GDN-2 the qkv, out and decay-gate weights it gives KDA
+        del self.beta_proj
         self.erase_proj = Linear(d_model, h * dk)  # b_t [H, K]
         self.write_proj = Linear(d_model, h * dk)  # w_t [H, V] (V = K = head_dim)
 

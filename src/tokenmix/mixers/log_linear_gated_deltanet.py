@@ -1,5 +1,5 @@
 """Log-linear Gated DeltaNet (Guo, Yang, Goel, Xing, Dao, Kim 2025, "Log-Linear Attention" §3.2): the
-Fenwick hierarchy of mixers/log_linear.py on the gated delta rule of mixers/gated_deltanet.py.
+Fenwick hierarchy of mixers/log_linear.py on the gated delta rule (mixers/delta_family.py).
 
 Per head (q, k L2-normalised [K], v [V], beta_t, alpha_t = exp(g_t) and every projection as in
 ``gated_deltanet``; level scales lambda_t^(l) = softplus(W_lambda x_t + b_lambda)^(l), l = 0..max_levels-1):
@@ -27,9 +27,11 @@ the write beta_t k_t v_tᵀ enters level 0, buckets merge by the lssb rule: O(lo
 Modes: ``chunked`` (UT transform inside aligned chunks + a chunk-granular Fenwick recurrence,
 O(T log T)), ``dense`` (the G-axis operator through core.operator.solve_dense; the initial buckets
 as known right-hand sides), ``recurrent`` (token by token). Left padding by row groups (the level
-map follows each row's own clock), as log_linear. ``allow_neg_eigval`` as in DeltaNet.
+map follows each row's own clock), as log_linear. ``allow_neg_eigval`` as in DeltaNet. The
+projections and the decay gate are the delta family's (``DeltaRuleMixer``, mixers/delta_family.py);
+the modes and the state are this file's.
 
-No fla reference: checks/hierarchical_2025.py checks it against the explicit formula above
+No fla reference: checks/log_linear_attention.py checks it against the explicit formula above
 (products of the transition matrices, lambda-weighted by tokenmix.patterns.fenwick_level).
 """
 from __future__ import annotations
@@ -43,11 +45,12 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.mixers.gated_deltanet import GatedDeltaNet, GatedDeltaNetConfig
+from tokenmix.mixers.base import Linear
+from tokenmix.mixers.delta_family import DeltaRuleMixer
+from tokenmix.mixers.gated_deltanet import GatedDeltaNetConfig
 from tokenmix.mixers.log_linear import FenwickState
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.chunked_log_linear import n_levels
-from tokenmix.mixers.base import Linear
 from tokenmix.ops.chunked_log_linear_delta import (chunked_log_linear_delta, final_levels, initial_levels_readout,
                                                    log_linear_delta_operator, log_linear_delta_step)
 
@@ -67,10 +70,11 @@ class LogLinearGatedDeltaNetConfig(GatedDeltaNetConfig):
 @register_mixer("log_linear_gated_deltanet", LogLinearGatedDeltaNetConfig, family="log-linear attention",
                 ab_form="G = Fenwick levels: A_l = diag(beta ⊙ [bit l-1 of s = 0]), B_l = B_gdn ⊙ blocks_l, "
                         "R_l = diag(lambda^(l) ⊙ [bit l-1 of t = 1]) (R_gdn ⊙ blocks_l)")
-class LogLinearGatedDeltaNet(GatedDeltaNet):
+class LogLinearGatedDeltaNet(DeltaRuleMixer):
     """gated_deltanet's projections with per-level scales; Fenwick states instead of one matrix."""
 
     config_cls = LogLinearGatedDeltaNetConfig
+    decay_gate = "head"
     time_complexity = "O(log n)"   # per token: the delta update and a read on each Fenwick level
     cache_complexity = "O(log n)"  # bit_length(n) bucket states [K, V]
     pads_by_row_groups = True      # the Fenwick levels follow each row's own clock t - start

@@ -27,7 +27,7 @@ Modes (inherited from mixers/log_linear.py, all on ops/chunked_log_linear.py): `
 follows each row's own clock), as log_linear.
 
 fla reference: ``naive_log_linear_attn(q=C, k=B, v=x·dt, g, level_scales=lambda, scale=1.0)`` with
-one key group (checks/hierarchical_2025.py).
+one key group (checks/log_linear_attention.py).
 """
 from __future__ import annotations
 
