@@ -1,10 +1,10 @@
 """Independent cross-checks of attention, local attention, ChaCAL and H-LRU, and their other properties.
 
-The cross-checks themselves live in tokenmix/checks/attention_family.py (``tokenmix check`` runs
-the same functions): fla-core's ``naive_parallel_attn`` and torch SDPA for the attention mixers,
-the explicit dense-inverse formula for ChaCAL, a per-channel loop for H-LRU, each over every mode,
-whole and in uneven pieces. The generic assertions over
-them are in test_crosschecks.py; this file keeps the other properties.
+The cross-checks themselves live in tokenmix/checks/attention.py, dense_recurrence.py and
+gated_linear_recurrence.py (``tokenmix check`` runs the same functions): fla-core's
+``naive_parallel_attn`` and torch SDPA for the attention mixers, the explicit dense-inverse formula
+for ChaCAL, a per-channel loop for H-LRU, each over every mode, whole and in uneven pieces. The
+generic assertions over them are in test_crosschecks.py; this file keeps the other properties.
 """
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from conftest import small_mixer
-from tolerances import FLOAT64_EXACT, assert_close
-from tokenmix.checks.attention_family import identity_readout
+from tokenmix.checks.common import identity_readout
+from tokenmix.checks.tolerances import FLOAT64_EXACT, assert_close
 from tokenmix.mixers.registry import build_mixer
 
 

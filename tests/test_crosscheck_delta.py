@@ -1,10 +1,10 @@
 """Independent cross-checks of the delta-rule and log-linear ops and mixers, and their 16k stability.
 
-The cross-checks themselves live in tokenmix/checks/delta_family.py (``tokenmix check`` runs the
-same functions): fla-core 0.6.0's naive references (delta_rule_recurrence, naive_recurrent_ and
-naive_chunk_gated_delta_rule, naive_log_linear_attn, construct_level_mask), float32, max relative
-error max|ours - ref| / max|ref| <= 1e-5, over the ops and every mode of the mixers.
-The generic assertions over them are in test_crosschecks.py. Our own
+The cross-checks themselves live in tokenmix/checks/delta_rule.py and log_linear_attention.py
+(``tokenmix check`` runs the same functions): fla-core 0.6.0's naive references
+(delta_rule_recurrence, naive_recurrent_ and naive_chunk_gated_delta_rule, naive_log_linear_attn,
+construct_level_mask), float32, max relative error max|ours - ref| / max|ref| <= 1e-5, over the ops
+and every mode of the mixers. The generic assertions over them are in test_crosschecks.py. Our own
 float64 equivalences live in test_mixer_matrix.py and test_chunked_delta_log_linear.py.
 
 Also: 16k-token float32 stability of the chunked forms with extreme gates.

@@ -3,6 +3,9 @@
 For each mixer and each of its modes: outputs, final states and gradients equal the first (fast)
 mode; uneven multi-token continuation equals one full pass; gradcheck in float64; causality;
 measured decode cache equals the derived accounting; misuse of a state is refused.
+
+Each check is a plain function of a mixer name (``check_*``; ``check_mixer`` runs them all), so a
+mixer registered after collection (tests/test_enrolment.py) runs the same matrix.
 """
 from __future__ import annotations
 
@@ -10,11 +13,10 @@ import pytest
 import torch
 
 from conftest import ALL_MIXERS, small_mixer
-from tolerances import FLOAT64_EXACT, FLOAT64_REASSOCIATED, assert_close
+from tokenmix.checks.tolerances import FLOAT32_REL_RMS, GRADIENT_FACTOR, assert_close, mode_tolerance, rel_rms
 
-
-def _tol(m) -> float:
-    return FLOAT64_REASSOCIATED if getattr(m, "reassociates", False) else FLOAT64_EXACT
+SHAPES = [(12, 2, 11), (10, 2, 9), (8, 1, 1)]  # (d_model, n_heads, T)
+SHAPE_IDS = ["h6", "odd_h5", "T1"]
 
 
 def _states_close(s1, s2, atol, what):
@@ -25,21 +27,24 @@ def _states_close(s1, s2, atol, what):
         assert_close(t1[k], t2[k], atol, f"{what} state[{k}]")
 
 
-@pytest.mark.parametrize("name", ALL_MIXERS)
-@pytest.mark.parametrize("d_model,n_heads,t", [(12, 2, 11), (10, 2, 9), (8, 1, 1)], ids=["h6", "odd_h5", "T1"])
-def test_modes_agree(name, d_model, n_heads, t):
+def check_modes_agree(name, d_model=12, n_heads=2, t=11):
     m = small_mixer(name, d_model, n_heads)
     x = torch.randn(2, t, d_model, dtype=torch.float64)
     ref_mode = m.modes[0]
     y_ref, s_ref = m(x, mode=ref_mode)
     for mode in m.modes[1:]:
         y, s = m(x, mode=mode)
-        assert_close(y, y_ref, _tol(m), f"{name} {mode} vs {ref_mode} output")
-        _states_close(s, s_ref, _tol(m), f"{name} {mode} vs {ref_mode}")
+        assert_close(y, y_ref, mode_tolerance(m), f"{name} {mode} vs {ref_mode} output")
+        _states_close(s, s_ref, mode_tolerance(m), f"{name} {mode} vs {ref_mode}")
 
 
 @pytest.mark.parametrize("name", ALL_MIXERS)
-def test_uneven_continuation(name):
+@pytest.mark.parametrize("d_model,n_heads,t", SHAPES, ids=SHAPE_IDS)
+def test_modes_agree(name, d_model, n_heads, t):
+    check_modes_agree(name, d_model, n_heads, t)
+
+
+def check_uneven_continuation(name):
     m = small_mixer(name)
     x = torch.randn(2, 13, 12, dtype=torch.float64)
     y_full, s_full = m(x, mode=m.modes[0])
@@ -50,12 +55,16 @@ def test_uneven_continuation(name):
             y, state = m(x[:, t0 : t0 + size], state, mode=piece_mode)
             pieces.append(y)
             t0 += size
-        assert_close(torch.cat(pieces, 1), y_full, _tol(m), f"{name} continuation via {mode}")
-        _states_close(state, s_full, _tol(m), f"{name} continuation via {mode}")
+        assert_close(torch.cat(pieces, 1), y_full, mode_tolerance(m), f"{name} continuation via {mode}")
+        _states_close(state, s_full, mode_tolerance(m), f"{name} continuation via {mode}")
 
 
 @pytest.mark.parametrize("name", ALL_MIXERS)
-def test_gradients_agree(name):
+def test_uneven_continuation(name):
+    check_uneven_continuation(name)
+
+
+def check_gradients_agree(name):
     m = small_mixer(name)
     x0 = torch.randn(2, 10, 12, dtype=torch.float64)
     w = torch.randn(2, 10, 12, dtype=torch.float64)
@@ -71,11 +80,15 @@ def test_gradients_agree(name):
     names = ["x"] + [n for n, _ in m.named_parameters()]
     for mode in m.modes[1:]:
         for pname, g, g_ref in zip(names, grads[mode], grads[ref]):
-            assert_close(g, g_ref, _tol(m) * 10, f"{name} d{pname} {mode} vs {ref}")
+            assert_close(g, g_ref, mode_tolerance(m) * GRADIENT_FACTOR, f"{name} d{pname} {mode} vs {ref}")
 
 
 @pytest.mark.parametrize("name", ALL_MIXERS)
-def test_gradcheck_every_mode_through_state(name):
+def test_gradients_agree(name):
+    check_gradients_agree(name)
+
+
+def check_gradcheck_every_mode_through_state(name):
     m = small_mixer(name, d_model=4, n_heads=2)
     xa = torch.randn(1, 3, 4, dtype=torch.float64, requires_grad=True)
     xb = torch.randn(1, 3, 4, dtype=torch.float64, requires_grad=True)
@@ -88,7 +101,11 @@ def test_gradcheck_every_mode_through_state(name):
 
 
 @pytest.mark.parametrize("name", ALL_MIXERS)
-def test_causality(name):
+def test_gradcheck_every_mode_through_state(name):
+    check_gradcheck_every_mode_through_state(name)
+
+
+def check_causality(name):
     m = small_mixer(name)
     x = torch.randn(1, 9, 12, dtype=torch.float64)
     for mode in m.modes:
@@ -102,7 +119,11 @@ def test_causality(name):
 
 
 @pytest.mark.parametrize("name", ALL_MIXERS)
-def test_materialize_is_causal_operator(name):
+def test_causality(name):
+    check_causality(name)
+
+
+def check_materialize_is_causal_operator(name):
     m = small_mixer(name)
     op = m.materialize(torch.randn(2, 8, 12, dtype=torch.float64))
     op.validate(atol=0.0)
@@ -113,7 +134,11 @@ def test_materialize_is_causal_operator(name):
 
 
 @pytest.mark.parametrize("name", ALL_MIXERS)
-def test_decode_cache_matches_derivation(name):
+def test_materialize_is_causal_operator(name):
+    check_materialize_is_causal_operator(name)
+
+
+def check_decode_cache_matches_derivation(name):
     m = small_mixer(name)
     n = 37
     state = None
@@ -125,7 +150,11 @@ def test_decode_cache_matches_derivation(name):
 
 
 @pytest.mark.parametrize("name", ALL_MIXERS)
-def test_state_misuse_is_refused(name):
+def test_decode_cache_matches_derivation(name):
+    check_decode_cache_matches_derivation(name)
+
+
+def check_state_misuse_is_refused(name):
     m = small_mixer(name)
     x = torch.randn(2, 5, 12, dtype=torch.float64)
     _, state = m(x)
@@ -144,9 +173,11 @@ def test_state_misuse_is_refused(name):
 
 
 @pytest.mark.parametrize("name", ALL_MIXERS)
-def test_float32_modes_agree(name):
-    from tolerances import FLOAT32_REL_RMS, rel_rms
+def test_state_misuse_is_refused(name):
+    check_state_misuse_is_refused(name)
 
+
+def check_float32_modes_agree(name):
     m = small_mixer(name).float()
     x = torch.randn(2, 21, 12)
     y_ref, _ = m(x, mode=m.modes[0])
@@ -154,3 +185,26 @@ def test_float32_modes_agree(name):
         y, _ = m(x, mode=mode)
         err = rel_rms(y, y_ref)
         assert err <= FLOAT32_REL_RMS, f"{name} float32 {mode} vs {m.modes[0]}: rel rms {err:.2e}"
+
+
+@pytest.mark.parametrize("name", ALL_MIXERS)
+def test_float32_modes_agree(name):
+    check_float32_modes_agree(name)
+
+
+PER_MIXER_CHECKS = (check_uneven_continuation, check_gradients_agree, check_gradcheck_every_mode_through_state,
+                    check_causality, check_materialize_is_causal_operator, check_decode_cache_matches_derivation,
+                    check_state_misuse_is_refused, check_float32_modes_agree)
+
+
+def check_mixer(name):
+    """The whole matrix for one registered mixer: every check, modes agreeing at every shape."""
+    for d_model, n_heads, t in SHAPES:
+        check_modes_agree(name, d_model, n_heads, t)
+    for check in PER_MIXER_CHECKS:
+        check(name)
+
+
+def test_check_mixer_runs_every_check():
+    checks = {n for n, f in globals().items() if n.startswith("check_") and callable(f)} - {"check_mixer"}
+    assert checks == {c.__name__ for c in PER_MIXER_CHECKS} | {"check_modes_agree"}

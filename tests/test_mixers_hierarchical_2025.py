@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from tokenmix.checks import CROSSCHECKS, load_all_crosschecks
 from tokenmix.checks.equivalence import small_mixer
-from tokenmix.checks.hierarchical_2025 import explicit_log_linear_delta
+from tokenmix.checks.log_linear_attention import explicit_log_linear_delta
 from tokenmix.core.operator import solve_dense
 from tokenmix.ops.chunked_log_linear_delta import (chunked_log_linear_delta, final_levels, initial_levels_readout,
                                                    log_linear_delta_operator, recurrent_log_linear_delta)

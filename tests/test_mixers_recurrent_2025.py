@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from conftest import small_mixer
 from tokenmix.checks import CROSSCHECKS, load_all_crosschecks
-from tokenmix.checks.recurrent_2025 import rg_lru_paper_loop
+from tokenmix.checks.gated_linear_recurrence import rg_lru_paper_loop
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import build_mixer
 from tokenmix.ops.chunked_mesa import (chunked_key_covariance, dense_key_covariance, mesa_solve,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tokenmix.checks import CROSSCHECKS, load_all_crosschecks
-from tokenmix.checks.attention_family import run_in_pieces
+from tokenmix.checks.common import run_in_pieces
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import solve_dense
 from tokenmix.mixers.registry import build_mixer

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tokenmix.checks.attention_family import run_in_pieces
+from tokenmix.checks.common import run_in_pieces
 from tokenmix.mixers import build_mixer
 from tolerances import FLOAT64_EXACT, assert_close
 

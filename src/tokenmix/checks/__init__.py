@@ -2,28 +2,106 @@
 
 ``equivalence.mode_errors(name)`` measures how far every mode of a registered mixer is from its
 fast mode (outputs, final states, gradients) in float64. Cross-checks against independent
-implementations register with ``@register_crosscheck("mixer_name")`` and return a dict of named
-relative errors; ``fla_naive(name)`` loads fla-core's pure-PyTorch reference by file path.
+implementations live in one module per mixer family, ``checks/<family>.py``, which declares
+``FAMILY`` (the registry's family string, ``mixers.registry``) and registers each check with
+``@register_crosscheck(mixer, reference, metric, tolerance)``: a function returning a dict of named
+errors. ``load_all_crosschecks()`` imports every module of this package (``pkgutil``), so a new
+family module needs no list entry; ``family_modules()`` maps each family to its module.
+Shared helpers: ``checks/common.py``; every tolerance: ``checks/tolerances.py``;
+``fla_naive(name)`` loads fla-core's pure-PyTorch reference by file path.
 """
 from __future__ import annotations
 
 import importlib
 import importlib.util
 import os
+import pkgutil
 import sys
-from typing import Callable
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from types import ModuleType
 
-CROSSCHECKS: dict[str, list[tuple[str, Callable[[], dict[str, float]], float]]] = {}
+from tokenmix.core.errors import InputError
 
 
-def register_crosscheck(mixer: str, label: str, tolerance: float):
-    """Decorator: ``fn() -> {quantity: relative error}`` compared with ``tolerance``."""
+@dataclass(frozen=True)
+class CrossCheck:
+    """One independent cross-check of a registered mixer, as declared by ``register_crosscheck``.
+
+    Attributes:
+        mixer: the registered mixer's name.
+        reference: the independent implementation (e.g. "fla naive_recurrent_gla"); one check per
+            reference and mixer.
+        metric: how the errors are measured (e.g. "float32 max rel").
+        tolerance: the largest error accepted (checks/tolerances.py).
+        fn: ``fn() -> {quantity: error}``.
+        module: the module that registered it (its family's checks module).
+        ops: op implementations it compares as well: some key ``op.<impl>...output`` for each.
+        op_states: whether some ``op.*.state`` key compares an op's final state too.
+        per_mode: quantities every mode of the mixer reports: a key ``<mode><q>``, alone or after a
+            case prefix (``"w=4 chunked.output"``).
+        compares_modes: False for a check of something other than the mixer's modes.
+    Unpacks as ``(label, fn, tolerance)``.
+    """
+
+    mixer: str
+    reference: str
+    metric: str
+    tolerance: float
+    fn: Callable[[], dict[str, float]]
+    module: str
+    ops: tuple[str, ...] = ()
+    op_states: bool = False
+    per_mode: tuple[str, ...] = (".output",)
+    compares_modes: bool = True
+
+    @property
+    def label(self) -> str:
+        return f"{self.reference} ({self.metric})"
+
+    def __iter__(self) -> Iterator:
+        return iter((self.label, self.fn, self.tolerance))
+
+
+CROSSCHECKS: dict[str, list[CrossCheck]] = {}
+
+
+def register_crosscheck(mixer: str, reference: str, metric: str, tolerance: float, *, ops: tuple[str, ...] = (),
+                        op_states: bool = False, per_mode: tuple[str, ...] = (".output",),
+                        compares_modes: bool = True):
+    """Decorator: ``fn() -> {quantity: error}``, each error compared with ``tolerance`` (``CrossCheck``)."""
 
     def deco(fn):
-        CROSSCHECKS.setdefault(mixer, []).append((label, fn, tolerance))
+        if any(c.reference == reference for c in CROSSCHECKS.get(mixer, [])):
+            raise InputError(f"mixer '{mixer}': a cross-check against '{reference}' is registered twice")
+        CROSSCHECKS.setdefault(mixer, []).append(CrossCheck(mixer, reference, metric, tolerance, fn, fn.__module__,
+                                                            tuple(ops), op_states, tuple(per_mode), compares_modes))
         return fn
 
     return deco
+
+
+def checks_modules() -> dict[str, ModuleType]:
+    """Every module of this package (found with ``pkgutil.iter_modules``), imported: {name: module}."""
+    return {info.name: importlib.import_module(f"{__name__}.{info.name}") for info in pkgutil.iter_modules(__path__)}
+
+
+def load_all_crosschecks() -> None:
+    """Import every module of this package, so that every cross-check is registered."""
+    checks_modules()
+
+
+def family_modules() -> dict[str, ModuleType]:
+    """{family: its checks module}: the modules of this package that declare ``FAMILY``, one per family."""
+    out: dict[str, ModuleType] = {}
+    for mod in checks_modules().values():
+        family = getattr(mod, "FAMILY", None)
+        if family is None:
+            continue
+        if family in out:
+            raise InputError(f"family '{family}' has two checks modules: {out[family].__name__}, {mod.__name__}")
+        out[family] = mod
+    return out
 
 
 class ReferenceUnavailable(RuntimeError):
@@ -45,20 +123,3 @@ def fla_naive(name: str):
     sys.modules[modname] = mod  # registered first, as torch.compile needs
     spec.loader.exec_module(mod)
     return mod
-
-
-def rel_err(a, b) -> float:
-    """Relative RMS error ||a - b|| / ||b|| (fla's metric), in float64."""
-    a, b = a.double(), b.double()
-    return ((a - b).pow(2).mean().sqrt() / b.pow(2).mean().sqrt().clamp_min(1e-30)).item()
-
-
-def load_all_crosschecks() -> None:
-    """Import every cross-check module (one line each)."""
-    for mod in CROSSCHECK_MODULES:
-        importlib.import_module(f"tokenmix.checks.{mod}")
-
-
-CROSSCHECK_MODULES: list[str] = ["attention_family", "delta_family", "linear_family",
-                                 "attention_2025", "delta_2025", "hierarchical_2025", "recurrent_2025",
-                                 "convolution"]

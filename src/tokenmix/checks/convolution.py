@@ -1,4 +1,5 @@
-"""Cross-checks of the short causal convolution (mixers/short_conv.py) against independent formulas.
+"""Cross-checks of the convolution family (the short causal convolution, mixers/short_conv.py) against
+independent formulas.
 
 * An explicit loop of the definition, v_{t,c} = sum_{j=0}^{k-1} w[c, j] u_{t-j,c} (u = 0 before the
   start), scalar taps position by position, from the mixer's own parameters.
@@ -21,14 +22,15 @@ import torch
 from torch import Tensor, nn
 
 from tokenmix.checks import register_crosscheck
-from tokenmix.checks.attention_family import max_rel_err
+from tokenmix.checks.tolerances import FLOAT64_CONV_REL_TOL, max_rel_err
 from tokenmix.mixers.base import Mixer
 from tokenmix.mixers.registry import build_mixer
 
-FLOAT64_TOL = 1e-12
+FAMILY = "convolution"
 D_MODEL, HEADS = 12, 3
 KERNEL_SIZES = (1, 2, 4, 7)
 SEGMENTS = (2, 1, 9, 5)  # 17 tokens; the first segment is shorter than k - 1 for k = 4 and 7
+PER_MODE = (".output", ".continued.output", ".state")
 
 
 def conv_loop(w: Tensor, u: Tensor) -> Tensor:
@@ -79,11 +81,13 @@ def _against(reference: Callable[[Tensor, Tensor], Tensor], kernel_sizes: Sequen
     return out
 
 
-@register_crosscheck("short_conv", "explicit loop v_t = sum_j w[c, j] u_{t-j} (float64 max rel)", FLOAT64_TOL)
+@register_crosscheck("short_conv", "explicit loop v_t = sum_j w[c, j] u_{t-j}", "float64 max rel", FLOAT64_CONV_REL_TOL,
+                     per_mode=PER_MODE)
 def short_conv_vs_loop() -> dict[str, float]:
     return _against(conv_loop)
 
 
-@register_crosscheck("short_conv", "nn.Conv1d(padding=k-1) in Mamba's reversed layout (float64 max rel)", FLOAT64_TOL)
+@register_crosscheck("short_conv", "nn.Conv1d(padding=k-1) in Mamba's reversed layout", "float64 max rel",
+                     FLOAT64_CONV_REL_TOL, per_mode=PER_MODE)
 def short_conv_vs_mamba_conv1d() -> dict[str, float]:
     return _against(conv_mamba_layout)

@@ -20,11 +20,9 @@ from rich.table import Table
 
 from tokenmix.checks import CROSSCHECKS, ReferenceUnavailable, load_all_crosschecks
 from tokenmix.checks.equivalence import mode_errors
+from tokenmix.checks.tolerances import GRADIENT_FACTOR, mode_tolerance
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
-
-EXACT_TOL = 1e-10
-REASSOCIATED_TOL = 1e-8
 
 
 def register(sub) -> None:
@@ -122,18 +120,18 @@ def run_check(args) -> int:
     load_all_crosschecks()
     report, failed = {}, []
     for name in names:
-        cls = get_mixer_spec(name).cls
-        tol = REASSOCIATED_TOL if getattr(cls, "reassociates", False) else EXACT_TOL
+        tol = mode_tolerance(get_mixer_spec(name).cls)
         errs = mode_errors(name)
-        entry = {"modes": {k: {"max_abs": v, "tolerance": tol * (10 if k.endswith("grad") else 1)} for k, v in errs.items()}}
-        for label, fn, xtol in CROSSCHECKS.get(name, []):
+        entry = {"modes": {k: {"max_abs": v, "tolerance": tol * (GRADIENT_FACTOR if k.endswith("grad") else 1)}
+                           for k, v in errs.items()}}
+        for check in CROSSCHECKS.get(name, []):
             try:
-                res = fn()
-                entry.setdefault("crosschecks", {})[label] = {"errors": res, "tolerance": xtol}
+                res = check.fn()
+                entry.setdefault("crosschecks", {})[check.label] = {"errors": res, "tolerance": check.tolerance}
             except ReferenceUnavailable as e:
-                entry.setdefault("crosschecks", {})[label] = {"error": str(e)}
+                entry.setdefault("crosschecks", {})[check.label] = {"error": str(e)}
             except Exception as e:  # a broken check fails that check, not the whole report
-                entry.setdefault("crosschecks", {})[label] = {"error": f"{type(e).__name__}: {e}"}
+                entry.setdefault("crosschecks", {})[check.label] = {"error": f"{type(e).__name__}: {e}"}
         ok = all(v["max_abs"] <= v["tolerance"] for v in entry["modes"].values()) and all(
             "error" not in c and all(e <= c["tolerance"] for e in c["errors"].values())
             for c in entry.get("crosschecks", {}).values())

@@ -45,6 +45,13 @@ def register_mixer(name: str, config_cls: type, *, family: str, ab_form: str, **
     return deco
 
 
+def unregister_mixer(name: str) -> MixerSpec:
+    """Remove a registered name (a throw-away mixer a test registered); returns its spec."""
+    if name not in _REGISTRY:
+        raise InputError(f"unknown mixer '{name}'; known mixers: {', '.join(_REGISTRY)}")
+    return _REGISTRY.pop(name)
+
+
 def mixer_names() -> list[str]:
     return list(_REGISTRY)
 
