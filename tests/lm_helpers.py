@@ -64,22 +64,22 @@ def within(seconds: float):
         signal.signal(signal.SIGALRM, old)
 
 
-def train_tiny_run(root: Path, main) -> Path:
-    """A two-step ``tiny`` LM run at root/run (its data cache at root/cache), through the CLI's
-    ``main`` in this process; returns the run folder."""
+def train_tiny_run(root: Path, main, *overrides: str, name: str = "run") -> Path:
+    """A two-step ``tiny`` LM run at root/<name> (its data cache at root/cache), through the CLI's
+    ``main`` in this process, with further ``--set`` overrides; returns the run folder."""
     old = os.environ.get("TOKENMIX_CACHE")
     os.environ["TOKENMIX_CACHE"] = str(root / "cache")
     try:
-        rc = main(["train", "lm", "--preset", "tiny", "--out", str(root / "run"), "--quiet", "--no-progress",
+        rc = main(["train", "lm", "--preset", "tiny", "--out", str(root / name), "--quiet", "--no-progress",
                    "--set", "train.max_steps=2", "train.eval_every=2", "train.eval_windows=1",
-                   "train.final_eval_windows=1", "train.tensorboard=false", "train.threads=1"])
+                   "train.final_eval_windows=1", "train.tensorboard=false", "train.threads=1", *overrides])
     finally:
         if old is None:
             del os.environ["TOKENMIX_CACHE"]
         else:
             os.environ["TOKENMIX_CACHE"] = old
     assert rc == 0
-    return root / "run"
+    return root / name
 
 
 def run_cli(args: list[str], capsys) -> tuple[int, str, str]:

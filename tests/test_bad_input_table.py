@@ -37,6 +37,12 @@ NAN = "nan"
 # outside the working directory, {file} a regular text file, {empty} an empty file, {binary} a file
 # that is not UTF-8, {fifo} a named pipe, {notrun} a folder of unrelated files, {emptydir} an empty
 # folder, {cfg_*} copies of {run} with one wrong value in config.json, {nockpt} a run without checkpoints.
+# Broken JSON and run files: {deep} a JSON file nested 100000 levels, {bigint} a config whose integer has
+# 5000 digits, {cfg_deep} a run whose config.json is {deep}, {latest_deep} / {latest_list} runs whose
+# latest.json is {deep} / [1, 2] (and no step_* checkpoint that verifies), {fifo_cfg} / {fifo_metrics} runs
+# whose config.json / metrics.jsonl is a FIFO, {escape} / {escape_link} runs whose latest.json / step_*
+# folder leads to {run}'s checkpoint. Paths: {dangling} a symbolic link to nothing. {raising} /
+# {raising_build}: preset files whose code raises while loading / in their function.
 CASES: list[tuple[str, list[str]]] = [
     # ---- parsing: unknown commands and options, non-numbers, missing required arguments
     ("parse", []),
@@ -127,6 +133,8 @@ CASES: list[tuple[str, list[str]]] = [
     ("compare", ["--workers", "-2", "--out", "{tmp}/cmp6"]),
     ("compare", ["--threads", "0", "--out", "{tmp}/cmp7"]),
     ("compare", ["--out", "{file}"]),
+    ("compare", ["--preset", "{raising}", "--out", "{tmp}/cmp8"]),
+    ("compare", ["--preset", "{raising_build}", "--out", "{tmp}/cmp9"]),
     # ---- data prepare
     ("data", ["prepare", "--corpus", "{tmp}/missing.txt", "--out", "{tmp}/prep1"]),
     ("data", ["prepare", "--corpus", "{empty}", "--out", "{tmp}/prep2"]),
@@ -144,6 +152,9 @@ CASES: list[tuple[str, list[str]]] = [
     ("data", ["prepare", "--set", "data.val_fraction=nan", "--out", "{tmp}/prep14"]),
     ("data", ["prepare", "--out", "{file}"]),
     ("data", ["prepare", "--out", "{notrun}"]),
+    ("data", ["prepare", "--out", "{file}/x"]),
+    ("data", ["prepare", "--out", "/proc/tokenmix-x"]),
+    ("data", ["prepare", "--out", "{dangling}"]),
     # ---- train lm (engineer B's items among them)
     ("train", ["lm", "--preset", "nosuch", "--out", "{tmp}/tr1"]),
     ("train", ["lm", "--layers", "pow2,mamba9", "--out", "{tmp}/tr2"]),
@@ -167,6 +178,24 @@ CASES: list[tuple[str, list[str]]] = [
     ("train", ["lm", "--resume", "{notrun}"]),
     ("train", ["lm", "--resume", "{cfg_d_model}"]),
     ("train", ["lm", "--resume", "{cfg_json}"]),
+    ("train", ["lm", "--config", "{deep}", "--out", "{tmp}/tr15"]),
+    ("train", ["lm", "--config", "{bigint}", "--out", "{tmp}/tr16"]),
+    ("train", ["lm", "--resume", "{cfg_deep}"]),
+    ("train", ["lm", "--resume", "{latest_deep}"]),
+    ("train", ["lm", "--resume", "{latest_list}"]),
+    ("train", ["lm", "--set", "model.mixer_overrides.pow2.chunk_size=" + "[" * 100000, "--out", "{tmp}/tr17"]),
+    ("train", ["lm", "--preset", "tiny", "--set", "model.max_seq_len=-1", "model.positions=learned",
+               "--print-config"]),
+    ("train", ["lm", "--preset", "tiny", "--set", "model.max_seq_len=-1", "model.positions=learned",
+               "--out", "{tmp}/tr18"]),
+    ("train", ["lm", "--preset", "tiny", "--set", "model.max_seq_len=16", "model.positions=learned",
+               "train.seq_len=64", "--out", "{tmp}/tr19"]),
+    ("train", ["lm", "--preset", "tiny", "--set", "train.seq_len=100000000", "--out", "{tmp}/tr20"]),
+    ("train", ["lm", "--preset", "tiny", "--set", "train.threads=100000000000", "--out", "{tmp}/tr21"]),
+    ("train", ["lm", "--preset", "tiny", "--set", "train.batch_size=" + HUGE, "--out", "{tmp}/tr22"]),
+    ("train", ["lm", "--preset", "tiny", "--out", "{file}/x", "--print-config"]),
+    ("train", ["lm", "--preset", "tiny", "--out", "{dangling}", "--print-config"]),
+    ("train", ["lm", "--preset", "tiny", "--init-from", "{tmp}/no_run", "--print-config"]),
     # ---- generate
     ("generate", ["--run", "{run}", "--prompt", "hi", "--temperature", NAN]),
     ("generate", ["--run", "{run}", "--prompt", "hi", "--temperature", "inf"]),
@@ -190,6 +219,10 @@ CASES: list[tuple[str, list[str]]] = [
     ("generate", ["--run", "{cfg_layers}", "--prompt", "hi"]),
     ("generate", ["--run", "{cfg_seq_len}", "--prompt", "hi"]),
     ("generate", ["--run", "{cfg_overrides}", "--prompt", "hi"]),
+    ("generate", ["--run", "{cfg_deep}", "--prompt", "hi"]),
+    ("generate", ["--run", "{latest_deep}", "--prompt", "hi"]),
+    ("generate", ["--run", "{latest_list}", "--prompt", "hi"]),
+    ("generate", ["--run", "{escape}", "--prompt", "hi"]),
     # ---- eval
     ("eval", ["--run", "{tmp}/no_run"]),
     ("eval", ["--run", "{file}"]),
@@ -200,6 +233,11 @@ CASES: list[tuple[str, list[str]]] = [
     ("eval", ["--run", "{cfg_d_model}"]),
     ("eval", ["--run", "{cfg_vocab}"]),
     ("eval", ["--run", "{cfg_seq_len}"]),
+    ("eval", ["--run", "{cfg_deep}"]),
+    ("eval", ["--run", "{latest_deep}"]),
+    ("eval", ["--run", "{latest_list}"]),
+    ("eval", ["--run", "{escape}"]),
+    ("eval", ["--run", "{escape_link}"]),
     # ---- analyze
     ("analyze", ["matrix"]),
     ("analyze", ["matrix", "--mixer", "nope"]),
@@ -223,6 +261,15 @@ CASES: list[tuple[str, list[str]]] = [
     ("analyze", ["matrix", "--run", "{tmp}/no_run", "--text", "hi"]),
     ("analyze", ["matrix", "--run", "{notrun}", "--text", "hi"]),
     ("analyze", ["matrix", "--run", "{cfg_d_model}", "--text", "hi"]),
+    ("analyze", ["matrix", "--run", "{cfg_deep}", "--text", "hi"]),
+    ("analyze", ["matrix", "--run", "{escape}", "--text", "hi"]),
+    ("analyze", ["matrix", "--mixer", "pow2", "--out", "{file}/x"]),
+    ("analyze", ["matrix", "--mixer", "pow2", "--out", "/proc/tokenmix-x"]),
+    ("analyze", ["matrix", "--mixer", "pow2", "--out", "{dangling}"]),
+    ("analyze", ["cost", "--mixers", "pow2", "--out", "{file}/x"]),
+    ("analyze", ["cost", "--mixers", "pow2", "--out", "/proc/tokenmix-x"]),
+    ("analyze", ["cost", "--mixers", "pow2", "--out", "{dangling}"]),
+    ("analyze", ["cost", "--mixers", "pow2", "--heads", "5", "--out", "{tmp}/an1"]),
     ("analyze", ["cost", "--mixers", "pow2,nope"]),
     ("analyze", ["cost", "--mixers", ""]),
     ("analyze", ["cost", "--clock", "gpu"]),
@@ -250,6 +297,15 @@ CASES: list[tuple[str, list[str]]] = [
     ("analyze", ["norms", "--gram-iters", "-1"]),
     ("analyze", ["norms", "--gram-iters", HUGE]),
     ("analyze", ["norms", "--d-model", HUGE]),
+    ("analyze", ["norms", "--mixers", "pow2", "--heads", "5", "--out", "{tmp}/an2"]),
+    # ---- design: a folder only once the front is derived and the training checked
+    ("design", ["--n", "64", "--out", "{file}/x"]),
+    ("design", ["--n", "64", "--out", "/proc/tokenmix-x"]),
+    ("design", ["--n", "64", "--out", "{dangling}"]),
+    ("design", ["--n", "64", "--pattern", "nosuch", "--out", "{tmp}/ds1"]),
+    ("design", ["--n", "64", "--max-cache", "0", "--out", "{tmp}/ds2"]),
+    ("design", ["--n", "64", "--train", "copy", "--lr", NAN, "--out", "{tmp}/ds3"]),
+    ("design", ["--n", "64", "--train", "copy", "--device", "tpu", "--out", "{tmp}/ds4"]),
     # ---- report
     ("report", ["{tmp}/nothing"]),
     ("report", ["nosuch_preset"]),
@@ -257,6 +313,10 @@ CASES: list[tuple[str, list[str]]] = [
     ("report", ["{notrun}"]),
     ("report", ["{emptydir}"]),
     ("report", ["{run}", "--out", "{file}"]),
+    ("report", ["{run}", "--out", "{file}/x"]),
+    ("report", ["{run}", "--out", "/proc/tokenmix-x"]),
+    ("report", ["{run}", "--out", "{dangling}"]),
+    ("report", ["{cfg_deep}"]),
 ]
 
 # real processes, for hangs an in-process alarm might not interrupt (blocking opens, long C loops)
@@ -265,6 +325,15 @@ SUBPROCESS_CASES: list[list[str]] = [
     ["report", "{loop}", "--quiet"],
     ["patterns", "--pattern", "dense", "--n", HUGE],
     ["analyze", "expressivity", "--n", HUGE, "--out", "{tmp}/sp2"],
+    # run files that are FIFOs: refused, never opened (an open would wait for a writer forever)
+    ["eval", "--run", "{fifo_cfg}"],
+    ["generate", "--run", "{fifo_cfg}", "--prompt", "hi"],
+    ["analyze", "matrix", "--run", "{fifo_cfg}", "--text", "hi", "--out", "{tmp}/sp3"],
+    ["train", "lm", "--resume", "{fifo_cfg}"],
+    ["train", "lm", "--resume", "{fifo_metrics}", "--set", "train.max_steps=3"],
+    # export imports transformers (seconds): a real process with its longer limit
+    ["export", "--run", "{run}", "--hf", "/proc/tokenmix-x"],
+    ["export", "--run", "{run}", "--hf", "{dangling}"],
 ]
 
 CASES_TRIED = len(CASES) + len(SUBPROCESS_CASES)
@@ -304,7 +373,64 @@ def world(tmp_path_factory):
     shutil.copytree(run, root / "cfg_json")
     (root / "cfg_json" / "config.json").write_text("{not json")
     paths["cfg_json"] = root / "cfg_json"
+    _broken_run_files(root, run, paths)
     return root, cache, paths
+
+
+RAISING_PRESET = '''"""A preset file whose code fails."""
+settings = {"lr": 1e-3}
+raise RuntimeError("this preset is broken")
+'''
+RAISING_BUILD_PRESET = '''"""A preset file whose function fails."""
+
+
+def raising_build(extra_mixers=()):
+    return [1 / 0]
+'''
+
+
+def _broken_run_files(root: Path, run: Path, paths: dict) -> None:
+    """The placeholders of broken JSON, FIFOs, links out of a run, and failing preset files."""
+    deep = "[" * 100000 + "]" * 100000
+    paths["deep"], paths["bigint"] = root / "deep.json", root / "bigint.json"
+    paths["deep"].write_text(deep)
+    paths["bigint"].write_text('{"train": {"seed": 1' + "0" * 5000 + "}}")
+    os.symlink(root / "nowhere", root / "dangling")
+    paths["dangling"] = root / "dangling"
+    paths["raising"], paths["raising_build"] = root / "raising.py", root / "raising_build.py"
+    paths["raising"].write_text(RAISING_PRESET)
+    paths["raising_build"].write_text(RAISING_BUILD_PRESET)
+
+    def copy(name: str) -> Path:
+        paths[name] = shutil.copytree(run, root / name)
+        return paths[name]
+
+    (copy("cfg_deep") / "config.json").write_text(deep)
+    (copy("latest_deep") / "checkpoints" / "latest.json").write_text(deep)
+    for ckpt in (root / "latest_deep" / "checkpoints").glob("step_*"):
+        shutil.rmtree(ckpt)
+    (copy("latest_list") / "checkpoints" / "latest.json").write_text("[1, 2]")
+    for ckpt in (root / "latest_list" / "checkpoints").glob("step_*"):
+        (ckpt / "model.safetensors").unlink()
+    fifo_cfg = copy("fifo_cfg")
+    (fifo_cfg / "config.json").unlink()
+    os.mkfifo(fifo_cfg / ".pipe")
+    os.symlink(".pipe", fifo_cfg / "config.json")
+    fifo_metrics = copy("fifo_metrics")
+    (fifo_metrics / "metrics.jsonl").unlink()
+    os.mkfifo(fifo_metrics / "metrics.jsonl")
+    # another run's checkpoint, with the checksum latest.json records: never read by this run
+    escape = root / "escape"
+    (escape / "checkpoints").mkdir(parents=True)
+    for name in ("config.json", "tokenizer.json"):
+        shutil.copy(run / name, escape / name)
+    latest = json.loads((run / "checkpoints" / "latest.json").read_text())
+    (escape / "checkpoints" / "latest.json").write_text(json.dumps(
+        {**latest, "checkpoint": f"../../{run.name}/checkpoints/{latest['checkpoint']}"}))
+    paths["escape"] = escape
+    link = copy("escape_link") / "checkpoints" / latest["checkpoint"]
+    shutil.rmtree(link)
+    os.symlink(run / "checkpoints" / latest["checkpoint"], link)
 
 
 def _fill(argv: list[str], paths: dict) -> list[str]:

@@ -66,6 +66,21 @@ def test_export_folder_holds_weights_config_and_tokenizer(exported):
             assert torch.equal(weights[f"model.net.{k}"], v), k
 
 
+def test_export_writes_a_model_card(exported):
+    """README.md in the folder: what the model is (parameters, every layer's mixer and (A, B) form),
+    its training data, its measured results from the run's summary, how to load it, the version."""
+    run, out = exported
+    card = (out / "README.md").read_text()
+    summary = json.loads((run / "summary.json").read_text())
+    trained = json.loads((run / "config.json").read_text())
+    assert card.startswith("---\nlibrary_name: transformers")
+    for name in trained["model"]["layers"]:
+        assert f"`{name}`" in card
+    assert f"{summary['val_ppl']:.2f}" in card and f"{summary['bigram_ppl']:.2f}" in card
+    assert trained["data"]["corpus"] in card and "AutoModelForCausalLM.from_pretrained" in card
+    assert "tokenmix_heldout" in card and "Written by tokenmix " in card
+
+
 def test_a_fresh_process_loads_the_export_after_import_tokenmix(exported, tmp_path):
     """Only ``import tokenmix``, then transformers' own classes, offline. ``PreTrainedModel`` is
     imported first on purpose: it loads transformers' auto classes half-way through its own module,

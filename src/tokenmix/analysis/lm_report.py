@@ -29,6 +29,7 @@ import numpy as np
 from tokenmix.analysis.outputs import markdown_table, new_figure, prepare_out_dir, save_figure
 from tokenmix.analysis.report import REPORT_DIR_NAME, figure_html, html_page, html_table
 from tokenmix.core.errors import InputError
+from tokenmix.core.files import read_json, read_text_file
 from tokenmix.data.prepare import PreparedData
 from tokenmix.data.tokenizer import separator_id
 from tokenmix.generation import SamplingConfig, generate, position_limit
@@ -43,9 +44,11 @@ THROUGHPUT_WINDOW = 10   # steps a tokens/s point averages over (one step is too
 
 def is_lm_run(path: Path) -> bool:
     """Whether ``path`` is a folder ``train lm`` wrote: a config.json with metrics or checkpoints
-    next to it (a broken config.json still counts, so that the page refuses it in one line)."""
-    path = Path(path)
-    return (path / "config.json").is_file() and ((path / "metrics.jsonl").is_file() or (path / "checkpoints").is_dir())
+    next to it (a broken config.json, or one that is no regular file, still counts, so that the page
+    refuses it in one line)."""
+    path, config = Path(path), Path(path) / "config.json"
+    return ((config.exists() or config.is_symlink())
+            and ((path / "metrics.jsonl").exists() or (path / "checkpoints").is_dir()))
 
 
 # ----------------------------------------------------------------------------------------- figures
@@ -203,8 +206,12 @@ def _appendix(run_dir: Path, cfg: LMRunConfig, summary: dict) -> list[tuple[str,
         parts.append(("summary.json", json.dumps(summary, indent=1)))
     ckpt_root = run_dir / "checkpoints"
     latest = ckpt_root / "latest.json"
-    if latest.is_file():
-        parts.append(("checkpoints/latest.json", latest.read_text(errors="replace")))
+    if latest.exists() or latest.is_symlink():
+        try:
+            text = read_text_file(latest, "checkpoint record", max_bytes=1 << 16, within=run_dir, errors="replace")
+        except InputError as e:
+            text = str(e)
+        parts.append(("checkpoints/latest.json", text))
     try:
         ckpt, meta, _ = newest_valid_checkpoint(ckpt_root)
     except CheckpointError as e:
@@ -220,16 +227,16 @@ def _appendix(run_dir: Path, cfg: LMRunConfig, summary: dict) -> list[tuple[str,
 def build_lm_report(run_dir: str | Path, out_dir: str | Path | None = None) -> dict:
     """Write report.html (self-contained) and report.md (+ figures/) for an LM run; returns the paths."""
     run_dir = Path(run_dir)
-    cfg = read_run_config(run_dir)  # a broken config is refused before anything is written
+    cfg = read_run_config(run_dir)  # a broken config or metrics file is refused before anything is written
+    metrics = read_metrics(run_dir)
+    try:
+        summary = read_json(run_dir / "summary.json", "run summary", within=run_dir)
+    except InputError:
+        summary = {}
+    summary = summary if isinstance(summary, dict) else {}
     out = prepare_out_dir(Path(out_dir) if out_dir is not None else run_dir / REPORT_DIR_NAME, "report")
     fig_dir = out / "figures"
     fig_dir.mkdir(exist_ok=True)
-    metrics = read_metrics(run_dir)
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
-        summary = {}
-    summary = summary if isinstance(summary, dict) else {}
     bases = {r.get("event"): r for r in metrics if r.get("event") in ("baseline", "final_baseline")}
     final_base = bases.get("final_baseline") or bases.get("baseline") or {}
     steps = [r for r in metrics if "loss" in r]

@@ -18,7 +18,7 @@ matplotlib.use("Agg")  # files only, never a window; must precede pyplot
 import matplotlib.pyplot as plt  # noqa: E402
 
 from tokenmix.core.errors import InputError
-from tokenmix.core.files import atomic_path, atomic_write_text  # noqa: E402
+from tokenmix.core.files import atomic_path, atomic_write_text, check_output_dir, prepare_output_dir  # noqa: E402
 
 FIGURE_FORMATS = ("png", "svg")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -29,24 +29,24 @@ def default_out_dir(kind: str, root: str | os.PathLike = "runs") -> Path:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     base = Path(root) / f"analyze-{kind}-{stamp}"
     out, k = base, 1
-    while out.exists():
+    while out.exists() or out.is_symlink():
         k += 1
         out = Path(f"{base}-{k}")
-    out.mkdir(parents=True)
-    return out
+    return prepare_output_dir(out)
+
+
+def check_out_dir(path: str | os.PathLike | None) -> None:
+    """Refuse (InputError) an output folder that could not be made or written, creating nothing:
+    what every command that writes calls before its work (None: the default under ``runs/``)."""
+    check_output_dir(Path(path) if path is not None else Path("runs"))
 
 
 def prepare_out_dir(path: str | os.PathLike | None, kind: str) -> Path:
-    """Create (or reuse) the output folder; None -> :func:`default_out_dir`. Raises on a file path."""
+    """Create (or reuse) the output folder; None -> :func:`default_out_dir`. One InputError line when
+    it cannot be made or written (a file in the way, a dangling link, /proc, no permission)."""
     if path is None:
         return default_out_dir(kind)
-    out = Path(path)
-    if out.exists() and not out.is_dir():
-        raise InputError(f"output path '{out}' exists and is not a directory")
-    out.mkdir(parents=True, exist_ok=True)
-    if not os.access(out, os.W_OK):
-        raise InputError(f"output directory '{out}' is not writable")
-    return out
+    return prepare_output_dir(path)
 
 
 def check_formats(formats: Iterable[str]) -> tuple[str, ...]:

@@ -7,6 +7,10 @@ PNG figures are embedded (SVG only when no PNG of the same name exists). In the 
 is a base64 data URI, so the page references nothing outside itself; the Markdown copy references
 only the figures copied next to it (``figures/``).
 
+Only the run directory's own files are read: a symbolic link that leads out of it (to a file or a
+folder) is listed, never followed, and every file is read as a regular file of bounded size
+(``core.files``: a FIFO is never opened, a JSON file goes through the one guarded reader).
+
 A language-model run of ``tokenmix train lm`` gets its own page instead, written for a person
 rather than walked file by file: ``analysis/lm_report.py`` (it uses the helpers of this module).
 
@@ -18,6 +22,7 @@ from __future__ import annotations
 import base64
 import csv
 import html
+import io
 import json
 import re
 import shutil
@@ -29,6 +34,7 @@ from markdown_it import MarkdownIt
 
 from tokenmix.analysis.outputs import fmt_value, markdown_table, prepare_out_dir
 from tokenmix.core.errors import InputError, MissingInput
+from tokenmix.core.files import inside, read_json, read_regular_bytes, read_text_file
 
 MAX_EMBED_BYTES = 8 * 1024 * 1024   # larger files are listed, not embedded
 MAX_TABLE_ROWS = 300
@@ -89,9 +95,9 @@ def json_tables(data) -> list[tuple[str, list[dict]]]:
     return tables
 
 
-def csv_table(path: Path) -> list[dict]:
-    with path.open(newline="") as fh:
-        return list(csv.DictReader(fh))
+def csv_table(path: Path, within: Path | None = None) -> list[dict]:
+    text = read_text_file(path, "CSV file", max_bytes=MAX_EMBED_BYTES, within=within)
+    return list(csv.DictReader(io.StringIO(text, newline="")))
 
 
 def html_table(rows: Sequence[dict]) -> str:
@@ -108,19 +114,26 @@ def html_table(rows: Sequence[dict]) -> str:
 _ORDER = {".md": 0, ".json": 1, ".csv": 2, ".txt": 3, ".png": 4, ".svg": 5}
 
 
-def _section_files(folder: Path) -> list[Path]:
-    """Files of one folder: text first (Markdown, JSON, CSV), then figures, each by name."""
-    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp")]
+def _leaves(path: Path, root: Path | None) -> bool:
+    """Whether ``path`` is a symbolic link that leads out of the folder ``root`` (never followed)."""
+    return root is not None and path.is_symlink() and not inside(path, root)
+
+
+def _section_files(folder: Path, root: Path | None = None) -> list[Path]:
+    """Files of one folder: text first (Markdown, JSON, CSV), then figures, each by name; links out of
+    ``root`` and anything but regular files left out."""
+    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp")
+             and not _leaves(p, root)]
     return sorted(files, key=lambda p: (_ORDER.get(p.suffix.lower(), 9), p.name))
 
 
-def _is_bench_json(path: Path) -> bool:
+def _is_bench_json(path: Path, root: Path | None = None) -> bool:
     """A JSON file written by ``tokenmix bench`` (its top-level object names the benchmark)."""
+    if _leaves(path, root):
+        return False
     try:
-        if path.stat().st_size > MAX_EMBED_BYTES:
-            return False
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        data = read_json(path, "JSON file", max_bytes=MAX_EMBED_BYTES, within=root)
+    except InputError:
         return False
     return isinstance(data, dict) and isinstance(data.get("benchmark"), str)
 
@@ -145,10 +158,10 @@ def is_run_dir(path: Path) -> bool:
             seen += 1
             if seen > MARKER_SCAN_FOLDERS:
                 return False
-            if any((folder / m).is_file() for m in RUN_MARKERS):
+            if any((folder / m).is_file() and not _leaves(folder / m, path) for m in RUN_MARKERS):
                 return True
             try:
-                if any(p.suffix == ".json" and _is_bench_json(p) for p in folder.iterdir() if p.is_file()):
+                if any(p.suffix == ".json" and _is_bench_json(p, path) for p in folder.iterdir() if p.is_file()):
                     return True
             except OSError:
                 continue
@@ -174,8 +187,9 @@ def collect_sections(run_dir: Path, exclude: Path | None = None) -> tuple[list[t
     """(folder, its files) for run_dir and its sub-folders with files, and notes on what was left out.
 
     Skipped: ``exclude`` (the report being written), earlier reports (folders holding report.html),
-    hidden folders, symbolic links to folders (never followed: a link to a parent would loop), and
-    the children of a folder with more than ``MAX_CHILD_DIRS`` sub-folders (one folder per run of a
+    hidden folders, symbolic links to folders (never followed: a link to a parent would loop) and to
+    files outside ``run_dir`` (a run folder never lends another folder's files), and the children of
+    a folder with more than ``MAX_CHILD_DIRS`` sub-folders (one folder per run of a
     sweep: their results are in the sweep's own summary files).
     """
     sections, notes = [], []
@@ -187,11 +201,11 @@ def collect_sections(run_dir: Path, exclude: Path | None = None) -> tuple[list[t
         if folder != run_dir and (folder / "report.html").is_file():
             notes.append(f"{folder.relative_to(run_dir)}/ (an earlier report)")
             continue
-        files = _section_files(folder)
+        files = _section_files(folder, run_dir)
         if files:
             sections.append((folder, files))
         links = sorted(p for p in folder.iterdir() if p.is_symlink() and not p.name.startswith(".")
-                       and not p.is_file())
+                       and (not p.is_file() or _leaves(p, run_dir)))
         if links:
             notes.append(f"{', '.join(str(p.relative_to(run_dir)) for p in links)} (symbolic links, not followed)")
         children = _child_dirs(folder)
@@ -216,14 +230,17 @@ figure{margin:1em 0}figcaption{font-size:.85em;color:#555}
 """
 
 
-def image_uri(path: Path) -> str:
-    """A figure as a base64 data URI, so the HTML page references nothing outside itself."""
+def image_uri(path: Path, data: bytes | None = None) -> str:
+    """A figure (``data``: its bytes, else read from ``path``) as a base64 data URI, so the HTML page
+    references nothing outside itself."""
     mime = "image/png" if path.suffix.lower() == ".png" else "image/svg+xml"
-    return f"data:{mime};base64," + base64.b64encode(path.read_bytes()).decode("ascii")
+    data = data if data is not None else read_regular_bytes(path, "figure", max_bytes=MAX_EMBED_BYTES)
+    return f"data:{mime};base64," + base64.b64encode(data).decode("ascii")
 
 
-def figure_html(path: Path, caption: str) -> str:
-    return f'<figure><img src="{image_uri(path)}" alt="{_esc(path.name)}"><figcaption>{_esc(caption)}</figcaption></figure>'
+def figure_html(path: Path, caption: str, data: bytes | None = None) -> str:
+    return (f'<figure><img src="{image_uri(path, data)}" alt="{_esc(path.name)}">'
+            f"<figcaption>{_esc(caption)}</figcaption></figure>")
 
 
 def html_page(title: str, body: str) -> str:
@@ -264,15 +281,21 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: 
             if size > MAX_EMBED_BYTES:
                 skipped.append(f"{p.name} ({size} bytes, too large)")
                 continue
+            if suffix in (".md", ".txt", ".png", ".svg"):
+                try:  # a regular file of the run folder, read once (it may have changed since the listing)
+                    raw = read_regular_bytes(p, "file", max_bytes=MAX_EMBED_BYTES, within=run_dir)
+                except InputError:
+                    skipped.append(f"{p.name} (unreadable)")
+                    continue
+                text = raw.decode("utf-8", errors="replace")
             if suffix == ".md":
-                text = p.read_text(errors="replace")
                 h.append(markdown_to_html(text))
                 m += [re.sub(r"^(#{1,4}) ", r"#\1# ", ln) if ln.startswith("#") else ln for ln in text.splitlines()]
                 m.append("")
             elif suffix == ".json" and p.stem not in md_stems:
                 try:
-                    data = json.loads(p.read_text())
-                except (json.JSONDecodeError, UnicodeDecodeError):
+                    data = read_json(p, "JSON file", max_bytes=MAX_EMBED_BYTES, within=run_dir)
+                except InputError:
                     skipped.append(f"{p.name} (not valid JSON)")
                     continue
                 tables = json_tables(data)
@@ -286,21 +309,21 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: 
                     m += [f"### {label}", "", markdown_table(rows[:MAX_TABLE_ROWS]), ""]
             elif suffix == ".csv":
                 try:
-                    rows = csv_table(p)
-                except (csv.Error, UnicodeDecodeError):
+                    rows = csv_table(p, within=run_dir)
+                except (csv.Error, InputError):
                     skipped.append(f"{p.name} (not valid CSV)")
                     continue
                 h.append(f"<h3>{_esc(p.name)}</h3>" + html_table(rows))
                 m += [f"### {p.name}", "", markdown_table(rows[:MAX_TABLE_ROWS]), ""]
             elif suffix in (".png", ".svg") and not (suffix == ".svg" and p.stem in png_stems):
-                h.append(figure_html(p, p.name))
+                h.append(figure_html(p, p.name, raw))
                 n_figures += 1
                 prefix = "" if str(rel) == "." else re.sub(r"[^A-Za-z0-9_.-]", "_", str(rel)) + "-"
                 shipped = fig_dir / f"{n_figures:03d}-{prefix}{p.name}"
-                shutil.copyfile(p, shipped)
+                shipped.write_bytes(raw)
                 m += [f"![{p.name}](figures/{shipped.name})", ""]
             elif suffix == ".txt":
-                text = p.read_text(errors="replace")[:MAX_TEXT_CHARS]
+                text = text[:MAX_TEXT_CHARS]
                 h.append(f"<h3>{_esc(p.name)}</h3><pre>{_esc(text)}</pre>")
                 m += [f"### {p.name}", "", "```", text, "```", ""]
             elif not (suffix == ".svg" or (suffix == ".json" and p.stem in md_stems)):

@@ -13,17 +13,18 @@ checkpoint. Any other directory may hold the plain layout:
 from __future__ import annotations
 
 import dataclasses
-import json
 from pathlib import Path
 from typing import Callable
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import load_file
-from tokenizers import Tokenizer
 from torch import Tensor
 
 from tokenmix.core.errors import InputError, MissingInput
+from tokenmix.core.files import check_regular_file, read_json
 from tokenmix.data.prepare import DataConfig
+from tokenmix.data.tokenizer import load_tokenizer
 from tokenmix.models.model import MixerModel, ModelConfig
 from tokenmix.runs.lm import LMTrainConfig, check_field_types, load_run  # the LM run layout, with checkpoint verification
 
@@ -33,12 +34,13 @@ _SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": LMTrainConfig}
 
 def check_run_config(run_dir: str | Path) -> None:
     """The value types of a run's config.json (model, data and train sections), each field named
-    when wrong; a missing or unparsable file is left to the loader, which says so."""
+    when wrong; a missing file is left to the loader, which says so. The file is read by the one
+    guarded reader (``core.files.read_json``): a FIFO, a link out of the run folder, a file too large
+    or nested too deep is refused in one line, never waited on."""
     path = Path(run_dir) / "config.json"
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    if not Path(run_dir).is_dir() or not (path.exists() or path.is_symlink()):
         return
+    raw = read_json(path, "run config", within=run_dir)
     if not isinstance(raw, dict):
         raise InputError(f"'{path}' must hold a JSON object with model, data and train sections")
     for section, cls in _SECTIONS.items():
@@ -81,20 +83,25 @@ def load_run_model(run_dir: str | Path) -> tuple[MixerModel, Callable[[str], lis
     run = Path(run_dir)
     if not run.is_dir():
         raise MissingInput(f"run directory '{run}' does not exist")
-    if (run / "checkpoints" / "latest.json").is_file():
+    if (run / "checkpoints" / "latest.json").exists() or (run / "checkpoints" / "latest.json").is_symlink():
         check_run_config(run)
         loaded = load_run(run)
         return loaded.model, lambda text: loaded.tokenizer.encode(text).ids
     cfg_path = run / "config.json"
-    if not cfg_path.is_file():
+    if not (cfg_path.exists() or cfg_path.is_symlink()):
         raise MissingInput(f"run directory '{run}' has no config.json")
-    try:
-        raw = json.loads(cfg_path.read_text())
-    except json.JSONDecodeError as e:
-        raise InputError(f"{cfg_path} is not valid JSON: {e}") from None
+    raw = read_json(cfg_path, "run config", within=run)
+    if not isinstance(raw, dict):
+        raise InputError(f"'{cfg_path}' must hold a JSON object with the model's fields")
     cfg = _model_config(raw, cfg_path)
     model = MixerModel(cfg)
-    weights = load_file(str(_weights_file(run)))
+    weights_path = _weights_file(run)
+    check_regular_file(weights_path, "weights file", within=run)
+    try:
+        weights = load_file(str(weights_path))
+    except (SafetensorError, OSError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(f"weights file '{weights_path}' is unreadable ({why})") from None
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not (cfg.tie_weights and k == "head.weight")]
     if missing or unexpected:
@@ -102,8 +109,8 @@ def load_run_model(run_dir: str | Path) -> tuple[MixerModel, Callable[[str], lis
                          f"unexpected {unexpected[:3]})")
     model.eval()
     tok_path = run / "tokenizer.json"
-    if tok_path.is_file():
-        tok = Tokenizer.from_file(str(tok_path))
+    if tok_path.exists() or tok_path.is_symlink():
+        tok = load_tokenizer(tok_path, within=run)
         encode = lambda text: tok.encode(text).ids  # noqa: E731
     elif cfg.vocab_size >= 256:
         encode = lambda text: list(text.encode("utf-8"))  # noqa: E731

@@ -16,13 +16,13 @@ from tokenmix.analysis.accounting import CLOCKS, run_accounting
 from tokenmix.analysis.lm_report import build_lm_report, is_lm_run
 from tokenmix.analysis.matrices import analyze_matrix, build_analysis_mixer, check_dense_length, random_input
 from tokenmix.analysis.norms import run_norms
-from tokenmix.analysis.outputs import check_formats, json_text, prepare_out_dir, text_table
+from tokenmix.analysis.outputs import check_formats, check_out_dir, json_text, prepare_out_dir, text_table
 from tokenmix.analysis.report import check_run_dir
 from tokenmix.analysis.run_inputs import text_layer_input
 from tokenmix.cli.limits import check_size
 from tokenmix.cli.options import add_mixers_option, mixer_list
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.registry import get_mixer_spec, mixer_names
+from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
 from tokenmix.patterns import get_pattern
 from tokenmix.study.analysis_suite import report
 from tokenmix.study.paper import PAPER_ATTENTION, PAPER_PATTERNS
@@ -61,6 +61,14 @@ def _check_width(args) -> None:
     _positive([args.heads], "--heads")
     check_size("--d-model", args.d_model, lambda d: WIDTH_BYTES_PER_D2 * float(d) ** 2,
                "a mixer of this width (its d_model x d_model projections)")
+
+
+def _check_mixers_build(names, d_model: int, heads: int) -> None:
+    """Build each mixer once on the meta device (no memory, no time), so that its own checks of the
+    width and the heads refuse bad input before an output folder is made."""
+    for name in names:
+        with torch.device("meta"):
+            build_mixer(name, d_model, n_heads=heads)
 
 
 def _check_positive_channel(args) -> None:
@@ -197,6 +205,7 @@ def _finish(args, out_dir, rows, payload) -> int:
 
 def run_matrix(args) -> int:
     formats = check_formats(args.formats.split(","))
+    check_out_dir(args.out)
     heads = _head_list(args.show_heads)
     if args.run is not None and args.mixer is not None:
         raise InputError("give either --mixer NAME (random input) or --run DIR --text TEXT, not both")
@@ -262,12 +271,14 @@ def run_cost(args) -> int:
         check_size("--time-n", n, lambda m: TRAIN_BYTES_PER_POSITION_AND_WIDTH * width * m,
                    f"a forward+backward over n tokens at batch {args.batch} and d_model {args.d_model}")
     names = mixer_list(args.mixers)
-    out_dir = prepare_out_dir(args.out, "cost")
-    res = run_accounting(names, out_dir, formats=formats, progress=_progress(args), cache_ns=args.cache_n,
-                         time_ns=args.time_n, d_model=args.d_model, n_heads=args.heads, batch=args.batch,
-                         repeats=args.repeats, time_budget_s=args.time_budget, decode_budget_s=args.decode_budget,
-                         threads=args.threads, clock=args.clock, min_time_s=args.min_time,
-                         keep_memory=not args.return_memory, seed=args.seed)
+    check_out_dir(args.out)
+    _check_mixers_build(names, args.d_model, args.heads)
+    with _out_dir(args.out, "cost") as out_dir:
+        res = run_accounting(names, out_dir, formats=formats, progress=_progress(args), cache_ns=args.cache_n,
+                             time_ns=args.time_n, d_model=args.d_model, n_heads=args.heads, batch=args.batch,
+                             repeats=args.repeats, time_budget_s=args.time_budget,
+                             decode_budget_s=args.decode_budget, threads=args.threads, clock=args.clock,
+                             min_time_s=args.min_time, keep_memory=not args.return_memory, seed=args.seed)
     return _finish(args, out_dir, res["summary"], {"summary": res["summary"], "threads": res["threads"]})
 
 
@@ -303,14 +314,15 @@ def run_expressivity_cmd(args) -> int:
         bad = [n for n in args.n if not 0 < args.offset < n]
         if bad:
             raise InputError(f"--offset {args.offset} must be in [1, n) for every n; fails for n = {bad}")
-    out_dir = prepare_out_dir(args.out, "expressivity")
+    check_out_dir(args.out)
     kwargs = {}
     if args.path_limit is not None:
         kwargs["path_limit"] = args.path_limit
     if args.operator_limit is not None:
         kwargs["operator_limit"] = args.operator_limit
-    res = ex.run_expressivity(out_dir, formats=formats, patterns=patterns, mixers=mixers, ns=args.n,
-                              offset=args.offset, layers=args.layers, progress=_progress(args), **kwargs)
+    with _out_dir(args.out, "expressivity") as out_dir:
+        res = ex.run_expressivity(out_dir, formats=formats, patterns=patterns, mixers=mixers, ns=args.n,
+                                  offset=args.offset, layers=args.layers, progress=_progress(args), **kwargs)
     return _finish(args, out_dir, res["summary"], {"summary": res["summary"]})
 
 
@@ -323,14 +335,20 @@ def run_norms_cmd(args) -> int:
                          f"converged long before), got {args.gram_iters}")
     _check_width(args)
     names = mixer_list(args.mixers)
-    out_dir = prepare_out_dir(args.out, "norms")
-    res = run_norms(names, out_dir, n=args.n, gram_iters=args.gram_iters, d_model=args.d_model, n_heads=args.heads,
-                    seed=args.seed, formats=formats, progress=_progress(args))
+    check_out_dir(args.out)
+    _check_mixers_build(names or mixer_names(), args.d_model, args.heads)
+    with _out_dir(args.out, "norms") as out_dir:
+        res = run_norms(names, out_dir, n=args.n, gram_iters=args.gram_iters, d_model=args.d_model,
+                        n_heads=args.heads, seed=args.seed, formats=formats, progress=_progress(args))
     return _finish(args, out_dir, res["summary"], {"summary": res["summary"]})
 
 
 def run_report(args) -> int:
     names = [pr.name for pr in presets("analysis")]
+    if args.out is not None:  # before a preset runs or a page is made
+        check_out_dir(args.out)
+    if args.source in names and not Path(args.source).exists():  # a preset runs into runs/report-<preset>-<time>
+        check_out_dir(None)
     if is_lm_run(Path(args.source)):  # a `train lm` run: its own page (result, curves, generations)
         res = build_lm_report(args.source, args.out)
         print(f"report: {res['html']}")

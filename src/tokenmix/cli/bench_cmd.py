@@ -154,6 +154,9 @@ def _run_hf(args) -> int:
         if not out.parent.is_dir():
             raise InputError(f"--out '{out}': folder '{out.parent}' does not exist")
     check_size("--d-model", cfg.d_model, lambda d: hf_generate.weight_bytes(cfg, d), "the models' weights")
+    # the prompt alone first, so that a huge --prompt is named as the cause
+    check_size("--prompt", cfg.prompt, lambda n: DECODE_BYTES_PER_POSITION * float(cfg.layers)
+               * (n + 1) * cfg.d_model / 256, "the prompt's decode caches")
     check_size("--new-tokens", cfg.new_tokens, lambda n: DECODE_BYTES_PER_POSITION * float(cfg.layers)
                * (cfg.prompt + n) * cfg.d_model / 256, "the decode caches")
     result = hf_generate.run(cfg, lambda r: print(f"  {r['mixer']}: HF generate {r['hf_ms_per_token']:.3f} ms/token, "

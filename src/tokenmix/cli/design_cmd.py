@@ -13,7 +13,8 @@ from rich.console import Console
 from tokenmix.analysis.design import (DEFAULT_BASES, DEFAULT_MIX_BASES, DEFAULT_MIX_WINDOWS, DEFAULT_POWERS,
                                       DEFAULT_WINDOWS, FAMILIES, DesignRequest, DesignSpace, shown_rows, table_rows,
                                       value_list)
-from tokenmix.analysis.outputs import check_formats, json_text, prepare_out_dir, text_table
+from tokenmix.analysis.outputs import check_formats, json_text, text_table
+from tokenmix.core.files import check_output_dir
 from tokenmix.study.design import DesignTraining, run_design
 
 
@@ -84,7 +85,7 @@ def run(args) -> int:
                                   seeds=tuple(dict.fromkeys(args.seeds)), workers=args.workers, threads=args.threads,
                                   device=args.device, progress=not (args.quiet or args.json))
     formats = check_formats(args.formats.split(","))
-    out = prepare_out_dir(args.out or Path("runs") / f"design-n{req.n}", "design")
+    out = check_output_dir(args.out or Path("runs") / f"design-n{req.n}")  # made by run_design, once it has checked all
     say = None if (args.quiet or args.json) else (lambda msg: print(f"  {msg}", file=sys.stderr, flush=True))
     console = Console(stderr=True) if sys.stderr.isatty() else Console(stderr=True, width=160)
     result, files = run_design(req, out, training=training, formats=formats, plots=not args.no_plots,

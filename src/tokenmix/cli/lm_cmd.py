@@ -26,6 +26,7 @@ from pathlib import Path
 
 from tokenmix.analysis.run_inputs import check_run_config, check_text
 from tokenmix.core.errors import InputError
+from tokenmix.core.files import check_output_dir
 from tokenmix.data.prepare import prepare_data
 from tokenmix.data.tokenizer import check_vocab_size, separator_id
 from tokenmix.generation import SamplingConfig, generate, position_limit
@@ -33,7 +34,7 @@ from tokenmix.runs.lm import (DEVICES, LMRunConfig, apply_overrides, bigram_verd
                               read_config_file, read_run_config, resolve_device)
 from tokenmix.study.presets import presets
 from tokenmix.study.presets.lm import build_run_config
-from tokenmix.training.lm import RESUME_KEYS, evaluate_run, train_lm
+from tokenmix.training.lm import RESUME_KEYS, check_init_from, evaluate_run, train_lm
 
 
 def register(sub) -> None:
@@ -195,11 +196,15 @@ def resolved_train_config(args) -> tuple[LMRunConfig, Path | None]:
 
 def run_train_lm(args) -> int:
     cfg, run_dir = resolved_train_config(args)
+    if run_dir is None:
+        run_dir = _default_run_dir(cfg.data.corpus)
+    if args.resume is None:  # what training would refuse, --print-config refuses too
+        check_output_dir(run_dir, "run folder")
+        if args.init_from is not None:
+            check_init_from(args.init_from, cfg)
     if args.print_config:
         print(cfg.to_json())
         return 0
-    if run_dir is None:
-        run_dir = _default_run_dir(cfg.data.corpus)
     progress = False if args.no_progress else None
     train_lm(cfg, run_dir, resume=args.resume is not None, progress=progress, quiet=args.quiet,
              init_from=args.init_from)
@@ -211,6 +216,8 @@ def run_eval(args) -> int:
         raise InputError(f"--max-windows must be >= 0, got {args.max_windows}")
     if args.text is not None and args.split is not None:
         raise InputError("give either --split (a split of the run's data) or --text FILE, not both")
+    if args.text is not None and not args.text.strip():
+        raise InputError("--text is empty; give a text file or a folder of text files")
     if args.context is not None and args.context < 1:
         raise InputError(f"--context must be >= 1, got {args.context}")
     resolve_device(args.device)  # a missing CUDA is refused before the run is read

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Iterator
 
 from tokenmix.core.errors import InputError
+from tokenmix.core.files import read_text_file
 
 try:
     import fcntl
@@ -44,9 +45,9 @@ class FolderLocked(InputError):
 
 def _holder(path: Path) -> str:
     """Who holds the lock, from what it wrote into the file: "process PID (`tokenmix COMMAND`)"."""
-    try:
-        pid, _, what = path.read_text().strip().partition(" ")
-    except OSError:
+    try:  # a regular file only: whatever else sits at the lock's path is never waited on
+        pid, _, what = read_text_file(path, "lock file", max_bytes=4096, errors="replace").strip().partition(" ")
+    except InputError:
         return "another process"
     if not pid.isdigit():
         return "another process"
@@ -108,6 +109,13 @@ def _acquire_exclusive_file(path: Path, folder: Path, what: str, wait: bool) -> 
             time.sleep(0.2)
 
 
+def holds_lock(folder: str | os.PathLike, lock_file: str | os.PathLike | None = None) -> bool:
+    """Whether this process holds the lock of ``folder`` (``folder_lock``, same ``lock_file``) now:
+    what a caller checks before it removes what a killed writer left there."""
+    path = Path(lock_file) if lock_file is not None else Path(folder) / LOCK_NAME
+    return os.path.abspath(path) in _HELD
+
+
 @contextlib.contextmanager
 def folder_lock(folder: str | os.PathLike, what: str, *, lock_file: str | os.PathLike | None = None,
                 wait: bool = False) -> Iterator[Path]:
@@ -152,4 +160,4 @@ def folder_lock(folder: str | os.PathLike, what: str, *, lock_file: str | os.Pat
         os.close(fd)  # releases the flock
 
 
-__all__ = ["FolderLocked", "LOCK_NAME", "folder_lock"]
+__all__ = ["FolderLocked", "LOCK_NAME", "folder_lock", "holds_lock"]

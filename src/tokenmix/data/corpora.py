@@ -272,6 +272,8 @@ def record_documents(path: Path, name: str, text_field: str = DEFAULT_TEXT_FIELD
     builder = _record_format(path)
     if builder is None:
         raise CorpusError(f"'{path}' is not a record file ({', '.join(RECORD_FORMATS)})")
+    if _holds_nothing(path):  # no records (``datasets`` meets an empty file with a bare StopIteration)
+        return []
     column = _read_record_column(path, builder, text_field)
     width = max(6, len(str(len(column))))
     docs = []
@@ -353,6 +355,16 @@ def split_into_documents(text: str, name: str, doc_chars: int) -> list[Document]
     if buf:
         docs.append("".join(buf))
     return [Document(f"{name}#{i:05d}", d) for i, d in enumerate(docs)]
+
+
+def _holds_nothing(path: Path, peek: int = 1 << 20) -> bool:
+    """Whether a file is empty or, when small, only white space."""
+    size = path.stat().st_size
+    if size == 0:
+        return True
+    if size > peek or _record_format(path) == "parquet":
+        return False
+    return not path.read_bytes().strip()
 
 
 def _record_format(path: Path) -> str | None:

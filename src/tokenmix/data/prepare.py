@@ -26,9 +26,10 @@ from pathlib import Path
 import numpy as np
 
 from tokenmix.core.errors import InputError, MissingInput
+from tokenmix.core.files import check_output_dir, read_json
 from tokenmix.core.lock import folder_lock
 from tokenmix.data.corpora import CorpusError, Document, corpus_identity, default_cache_dir, load_corpus
-from tokenmix.data.tokenizer import encode_documents, load_tokenizer, separator_id, train_bpe
+from tokenmix.data.tokenizer import check_vocab_size, encode_documents, load_tokenizer, separator_id, train_bpe
 
 FORMAT_VERSION = 1
 SPLITS = ("train", "val", "test")
@@ -58,8 +59,7 @@ class DataConfig:
             raise InputError(f"data.doc_chars must be > 0, got {self.doc_chars}")
         if not isinstance(self.text_field, str) or not self.text_field:
             raise InputError(f"data.text_field must be a non-empty column name, got {self.text_field!r}")
-        if self.vocab_size < 257:
-            raise InputError(f"data.vocab_size must be >= 257 (256 bytes + separator), got {self.vocab_size}")
+        check_vocab_size(self.vocab_size, "data.vocab_size")
 
     def key(self) -> dict:
         """Everything the prepared arrays depend on (the text field is part of the corpus identity
@@ -74,11 +74,13 @@ class PreparedData:
     def __init__(self, directory: str | Path) -> None:
         self.dir = Path(directory)
         meta_path = self.dir / "meta.json"
-        if not meta_path.is_file():
+        if not (meta_path.exists() or meta_path.is_symlink()):
             raise MissingInput(f"'{self.dir}' is not a prepared data directory (no meta.json); "
                                     "run `tokenmix data prepare` first")
+        self.meta = read_json(meta_path, "prepared data description", within=self.dir)
         try:
-            self.meta = json.loads(meta_path.read_text())
+            if not isinstance(self.meta, dict) or not isinstance(self.meta.get("splits"), dict):
+                raise TypeError("not a JSON object with splits")
             self.dtype = np.dtype(self.meta["dtype"])
             self.vocab_size = int(self.meta["vocab_size"])
         except (ValueError, KeyError, TypeError) as e:
@@ -154,6 +156,7 @@ def prepare_data(cfg: DataConfig, verbose: bool = False, wait: bool = False,
     prepared = _reuse(target, key)
     if prepared is not None:
         return prepared
+    check_output_dir(target, "data folder")  # before the corpus is read and the tokenizer trained
     docs = load_corpus(cfg.corpus, cfg.doc_chars, text_field=cfg.text_field,
                        install_missing=install_missing)  # bad input is refused before anything is written
     splits = split_documents(docs, cfg.val_fraction, cfg.test_fraction)
@@ -170,7 +173,7 @@ def prepare_data(cfg: DataConfig, verbose: bool = False, wait: bool = False,
 
 def _reuse(target: Path, key: dict) -> PreparedData | None:
     """The prepared data at ``target`` if it was prepared with ``key``; None if there is none yet."""
-    if (target / "meta.json").is_file():
+    if (target / "meta.json").exists() or (target / "meta.json").is_symlink():
         data = PreparedData(target)
         if data.meta.get("key") != key:
             raise InputError(f"'{target}' holds data prepared with different settings ({_describe(data.meta.get('key'))}); "

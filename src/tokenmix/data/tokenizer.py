@@ -11,7 +11,8 @@ from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from tokenmix.core.errors import InputError, MissingInput
+from tokenmix.core.errors import InputError
+from tokenmix.core.files import read_text_file
 
 DOC_SEPARATOR = "<|endoftext|>"
 MIN_VOCAB = 257  # 256 byte symbols + the separator
@@ -20,6 +21,7 @@ MIN_VOCAB = 257  # 256 byte symbols + the separator
 # bounded before it is called: 2^24 entries reserve about 1.2 GB, and are 16x the largest
 # vocabularies in use.
 MAX_VOCAB = 2**24
+MAX_TOKENIZER_BYTES = 4 * 2**30  # a saved tokenizer of MAX_VOCAB entries (vocabulary and merges) stays below
 
 
 def check_vocab_size(vocab_size: int, name: str = "vocab_size") -> None:
@@ -52,14 +54,16 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
     return tok
 
 
-def load_tokenizer(path: str | Path) -> Tokenizer:
+def load_tokenizer(path: str | Path, within: str | Path | None = None) -> Tokenizer:
+    """The tokenizer saved at ``path``: a regular UTF-8 file (inside the folder ``within``, when given)
+    of at most ``MAX_TOKENIZER_BYTES`` that the tokenizers library reads; otherwise one InputError line."""
     path = Path(path)
-    if not path.is_file():
-        raise MissingInput(f"tokenizer file '{path}' does not exist")
+    text = read_text_file(path, "tokenizer file", max_bytes=MAX_TOKENIZER_BYTES, within=within)
     try:
-        return Tokenizer.from_file(str(path))
+        return Tokenizer.from_str(text)
     except Exception as e:  # the tokenizers library raises a bare Exception on malformed JSON
-        raise InputError(f"tokenizer file '{path}' is unreadable: {str(e).splitlines()[0]}") from None
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InputError(f"tokenizer file '{path}' is unreadable: {why}") from None
 
 
 def separator_id(tok: Tokenizer) -> int:

@@ -14,14 +14,16 @@ Two more things for tools that never ``import tokenmix`` (``lm_eval``, other peo
 ``configuration_tokenmix.py`` / ``modeling_tokenmix.py``, one-line modules that import the classes
 from the installed tokenmix, named by ``auto_map`` in config.json, so ``from_pretrained(OUT,
 trust_remote_code=True)`` loads it (no code of the model is copied: the installed tokenmix is the
-one implementation); and ``lm_eval_tasks/``, local lm-eval tasks on the run's held-out split
-(``hf/lm_eval.py``).
+one implementation); ``lm_eval_tasks/``, local lm-eval tasks on the run's held-out split
+(``hf/lm_eval.py``); and ``README.md``, the model card (``hf/model_card.py``: the model, its layers
+and mixers, training data, results, how to load it, the tokenmix version).
 
 The folder is written whole or not at all (``atomic_path``); an existing file, or a folder that is
 not empty, is refused rather than overwritten.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,10 +31,11 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from tokenmix.core.errors import InputError
-from tokenmix.core.files import atomic_path
+from tokenmix.core.files import atomic_path, check_output_dir
 from tokenmix.data.tokenizer import DOC_SEPARATOR, separator_id
 from tokenmix.hf.configuration import TokenmixConfig
 from tokenmix.hf.lm_eval import write_lm_eval_tasks
+from tokenmix.hf.model_card import model_card
 from tokenmix.hf.modeling import TokenmixForCausalLM
 from tokenmix.runs.lm import load_run, read_run_config
 
@@ -58,13 +61,18 @@ class ExportResult:
 
 
 def check_out_dir(out_dir: Path) -> None:
-    """Refuse an output that exists as a file or as a folder with something in it."""
+    """Refuse an output that exists as a file, a symbolic link or a folder with something in it, or
+    whose parent folder is missing or takes no new entries (``core.files.check_output_dir``)."""
+    if out_dir.is_symlink():
+        raise InputError(f"--hf '{out_dir}' is a symbolic link (to '{os.readlink(out_dir)}'); "
+                         "give a new or empty folder")
     if out_dir.is_file() or (out_dir.exists() and not out_dir.is_dir()):
         raise InputError(f"--hf '{out_dir}' is a file; give a new or empty folder")
     if out_dir.is_dir() and any(out_dir.iterdir()):
         raise InputError(f"--hf '{out_dir}' is a folder that is not empty; give a new or empty folder")
-    if not out_dir.parent.is_dir():
+    if not (out_dir.parent.exists() or out_dir.parent.is_symlink()):
         raise InputError(f"--hf '{out_dir}': its parent folder '{out_dir.parent}' does not exist")
+    check_output_dir(out_dir.parent, "the parent folder of --hf")
 
 
 def fast_tokenizer(tok, max_length: int | None = None) -> PreTrainedTokenizerFast:
@@ -98,4 +106,6 @@ def export_run(run_dir: str | Path, out_dir: str | Path) -> ExportResult:
         for name, text in SHIMS.items():
             (Path(tmp) / name).write_text(text)
         tasks = write_lm_eval_tasks(run, Path(tmp) / "lm_eval_tasks", out_dir / "lm_eval_tasks")
-    return ExportResult(out_dir, run.checkpoint, sum(p.numel() for p in model.parameters()), tuple(tasks))
+        parameters = sum(p.numel() for p in model.parameters())
+        (Path(tmp) / "README.md").write_text(model_card(run, run_dir, parameters, tuple(tasks)))
+    return ExportResult(out_dir, run.checkpoint, parameters, tuple(tasks))

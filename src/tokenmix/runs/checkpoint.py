@@ -16,9 +16,18 @@ Atomicity: a checkpoint is written into a temporary directory, flushed to disk, 
 point to it. A crash at any moment leaves ``latest.json`` naming a complete checkpoint, so a failed
 or killed run never damages the last good one. Older directories are pruned after the swap.
 
-Verification on load: the SHA-256 of meta.json (recorded in latest.json) and of every tensor file
-(recorded in meta.json) must match, and every tensor must have the shape of the model it is loaded
-into; anything else raises ``CheckpointError`` with one line saying what is wrong.
+Verification on load: latest.json and meta.json must have their fields of the right types, the
+SHA-256 of meta.json (recorded in latest.json) and of every tensor file (recorded in meta.json) must
+match, every tensor file's header must read as safetensors with the shapes meta.json records, and
+every tensor must have the shape of the model it is loaded into; anything else raises
+``CheckpointError`` with one line saying what is wrong. A run reads checkpoints of its own folder
+only: every file is a regular file that, symbolic links followed, lies inside the run folder (the
+parent of ``checkpoints/``), so a latest.json or a ``step_*`` link pointing at another run's weights
+is refused, never silently evaluated.
+
+Temporaries: a write killed midway leaves ``.step_*.<random>.tmp`` (and ``.latest.json.*.tmp``) in
+``checkpoints/``; ``remove_stale_temporaries`` deletes them when the run starts again, under the run
+folder's lock (held, nobody else can be writing them).
 
 Fallback: readers take ``newest_valid_checkpoint``, the newest checkpoint that verifies (latest.json's,
 else the next older ``step_*``), with a line for each newer one that did not; a resume from an
@@ -34,15 +43,20 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tokenmix.core.errors import InputError
-from tokenmix.core.files import atomic_path, atomic_write_json
+from tokenmix.core.files import (atomic_path, atomic_write_json, check_regular_file, inside, read_json,
+                                 remove_temporaries)
+from tokenmix.core.lock import holds_lock
 
 FORMAT_VERSION = 1
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
+CHECKPOINT_NAME = re.compile(r"step_(\d+)")
+MAX_RECORD_BYTES = 1 << 16        # latest.json: three fields
+MAX_META_BYTES = 64 << 20         # meta.json: a name and a shape per parameter, the optimizer's groups
 
 
 class CheckpointError(InputError):
@@ -118,35 +132,87 @@ def _prune(ckpt_root: Path, keep: int, latest: str) -> None:
     for old in dirs[:-keep] if keep > 0 else []:
         if old.name != latest:
             shutil.rmtree(old, ignore_errors=True)
-    for tmp in ckpt_root.glob(".tmp-*"):  # leftovers of killed runs
-        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _checkpoint_temporary(name: str) -> bool:
+    return CHECKPOINT_NAME.fullmatch(name) is not None or name == "latest.json"
+
+
+def remove_stale_temporaries(ckpt_root: Path) -> list[str]:
+    """Delete the temporaries that killed checkpoint writes left in ``ckpt_root`` (``.step_*.*.tmp``
+    folders, ``.latest.json.*.tmp`` files); returns a line per removal. The caller must hold the
+    run folder's lock (``core.lock.folder_lock`` of ``ckpt_root.parent``): with it held no live process
+    is writing there, so every temporary is stale."""
+    ckpt_root = Path(ckpt_root)
+    if not holds_lock(ckpt_root.parent):
+        raise RuntimeError(f"remove_stale_temporaries({ckpt_root}) needs the lock of {ckpt_root.parent}")
+    if not ckpt_root.is_dir() or ckpt_root.is_symlink():
+        return []
+    return [f"removed {p.name}, left in {ckpt_root} by a checkpoint write that did not finish"
+            for p in remove_temporaries(ckpt_root, _checkpoint_temporary)]
 
 
 # ------------------------------------------------------------------------------------------ reading
-def _latest_name(ckpt_root: Path) -> str | None:
+def _run_root(ckpt_root: Path) -> Path:
+    """The run folder whose files a checkpoint may consist of: the parent of ``checkpoints/``."""
+    return Path(ckpt_root).parent
+
+
+def _regular(path: Path, root: Path, what: str, max_bytes: int | None = None) -> None:
+    """``path`` is a regular file inside ``root`` (symbolic links followed), or CheckpointError."""
+    try:
+        check_regular_file(path, what, within=root, max_bytes=max_bytes)
+    except InputError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def read_latest(ckpt_root: Path) -> dict | None:
+    """latest.json's record, its fields checked (``checkpoint``: a ``step_N`` name in ``ckpt_root``;
+    ``step``: N; ``meta_sha256``: 64 hex digits); None when there is none; CheckpointError when it is
+    no regular file of the run, not JSON, or of another shape."""
+    ckpt_root = Path(ckpt_root)
     path = ckpt_root / "latest.json"
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         return None
     try:
-        return json.loads(path.read_text())["checkpoint"]
-    except (ValueError, KeyError, TypeError):
+        rec = read_json(path, "checkpoint record", max_bytes=MAX_RECORD_BYTES, within=_run_root(ckpt_root))
+    except InputError as e:
+        raise CheckpointError(f"{path} is corrupt: {e}") from None
+    if not isinstance(rec, dict):
+        raise CheckpointError(f"{path} is corrupt: it holds {type(rec).__name__}, not a JSON object")
+    name, step, sha = rec.get("checkpoint"), rec.get("step"), rec.get("meta_sha256")
+    if not isinstance(name, str) or CHECKPOINT_NAME.fullmatch(name) is None:
+        raise CheckpointError(f"{path} is corrupt: 'checkpoint' must name a step_N folder of {ckpt_root}, "
+                              f"got {_shown(name)}")
+    if not isinstance(step, int) or isinstance(step, bool) or step != int(name[5:]):
+        raise CheckpointError(f"{path} is corrupt: 'step' must be the integer {int(name[5:])} of {name}, "
+                              f"got {_shown(step)}")
+    if not isinstance(sha, str) or re.fullmatch(r"[0-9a-f]{64}", sha) is None:
+        raise CheckpointError(f"{path} is corrupt: 'meta_sha256' must be 64 hex digits, got {_shown(sha)}")
+    return rec
+
+
+def _shown(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _latest_name(ckpt_root: Path) -> str | None:
+    try:
+        rec = read_latest(ckpt_root)
+    except CheckpointError:
         return None
+    return rec["checkpoint"] if rec is not None else None
 
 
 def latest_checkpoint(ckpt_root: Path) -> Path | None:
     """Directory named by latest.json, or None when there is no checkpoint yet."""
-    path = ckpt_root / "latest.json"
-    if not path.exists():
-        return None
-    try:
-        name = json.loads(path.read_text())["checkpoint"]
-    except (ValueError, KeyError, TypeError) as e:
-        raise CheckpointError(f"{path} is corrupt ({e})") from None
-    return ckpt_root / name
+    rec = read_latest(ckpt_root)
+    return Path(ckpt_root) / rec["checkpoint"] if rec is not None else None
 
 
 def _step_of(path: Path) -> int | None:
-    m = re.fullmatch(r"step_(\d+)", path.name)
+    m = CHECKPOINT_NAME.fullmatch(path.name)
     return int(m.group(1)) if m else None
 
 
@@ -164,7 +230,7 @@ def newest_valid_checkpoint(ckpt_root: Path) -> tuple[Path | None, dict | None, 
                   key=_step_of, reverse=True)
     candidates = dirs
     latest_path = ckpt_root / "latest.json"
-    if latest_path.exists():
+    if latest_path.exists() or latest_path.is_symlink():
         try:
             latest = latest_checkpoint(ckpt_root)
         except CheckpointError as e:
@@ -196,46 +262,103 @@ def recover_from(ckpt_root: Path, ckpt_dir: Path) -> list[str]:
         shutil.rmtree(aside, ignore_errors=True)
         bad.rename(aside)
         notes.append(f"moved the unusable checkpoint {bad.name} aside to {aside.name}")
-    meta = json.loads((ckpt_dir / "meta.json").read_text())
+    meta = read_json(ckpt_dir / "meta.json", "checkpoint metadata", max_bytes=MAX_META_BYTES,
+                     within=_run_root(ckpt_root))  # verified by the caller
     atomic_write_json(ckpt_root / "latest.json", {"checkpoint": ckpt_dir.name, "step": meta["step"],
                                                   "meta_sha256": _sha256(ckpt_dir / "meta.json")}, indent=1)
     return notes
 
 
 def read_checkpoint_meta(ckpt_dir: Path) -> dict:
-    """meta.json of a checkpoint after verifying every file's checksum."""
+    """meta.json of a checkpoint after verifying its fields, every file's checksum and every tensor
+    file's header (module docstring)."""
     ckpt_dir = Path(ckpt_dir)
+    root = _run_root(ckpt_dir.parent)
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"checkpoint directory {ckpt_dir} does not exist")
+    if not inside(ckpt_dir, root):
+        raise CheckpointError(f"checkpoint {ckpt_dir} is a symbolic link out of the run folder {root} (to "
+                              f"{ckpt_dir.resolve()}); a run reads only its own checkpoints")
     meta_path = ckpt_dir / "meta.json"
-    if not meta_path.is_file():
+    if not (meta_path.exists() or meta_path.is_symlink()):
         raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: meta.json is missing")
-    latest = ckpt_dir.parent / "latest.json"
-    if latest.is_file():
-        try:
-            rec = json.loads(latest.read_text())
-        except ValueError:
-            rec = {}
-        if rec.get("checkpoint") == ckpt_dir.name and rec.get("meta_sha256") != _sha256(meta_path):
-            raise CheckpointError(f"checkpoint {ckpt_dir}: meta.json does not match its recorded checksum "
-                                  "(corrupt or tampered)")
+    _regular(meta_path, root, "checkpoint metadata", MAX_META_BYTES)
     try:
-        meta = json.loads(meta_path.read_text())
-        files = meta["files"]
-        if meta.get("format") != FORMAT_VERSION:
-            raise CheckpointError(f"checkpoint {ckpt_dir} has format {meta.get('format')}, expected {FORMAT_VERSION}")
-    except (ValueError, KeyError, TypeError) as e:
-        if isinstance(e, CheckpointError):
-            raise
+        rec = read_latest(ckpt_dir.parent)
+    except CheckpointError:
+        rec = None
+    if rec is not None and rec["checkpoint"] == ckpt_dir.name and rec["meta_sha256"] != _sha256(meta_path):
+        raise CheckpointError(f"checkpoint {ckpt_dir}: meta.json does not match its recorded checksum "
+                              "(corrupt or tampered)")
+    try:
+        meta = read_json(meta_path, "checkpoint metadata", max_bytes=MAX_META_BYTES, within=root)
+    except InputError as e:
         raise CheckpointError(f"checkpoint {ckpt_dir}: meta.json is corrupt ({e})") from None
+    _check_meta(ckpt_dir, meta)
+    files = meta["files"]
     for f in CHECKPOINT_FILES:
         p = ckpt_dir / f
-        if not p.is_file():
+        if not (p.exists() or p.is_symlink()):
             raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: {f} is missing")
+        _regular(p, root, "checkpoint file")
         if _sha256(p) != files.get(f):
             raise CheckpointError(f"checkpoint {ckpt_dir}: {f} does not match its recorded checksum "
                                   "(truncated, corrupt or tampered)")
+    shapes = _tensor_shapes(ckpt_dir / "model.safetensors")
+    for f in CHECKPOINT_FILES[1:]:
+        _tensor_shapes(ckpt_dir / f)
+    if "shapes" in meta and shapes != {k: list(v) for k, v in meta["shapes"].items()}:
+        raise CheckpointError(f"checkpoint {ckpt_dir}: model.safetensors holds other tensors than meta.json "
+                              "records (corrupt or tampered)")
     return meta
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _check_meta(ckpt_dir: Path, meta) -> None:
+    """The fields of meta.json that loading reads, of the types ``save_checkpoint`` writes."""
+    def bad(why: str) -> CheckpointError:
+        return CheckpointError(f"checkpoint {ckpt_dir}: meta.json is corrupt ({why})")
+
+    if not isinstance(meta, dict):
+        raise bad(f"it holds {type(meta).__name__}, not a JSON object")
+    if meta.get("format") != FORMAT_VERSION:
+        raise CheckpointError(f"checkpoint {ckpt_dir} has format {_shown(meta.get('format'))}, "
+                              f"expected {FORMAT_VERSION}")
+    step = meta.get("step")
+    if not _is_int(step) or step < 0:
+        raise bad(f"'step' must be a non-negative integer, got {_shown(step)}")
+    if _step_of(ckpt_dir) is not None and _step_of(ckpt_dir) != step:
+        raise bad(f"'step' is {step} in the folder of step {_step_of(ckpt_dir)}")
+    files = meta.get("files")
+    if not isinstance(files, dict) or not all(isinstance(files.get(f), str) for f in CHECKPOINT_FILES):
+        raise bad(f"'files' must map {', '.join(CHECKPOINT_FILES)} to their SHA-256")
+    groups = meta.get("param_groups")
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params", []), list)
+                                               for g in groups):
+        raise bad("'param_groups' must be a list of JSON objects")
+    shapes = meta.get("shapes", {})
+    if not isinstance(shapes, dict) or not all(isinstance(v, list) and all(_is_int(d) and d >= 0 for d in v)
+                                               for v in shapes.values()):
+        raise bad("'shapes' must map parameter names to lists of sizes")
+    if "tokens" in meta and not (_is_int(meta["tokens"]) and meta["tokens"] >= 0):
+        raise bad(f"'tokens' must be a non-negative integer, got {_shown(meta['tokens'])}")
+    pos = meta.get("data_position", {"epoch": 0, "cursor": 0})
+    if not isinstance(pos, dict) or not all(_is_int(pos.get(k)) and pos[k] >= 0 for k in ("epoch", "cursor")):
+        raise bad(f"'data_position' must hold non-negative integers epoch and cursor, got {_shown(pos)}")
+
+
+def _tensor_shapes(path: Path) -> dict[str, list[int]]:
+    """Names and shapes of a safetensors file from its header (no tensor is read); CheckpointError
+    when the header does not read, so that the next older checkpoint is taken instead."""
+    try:
+        with safe_open(str(path), framework="pt", device="cpu") as f:
+            return {k: list(f.get_slice(k).get_shape()) for k in f.keys()}
+    except (SafetensorError, OSError, ValueError) as e:
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise CheckpointError(f"{path} is unreadable ({why})") from None
 
 
 def _load_tensors(path: Path) -> dict[str, torch.Tensor]:

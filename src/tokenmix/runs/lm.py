@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import types
 import typing
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -32,6 +33,7 @@ import torch
 
 from tokenmix.core.memory import available_memory
 from tokenmix.core.errors import InputError, MissingInput
+from tokenmix.core.files import MAX_JSON_BYTES, parse_json, read_json, read_text_file
 from tokenmix.data.prepare import DataConfig
 from tokenmix.data.tokenizer import load_tokenizer
 from tokenmix.mixers.registry import get_mixer_spec
@@ -40,6 +42,7 @@ from tokenmix.models.model import Block
 from tokenmix.runs.checkpoint import CheckpointError, load_model_weights, newest_valid_checkpoint
 
 PARALLEL = ("ddp", "fsdp")
+MAX_THREADS = 1024   # train.threads at most: more than any machine has cores (torch accepts any count, then starts them)
 PRECISIONS = ("fp32", "bf16", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -89,6 +92,8 @@ class LMTrainConfig:
         for name in ("warmup_steps", "eval_windows", "final_eval_windows", "checkpoint_every", "threads", "grad_clip", "weight_decay"):
             if getattr(self, name) < 0:
                 raise InputError(f"train.{name} must be >= 0, got {getattr(self, name)}")
+        if self.threads > MAX_THREADS:
+            raise InputError(f"train.threads must be <= {MAX_THREADS}, got {self.threads}")
         if self.lr <= 0:
             raise InputError(f"train.lr must be > 0, got {self.lr}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
@@ -117,7 +122,11 @@ class LMRunConfig:
     train: LMTrainConfig = field(default_factory=LMTrainConfig)
 
     def __post_init__(self) -> None:
+        check_model_ranges(self.model)
         check_mixer_overrides(self.model)
+        if self.model.positions == "learned" and self.train.seq_len > self.model.max_seq_len:
+            raise InputError(f"train.seq_len={self.train.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}, "
+                             "where the learned positions stop; raise model.max_seq_len or lower train.seq_len")
 
     def to_dict(self) -> dict:
         return {s: _section_dict(getattr(self, s)) for s in ("model", "data", "train")}
@@ -168,34 +177,45 @@ def merge_config(base: LMRunConfig, d: Any, where: str) -> LMRunConfig:
 
 def read_config_file(path: str | Path) -> dict:
     """The JSON document of a config file (``--config``), refused in one line when it is missing,
-    not UTF-8 or not JSON."""
-    path = Path(path)
-    if not path.exists():
-        raise MissingInput(f"config file '{path}' does not exist")
-    if not path.is_file():
-        raise InputError(f"config file '{path}' is not a regular file")
-    try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError:
-        raise InputError(f"config file '{path}' is not UTF-8 text") from None
-    except json.JSONDecodeError as e:
-        raise InputError(f"config file '{path}' is not valid JSON ({e})") from None
+    no regular file, not UTF-8 or not JSON (``core.files.read_json``)."""
+    return read_json(path, "config file")
+
+
+def check_model_ranges(model: ModelConfig) -> None:
+    """The ranges of the ModelConfig fields its own checks leave open (a config.json edited by hand,
+    ``--set``): refused here, before a model is built, rather than by torch halfway through a run."""
+    if model.max_seq_len < 1:
+        raise InputError(f"model.max_seq_len must be >= 1, got {model.max_seq_len}")
 
 
 def check_mixer_overrides(model: ModelConfig) -> None:
     """Every ``model.mixer_overrides`` entry names a mixer of ``model.layers`` and fields it has
     (an override nothing reads would be silently ignored)."""
     overrides = model.mixer_overrides
-    if not isinstance(overrides, dict):
-        raise InputError(f"model.mixer_overrides must be a dictionary (mixer name -> fields), got {overrides!r}")
+    check_override_types(overrides)
     for name, values in overrides.items():
-        get_mixer_spec(name)  # an unknown name: InputError naming it, with the known mixers
         if name not in model.layers:
             raise InputError(f"model.mixer_overrides.{name}: mixer '{name}' is not in model.layers "
                              f"({','.join(dict.fromkeys(model.layers))}), so the override would do nothing")
+        get_mixer_spec(name).make_config(**values)  # unknown fields or bad values: InputError
+
+
+def check_override_types(overrides: Any) -> None:
+    """Each ``model.mixer_overrides`` entry names a registered mixer (InputError naming the known
+    ones) and holds a dictionary whose values have the JSON types of that mixer's config fields, so
+    that a mixer config never compares a string with a number."""
+    if not isinstance(overrides, dict):
+        raise InputError(f"model.mixer_overrides must be a dictionary (mixer name -> fields), got {overrides!r}")
+    for name, values in overrides.items():
+        spec = get_mixer_spec(name)
         if not isinstance(values, dict):
             raise InputError(f"model.mixer_overrides.{name} must be a dictionary of config fields, got {values!r}")
-        get_mixer_spec(name).make_config(**values)  # unknown fields or bad values: InputError
+        hints = typing.get_type_hints(spec.config_cls)
+        for key, value in values.items():
+            tp = hints.get(key)
+            if tp is not None and not _has_type(value, tp):
+                shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+                raise InputError(f"model.mixer_overrides.{name}.{key} must be {_type_name(tp)}, got {shown}")
 
 
 # ------------------------------------------------------------------------------------ memory
@@ -249,6 +269,7 @@ def check_model_memory(model: dict[str, Any], bytes_per_param: int, what: str,
                        vocab_size: int | None = None) -> None:
     """Refuse (InputError) a model whose ``bytes_per_param`` bytes a parameter exceed the memory
     available; ``what`` says what those bytes are."""
+    check_override_types(model.get("mixer_overrides", {}))  # before a mixer is built from them
     params = estimate_parameters(model, vocab_size)
     avail = available_memory()
     if params is None or avail is None:
@@ -263,6 +284,18 @@ def check_model_memory(model: dict[str, Any], bytes_per_param: int, what: str,
                f"({bytes_per_param} bytes a parameter)" if math.isfinite(params) else "tensors too large to address"))
     raise InputError(f"model too large for this machine: {size}, but {avail / 2**30:,.1f} GiB of memory is "
                      "available; lower model.d_model, the layer count or the vocabulary size")
+
+
+def check_batch_memory(train: LMTrainConfig) -> None:
+    """Refuse (InputError) a global batch whose token ids alone (int64) exceed the memory available:
+    a lower bound of what a step needs, so that an absurd train.batch_size or train.seq_len is refused
+    before training rather than by the allocator."""
+    need = float(train.batch_size) * (train.seq_len + 1) * 8
+    avail = available_memory()
+    if avail is not None and need > avail:
+        raise InputError(f"train.batch_size={train.batch_size:,} windows of train.seq_len={train.seq_len:,} tokens "
+                         f"need about {need / 2**30:,.1f} GiB for their token ids alone, but {avail / 2**30:,.1f} GiB "
+                         "of memory is available; lower train.batch_size or train.seq_len")
 
 
 def _section_dict(obj: Any) -> dict:
@@ -289,10 +322,14 @@ def _has_type(value: Any, tp: Any) -> bool:
         return isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value)
     if origin is dict or tp is dict:
         return isinstance(value, dict)
+    if origin in (typing.Union, types.UnionType):
+        return any(value is None if arg is type(None) else _has_type(value, arg) for arg in typing.get_args(tp))
     return True
 
 
 def _type_name(tp: Any) -> str:
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join("null" if arg is type(None) else _type_name(arg) for arg in typing.get_args(tp))
     if typing.get_origin(tp) is tuple:
         return "a list of names"
     if typing.get_origin(tp) is dict or tp is dict:
@@ -339,7 +376,7 @@ def parse_value(text: str, tp: Any, key: str) -> Any:
         if origin is tuple:
             return tuple(s.strip() for s in text.split(",") if s.strip())
         if origin is dict or tp is dict:
-            value = json.loads(text)
+            value = parse_json(text, f"override {key}")
             if not isinstance(value, dict):
                 raise InputError(f"expected a JSON object, got '{text}'")
             return value
@@ -377,8 +414,8 @@ def apply_overrides(cfg: LMRunConfig, overrides: list[str]) -> LMRunConfig:
                 node[p] = dict(node.get(p, {}))
                 node = node[p]
             try:
-                node[parts[-1]] = json.loads(text)
-            except json.JSONDecodeError:
+                node[parts[-1]] = parse_json(text, f"override {key}")
+            except InputError:
                 node[parts[-1]] = text
             continue
         sections[sec][name] = parse_value(text, tp, key)
@@ -389,7 +426,9 @@ def apply_overrides(cfg: LMRunConfig, overrides: list[str]) -> LMRunConfig:
     for sec, values in sections.items():
         hints = typing.get_type_hints(section_cls[sec])
         built[sec] = section_cls[sec](**{k: _coerce_json(v, hints[k]) for k, v in values.items()})
-    return LMRunConfig(**built)
+    cfg = LMRunConfig(**built)
+    check_batch_memory(cfg.train)
+    return cfg
 
 
 def model_differences(a: ModelConfig, b: ModelConfig) -> list[str]:
@@ -438,16 +477,18 @@ def with_vocab(cfg: LMRunConfig, vocab_size: int) -> LMRunConfig:
 
 # ------------------------------------------------------------------------------------ reading runs
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The records of a run's metrics.jsonl; a line that is not a JSON object (the last line of a
-    killed run, cut mid-write) is skipped."""
+    """The records of a run's metrics.jsonl (none when there is no such file; one that is no regular
+    file of the run folder is refused); a line that is not a JSON object (the last line of a killed
+    run, cut mid-write) is skipped."""
     path = Path(run_dir) / "metrics.jsonl"
-    if not path.is_file():
+    if not (path.exists() or path.is_symlink()):
         return []
     out = []
-    for line in path.read_text(errors="replace").splitlines():
+    for line in read_text_file(path, "metrics file", max_bytes=MAX_JSON_BYTES, within=run_dir,
+                               errors="replace").splitlines():
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = parse_json(line, "a metrics record")
+        except InputError:
             continue
         if isinstance(rec, dict):
             out.append(rec)
@@ -471,12 +512,9 @@ def read_run_config(run_dir: str | Path) -> LMRunConfig:
     if not run_dir.is_dir():
         raise MissingInput(f"'{run_dir}' is not a run directory (it is a file, not a folder)")
     cfg_path = run_dir / "config.json"
-    if not cfg_path.is_file():
+    if not (cfg_path.exists() or cfg_path.is_symlink()):
         raise MissingInput(f"'{run_dir}' is not a run directory (no config.json)")
-    try:
-        return LMRunConfig.from_dict(json.loads(cfg_path.read_text()), str(cfg_path))
-    except json.JSONDecodeError as e:
-        raise InputError(f"'{cfg_path}' is not valid JSON ({e})") from None
+    return LMRunConfig.from_dict(read_json(cfg_path, "run config", within=run_dir), str(cfg_path))
 
 
 def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedRun:
@@ -491,7 +529,7 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
     model = MixerModel(cfg.model)
     meta = load_model_weights(ckpt, model)
     model.to(device).eval()
-    tok = load_tokenizer(run_dir / "tokenizer.json")
+    tok = load_tokenizer(run_dir / "tokenizer.json", within=run_dir)
     if tok.get_vocab_size() != cfg.model.vocab_size:
         raise InputError(f"'{run_dir}/tokenizer.json' has {tok.get_vocab_size()} tokens but the model "
                          f"{cfg.model.vocab_size}")
@@ -499,6 +537,7 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
 
 
 __all__ = ["LMRunConfig", "LMTrainConfig", "DataConfig", "LoadedRun", "ModelConfig", "apply_overrides",
-           "available_memory", "bigram_verdict", "check_mixer_overrides", "check_model_memory", "estimate_parameters",
-           "load_run", "merge_config", "model_differences", "parse_value", "read_config_file", "read_metrics",
-           "read_run_config", "resolve_device", "with_vocab"]
+           "available_memory", "bigram_verdict", "check_batch_memory", "check_mixer_overrides", "check_model_memory",
+           "check_model_ranges", "check_override_types", "estimate_parameters", "load_run", "merge_config",
+           "model_differences", "parse_value", "read_config_file", "read_metrics", "read_run_config", "resolve_device",
+           "with_vocab"]

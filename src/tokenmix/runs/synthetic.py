@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from tokenmix.core.errors import InputError
+from tokenmix.core.files import read_json
 from tokenmix.mixers.registry import get_mixer_spec
 from tokenmix.models import ModelConfig
 from tokenmix.tasks import TaskConfig, make_task
@@ -227,7 +228,7 @@ def load_result(out: Path, cfg: SyntheticRunConfig) -> dict[str, Any] | None:
     if not path.is_file():
         return None
     try:
-        res = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError):
+        res = read_json(path, "run result", within=out)
+    except InputError:  # a result cut mid-write or damaged: the run is not finished, train it again
         return None
-    return res if res.get("run_id") == cfg.run_id else None
+    return res if isinstance(res, dict) and res.get("run_id") == cfg.run_id else None

@@ -28,18 +28,19 @@ What this adds, and why it is built this way:
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 from tokenmix.analysis.design import DesignRequest, DesignResult, DesignRow, explore, write_outputs
-from tokenmix.analysis.outputs import FIGURE_FORMATS
+from tokenmix.analysis.outputs import FIGURE_FORMATS, prepare_out_dir
 from tokenmix.core.errors import InputError
 from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.study.presets import quick
 from tokenmix.study.theory import binding_window, pattern_recall_reads
 from tokenmix.tasks import make_task, task_names
-from tokenmix.training.synthetic import check_device, dataset, run_sweep, summarize
+from tokenmix.training.synthetic import check_device, dataset, run_sweep, summarize, validate_sweep
 
 CARRIER = "pow2"          # a registered structured-recurrence mixer; its pattern is overridden per candidate
 DEFAULT_LR = 3e-3         # quick's rate on every task (its only one on assoc_recall)
@@ -77,6 +78,9 @@ class DesignTraining:
             raise InputError(f"--workers must be >= 1, got {self.workers}")
         if self.threads < 1:
             raise InputError(f"--threads must be >= 1, got {self.threads}")
+        if not (isinstance(self.lr, (int, float)) and math.isfinite(self.lr) and self.lr > 0):
+            raise InputError(f"--lr must be a positive finite number, got {self.lr}")
+        check_device(self.device)
 
     @property
     def step_budget(self) -> int:
@@ -128,14 +132,23 @@ def run_config(row: DesignRow, training: DesignTraining, seed: int) -> Synthetic
     return SyntheticRunConfig(label=row.name, task=task, task_args=task_args, model=model, train=train, seed=seed)
 
 
-def train_top(result: DesignResult, training: DesignTraining, out: Path, console: Any = None) -> None:
-    """Train the top candidates under ``out/train`` (finished runs are skipped) and write their mean test
-    accuracy over seeds into the rows (``accuracy``, ``accuracy_std``, ``task``)."""
+def plan_training(result: DesignResult, training: DesignTraining) -> tuple[list[DesignRow], list[SyntheticRunConfig]]:
+    """The candidates ``train_top`` trains and their run configs, every one validated: what is
+    refused is refused before anything is written."""
     check_device(training.device)
     if training.task == "assoc_recall":
         attach_recall_ceilings(result, training)
     rows = pick_top(result, training.top)
-    configs = [run_config(r, training, s) for s in training.seeds for r in rows]
+    configs = validate_sweep([run_config(r, training, s) for s in training.seeds for r in rows])
+    return rows, configs
+
+
+def train_top(result: DesignResult, training: DesignTraining, out: Path, console: Any = None,
+              plan: tuple[list[DesignRow], list[SyntheticRunConfig]] | None = None) -> None:
+    """Train the top candidates under ``out/train`` (finished runs are skipped) and write their mean test
+    accuracy over seeds into the rows (``accuracy``, ``accuracy_std``, ``task``); ``plan``: what
+    ``plan_training`` returned, when it was called already."""
+    rows, configs = plan if plan is not None else plan_training(result, training)
     outcome = run_sweep(configs, Path(out) / "train", workers=training.workers or 1, threads=training.threads,
                         progress=training.progress, console=console, device=training.device)
     by_label = {s["label"]: s for s in summarize(outcome.results)}
@@ -152,10 +165,13 @@ def run_design(req: DesignRequest, out: Path, *, training: DesignTraining | None
                formats: tuple[str, ...] = FIGURE_FORMATS, plots: bool = True,
                progress: Callable[[str], None] | None = None, console: Any = None) -> tuple[DesignResult, list[Path]]:
     """Explore, write the outputs, and with ``training`` train the top candidates and write them again
-    with the accuracy column (so a stopped training still leaves the front on disk)."""
+    with the accuracy column (so a stopped training still leaves the front on disk). ``out`` is made
+    only once the front is derived and the training planned and validated: bad input leaves nothing."""
     result = explore(req, progress)
+    plan = plan_training(result, training) if training is not None else None
+    out = prepare_out_dir(out, "design")
     files = write_outputs(result, out, formats, plots)
     if training is not None:
-        train_top(result, training, out, console)
+        train_top(result, training, out, console, plan)
         files = write_outputs(result, out, formats, plots)
     return result, files

@@ -3,6 +3,12 @@ DistributedDataParallel or FSDP (``fully_shard``) do the gradient traffic, ``tor
 collectives do the rest.
 
 A plain ``python``/``tokenmix`` launch is world size 1 and uses none of this.
+
+A rank never outlives its launcher: ``torchrun`` starts each rank in a session of its own, so a
+launcher killed outright (SIGKILL, an out-of-memory kill) takes no rank with it, and the ranks, which
+talk to each other and not to it, would train on. Each rank started by ``torchrun`` (its elastic
+agent, recognised by ``TORCHELASTIC_RUN_ID``) therefore ends when its parent does
+(``core/processes.py``).
 """
 from __future__ import annotations
 
@@ -14,6 +20,7 @@ import torch.distributed as dist
 from torch import nn
 
 from tokenmix.core.errors import InputError
+from tokenmix.core.processes import die_with_parent
 
 
 @dataclass
@@ -73,6 +80,8 @@ def setup_distributed(device: str = "auto") -> DistContext:
         torch.cuda.set_device(dev)
     if world <= 1:
         return DistContext(0, 1, 0, dev, False)
+    if "TORCHELASTIC_RUN_ID" in os.environ:  # a rank of torchrun: it stops when its launcher dies
+        die_with_parent(os.getppid())
     initialized_here = False
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if use_cuda else "gloo")

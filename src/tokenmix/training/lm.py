@@ -48,7 +48,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
-from tokenmix.core.files import atomic_copy, atomic_write_json, atomic_write_text
+from tokenmix.core.files import (MAX_JSON_BYTES, atomic_copy, atomic_write_json, atomic_write_text, check_output_dir,
+                                 check_regular_file, parse_json, read_json, read_text_file, remove_temporaries)
 from tokenmix.core.lock import folder_lock
 from tokenmix.data.corpora import path_documents
 from tokenmix.data.loader import DataPosition, TokenBatches, eval_windows, shard
@@ -57,9 +58,10 @@ from tokenmix.data.tokenizer import encode_documents, load_tokenizer, separator_
 from tokenmix.generation import position_limit
 from tokenmix.models import MixerModel
 from tokenmix.runs.checkpoint import (CheckpointError, load_model_weights, load_training_state,
-                                      newest_valid_checkpoint, recover_from, save_checkpoint)
-from tokenmix.runs.lm import (LMRunConfig, bigram_verdict, check_model_memory, load_run, model_differences,
-                              read_run_config, resolve_device, with_vocab)
+                                      newest_valid_checkpoint, recover_from, remove_stale_temporaries,
+                                      save_checkpoint)
+from tokenmix.runs.lm import (LMRunConfig, bigram_verdict, check_batch_memory, check_model_memory, load_run,
+                              model_differences, read_run_config, resolve_device, with_vocab)
 from tokenmix.training.distributed import DistContext, setup_distributed, wrap_model
 from tokenmix.training.optim import build_optimizer
 from tokenmix.training.schedule import warmup_cosine
@@ -67,6 +69,9 @@ from tokenmix.training.schedule import warmup_cosine
 # interpolation weights tried for the bigram; the best one on Shakespeare is 100-300 (a grid that stops at
 # the edge would leave the baseline weaker than it can be)
 BIGRAM_SMOOTHING_GRID = (0.01, 0.1, 1.0, 10.0, 30.0, 100.0, 300.0, 1000.0, 3000.0)
+# the files of a run folder train_lm writes atomically (core/files.py): their temporaries, left by a
+# killed run, are removed when the run starts again
+RUN_FILES = ("config.json", "tokenizer.json", "metrics.jsonl", "summary.json")
 # the overrides a resumed run accepts: extending its schedule. Everything else would make the resumed
 # steps differ from what the saved config says the run is (and break the bit-exact resume).
 RESUME_KEYS = ("train.max_steps",)
@@ -128,10 +133,10 @@ def bigram_baseline(train_ids: np.ndarray, windows: list[Tensor], vocab_size: in
 def native_bf16(device: torch.device) -> tuple[bool, str]:
     """Whether bf16 matmuls run natively (fast) on ``device``, and why.
 
-    On CPU only AMX-BF16 or AVX512-BF16 make bf16 autocast pay off (about 2.6x faster matmuls on a
-    Sapphire Rapids core); without them oneDNN emulates bf16 and a matmul runs one to two orders of
-    magnitude *slower* than fp32 (measured on an AVX2-only EPYC: 1 GFLOP/s against 50). The CPU flags
-    decide, not a timing, so every rank and every resume reach the same answer.
+    On CPU only AMX-BF16 or AVX512-BF16 make bf16 autocast pay off; without them oneDNN emulates
+    bf16 and a matmul runs one to two orders of magnitude *slower* than fp32 (the measurements:
+    docs/notes/design-measurements.md). The CPU flags decide, not a timing, so every rank and every
+    resume reach the same answer.
     """
     if device.type == "cuda":
         ok = torch.cuda.is_bf16_supported()
@@ -282,11 +287,14 @@ def _truncate_metrics(path: Path, last_step: int, keep_final: bool) -> None:
     if not path.is_file():
         return
     keep = []
-    for line in path.read_text().splitlines():
+    for line in read_text_file(path, "metrics file", max_bytes=MAX_JSON_BYTES, within=path.parent,
+                               errors="replace").splitlines():
         try:
-            rec = json.loads(line)
-        except ValueError:
+            rec = parse_json(line, "a metrics record")
+        except InputError:
             continue  # a line cut by the kill
+        if not isinstance(rec, dict):
+            continue
         step = rec.get("step", 0)
         if step < last_step or (step == last_step and (keep_final or rec.get("event") != "final")):
             keep.append(line)  # a final record at the checkpoint's step: the resumed run writes its own
@@ -331,6 +339,7 @@ def train_lm(cfg: LMRunConfig, run_dir: str | Path, resume: bool = False, progre
     on_cpu = tc.device == "cpu" or (tc.device == "auto" and not torch.cuda.is_available())
     check_model_memory({**_model_fields(cfg), "vocab_size": max(cfg.model.vocab_size, cfg.data.vocab_size)},
                        16 if on_cpu else 4, "weights, gradients and AdamW state" if on_cpu else "its fp32 weights")
+    check_batch_memory(tc)
     ctx = setup_distributed(tc.device)
     try:
         with _run_folder(run_dir, resume, ctx):
@@ -346,6 +355,12 @@ class _InitSource:
     config: LMRunConfig
     checkpoint: Path
     step: int
+
+
+def check_init_from(src: str | Path, cfg: LMRunConfig) -> None:
+    """Refuse (InputError) ``--init-from RUN`` for ``cfg`` as ``train_lm`` would, before anything is
+    prepared or written (``train lm --print-config`` checks it too)."""
+    _init_source(Path(src), cfg)
 
 
 def _init_source(src: Path, cfg: LMRunConfig) -> _InitSource:
@@ -401,6 +416,7 @@ def _run_folder(run_dir: Path, resume: bool, ctx: DistContext):
             raise InputError(f"'{run_dir}' exists and is not a folder; --out must name a new or existing run folder")
         if resume and not run_dir.is_dir():
             raise InputError(f"cannot resume: run directory '{run_dir}' does not exist")
+        check_output_dir(run_dir, "run folder")
         try:
             for p in reversed([run_dir, *run_dir.parents]):
                 if not p.exists():
@@ -409,6 +425,9 @@ def _run_folder(run_dir: Path, resume: bool, ctx: DistContext):
         except OSError as e:
             raise InputError(f"cannot create run folder '{run_dir}': {e.strerror or e}") from None
         lock.enter_context(folder_lock(run_dir, "train lm"))
+        # the lock is held: nobody else writes here, so what a killed run left half-written is stale
+        remove_stale_temporaries(run_dir / "checkpoints")
+        remove_temporaries(run_dir, lambda name: name in RUN_FILES)
 
     try:
         _on_main(ctx, enter)
@@ -425,7 +444,7 @@ def _run_folder(run_dir: Path, resume: bool, ctx: DistContext):
 def _tokens_differ(path: Path, data: PreparedData) -> bool:
     """Whether the tokenizer at ``path`` has other tokens than the prepared data's (unreadable: differs)."""
     try:
-        return load_tokenizer(path).get_vocab() != data.tokenizer.get_vocab()
+        return load_tokenizer(path, within=path.parent).get_vocab() != data.tokenizer.get_vocab()
     except InputError:
         return True
 
@@ -437,7 +456,7 @@ def _check_run_tokenizer(run_dir: Path, data: PreparedData, vocab_size: int) -> 
     path = run_dir / "tokenizer.json"
     source = data.tokenizer
     try:
-        tok = load_tokenizer(path)
+        tok = load_tokenizer(path, within=run_dir)
     except InputError as e:
         if source.get_vocab_size() != vocab_size:
             raise InputError(f"cannot resume: {e}, and the prepared data in {data.dir} has a {source.get_vocab_size()}"
@@ -452,8 +471,8 @@ def _check_run_tokenizer(run_dir: Path, data: PreparedData, vocab_size: int) -> 
 
 def _summary(run_dir: Path) -> dict | None:
     try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-    except (OSError, ValueError):
+        summary = read_json(run_dir / "summary.json", "run summary", within=run_dir)
+    except InputError:
         return None
     return summary if isinstance(summary, dict) else None
 
@@ -479,6 +498,12 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
     ckpt_root = run_dir / "checkpoints"
     start_ckpt, skipped = None, []
     if resume:
+        def check_metrics() -> None:  # appended to below: a FIFO there would block the open forever
+            metrics = run_dir / "metrics.jsonl"
+            if metrics.exists() or metrics.is_symlink():
+                check_regular_file(metrics, "metrics file", within=run_dir)
+        _on_main(ctx, check_metrics)
+
         def choose():
             ckpt, meta, skipped = newest_valid_checkpoint(ckpt_root)
             if ckpt is None:
@@ -530,6 +555,14 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
                 notes += recover_from(ckpt_root, start_ckpt)
             if restored:
                 notes.append(f"warning: {restored}")
+    # refused before config.json, tokenizer.json or metrics.jsonl is written: a context the splits cannot fill
+    train_ids = data.split("train")
+    TokenBatches(train_ids, tc.seq_len, tc.batch_size, tc.seed)
+    val_windows = eval_windows(data.split("val"), tc.seq_len, tc.eval_windows)
+    final_windows = (val_windows if tc.final_eval_windows == tc.eval_windows
+                     else eval_windows(data.split("val"), tc.seq_len, tc.final_eval_windows))
+    if not val_windows:
+        raise InputError("the validation split is empty; use a larger corpus or a larger data.val_fraction")
     if ctx.is_main:
         for note in notes:
             print(f"tokenmix: {note}", file=sys.stderr, flush=True)
@@ -539,13 +572,6 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
             atomic_write_json(run_dir / "config.json", cfg.to_dict(), indent=1)
             atomic_copy(data.dir / "tokenizer.json", run_dir / "tokenizer.json")
     ctx.barrier()
-
-    train_ids = data.split("train")
-    val_windows = eval_windows(data.split("val"), tc.seq_len, tc.eval_windows)
-    final_windows = (val_windows if tc.final_eval_windows == tc.eval_windows
-                     else eval_windows(data.split("val"), tc.seq_len, tc.final_eval_windows))
-    if not val_windows:
-        raise InputError("the validation split is empty; use a larger corpus or a larger data.val_fraction")
 
     torch.manual_seed(tc.seed)  # identical initial weights on every rank and in every run
     model = MixerModel(cfg.model).to(ctx.device)
@@ -750,6 +776,8 @@ def evaluate_run(run_dir: str | Path, split: str = "test", max_windows: int = 0,
     A context longer than training measures length extrapolation: position-free mixers and
     sinusoidal codes run at any length, learned positions stop at model.max_seq_len (refused).
     """
+    if text is not None and not str(text).strip():
+        raise InputError("--text is empty; give a text file or a folder of text files")
     cfg = read_run_config(run_dir)
     seq = cfg.train.seq_len if context is None else context
     if seq < 1:

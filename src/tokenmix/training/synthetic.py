@@ -16,7 +16,6 @@ sweep that has no result yet (so a killed sweep resumes where it stopped), in wo
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import math
 import multiprocessing as mp
@@ -24,8 +23,6 @@ import os
 import queue as queue_mod
 import signal
 import statistics
-import sys
-import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
@@ -40,6 +37,7 @@ from torch import Tensor
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_json, atomic_write_text, prepare_output_dir
 from tokenmix.core.lock import folder_lock
+from tokenmix.core.processes import die_with_parent
 from tokenmix.core.progress import Progress
 from tokenmix.models import MixerModel
 from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig, load_result, results_to_csv, run_dir
@@ -348,38 +346,17 @@ def _execute(cfg_dict: dict[str, Any], out: str, threads: int | None, progress_q
 
 # ------------------------------------------------------------------------------------ worker processes
 # A worker trains one run after another for the sweep's process and must never outlive it: killed
-# (SIGKILL, SIGTERM) or interrupted, the parent takes its workers with it. On Linux the kernel sends
-# the worker SIGKILL when its parent dies (PR_SET_PDEATHSIG; strictly, when the thread that started
-# it ends: run_sweep's caller, which waits in run_sweep until the pool is done); everywhere a watcher
-# thread in the worker ends it once its parent is gone (it is then reparented, so os.getppid()
-# changes). Ctrl-C reaches the whole process group: workers ignore it, and the parent stops them.
+# (SIGKILL, SIGTERM) or interrupted, the parent takes its workers with it (core/processes.py; the
+# thread that started the workers is run_sweep's caller, which waits in run_sweep until the pool is
+# done). Ctrl-C reaches the whole process group: workers ignore it, and the parent stops them.
 
 _PROGRESS_QUEUE: Any = None   # this worker's queue of progress counts (set by _worker_init)
-PARENT_POLL_SECONDS = 0.5
-
-
-def _die_with_parent(parent_pid: int) -> None:
-    if sys.platform.startswith("linux"):
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-        except (OSError, AttributeError):
-            pass  # the watcher below still covers it
-    if os.getppid() != parent_pid:  # the parent died before the line above
-        os._exit(1)
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(PARENT_POLL_SECONDS)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="tokenmix-parent-watch", daemon=True).start()
 
 
 def _worker_init(threads: int | None, progress_queue: Any = None, parent_pid: int | None = None) -> None:
     global _PROGRESS_QUEUE
     if parent_pid is not None:
-        _die_with_parent(parent_pid)
+        die_with_parent(parent_pid)
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it terminates its workers
     _PROGRESS_QUEUE = progress_queue
     if threads:

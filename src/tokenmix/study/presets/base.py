@@ -13,8 +13,10 @@ runs, and optionally ``DEFAULT_MIXERS`` and ``NOTES``; it is the user's code, ru
 """
 from __future__ import annotations
 
+import functools
 import importlib.util
 import sys
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -101,14 +103,48 @@ def load_preset_file(path: str | Path) -> Preset:
         raise InputError(f"cannot load preset file '{path}'")
     module = importlib.util.module_from_spec(spec)
     sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except InputError:
+        sys.modules.pop(mod_name, None)
+        raise
+    except Exception as e:  # the user's code failed: their error, in one line with its place
+        sys.modules.pop(mod_name, None)
+        raise _user_error(path, e, "loading it") from None
     fn = getattr(module, path.stem, None)
     if not callable(fn):
         raise InputError(f"preset file '{path}' defines no function '{path.stem}(extra_mixers=())'")
     doc = (module.__doc__ or "").strip().splitlines()
-    return Preset(name=path.stem, kind="compare", summary=doc[0] if doc else f"from {path}", build=fn,
+
+    @functools.wraps(fn)
+    def build(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except InputError:
+            raise
+        except Exception as e:
+            raise _user_error(path, e, f"{path.stem}()") from None
+
+    return Preset(name=path.stem, kind="compare", summary=doc[0] if doc else f"from {path}", build=build,
                   notes=getattr(module, "NOTES", ""), default_mixers=tuple(getattr(module, "DEFAULT_MIXERS", ())),
                   source=str(path))
+
+
+def _user_error(path: Path, error: Exception, when: str) -> InputError:
+    """A user's preset file failing as bad input: the exception's type and first line, at the line of
+    that file where it arose (the innermost frame in the file; a SyntaxError's own line)."""
+    target = path.resolve()
+    line = None
+    if isinstance(error, SyntaxError) and error.filename and Path(error.filename).resolve() == target:
+        line, text = error.lineno, error.msg
+    else:
+        for frame, lineno in traceback.walk_tb(error.__traceback__):
+            if Path(frame.f_code.co_filename).resolve() == target:
+                line = lineno
+        text = str(error)
+    text = next((t.strip() for t in str(text).splitlines() if t.strip()), "")
+    where = f"'{path}', line {line}" if line is not None else f"'{path}'"
+    return InputError(f"preset file {where}: {when} raised {type(error).__name__}" + (f": {text}" if text else ""))
 
 
 def compare_preset(spec: str) -> Preset:
