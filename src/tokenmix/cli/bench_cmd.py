@@ -6,7 +6,7 @@ import json
 import sys
 from pathlib import Path
 
-from tokenmix.bench import decode, mixers, solver, synthetic_step
+from tokenmix.bench import decode, mixers, solver
 from tokenmix.bench.lm import LMBenchConfig
 from tokenmix.bench.lm import run as run_lm_bench
 from tokenmix.cli.limits import check_size, fmt_bytes, memory_budget
@@ -14,6 +14,7 @@ from tokenmix.cli.options import add_mixers_option, mixer_list
 from tokenmix.core.errors import InputError, MissingDependency
 from tokenmix.core.files import atomic_write_text
 from tokenmix.mixers.registry import get_mixer_spec
+from tokenmix.study import step_bench
 from tokenmix.study.presets import compare_preset
 
 # memory models of the size checks (upper estimates of measured peaks, d_model 256 = 4 heads x 64):
@@ -100,9 +101,9 @@ def register(sub) -> None:
 def _run_step(args) -> int:
     names = mixer_list(args.mixers, default=["attention", "mamba2", "pow2", "sq1_ce"])
     envs = [e.strip() for e in args.environments.split(",") if e.strip()]
-    bad = [e for e in envs if e not in synthetic_step.ENVIRONMENTS]
+    bad = [e for e in envs if e not in step_bench.ENVIRONMENTS]
     if bad or not envs:
-        raise InputError(f"--environments: unknown {bad or envs}; use {', '.join(synthetic_step.ENVIRONMENTS)}")
+        raise InputError(f"--environments: unknown {bad or envs}; use {', '.join(step_bench.ENVIRONMENTS)}")
     for flag, v in (("--steps", args.steps), ("--repeats", args.repeats)):
         if v < 1:
             raise InputError(f"{flag} must be >= 1, got {v}")
@@ -115,7 +116,7 @@ def _run_step(args) -> int:
         if cfg is None:
             raise InputError(f"preset '{args.preset}' has no run of row '{name}'")
         configs.append(cfg)
-    print(json.dumps(synthetic_step.run(configs, args.steps, repeats=args.repeats, environments=envs,
+    print(json.dumps(step_bench.run(configs, args.steps, repeats=args.repeats, environments=envs,
                                         busy=args.busy, progress=_progress), indent=1))
     return 0
 

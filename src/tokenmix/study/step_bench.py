@@ -1,5 +1,6 @@
-"""``tokenmix bench step``: CPU and wall milliseconds of one training step of a synthetic-task run
-(a compare preset's run config: model, task, batch), each case in a fresh process.
+"""``tokenmix bench step``: CPU and wall milliseconds of one training step of a compare preset's run
+(its model, task and batch), each case in a fresh process. Here, not in ``bench/``, because it times
+``training.synthetic``'s own step on a preset's configs (benchmarks stay apart from training).
 
 Two environments per run config, timed in alternation:
     cli      what ``tokenmix compare`` gives a worker: OMP_WAIT_POLICY=PASSIVE set before torch
@@ -29,7 +30,7 @@ from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.training.optim import build_optimizer
 from tokenmix.training.synthetic import RUN_THREADS, dataset, train_step
 
-CASE_MODULE = "tokenmix.bench.synthetic_step"
+CASE_MODULE = "tokenmix.study.step_bench"
 ENVIRONMENTS = ("cli", "python")
 
 
