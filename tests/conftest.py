@@ -1,10 +1,9 @@
+"""Fixtures shared by the whole suite (the helpers tests import live beside this file: mixer_helpers.py,
+crosscheck_assertions.py, lm_helpers.py, tolerances.py; pytest puts this folder on the path)."""
 from __future__ import annotations
 
 import pytest
 import torch
-
-from tokenmix.checks.equivalence import small_mixer  # noqa: F401  (test-size mixer, chunk size 4)
-from tokenmix.mixers.registry import mixer_names
 
 
 @pytest.fixture(autouse=True)
@@ -13,4 +12,11 @@ def _deterministic():
     yield
 
 
-ALL_MIXERS = mixer_names()
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny tensors and tiny models run faster on one thread, and far faster on a loaded machine.
+    A module opts in with ``pytestmark = pytest.mark.usefixtures("one_thread")``."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -39,16 +39,6 @@ def val_losses(run_dir: Path) -> dict[int, float]:
     return {r["step"]: r["val_loss"] for r in recs if "val_loss" in r}
 
 
-def one_thread():
-    """Generator for a fixture: tiny models run faster on one thread, and far faster on a loaded machine."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
-
-
 @contextmanager
 def within(seconds: float):
     """Fail (instead of hanging the suite) when the block takes longer than ``seconds``."""

@@ -70,7 +70,7 @@ class StickBreakingAttention(RowAttention):
 
     config_cls = StickBreakingAttentionConfig
     # the generic matrix checks that y_t depends on x_t: with attend_current False, y_0 reads no key
-    # (it is 0 whatever x_0); tests/test_mixers_attention_2025.py covers attend_current False
+    # (it is 0 whatever x_0); tests/mixers/test_attention_family.py covers attend_current False
     test_overrides = {"attend_current": True}
 
     def __init__(self, config: StickBreakingAttentionConfig, d_model: int) -> None:

@@ -340,7 +340,7 @@ class StructuredRecurrence(Mixer):
         ``_fixed_distance_step``, ``_neighbor_set_step`` or ``_general_step``, which is also the
         arithmetic of every step that autograd records (the compiled reads never record): then the
         parameters, the segment's input or the cache require grad. The strategies compute the same
-        numbers up to rounding (tests/test_decode_fast_paths.py, in float64)."""
+        numbers up to rounding (tests/mixers/test_decode_strategies.py, in float64)."""
         b, t, _ = x.shape
         if state is None:
             state = self.empty_state(b, x.device, x.dtype)

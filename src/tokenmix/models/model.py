@@ -130,7 +130,7 @@ class RMSNorm(nn.RMSNorm):
 
     On CPU, torch's rms_norm is a composite of the same ops (x² mean, + eps, rsqrt, two products)
     plus dtype round trips and checks, about twice as many dispatches: at batch 1 (a decode step)
-    the dispatches are the cost. Bitwise equal to ``nn.RMSNorm`` (tests/test_decode_fast_paths.py);
+    the dispatches are the cost. Bitwise equal to ``nn.RMSNorm`` (tests/mixers/test_decode_strategies.py);
     with autograd the torch op runs, so training is unchanged.
     """
 

@@ -1,0 +1,72 @@
+"""Every independent cross-check registered in tokenmix.checks (``tokenmix check`` runs the same
+functions), found by discovery: the mixers come from the registry, the checks from their
+registrations (``register_crosscheck`` in the family's module ``checks/<family>.py``, imported by
+``load_all_crosschecks``).
+
+Each mixer of a family that has a checks module has at least one cross-check, registered in that
+module; each check states its reference and metric in its label, stays within its tolerance (NaN
+fails; no looser than the ceiling for its dtype), compares every mode of its mixer with the
+quantities it declares, and the ops it declares. The assertions live in tests/crosscheck_assertions.py
+(functions of a mixer name or a check), so tests/mixers/test_enrolment.py runs them on a mixer it registers.
+
+References: fla-core 0.6.0's pure-PyTorch naive.py files (loaded by path), torch SDPA, and explicit
+formulas (ChaCAL's dense inverse, H-LRU's per-channel loop, ...).
+"""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+import tokenmix.checks
+from crosscheck_assertions import assert_crosscheck_passes, assert_crosschecked, assert_declaration, family_slug
+from tokenmix.checks import CROSSCHECKS, CrossCheck, family_modules, load_all_crosschecks
+from tokenmix.checks.tolerances import CROSSCHECK_CEILING
+from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
+
+load_all_crosschecks()
+
+
+CHECKS = [pytest.param(check, id=f"{name}: {check.label}") for name in mixer_names()
+          for check in CROSSCHECKS.get(name, [])]
+
+
+@pytest.mark.parametrize("name", mixer_names())
+def test_mixer_of_a_checked_family_is_crosschecked(name):
+    assert_crosschecked(name)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_crosscheck_declaration(check):
+    assert_declaration(check)
+
+
+@pytest.mark.parametrize("check", CHECKS)
+def test_crosscheck_within_tolerance(check):
+    assert_crosscheck_passes(check)
+
+
+def test_every_registered_check_is_of_a_registered_mixer():
+    unknown = sorted(set(CROSSCHECKS) - set(mixer_names()))
+    assert not unknown, f"cross-checks registered for mixers that are not registered: {unknown}"
+
+
+def test_one_checks_module_per_family_named_for_it():
+    families = {get_mixer_spec(n).family for n in mixer_names()}
+    for family, module in family_modules().items():
+        assert family in families, f"{module.__name__} declares FAMILY = {family!r}, no registered mixer's family"
+        assert module.__name__ == f"tokenmix.checks.{family_slug(family)}", (module.__name__, family)
+        assert any(c.module == module.__name__ for checks in CROSSCHECKS.values() for c in checks), \
+            f"{module.__name__} registers no cross-check"
+
+
+def test_checks_modules_import_no_private_names_of_each_other():
+    package = Path(tokenmix.checks.__file__).parent
+    found = []
+    for path in sorted(package.glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tokenmix.checks"):
+                found += [f"{path.name}: {node.module}.{a.name}" for a in node.names if a.name.startswith("_")]
+    assert not found, f"private names imported across checks modules (make them public in checks/common.py): {found}"
