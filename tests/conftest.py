@@ -1,5 +1,6 @@
 """Fixtures shared by the whole suite (the helpers tests import live beside this file: mixer_helpers.py,
 crosscheck_assertions.py, lm_helpers.py, tolerances.py; pytest puts this folder on the path)."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,6 +1,7 @@
 """The assertions of the cross-check discovery, as functions of a mixer name or a check: the discovery
 test (tests/checks/test_crosschecks.py) runs them on every registered mixer, the enrolment test
 (tests/mixers/test_enrolment.py) on a mixer it registers itself."""
+
 from __future__ import annotations
 
 import re
@@ -27,11 +28,15 @@ def assert_crosschecked(name: str) -> list[CrossCheck]:
     module = family_modules().get(family)
     checks = CROSSCHECKS.get(name, [])
     if module is None:
-        assert not checks, (f"{name}: cross-checks registered in {sorted({c.module for c in checks})}, but its "
-                            f"family {family!r} has no checks module tokenmix.checks.{family_slug(family)}")
+        assert not checks, (
+            f"{name}: cross-checks registered in {sorted({c.module for c in checks})}, but its "
+            f"family {family!r} has no checks module tokenmix.checks.{family_slug(family)}"
+        )
         return checks
-    assert checks, (f"{name} (family {family!r}) has no registered cross-check: add one with "
-                    f"@register_crosscheck({name!r}, ...) in {module.__name__}")
+    assert checks, (
+        f"{name} (family {family!r}) has no registered cross-check: add one with "
+        f"@register_crosscheck({name!r}, ...) in {module.__name__}"
+    )
     misplaced = [f"{c.label} in {c.module}" for c in checks if c.module != module.__name__]
     assert not misplaced, f"{name}: cross-checks outside its family's module {module.__name__}: {misplaced}"
     return checks
@@ -43,8 +48,9 @@ def assert_declaration(check: CrossCheck) -> None:
     assert check.reference and check.metric and check.label == f"{check.reference} ({check.metric})", what
     dtype = check.metric.split()[0]
     if dtype in CROSSCHECK_CEILING:
-        assert check.tolerance <= CROSSCHECK_CEILING[dtype], \
+        assert check.tolerance <= CROSSCHECK_CEILING[dtype], (
             f"{what}: tolerance {check.tolerance:.0e} is looser than {CROSSCHECK_CEILING[dtype]:.0e} for {dtype}"
+        )
     else:
         assert not check.compares_modes, f"{what}: a check of the mixer's modes names its dtype in its metric"
 
@@ -65,7 +71,8 @@ def assert_crosscheck_passes(check: CrossCheck) -> None:
         assert not missing, f"{what}: modes/quantities not compared with the reference: {missing}"
     for impl in check.ops:
         op = re.compile(rf"(^| )op\.{re.escape(impl)}[.(]")
-        assert any(op.search(q) and q.endswith(".output") for q in errors), \
+        assert any(op.search(q) and q.endswith(".output") for q in errors), (
             f"{what}: op {impl} not compared with the reference"
+        )
     if check.op_states:
         assert any(re.search(r"(^| )op\.\S*\.state", q) for q in errors), f"{what}: no op final state compared"

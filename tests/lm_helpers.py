@@ -1,4 +1,5 @@
 """Shared helpers of the language-modelling tests: tiny runs in subprocesses, metrics reading."""
+
 from __future__ import annotations
 
 import json
@@ -42,6 +43,7 @@ def val_losses(run_dir: Path) -> dict[int, float]:
 @contextmanager
 def within(seconds: float):
     """Fail (instead of hanging the suite) when the block takes longer than ``seconds``."""
+
     def _raise(signum, frame):
         raise TimeoutError(f"no answer within {seconds} s")
 
@@ -60,9 +62,26 @@ def train_tiny_run(root: Path, main, *overrides: str, name: str = "run") -> Path
     old = os.environ.get("TOKENMIX_CACHE")
     os.environ["TOKENMIX_CACHE"] = str(root / "cache")
     try:
-        rc = main(["train", "lm", "--preset", "tiny", "--out", str(root / name), "--quiet", "--no-progress",
-                   "--set", "train.max_steps=2", "train.eval_every=2", "train.eval_windows=1",
-                   "train.final_eval_windows=1", "train.tensorboard=false", "train.threads=1", *overrides])
+        rc = main(
+            [
+                "train",
+                "lm",
+                "--preset",
+                "tiny",
+                "--out",
+                str(root / name),
+                "--quiet",
+                "--no-progress",
+                "--set",
+                "train.max_steps=2",
+                "train.eval_every=2",
+                "train.eval_windows=1",
+                "train.final_eval_windows=1",
+                "train.tensorboard=false",
+                "train.threads=1",
+                *overrides,
+            ]
+        )
     finally:
         if old is None:
             del os.environ["TOKENMIX_CACHE"]

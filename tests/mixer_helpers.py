@@ -1,4 +1,5 @@
 """The mixers every generic test runs over, and the test-size mixer they build."""
+
 from __future__ import annotations
 
 from tokenmix.checks.equivalence import small_mixer

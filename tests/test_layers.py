@@ -1,6 +1,7 @@
 """The package's floors: no import cycle, no import from a lower layer into a higher one, no tokenmix
 import hidden inside a function, and no two classes sharing a name (a reader must be able to tell
 which class an import brings)."""
+
 from __future__ import annotations
 
 import ast
@@ -11,9 +12,25 @@ import tokenmix
 
 PACKAGE = Path(tokenmix.__file__).parent
 # lower rank = lower floor; a module may import from its own package or a lower rank only
-RANK = {"core": 0, "patterns": 1, "tasks": 1, "data": 1, "ops": 2, "mixers": 3, "checks": 4, "models": 4,
-        "generation": 4, "runs": 5, "training": 6, "analysis": 6, "bench": 6, "hf": 6, "study": 7, "cli": 8,
-        "__main__": 9}
+RANK = {
+    "core": 0,
+    "patterns": 1,
+    "tasks": 1,
+    "data": 1,
+    "ops": 2,
+    "mixers": 3,
+    "checks": 4,
+    "models": 4,
+    "generation": 4,
+    "runs": 5,
+    "training": 6,
+    "analysis": 6,
+    "bench": 6,
+    "hf": 6,
+    "study": 7,
+    "cli": 8,
+    "__main__": 9,
+}
 # Modules that load transformers (the optional ``hf`` extra, seconds to import): the commands that
 # need them import them when they run, so every other command starts without it. Not a cycle dodge:
 # nothing below imports them. Any other import inside a function fails the test.
@@ -72,8 +89,14 @@ def _graph() -> dict[str, set[str]]:
     mods = _modules()
     known = set(mods)
     # a package's __init__ that imports its own children is its face, not an arrow
-    return {m: {t for t, _ in _imports(m, p.read_text(encoding="utf-8"), known, _package_of(m, p))
-                if not t.startswith(m + ".")} for m, p in mods.items()}
+    return {
+        m: {
+            t
+            for t, _ in _imports(m, p.read_text(encoding="utf-8"), known, _package_of(m, p))
+            if not t.startswith(m + ".")
+        }
+        for m, p in mods.items()
+    }
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -131,7 +154,9 @@ def hidden_imports(name: str, source: str, known: set[str], pkg: str) -> list[in
     lines = []
     for fn in ast.walk(ast.parse(source)):
         if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            lines += [n.lineno for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno in arrows]
+            lines += [
+                n.lineno for n in ast.walk(fn) if isinstance(n, (ast.Import, ast.ImportFrom)) and n.lineno in arrows
+            ]
     return lines
 
 
@@ -147,8 +172,11 @@ def test_imports_only_go_down_the_floors():
 def test_no_tokenmix_import_inside_a_function():
     mods = _modules()
     known = set(mods)
-    hidden = {m: lines for m, p in mods.items()
-              if (lines := hidden_imports(m, p.read_text(encoding="utf-8"), known, _package_of(m, p)))}
+    hidden = {
+        m: lines
+        for m, p in mods.items()
+        if (lines := hidden_imports(m, p.read_text(encoding="utf-8"), known, _package_of(m, p)))
+    }
     assert not hidden, hidden
 
 
@@ -164,12 +192,16 @@ def test_no_two_classes_share_a_name():
 
 def test_the_checks_see_planted_violations():
     """A cycle, an upward arrow, a same-floor arrow between floors kept apart, and a hidden import."""
-    assert cycles({"tokenmix.a.x": {"tokenmix.b.y"}, "tokenmix.b.y": {"tokenmix.a.x"}, "tokenmix.c": set()}) \
-        == [["tokenmix.a.x", "tokenmix.b.y"]]
-    assert upward_arrows({"tokenmix.core.operator": {"tokenmix.mixers.registry"},
-                          "tokenmix.analysis.report": {"tokenmix.training.lm"},
-                          "tokenmix.study.compare": {"tokenmix.training.synthetic"}}) \
-        == ["tokenmix.core.operator -> tokenmix.mixers.registry", "tokenmix.analysis.report -> tokenmix.training.lm"]
+    assert cycles({"tokenmix.a.x": {"tokenmix.b.y"}, "tokenmix.b.y": {"tokenmix.a.x"}, "tokenmix.c": set()}) == [
+        ["tokenmix.a.x", "tokenmix.b.y"]
+    ]
+    assert upward_arrows(
+        {
+            "tokenmix.core.operator": {"tokenmix.mixers.registry"},
+            "tokenmix.analysis.report": {"tokenmix.training.lm"},
+            "tokenmix.study.compare": {"tokenmix.training.synthetic"},
+        }
+    ) == ["tokenmix.core.operator -> tokenmix.mixers.registry", "tokenmix.analysis.report -> tokenmix.training.lm"]
     known = {"tokenmix.core.files", "tokenmix.study.paper"}
     src = "from tokenmix.core.files import atomic_path\n\ndef f():\n    from tokenmix.study.paper import PAPER_ROWS\n"
     assert hidden_imports("tokenmix.core.operator", src, known, "tokenmix.core") == [4]

@@ -1,4 +1,5 @@
 """Every Python snippet in README.md runs (catches documentation drift)."""
+
 from __future__ import annotations
 
 import re
@@ -35,9 +36,16 @@ def test_hugging_face_commands_run_as_written(tmp_path):
     lines = [line for line in HF_COMMANDS.group(1).splitlines() if line.strip()]
     assert [shlex.split(line)[0] for line in lines] == ["tokenmix", "tokenmix", "python", "lm_eval"]
     bindir = Path(sys.executable).parent
-    env = dict(os.environ, TOKENMIX_CACHE=str(tmp_path / "cache"), HF_HOME=str(tmp_path / "hf_home"),
-               HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
-               PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}")
+    env = dict(
+        os.environ,
+        TOKENMIX_CACHE=str(tmp_path / "cache"),
+        HF_HOME=str(tmp_path / "hf_home"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        OMP_NUM_THREADS="1",
+        PATH=f"{bindir}{os.pathsep}{os.environ.get('PATH', '')}",
+    )
     outputs = []
     for line in lines:
         done = subprocess.run(shlex.split(line), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)

@@ -26,6 +26,7 @@ The finder only wraps the loaders of ``transformers`` modules (a counter around 
 gives each module its own loader back once executed. A failure to register is a warning, never an
 error in the user's import of transformers.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -87,8 +88,9 @@ def _import_hf() -> None:
     except Exception as e:  # a transformers this code does not fit: the user's own import goes on
         import warnings
 
-        warnings.warn(f"tokenmix: could not register its models with transformers ({type(e).__name__}: {e})",
-                      stacklevel=2)
+        warnings.warn(
+            f"tokenmix: could not register its models with transformers ({type(e).__name__}: {e})", stacklevel=2
+        )
 
 
 if "transformers" in sys.modules:

@@ -15,6 +15,7 @@ run alone, and the decode steps the whole batch together.
 Sampling is per sequence: row i of a request uses its own generator seeded with ``seed + i``, so a
 prompt's continuation does not depend on which other prompts it was batched with.
 """
+
 from __future__ import annotations
 
 import math
@@ -32,9 +33,9 @@ from tokenmix.models import left_pad
 @dataclass(frozen=True)
 class SamplingConfig:
     max_new_tokens: int = 200
-    temperature: float = 0.8   # 0 = greedy
-    top_k: int = 0             # keep the k most likely tokens; 0 = all
-    top_p: float = 1.0         # keep the smallest set of tokens whose probability reaches p
+    temperature: float = 0.8  # 0 = greedy
+    top_k: int = 0  # keep the k most likely tokens; 0 = all
+    top_p: float = 1.0  # keep the smallest set of tokens whose probability reaches p
     seed: int = 0
     stop_token: int | None = None  # end a sequence when it samples this token (kept in the output)
 
@@ -84,8 +85,9 @@ def sample_next(logits: Tensor, cfg: SamplingConfig, generators: list[torch.Gene
     scaled = (logits32 - logits32.amax(-1, keepdim=True)) / cfg.temperature
     probs = torch.softmax(filter_logits(scaled, cfg.top_k, cfg.top_p), dim=-1)
     probs = probs.cpu()
-    return torch.stack([torch.multinomial(probs[i], 1, generator=generators[i])[0]
-                        for i in range(probs.shape[0])]).to(logits.device)
+    return torch.stack([torch.multinomial(probs[i], 1, generator=generators[i])[0] for i in range(probs.shape[0])]).to(
+        logits.device
+    )
 
 
 def position_limit(model) -> int | None:
@@ -103,8 +105,10 @@ def check_fits(model, prompt_len: int, max_new_tokens: int) -> None:
     """Refuse, before any work, a request that would run past the model's learned positions."""
     limit = position_limit(model)
     if limit is not None and prompt_len + max_new_tokens > limit:
-        raise InputError(f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds this model's learned "
-                         f"positions (max_seq_len={limit}); shorten the prompt or ask for fewer tokens")
+        raise InputError(
+            f"prompt of {prompt_len} tokens + {max_new_tokens} new tokens exceeds this model's learned "
+            f"positions (max_seq_len={limit}); shorten the prompt or ask for fewer tokens"
+        )
 
 
 @torch.no_grad()
@@ -114,8 +118,14 @@ def prefill(model, ids: Tensor, states: list[MixerState] | None = None) -> tuple
     return model(ids, states)
 
 
-def generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] | None = None,
-                   on_token: Callable[[int, int], None] | None = None, start: Tensor | None = None) -> Tensor:
+def generate_batch(
+    model,
+    prompt: Tensor,
+    cfg: SamplingConfig,
+    seeds: list[int] | None = None,
+    on_token: Callable[[int, int], None] | None = None,
+    start: Tensor | None = None,
+) -> Tensor:
     """Continue prompts [B, T] (T >= 1) by up to ``cfg.max_new_tokens`` tokens.
 
     ``start`` [B]: leading padding tokens of each row of a left-padded batch (``left_pad``); None
@@ -131,8 +141,14 @@ def generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] 
     return new.clone()
 
 
-def _generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int] | None,
-                    on_token: Callable[[int, int], None] | None, start: Tensor | None) -> Tensor:
+def _generate_batch(
+    model,
+    prompt: Tensor,
+    cfg: SamplingConfig,
+    seeds: list[int] | None,
+    on_token: Callable[[int, int], None] | None,
+    start: Tensor | None,
+) -> Tensor:
     if prompt.dim() != 2 or prompt.shape[1] == 0:
         raise InputError(f"prompt ids must be [B, T] with T >= 1, got {tuple(prompt.shape)}")
     b = prompt.shape[0]
@@ -164,8 +180,13 @@ def _generate_batch(model, prompt: Tensor, cfg: SamplingConfig, seeds: list[int]
     return torch.stack(out, 1)
 
 
-def generate(model, prompts: list[list[int]], cfg: SamplingConfig, device: torch.device | str = "cpu",
-             on_token: Callable[[int, int], None] | None = None) -> list[list[int]]:
+def generate(
+    model,
+    prompts: list[list[int]],
+    cfg: SamplingConfig,
+    device: torch.device | str = "cpu",
+    on_token: Callable[[int, int], None] | None = None,
+) -> list[list[int]]:
     """Continue prompts of any lengths as one left-padded batch; each equals its prompt run alone.
 
     Prompt i samples with seed ``cfg.seed + i``. ``on_token(i, id)`` streams tokens with the index
@@ -178,8 +199,14 @@ def generate(model, prompts: list[list[int]], cfg: SamplingConfig, device: torch
             raise InputError(f"prompt {i} is empty; give at least one token")
         check_fits(model, len(p), cfg.max_new_tokens)
     ids, start = left_pad(prompts, pad_id=0, device=device)
-    new = generate_batch(model, ids, cfg, seeds=[cfg.seed + i for i in range(len(prompts))], on_token=on_token,
-                         start=start if bool(start.any()) else None)
+    new = generate_batch(
+        model,
+        ids,
+        cfg,
+        seeds=[cfg.seed + i for i in range(len(prompts))],
+        on_token=on_token,
+        start=start if bool(start.any()) else None,
+    )
     results = []
     for seq in new.tolist():
         if cfg.stop_token is not None and cfg.stop_token in seq:

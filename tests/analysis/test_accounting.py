@@ -1,5 +1,6 @@
 """Cost and cache accounting: the measured decode cache equals the derivation for every registered mixer,
 derived slopes are the stated complexities, and the flag table flags exactly the departures."""
+
 from __future__ import annotations
 
 import json
@@ -10,11 +11,16 @@ import torch
 
 from mixer_helpers import ALL_MIXERS, small_mixer
 from tokenmix.analysis import accounting
-from tokenmix.analysis.accounting import (account_mixer, derived_costs, fit_loglog_slope, per_token_growth,
-                                          run_accounting, stated_slope)
+from tokenmix.analysis.accounting import (
+    account_mixer,
+    derived_costs,
+    fit_loglog_slope,
+    per_token_growth,
+    run_accounting,
+    stated_slope,
+)
 from tokenmix.analysis.outputs import PNG_SIGNATURE
 from tokenmix.mixers.registry import build_mixer
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -49,8 +55,10 @@ def test_derived_training_flops_sum_per_token_flops():
     assert abs(approx - exact) / exact < 1e-3
 
 
-@pytest.mark.parametrize("name,lo,hi", [("first_order", 0.99, 1.01), ("pow2", 1.05, 1.2), ("sq1", 1.4, 1.55),
-                                        ("dense_recurrence", 1.95, 2.05)])
+@pytest.mark.parametrize(
+    "name,lo,hi",
+    [("first_order", 0.99, 1.01), ("pow2", 1.05, 1.2), ("sq1", 1.4, 1.55), ("dense_recurrence", 1.95, 2.05)],
+)
 def test_derived_slopes_match_stated_complexity(name, lo, hi):
     m = build_mixer(name, 16, n_heads=2)
     # dense patterns cost O(t) per flops_per_token call; their slope is 2 at any length
@@ -79,6 +87,7 @@ def test_complexity_strings():
 def _patch_timing(monkeypatch, timing, log: list | None = None):
     """Stand ``timing(mixer, n) -> measurement`` in for LengthTimer (no real timing); ``log`` collects
     (n, mixer) per timed call, in call order."""
+
     class FakeTimer:
         def __init__(self, mixer, n, **kwargs):
             self.n, self.mixer, self.calls, self._r = n, mixer, 0, timing(mixer, n)
@@ -104,21 +113,37 @@ def _patch_timing(monkeypatch, timing, log: list | None = None):
 def _fake_timing(whole_exponent: float, mixing_exponent: float | None = None, seconds: float | None = None):
     """A stand-in for time_forward_backward: projections 1e-6 n, mixing 1e-7 n^mixing_exponent (or a
     whole time 1e-6 n^whole_exponent with no projection split when mixing_exponent is None)."""
+
     def timing(mixer, n, **kwargs):
         if mixing_exponent is None:
             t = seconds if seconds is not None else 1e-6 * n**whole_exponent
-            return {"n": n, "seconds": t, "median_seconds": t, "all_seconds": [t], "wall_seconds": t,
-                    "cpu_seconds": t}
+            return {"n": n, "seconds": t, "median_seconds": t, "all_seconds": [t], "wall_seconds": t, "cpu_seconds": t}
         proj, mix = 1e-6 * n, 1e-7 * n**mixing_exponent
-        return {"n": n, "seconds": proj + mix, "median_seconds": proj + mix, "all_seconds": [proj + mix],
-                "wall_seconds": proj + mix, "cpu_seconds": proj + mix, "projection_seconds": proj,
-                "mixing_seconds": mix}
+        return {
+            "n": n,
+            "seconds": proj + mix,
+            "median_seconds": proj + mix,
+            "all_seconds": [proj + mix],
+            "wall_seconds": proj + mix,
+            "cpu_seconds": proj + mix,
+            "projection_seconds": proj,
+            "mixing_seconds": mix,
+        }
+
     return timing
 
 
-@pytest.mark.parametrize("name,exponent,flagged", [("first_order", 1.0, False), ("first_order", 1.2, True),
-                                                   ("dense_recurrence", 1.5, False), ("dense_recurrence", 2.0, False),
-                                                   ("dense_recurrence", 0.8, True), ("dense_recurrence", 2.2, True)])
+@pytest.mark.parametrize(
+    "name,exponent,flagged",
+    [
+        ("first_order", 1.0, False),
+        ("first_order", 1.2, True),
+        ("dense_recurrence", 1.5, False),
+        ("dense_recurrence", 2.0, False),
+        ("dense_recurrence", 0.8, True),
+        ("dense_recurrence", 2.2, True),
+    ],
+)
 def test_whole_time_flag_follows_the_fitted_slope(monkeypatch, name, exponent, flagged):
     """A whole-mixer slope must lie between the projections' 1 and the mixing's derived slope (± 0.15)."""
     _patch_timing(monkeypatch, _fake_timing(exponent))
@@ -128,15 +153,24 @@ def test_whole_time_flag_follows_the_fitted_slope(monkeypatch, name, exponent, f
     assert abs(res["slope"]["derived_mixing"] - (1.0 if name == "first_order" else 2.0)) < 0.02
     assert any(f.startswith("whole") for f in res["flags"]) == flagged
     assert not [f for f in res["flags"] if f.startswith("mixing")]
-    unjudged = account_mixer(name, cache_ns=(), time_ns=(256, 512, 1024), d_model=8, n_heads=2,
-                             judge_time=False)
+    unjudged = account_mixer(name, cache_ns=(), time_ns=(256, 512, 1024), d_model=8, n_heads=2, judge_time=False)
     assert unjudged["slope"]["measured"] == pytest.approx(exponent) and not unjudged["flags"]
 
 
-@pytest.mark.parametrize("name,mixing_exponent,flagged", [
-    ("dense_recurrence", 2.0, False), ("dense_recurrence", 1.9, False), ("dense_recurrence", 1.7, True),
-    ("pow2", 1.11, False), ("pow2", 1.3, True), ("first_order", 1.0, False), ("first_order", 1.25, True),
-    ("sq1", 1.5, False), ("sq1", 1.75, True)])
+@pytest.mark.parametrize(
+    "name,mixing_exponent,flagged",
+    [
+        ("dense_recurrence", 2.0, False),
+        ("dense_recurrence", 1.9, False),
+        ("dense_recurrence", 1.7, True),
+        ("pow2", 1.11, False),
+        ("pow2", 1.3, True),
+        ("first_order", 1.0, False),
+        ("first_order", 1.25, True),
+        ("sq1", 1.5, False),
+        ("sq1", 1.75, True),
+    ],
+)
 def test_mixing_time_flag_against_theory(monkeypatch, name, mixing_exponent, flagged):
     """The mixing time (whole minus projections) is judged against the stated complexity's slope, even
     when the projections pull the whole slope into the projection-aware band."""
@@ -159,14 +193,25 @@ def test_mixing_time_flag_against_theory(monkeypatch, name, mixing_exponent, fla
 def test_mixing_flag_names_page_faults(monkeypatch):
     """When system time (the kernel zero-filling fresh pages) makes the CPU-time slope depart, the flag
     says so and gives the user-time slope beside it."""
+
     def timing(mixer, n, **kwargs):
         proj, user = 1e-6 * n, 1e-6 * n
         sys_part = 1e-8 * n**1.6
         cpu = proj + user + sys_part
-        return {"n": n, "seconds": cpu, "median_seconds": cpu, "all_seconds": [cpu], "wall_seconds": cpu,
-                "cpu_seconds": cpu, "user_seconds": proj + user, "sys_share": sys_part / cpu,
-                "projection_seconds": proj, "projection_user_seconds": proj, "mixing_seconds": cpu - proj,
-                "mixing_user_seconds": user}
+        return {
+            "n": n,
+            "seconds": cpu,
+            "median_seconds": cpu,
+            "all_seconds": [cpu],
+            "wall_seconds": cpu,
+            "cpu_seconds": cpu,
+            "user_seconds": proj + user,
+            "sys_share": sys_part / cpu,
+            "projection_seconds": proj,
+            "projection_user_seconds": proj,
+            "mixing_seconds": cpu - proj,
+            "mixing_user_seconds": user,
+        }
 
     _patch_timing(monkeypatch, timing)
     res = account_mixer("first_order", cache_ns=(), time_ns=(1024, 4096, 16384), d_model=8, n_heads=2)
@@ -177,11 +222,19 @@ def test_mixing_flag_names_page_faults(monkeypatch):
 
 def test_mixing_below_projection_noise_is_flagged(monkeypatch):
     """A length where whole - projections <= 0 cannot enter the log-log fit; it is named, not dropped silently."""
+
     def timing(mixer, n, **kwargs):
         proj, mix = 1e-6 * n, (1e-7 * n if n > 256 else -1e-9)
-        return {"n": n, "seconds": proj + mix, "median_seconds": proj + mix, "all_seconds": [proj + mix],
-                "wall_seconds": proj + mix, "cpu_seconds": proj + mix, "projection_seconds": proj,
-                "mixing_seconds": mix}
+        return {
+            "n": n,
+            "seconds": proj + mix,
+            "median_seconds": proj + mix,
+            "all_seconds": [proj + mix],
+            "wall_seconds": proj + mix,
+            "cpu_seconds": proj + mix,
+            "projection_seconds": proj,
+            "mixing_seconds": mix,
+        }
 
     _patch_timing(monkeypatch, timing)
     res = account_mixer("first_order", cache_ns=(), time_ns=(256, 512, 1024, 2048), d_model=8, n_heads=2)
@@ -199,8 +252,10 @@ def test_projection_calls_are_the_weight_matrices():
     a = build_mixer("attention", 16, n_heads=2)
     x = torch.randn(3, 11, 16, requires_grad=True)
     calls = accounting.record_projection_calls(a, x)
-    assert [(c.module, c.shape, c.requires_grad) for c in calls] == [(a.qkv, (3, 11, 16), True),
-                                                                     (a.out, (3, 11, 16), True)]
+    assert [(c.module, c.shape, c.requires_grad) for c in calls] == [
+        (a.qkv, (3, 11, 16), True),
+        (a.out, (3, 11, 16), True),
+    ]
     assert not any(h for mod in (a.qkv, a.out) for h in mod._forward_pre_hooks.values())  # hooks removed
     fn, setup = accounting.projection_replay(calls)
     fn()
@@ -254,8 +309,16 @@ def test_budget_skips_longer_runs(monkeypatch):
 
 
 def test_run_accounting_writes_table_and_plots(tmp_path):
-    out = run_accounting(["first_order", "pow2_ce"], tmp_path, cache_ns=(3, 9), time_ns=(32, 64), d_model=8,
-                         n_heads=2, repeats=1, formats=("png",))
+    out = run_accounting(
+        ["first_order", "pow2_ce"],
+        tmp_path,
+        cache_ns=(3, 9),
+        time_ns=(32, 64),
+        d_model=8,
+        n_heads=2,
+        repeats=1,
+        formats=("png",),
+    )
     data = json.loads((tmp_path / "cost.json").read_text())
     assert [r["mixer"] for r in data["summary"]] == ["first_order", "pow2_ce"]
     assert all(r["cache match"] for r in data["summary"])
@@ -291,8 +354,16 @@ def _overhead_timing(mixer, n, **kwargs):
     """Projections 1e-6 n; mixing 1e-9 n^2 plus a per-tile cost 1e-6 n, which bends the full-range
     slope below 2 while the n^2 term dominates at long n."""
     proj, mix = 1e-6 * n, 1e-9 * n**2 + 1e-6 * n  # full-range slope 1.78, from 4096 on 1.89
-    return {"n": n, "seconds": proj + mix, "median_seconds": proj + mix, "all_seconds": [proj + mix],
-            "wall_seconds": proj + mix, "cpu_seconds": proj + mix, "projection_seconds": proj, "mixing_seconds": mix}
+    return {
+        "n": n,
+        "seconds": proj + mix,
+        "median_seconds": proj + mix,
+        "all_seconds": [proj + mix],
+        "wall_seconds": proj + mix,
+        "cpu_seconds": proj + mix,
+        "projection_seconds": proj,
+        "mixing_seconds": mix,
+    }
 
 
 def test_slopes_judged_from_the_asymptote_start(monkeypatch, tmp_path):
@@ -307,18 +378,27 @@ def test_slopes_judged_from_the_asymptote_start(monkeypatch, tmp_path):
     assert full["slope"]["measured_mixing"] < 1.8 and any(f.startswith("mixing: fitted") for f in full["flags"])
     res = account_mixer("attention", cache_ns=(), time_ns=ns, d_model=8, n_heads=2)
     s = res["slope"]
-    assert s["fit_why"] == "tiles" and s["fit_from"] == start and s["n_range"] == [start, 16384] and s["n_range_full"] == [1024, 16384]
+    assert (
+        s["fit_why"] == "tiles"
+        and s["fit_from"] == start
+        and s["n_range"] == [start, 16384]
+        and s["n_range_full"] == [1024, 16384]
+    )
     assert s["measured_mixing"] > 1.85 and s["theory"] == pytest.approx(2.0)
     assert s["measured_mixing_full"] == pytest.approx(full["slope"]["measured_mixing"])
     assert not res["flags"], res["flags"]
     row = accounting.accounting_rows([res])[0]
     assert row["fit n"] == f"{start}–16384" and row["full-range mixing slope"].startswith(
-        f"{s['measured_mixing_full']:.2f} over 1024–16384")
+        f"{s['measured_mixing_full']:.2f} over 1024–16384"
+    )
     accounting._write_accounting([res], tmp_path, {}, [], complete=True)
     assert f"\n\n- **attention** judged over n >= {start}: tiles.\n" in (tmp_path / "cost.md").read_text() + "\n"
     # the same bend on a mixer without an entry is judged over the whole range, and flagged
     plain = account_mixer("dense_recurrence", cache_ns=(), time_ns=(256, 512, 1024), d_model=8, n_heads=2)
-    assert plain["slope"]["fit_from"] is None and accounting.accounting_rows([plain])[0]["full-range mixing slope"] == "same"
+    assert (
+        plain["slope"]["fit_from"] is None
+        and accounting.accounting_rows([plain])[0]["full-range mixing slope"] == "same"
+    )
     short = account_mixer("attention", cache_ns=(), time_ns=(1024, 2048, 4096, 8192), d_model=8, n_heads=2)
     assert short["slope"]["fit_from"] is None and short["slope"]["n_range"] == [1024, 8192]
     assert "fewer than 3 timed lengths" in short["slope"]["fit_why"]
@@ -369,8 +449,12 @@ def test_keep_freed_memory_is_scoped_and_recorded(monkeypatch):
     _patch_timing(monkeypatch, _fake_timing(0.0, 1.0))
     res = account_mixer("first_order", cache_ns=(), time_ns=(16, 32), d_model=8, n_heads=2)
     assert res["memory_kept"] is True
-    assert account_mixer("first_order", cache_ns=(), time_ns=(16, 32), d_model=8, n_heads=2,
-                         keep_memory=False)["memory_kept"] is False
+    assert (
+        account_mixer("first_order", cache_ns=(), time_ns=(16, 32), d_model=8, n_heads=2, keep_memory=False)[
+            "memory_kept"
+        ]
+        is False
+    )
 
     def no_libc(name):
         raise OSError("not glibc")

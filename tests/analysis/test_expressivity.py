@@ -1,4 +1,5 @@
 """Expressivity metrics against an independent brute-force BFS, and the §4.2–4.3 table against the spec."""
+
 from __future__ import annotations
 
 import math
@@ -7,18 +8,29 @@ from collections import deque
 import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mixer_helpers import ALL_MIXERS, small_mixer
-from tokenmix.study.paper import PAPER_PATTERNS
-from tokenmix.analysis.expressivity import (CommunicationGraph, decomposition, effective_reach,
-                                            expressivity_table, gap_hops, gap_path_stats, gap_reach, graph_reach,
-                                            operator_graph, pattern_metrics, run_expressivity,
-                                            shared_decomposition_congestion)
+from tokenmix.analysis.expressivity import (
+    CommunicationGraph,
+    decomposition,
+    effective_reach,
+    expressivity_table,
+    gap_hops,
+    gap_path_stats,
+    gap_reach,
+    graph_reach,
+    operator_graph,
+    pattern_metrics,
+    run_expressivity,
+    shared_decomposition_congestion,
+)
 from tokenmix.analysis.outputs import PNG_SIGNATURE
 from tokenmix.core.operator import MixOperator
 from tokenmix.patterns import TranslationInvariant, get_pattern
 from tokenmix.patterns.graph import UNREACHABLE
+from tokenmix.study.paper import PAPER_PATTERNS
 
 INF = math.inf
 
@@ -69,6 +81,7 @@ def _supports(op: MixOperator):
     def f(m):
         s = (m[0] != 0).numpy()
         return s.reshape(-1, *s.shape[-2:])
+
     return f(op.A), f(op.B), (f(op.R) if op.R is not None else None)
 
 
@@ -116,8 +129,8 @@ def test_readout_and_offdiagonal_steps_cost_a_hop():
     op = MixOperator(one_back[None, None], b, one_back[None, None].clone())
     d = _as_float(operator_graph(op).distances())
     np.testing.assert_array_equal(d, brute_force_distances(*_supports(op)))
-    assert d[8, 0] == 4   # four B-hops of 2
-    assert d[7, 0] == 4   # three B-hops and one A (or R) step
+    assert d[8, 0] == 4  # four B-hops of 2
+    assert d[7, 0] == 4  # three B-hops and one A (or R) step
     assert d[9, 0] == 5 and d[1, 0] == 1 and d[2, 0] == 1 and d[3, 3] == 0
     assert d[11, 0] == 6  # an odd gap needs an A or R step; both at most once
 

@@ -1,5 +1,6 @@
 """Mixing-matrix viewer: figures render, the dependency graph and decay profile are the operator's own,
 long inputs are refused, and trained-run inputs are the layers' real inputs."""
+
 from __future__ import annotations
 
 import json
@@ -8,13 +9,18 @@ import xml.etree.ElementTree as ET
 import pytest
 import torch
 
-from tokenmix.analysis.matrices import (analyze_matrix, analyze_registered, decay_profile, dependency_levels,
-                                        head_matrices, plot_operator_heatmaps)
+from tokenmix.analysis.matrices import (
+    analyze_matrix,
+    analyze_registered,
+    decay_profile,
+    dependency_levels,
+    head_matrices,
+    plot_operator_heatmaps,
+)
 from tokenmix.analysis.outputs import PNG_SIGNATURE
 from tokenmix.analysis.run_inputs import layer_inputs, text_layer_input
 from tokenmix.core.operator import MAX_DENSE_T, MixOperator
 from tokenmix.models.model import MixerModel, ModelConfig
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -60,7 +66,7 @@ def test_decay_profile_reads_the_diagonals():
     b = torch.diag_embed(torch.full((1, 1, t - 1), gamma, dtype=torch.float64), offset=-1)
     op = MixOperator(torch.eye(t, dtype=torch.float64).expand(1, 1, t, t).clone(), b)
     prof = decay_profile(op)
-    expected = torch.tensor([gamma ** d for d in range(t)], dtype=torch.float64).numpy()
+    expected = torch.tensor([gamma**d for d in range(t)], dtype=torch.float64).numpy()
     assert abs(prof["mean"][0] - expected).max() < 1e-12
     assert abs(prof["max"][0] - expected).max() < 1e-12
 
@@ -95,10 +101,15 @@ def test_trained_run_layer_inputs(tmp_path):
     cfg = ModelConfig(vocab_size=256, d_model=8, layers=("pow2", "first_order"), n_heads=2, mlp=False)
     torch.manual_seed(0)
     model = MixerModel(cfg)
-    (tmp_path / "config.json").write_text(json.dumps({"model": {"vocab_size": 256, "d_model": 8, "n_heads": 2,
-                                                                "layers": ["pow2", "first_order"], "mlp": False}}))
-    save_file({k: v.contiguous() for k, v in model.state_dict().items() if k != "head.weight"},
-              str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(
+        json.dumps(
+            {"model": {"vocab_size": 256, "d_model": 8, "n_heads": 2, "layers": ["pow2", "first_order"], "mlp": False}}
+        )
+    )
+    save_file(
+        {k: v.contiguous() for k, v in model.state_dict().items() if k != "head.weight"},
+        str(tmp_path / "model.safetensors"),
+    )
     mixer, x, name = text_layer_input(tmp_path, "hello", layer=1)
     assert name == "first_order" and x.shape == (1, 5, 8)
     idx = torch.tensor([list(b"hello")])

@@ -1,5 +1,6 @@
 """Gram iteration is an upper bound (property test, badly scaled included), tight after <= 10 steps on
 256 x 256 mixing operators, differentiable; structure-specific bounds hold."""
+
 from __future__ import annotations
 
 import json
@@ -7,13 +8,25 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mixer_helpers import small_mixer
-from tokenmix.analysis.norms import (compare_estimators, conv_spectral_bound, equal_flop_power_steps,
-                                     exact_spectral_norm, gram_spectral_bound, mixer_regularizer,
-                                     neumann_gain_bound, operator_norms, power_iteration, recurrence_inverse,
-                                     run_norms, spectral_regularizer, toeplitz_kernel)
+from tokenmix.analysis.norms import (
+    compare_estimators,
+    conv_spectral_bound,
+    equal_flop_power_steps,
+    exact_spectral_norm,
+    gram_spectral_bound,
+    mixer_regularizer,
+    neumann_gain_bound,
+    operator_norms,
+    power_iteration,
+    recurrence_inverse,
+    run_norms,
+    spectral_regularizer,
+    toeplitz_kernel,
+)
 from tokenmix.analysis.outputs import PNG_SIGNATURE
 from tokenmix.core.operator import MixOperator
 
@@ -24,14 +37,21 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @settings(max_examples=60, deadline=None)
-@given(m=st.integers(1, 12), k=st.integers(1, 12), log_scale=st.floats(-250, 250), iters=st.integers(0, 12),
-       rank=st.integers(0, 12), seed=st.integers(0, 10**6), spread=st.floats(0, 8))
+@given(
+    m=st.integers(1, 12),
+    k=st.integers(1, 12),
+    log_scale=st.floats(-250, 250),
+    iters=st.integers(0, 12),
+    rank=st.integers(0, 12),
+    seed=st.integers(0, 10**6),
+    spread=st.floats(0, 8),
+)
 def test_gram_bound_is_an_upper_bound(m, k, log_scale, iters, rank, seed, spread):
     gen = torch.Generator().manual_seed(seed)
     r = max(1, min(rank, m, k))
     w = torch.randn(m, r, generator=gen, dtype=torch.float64) @ torch.randn(r, k, generator=gen, dtype=torch.float64)
     # badly scaled rows and an overall scale from 1e-250 to 1e250
-    w = w * torch.logspace(0, spread, m, dtype=torch.float64)[:, None] * 10.0 ** log_scale
+    w = w * torch.logspace(0, spread, m, dtype=torch.float64)[:, None] * 10.0**log_scale
     bound = float(gram_spectral_bound(w, iters))
     exact = float(exact_spectral_norm(w))
     assert math.isfinite(bound)

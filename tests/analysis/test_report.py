@@ -1,5 +1,6 @@
 """The report is one self-contained HTML page plus Markdown that references only what it ships; the
 analyze / report commands turn bad input into one line and exit status 2."""
+
 from __future__ import annotations
 
 import json
@@ -7,7 +8,6 @@ import re
 from html.parser import HTMLParser
 
 import pytest
-import torch
 
 from tokenmix.analysis import report as report_mod
 from tokenmix.analysis.accounting import run_accounting
@@ -17,7 +17,8 @@ from tokenmix.analysis.norms import run_norms
 from tokenmix.analysis.outputs import PNG_SIGNATURE, new_figure, save_figure
 from tokenmix.cli.main import main
 from tokenmix.study import analysis_suite
-from tokenmix.study.presets import AnalysisPlan, Preset, base as preset_base
+from tokenmix.study.presets import AnalysisPlan, Preset
+from tokenmix.study.presets import base as preset_base
 
 VOID = {"meta", "img", "br", "hr", "link", "input", "col", "area", "base", "source", "wbr"}
 
@@ -77,15 +78,34 @@ def run_dir(tmp_path_factory):
     """A run directory holding analyze outputs and compare/bench-like files of other shapes."""
     root = tmp_path_factory.mktemp("run")
     analyze_registered("sq1_ce", 12, _sub(root, "matrix-sq1_ce"), d_model=8, n_heads=2, formats=("png", "svg"))
-    run_accounting(["first_order"], _sub(root, "cost"), cache_ns=(4,), time_ns=(16, 32), d_model=8, n_heads=2,
-                   repeats=1, formats=("png",))
+    run_accounting(
+        ["first_order"],
+        _sub(root, "cost"),
+        cache_ns=(4,),
+        time_ns=(16, 32),
+        d_model=8,
+        n_heads=2,
+        repeats=1,
+        formats=("png",),
+    )
     run_expressivity(_sub(root, "expressivity"), formats=("png",), patterns=("pow2",), mixers=(), ns=(16,))
     run_norms(["pow2"], _sub(root, "norms"), n=12, gram_iters=6, d_model=8, formats=("png",))
     bench = _sub(root, "bench")
-    (bench / "solver.json").write_text(json.dumps({"device": "cpu", "results": [
-        {"pattern": "pow2", "n": 1024, "seconds": 0.1}, {"pattern": "sq1", "n": 1024, "seconds": 0.2}]}))
+    (bench / "solver.json").write_text(
+        json.dumps(
+            {
+                "device": "cpu",
+                "results": [
+                    {"pattern": "pow2", "n": 1024, "seconds": 0.1},
+                    {"pattern": "sq1", "n": 1024, "seconds": 0.2},
+                ],
+            }
+        )
+    )
     (root / "results.csv").write_text("mixer,task,accuracy\npow2,copy,0.93\nsq1,copy,0.99\n")
-    (root / "notes.md").write_text("# Compare\n\nAccuracy **per task** with `quick` preset.\n\n| a | b |\n|---|---|\n| 1 | <x> |\n")
+    (root / "notes.md").write_text(
+        "# Compare\n\nAccuracy **per task** with `quick` preset.\n\n| a | b |\n|---|---|\n| 1 | <x> |\n"
+    )
     fig, axes = new_figure()
     axes[0][0].plot([1, 2], [3, 4])
     save_figure(fig, root, "accuracy_vs_cache", ("png",))
@@ -125,13 +145,24 @@ def test_report_cli_and_default_location(run_dir, capsys):
 def test_report_preset_runs_the_analyses(monkeypatch, tmp_path):
     tiny = {
         "matrix": {"mixers": ("pow2", "not_registered"), "n": 10, "d_model": 8, "n_heads": 2},
-        "cost": {"mixers": ("first_order",), "cache_ns": (3,), "time_ns": (), "d_model": 8, "n_heads": 2,
-                 "repeats": 1, "time_budget_s": 5.0, "decode_budget_s": 5.0},
+        "cost": {
+            "mixers": ("first_order",),
+            "cache_ns": (3,),
+            "time_ns": (),
+            "d_model": 8,
+            "n_heads": 2,
+            "repeats": 1,
+            "time_budget_s": 5.0,
+            "decode_budget_s": 5.0,
+        },
         "expressivity": {"ns": (16,)},
         "norms": {"mixers": ("pow2",), "n": 10, "gram_iters": 4, "d_model": 8, "n_heads": 2},
     }
-    monkeypatch.setitem(preset_base._PRESETS, ("analysis", "quick"),
-                        Preset(name="quick", kind="analysis", summary="tiny", build=lambda: AnalysisPlan(**tiny)))
+    monkeypatch.setitem(
+        preset_base._PRESETS,
+        ("analysis", "quick"),
+        Preset(name="quick", kind="analysis", summary="tiny", build=lambda: AnalysisPlan(**tiny)),
+    )
     res = analysis_suite.report("quick", runs_root=tmp_path)
     assert res["run_dir"].parent == tmp_path and res["run_dir"].name.startswith("report-quick-")
     assert {p.name for p in res["run_dir"].iterdir()} >= {"matrix-pow2", "cost", "expressivity", "norms", "report"}
@@ -149,8 +180,12 @@ def _fails(argv, capsys, *needles):
 def test_bad_input_exits_2(capsys, tmp_path):
     _fails(["report", str(tmp_path / "nothing")], capsys, "no run directory or preset", "quick")
     _fails(["analyze", "matrix", "--mixer", "nope"], capsys, "unknown mixer 'nope'")
-    _fails(["analyze", "matrix", "--mixer", "pow2", "--n", "5000"], capsys, "limit 4096",
-           "tokenmix analyze expressivity --n 5000")
+    _fails(
+        ["analyze", "matrix", "--mixer", "pow2", "--n", "5000"],
+        capsys,
+        "limit 4096",
+        "tokenmix analyze expressivity --n 5000",
+    )
     _fails(["analyze", "norms", "--mixers", "pow2", "--n", "5000"], capsys, "limit 4096")
     _fails(["analyze", "cost", "--mixers", "pow2,nope"], capsys, "unknown mixer 'nope'")
     _fails(["analyze", "cost", "--mixers", "pow2", "--clock", "gpu"], capsys, "--clock must be one of cpu, user, wall")
@@ -166,15 +201,49 @@ def test_bad_input_exits_2(capsys, tmp_path):
 
 def test_analyze_commands_write_outputs(capsys, tmp_path):
     out = tmp_path / "ex"
-    assert main(["analyze", "expressivity", "--patterns", "pow2,sq1", "--mixers", "none", "--n", "64", "--json",
-                 "--out", str(out)]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                "expressivity",
+                "--patterns",
+                "pow2,sq1",
+                "--mixers",
+                "none",
+                "--n",
+                "64",
+                "--json",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     data = json.loads(capsys.readouterr().out)
     assert {r["row"] for r in data["summary"]} == {"pow2", "sq1"}
     assert all(r["agrees"] for r in data["summary"])
     assert (out / "expressivity.json").is_file()
     out = tmp_path / "mx"
-    assert main(["analyze", "matrix", "--mixer", "first_order", "--n", "12", "--d-model", "8", "--formats", "png",
-                 "--out", str(out), "--quiet"]) == 0
+    assert (
+        main(
+            [
+                "analyze",
+                "matrix",
+                "--mixer",
+                "first_order",
+                "--n",
+                "12",
+                "--d-model",
+                "8",
+                "--formats",
+                "png",
+                "--out",
+                str(out),
+                "--quiet",
+            ]
+        )
+        == 0
+    )
     assert "wrote" in capsys.readouterr().out
     assert (out / "matrices.png").read_bytes().startswith(PNG_SIGNATURE) and not (out / "matrices.svg").exists()
 

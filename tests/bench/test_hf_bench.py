@@ -1,4 +1,5 @@
 """``tokenmix bench hf`` at test size: the table and JSON, the two loops giving the same tokens, and bad input."""
+
 from __future__ import annotations
 
 import json
@@ -9,8 +10,24 @@ from lm_helpers import one_line_error, run_cli
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = ["--d-model", "16", "--layers", "1", "--n-heads", "2", "--prompt", "5", "--new-tokens", "8", "--warmup", "2",
-        "--repeats", "1", "--threads", "1"]
+TINY = [
+    "--d-model",
+    "16",
+    "--layers",
+    "1",
+    "--n-heads",
+    "2",
+    "--prompt",
+    "5",
+    "--new-tokens",
+    "8",
+    "--warmup",
+    "2",
+    "--repeats",
+    "1",
+    "--threads",
+    "1",
+]
 
 
 def test_bench_hf_prints_a_table_and_writes_json(tmp_path, capsys):
@@ -27,12 +44,15 @@ def test_bench_hf_prints_a_table_and_writes_json(tmp_path, capsys):
         assert r["timed_steps"] == 8 - 1 - 2
 
 
-@pytest.mark.parametrize("argv, words", [
-    (["--mixers", "nope"], "unknown mixer 'nope'"),
-    (["--new-tokens", "3"], "--new-tokens must be >= warmup + 2"),
-    (["--d-model", "0"], "--d-model must be >= 1"),
-    (["--d-model", "100000000"], "--d-model 100,000,000 is too large"),
-    (["--out", "/nonexistent-folder/x.json"], "does not exist"),
-])
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--mixers", "nope"], "unknown mixer 'nope'"),
+        (["--new-tokens", "3"], "--new-tokens must be >= warmup + 2"),
+        (["--d-model", "0"], "--d-model must be >= 1"),
+        (["--d-model", "100000000"], "--d-model 100,000,000 is too large"),
+        (["--out", "/nonexistent-folder/x.json"], "does not exist"),
+    ],
+)
 def test_bench_hf_bad_input_is_one_line(argv, words, capsys):
     one_line_error(run_cli(["bench", "hf", *argv], capsys), words)

@@ -5,6 +5,7 @@
 - the benchmark case reports a core time for the family and none for other mixers;
 - projection FLOPs are 3 x 2 x the multiply-adds of the nn.Linear layers.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -6,6 +6,7 @@ gated_linear_recurrence.py (``tokenmix check`` runs the same functions): fla-cor
 for ChaCAL, a per-channel loop for H-LRU, each over every mode, whole and in uneven pieces. The
 generic assertions over them are in test_crosschecks.py; this file keeps the other properties.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -70,11 +71,19 @@ def test_hlru_operator_is_banded_with_the_gates():
 
 
 # ---------------------------------------------------------------- configuration
-@pytest.mark.parametrize("name,field,value", [
-    ("local_attention", "window", 0), ("local_attention", "window", -3),
-    ("chacal", "gamma", -0.1), ("chacal", "gamma", 1.0), ("chacal", "chunk_size", 0),
-    ("hlru", "order", 0), ("hlru", "normalization", "relu"), ("hlru", "chunk_size", -1),
-])
+@pytest.mark.parametrize(
+    "name,field,value",
+    [
+        ("local_attention", "window", 0),
+        ("local_attention", "window", -3),
+        ("chacal", "gamma", -0.1),
+        ("chacal", "gamma", 1.0),
+        ("chacal", "chunk_size", 0),
+        ("hlru", "order", 0),
+        ("hlru", "normalization", "relu"),
+        ("hlru", "chunk_size", -1),
+    ],
+)
 def test_invalid_config_names_the_field(name, field, value):
     with pytest.raises(ValueError, match=field):
         build_mixer(name, 12, **{field: value})

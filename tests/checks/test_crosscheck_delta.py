@@ -9,6 +9,7 @@ float64 equivalences live in test_mixer_matrix.py and tests/ops/test_chunked_del
 
 Also: 16k-token float32 stability of the chunked forms with extreme gates.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -17,7 +18,6 @@ import torch.nn.functional as F
 
 from tokenmix.ops.chunked_delta import chunked_delta_rule
 from tokenmix.ops.chunked_log_linear import chunked_log_linear_attention, n_levels
-
 
 # ---------------------------------------------------------------- stability at 16k tokens, float32
 
@@ -48,8 +48,9 @@ def test_chunked_delta_rule_is_stable_at_16k_with_extreme_gates(gated):
     beta = _two_extremes(1e-4, 2 - 1e-4, shape).requires_grad_()  # allow_neg_eigval range (0, 2)
     g = _two_extremes(-1e-6, -50.0, shape).requires_grad_() if gated else None  # decay ~1 and ~2e-22
     leaves = {"q": q, "k": k_raw, "v": v, "beta": beta, **({"g": g} if gated else {})}
-    _assert_finite_fwd_bwd(lambda: chunked_delta_rule(q, F.normalize(k_raw, dim=-1), v, beta, g),
-                           leaves, "chunked delta rule")
+    _assert_finite_fwd_bwd(
+        lambda: chunked_delta_rule(q, F.normalize(k_raw, dim=-1), v, beta, g), leaves, "chunked delta rule"
+    )
 
 
 def test_chunked_log_linear_is_stable_at_16k_with_extreme_gates():
@@ -58,5 +59,8 @@ def test_chunked_log_linear_is_stable_at_16k_with_extreme_gates():
     q, k, v = (torch.randn(*shape, STABLE_K, requires_grad=True) for _ in range(3))
     g = _two_extremes(-1e-6, -50.0, shape).requires_grad_()
     lam = _two_extremes(1e-4, 10.0, (*shape, n_levels(STABLE_T))).requires_grad_()
-    _assert_finite_fwd_bwd(lambda: chunked_log_linear_attention(q, k, v, g, lam, STABLE_K ** -0.5),
-                           {"q": q, "k": k, "v": v, "g": g, "lambda": lam}, "chunked log-linear")
+    _assert_finite_fwd_bwd(
+        lambda: chunked_log_linear_attention(q, k, v, g, lam, STABLE_K**-0.5),
+        {"q": q, "k": k, "v": v, "g": g, "lambda": lam},
+        "chunked log-linear",
+    )

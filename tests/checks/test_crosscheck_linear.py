@@ -12,6 +12,7 @@ them are in test_crosschecks.py. Our float64 equivalences live in test_mixer_mat
 Also: 16k-token float32 stability of every mixer's chunked mode with extreme gates, and exactness
 of the chunked op against the token loop at 16k.
 """
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,6 @@ from tokenmix.checks.tolerances import FLOAT32_LONG_REL_TOL, max_rel_err
 from tokenmix.mixers.registry import build_mixer
 from tokenmix.ops.chunked_gla import chunked_gla
 from tokenmix.ops.recurrent_gla import recurrent_gla
-
 
 # ---------------------------------------------------------------- stability at 16k tokens, float32
 
@@ -46,6 +46,7 @@ def _make_gates_extreme(name: str, m) -> None:
             # heads or channels: log decays down to -8e4 (decay 0) and up to -2e-6 (decay ~1)
             def alternate(p, even, odd):
                 p.copy_(torch.where(torch.arange(p.numel()).view(p.shape) % 2 == 0, even, odd))
+
             alternate(m.A_log, math.log(1e4), math.log(1e-4))
             alternate(m.dt_bias, 8.0, -4.0)
 
@@ -71,7 +72,7 @@ def test_chunked_op_is_exact_at_16k_with_extreme_gates(per_key):
     h, dk, dv = 2, 8, 8
     q, k, v = torch.randn(1, STABLE_T, h, dk), torch.randn(1, STABLE_T, h, dk), torch.randn(1, STABLE_T, h, dv)
     g = _two_extremes(-100.0, -1e-8, (1, STABLE_T, h, dk) if per_key else (1, STABLE_T, h))
-    o, s = chunked_gla(q, k, v, g, dk ** -0.5, chunk_size=32)
-    o_ref, s_ref = recurrent_gla(q, k, v, g, dk ** -0.5)
+    o, s = chunked_gla(q, k, v, g, dk**-0.5, chunk_size=32)
+    o_ref, s_ref = recurrent_gla(q, k, v, g, dk**-0.5)
     errors = max_rel_err(o, o_ref), max_rel_err(s, s_ref)
     assert max(errors) <= FLOAT32_LONG_REL_TOL, errors

@@ -12,25 +12,25 @@ quantities it declares, and the ops it declares. The assertions live in tests/cr
 References: fla-core 0.6.0's pure-PyTorch naive.py files (loaded by path), torch SDPA, and explicit
 formulas (ChaCAL's dense inverse, H-LRU's per-channel loop, ...).
 """
+
 from __future__ import annotations
 
 import ast
-import re
 from pathlib import Path
 
 import pytest
 
 import tokenmix.checks
 from crosscheck_assertions import assert_crosscheck_passes, assert_crosschecked, assert_declaration, family_slug
-from tokenmix.checks import CROSSCHECKS, CrossCheck, family_modules, load_all_crosschecks
-from tokenmix.checks.tolerances import CROSSCHECK_CEILING
-from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
+from tokenmix.checks import CROSSCHECKS, family_modules, load_all_crosschecks
+from tokenmix.mixers.registry import get_mixer_spec, mixer_names
 
 load_all_crosschecks()
 
 
-CHECKS = [pytest.param(check, id=f"{name}: {check.label}") for name in mixer_names()
-          for check in CROSSCHECKS.get(name, [])]
+CHECKS = [
+    pytest.param(check, id=f"{name}: {check.label}") for name in mixer_names() for check in CROSSCHECKS.get(name, [])
+]
 
 
 @pytest.mark.parametrize("name", mixer_names())
@@ -58,8 +58,9 @@ def test_one_checks_module_per_family_named_for_it():
     for family, module in family_modules().items():
         assert family in families, f"{module.__name__} declares FAMILY = {family!r}, no registered mixer's family"
         assert module.__name__ == f"tokenmix.checks.{family_slug(family)}", (module.__name__, family)
-        assert any(c.module == module.__name__ for checks in CROSSCHECKS.values() for c in checks), \
+        assert any(c.module == module.__name__ for checks in CROSSCHECKS.values() for c in checks), (
             f"{module.__name__} registers no cross-check"
+        )
 
 
 def test_checks_modules_import_no_private_names_of_each_other():

@@ -10,6 +10,7 @@ real process shows (a FIFO, a symlink loop, an absurd size).
 
 ``CASES_TRIED`` is the number of cases (in-process + subprocess), for the record.
 """
+
 from __future__ import annotations
 
 import json
@@ -28,9 +29,9 @@ from tokenmix.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-CASE_SECONDS = 10.0        # in-process: per case (the machine is shared; most take well under 1 s)
+CASE_SECONDS = 10.0  # in-process: per case (the machine is shared; most take well under 1 s)
 SUBPROCESS_SECONDS = 60.0  # a fresh interpreter imports torch first (several seconds on a busy machine)
-HUGE = "1000000000000"     # 10^12
+HUGE = "1000000000000"  # 10^12
 NAN = "nan"
 
 # (command words, argv after them). Placeholders: {run} a trained tiny LM run, {tmp} a scratch folder
@@ -184,12 +185,25 @@ CASES: list[tuple[str, list[str]]] = [
     ("train", ["lm", "--resume", "{latest_deep}"]),
     ("train", ["lm", "--resume", "{latest_list}"]),
     ("train", ["lm", "--set", "model.mixer_overrides.pow2.chunk_size=" + "[" * 100000, "--out", "{tmp}/tr17"]),
-    ("train", ["lm", "--preset", "tiny", "--set", "model.max_seq_len=-1", "model.positions=learned",
-               "--print-config"]),
-    ("train", ["lm", "--preset", "tiny", "--set", "model.max_seq_len=-1", "model.positions=learned",
-               "--out", "{tmp}/tr18"]),
-    ("train", ["lm", "--preset", "tiny", "--set", "model.max_seq_len=16", "model.positions=learned",
-               "train.seq_len=64", "--out", "{tmp}/tr19"]),
+    ("train", ["lm", "--preset", "tiny", "--set", "model.max_seq_len=-1", "model.positions=learned", "--print-config"]),
+    (
+        "train",
+        ["lm", "--preset", "tiny", "--set", "model.max_seq_len=-1", "model.positions=learned", "--out", "{tmp}/tr18"],
+    ),
+    (
+        "train",
+        [
+            "lm",
+            "--preset",
+            "tiny",
+            "--set",
+            "model.max_seq_len=16",
+            "model.positions=learned",
+            "train.seq_len=64",
+            "--out",
+            "{tmp}/tr19",
+        ],
+    ),
     ("train", ["lm", "--preset", "tiny", "--set", "train.seq_len=100000000", "--out", "{tmp}/tr20"]),
     ("train", ["lm", "--preset", "tiny", "--set", "train.threads=100000000000", "--out", "{tmp}/tr21"]),
     ("train", ["lm", "--preset", "tiny", "--set", "train.batch_size=" + HUGE, "--out", "{tmp}/tr22"]),
@@ -338,9 +352,13 @@ SUBPROCESS_CASES: list[list[str]] = [
 
 CASES_TRIED = len(CASES) + len(SUBPROCESS_CASES)
 
-BAD_CONFIGS = {"cfg_d_model": ("model", "d_model", "32"), "cfg_layers": ("model", "layers", 5),
-               "cfg_seq_len": ("train", "seq_len", "abc"), "cfg_vocab": ("data", "vocab_size", None),
-               "cfg_overrides": ("model", "mixer_overrides", [1])}
+BAD_CONFIGS = {
+    "cfg_d_model": ("model", "d_model", "32"),
+    "cfg_layers": ("model", "layers", 5),
+    "cfg_seq_len": ("train", "seq_len", "abc"),
+    "cfg_vocab": ("data", "vocab_size", None),
+    "cfg_overrides": ("model", "mixer_overrides", [1]),
+}
 
 
 @pytest.fixture(scope="module")
@@ -350,9 +368,18 @@ def world(tmp_path_factory):
     cache, tmp = root / "cache", root / "scratch"
     tmp.mkdir()
     run = train_tiny_run(root, main)
-    paths = {"run": run, "tmp": tmp, "file": root / "plain.txt", "empty": root / "empty.txt",
-             "binary": root / "binary.txt", "fifo": root / "fifo", "notrun": root / "notrun",
-             "emptydir": root / "emptydir", "nockpt": root / "nockpt", "loop": root / "loop"}
+    paths = {
+        "run": run,
+        "tmp": tmp,
+        "file": root / "plain.txt",
+        "empty": root / "empty.txt",
+        "binary": root / "binary.txt",
+        "fifo": root / "fifo",
+        "notrun": root / "notrun",
+        "emptydir": root / "emptydir",
+        "nockpt": root / "nockpt",
+        "loop": root / "loop",
+    }
     paths["file"].write_text("just a text file\n")
     paths["empty"].write_text("")
     paths["binary"].write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(range(256)) * 8)
@@ -425,8 +452,9 @@ def _broken_run_files(root: Path, run: Path, paths: dict) -> None:
     for name in ("config.json", "tokenizer.json"):
         shutil.copy(run / name, escape / name)
     latest = json.loads((run / "checkpoints" / "latest.json").read_text())
-    (escape / "checkpoints" / "latest.json").write_text(json.dumps(
-        {**latest, "checkpoint": f"../../{run.name}/checkpoints/{latest['checkpoint']}"}))
+    (escape / "checkpoints" / "latest.json").write_text(
+        json.dumps({**latest, "checkpoint": f"../../{run.name}/checkpoints/{latest['checkpoint']}"})
+    )
     paths["escape"] = escape
     link = copy("escape_link") / "checkpoints" / latest["checkpoint"]
     shutil.rmtree(link)
@@ -500,8 +528,14 @@ def test_bad_input_in_a_real_process(argv, world, tmp_path):
     root, cache, paths = world
     before = _tree(root)
     env = {**os.environ, "TOKENMIX_CACHE": str(cache), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "tokenmix", *_fill(argv, paths)], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=SUBPROCESS_SECONDS)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokenmix", *_fill(argv, paths)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=SUBPROCESS_SECONDS,
+    )
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
     assert not any(tmp_path.iterdir()) and _tree(root) == before

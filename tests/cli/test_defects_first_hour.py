@@ -9,6 +9,7 @@ checkpoint temporaries cleaned at the next start; 19 DDP ranks die with their la
 smaller ones (empty --text, bench hf --prompt, a tokenizer.json that is a device, an empty JSONL
 corpus, unreadable safetensors with matching checksums, a failing preset file).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -60,8 +61,12 @@ def sha256(path: Path) -> str:
 def test_the_json_reader_refuses_in_one_line_what_json_loads_cannot_take(tmp_path):
     from tokenmix.core.files import MAX_JSON_DEPTH, parse_json, read_json
 
-    cases = {"deep.json": (DEEP, "levels deep"), "bigint.json": ('{"a": -' + "9" * 5000 + "}", "digits"),
-             "latin1.json": (b'{"a": "caf\xe9"}', "not UTF-8"), "broken.json": ("{not json", "not valid JSON")}
+    cases = {
+        "deep.json": (DEEP, "levels deep"),
+        "bigint.json": ('{"a": -' + "9" * 5000 + "}", "digits"),
+        "latin1.json": (b'{"a": "caf\xe9"}', "not UTF-8"),
+        "broken.json": ("{not json", "not valid JSON"),
+    }
     for name, (content, words) in cases.items():
         path = tmp_path / name
         path.write_bytes(content if isinstance(content, bytes) else content.encode())
@@ -107,10 +112,17 @@ def test_the_report_skips_json_nested_too_deep_or_with_huge_integers(tmp_path, c
 
 
 # ------------------------------------------------------------------------------ 11: latest.json's shape
-@pytest.mark.parametrize("record", ["[1, 2]", '"step_0000002"', '{"checkpoint": 5}',
-                                    '{"checkpoint": "step_0000002", "step": "2", "meta_sha256": "00"}',
-                                    '{"checkpoint": "step_0000002", "step": true, "meta_sha256": "00"}'],
-                         ids=["list", "string", "number", "step-text", "step-bool"])
+@pytest.mark.parametrize(
+    "record",
+    [
+        "[1, 2]",
+        '"step_0000002"',
+        '{"checkpoint": 5}',
+        '{"checkpoint": "step_0000002", "step": "2", "meta_sha256": "00"}',
+        '{"checkpoint": "step_0000002", "step": true, "meta_sha256": "00"}',
+    ],
+    ids=["list", "string", "number", "step-text", "step-bool"],
+)
 def test_latest_json_of_another_shape_is_a_corrupt_record(run, tmp_path, capsys, record):
     """generate, eval and --resume said AttributeError: 'list' object has no attribute 'get'; a
     record of the wrong shape is corrupt, and the newest checkpoint that verifies is used."""
@@ -133,9 +145,13 @@ def test_check_output_dir_creates_nothing_and_names_what_is_in_the_way(tmp_path)
     (tmp_path / "file").write_text("x")
     os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
     before = sorted(p.name for p in tmp_path.iterdir())
-    for path, words in ((tmp_path / "file" / "out", "is not a directory"), (tmp_path / "file", "is not a directory"),
-                        (tmp_path / "dangling", "does not exist"), (tmp_path / "dangling" / "out", "does not exist"),
-                        (Path("/proc/tokenmix-out/x"), "/proc")):
+    for path, words in (
+        (tmp_path / "file" / "out", "is not a directory"),
+        (tmp_path / "file", "is not a directory"),
+        (tmp_path / "dangling", "does not exist"),
+        (tmp_path / "dangling" / "out", "does not exist"),
+        (Path("/proc/tokenmix-out/x"), "/proc"),
+    ):
         with pytest.raises(InputError, match=words):
             check_output_dir(path)
     assert check_output_dir(tmp_path / "new" / "deeper") == tmp_path / "new" / "deeper"
@@ -174,9 +190,15 @@ def test_a_run_never_evaluates_another_runs_checkpoint(run, root, tmp_path, caps
     other = train_tiny_run(root, main, "train.seed=7", name="other")
     r = copy_run(run, tmp_path / "run")
     meta = other / "checkpoints" / "step_0000002" / "meta.json"
-    (r / "checkpoints" / "latest.json").write_text(json.dumps(
-        {"checkpoint": f"../{os.path.relpath(other, r)}/checkpoints/step_0000002", "step": 2,
-         "meta_sha256": sha256(meta)}))
+    (r / "checkpoints" / "latest.json").write_text(
+        json.dumps(
+            {
+                "checkpoint": f"../{os.path.relpath(other, r)}/checkpoints/step_0000002",
+                "step": 2,
+                "meta_sha256": sha256(meta),
+            }
+        )
+    )
     rc, out, err = run_cli(["eval", "--run", str(r), "--json", "--max-windows", "1"], capsys)
     assert rc == 0, err
     used = Path(json.loads(out)["checkpoint"]).resolve()
@@ -185,8 +207,9 @@ def test_a_run_never_evaluates_another_runs_checkpoint(run, root, tmp_path, caps
     r = copy_run(run, tmp_path / "linked")
     shutil.rmtree(r / "checkpoints" / "step_0000002")
     os.symlink(other / "checkpoints" / "step_0000002", r / "checkpoints" / "step_0000002")
-    (r / "checkpoints" / "latest.json").write_text(json.dumps({"checkpoint": "step_0000002", "step": 2,
-                                                               "meta_sha256": sha256(meta)}))
+    (r / "checkpoints" / "latest.json").write_text(
+        json.dumps({"checkpoint": "step_0000002", "step": 2, "meta_sha256": sha256(meta)})
+    )
     rc, out, err = run_cli(["eval", "--run", str(r), "--json", "--max-windows", "1"], capsys)
     assert rc == 0, err
     assert json.loads(out)["step"] == 1 and "symbolic link out of the run folder" in err
@@ -223,8 +246,13 @@ def test_stale_checkpoint_temporaries_are_removed_at_the_next_start(run, tmp_pat
     (ckpts / "notes.tmp").write_text("not a temporary of tokenmix")
     rc, out, err = run_cli(["train", "lm", "--resume", str(r), "--quiet", "--set", "train.max_steps=3"], capsys)
     assert rc == 0, err
-    assert sorted(p.name for p in ckpts.iterdir()) == ["latest.json", "notes.tmp", "step_0000001",
-                                                        "step_0000002", "step_0000003"]
+    assert sorted(p.name for p in ckpts.iterdir()) == [
+        "latest.json",
+        "notes.tmp",
+        "step_0000001",
+        "step_0000002",
+        "step_0000003",
+    ]
     assert not list(r.glob(".*.tmp"))
 
 
@@ -276,13 +304,34 @@ def test_ddp_ranks_stop_when_their_torchrun_launcher_is_killed(root, tmp_path):
     """torchrun starts each rank in its own session: SIGKILL to the launcher reached no rank, and the
     two gloo ranks trained on. Each rank now ends with its launcher."""
     out = tmp_path / "ddp"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "tokenmix",
-           "train", "lm", "--preset", "tiny", "--out", str(out), "--quiet", "--set", *TINY,
-           "train.max_steps=1000000", "train.checkpoint_every=0", "train.eval_every=1000000",
-           "train.tensorboard=false", "train.parallel=ddp", "train.device=cpu"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "tokenmix",
+        "train",
+        "lm",
+        "--preset",
+        "tiny",
+        "--out",
+        str(out),
+        "--quiet",
+        "--set",
+        *TINY,
+        "train.max_steps=1000000",
+        "train.checkpoint_every=0",
+        "train.eval_every=1000000",
+        "train.tensorboard=false",
+        "train.parallel=ddp",
+        "train.device=cpu",
+    ]
     log = open(tmp_path / "torchrun.log", "w")
-    launcher = subprocess.Popen(cmd, env=lm_env(root / "cache"), stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    launcher = subprocess.Popen(
+        cmd, env=lm_env(root / "cache"), stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
     ranks: list[int] = []
     try:
         deadline = time.monotonic() + 240
@@ -325,16 +374,21 @@ def test_a_tokenizer_that_is_a_device_is_called_so(run, tmp_path, capsys):
     r = copy_run(run, tmp_path / "run")
     (r / "tokenizer.json").unlink()
     os.symlink("/dev/zero", r / "tokenizer.json")
-    line = one_line_error(run_cli(["generate", "--run", str(r), "--prompt", "a"], capsys), "tokenizer.json",
-                          "character device")
+    line = one_line_error(
+        run_cli(["generate", "--run", str(r), "--prompt", "a"], capsys), "tokenizer.json", "character device"
+    )
     assert "does not exist" not in line
 
 
 def test_an_empty_record_file_is_an_empty_corpus(tmp_path, capsys):
     for name in ("empty.jsonl", "blank.jsonl", "empty.csv"):
         (tmp_path / name).write_text("" if name.startswith("empty") else "\n \n")
-        line = one_line_error(run_cli(["data", "prepare", "--corpus", str(tmp_path / name), "--out",
-                                       str(tmp_path / f"prep-{name}")], capsys), "empty")
+        line = one_line_error(
+            run_cli(
+                ["data", "prepare", "--corpus", str(tmp_path / name), "--out", str(tmp_path / f"prep-{name}")], capsys
+            ),
+            "empty",
+        )
         assert "StopIteration" not in line and not (tmp_path / f"prep-{name}").exists()
 
 
@@ -361,9 +415,12 @@ def test_a_failing_preset_file_is_one_line_with_its_file_and_line(tmp_path, caps
     building.write_text('"""Fails in its function."""\n\n\ndef building(extra_mixers=()):\n    return [None][3]\n')
     syntax = tmp_path / "syntax.py"
     syntax.write_text('"""Not Python."""\ndef syntax(:\n')
-    for path, words in ((loading, ("line 3", "ValueError: no such setting: depth")),
-                        (building, ("line 5", "building()", "IndexError")),
-                        (syntax, ("line 2", "SyntaxError"))):
-        one_line_error(run_cli(["compare", "--preset", str(path), "--out", str(tmp_path / "o")], capsys),
-                       str(path), *words)
+    for path, words in (
+        (loading, ("line 3", "ValueError: no such setting: depth")),
+        (building, ("line 5", "building()", "IndexError")),
+        (syntax, ("line 2", "SyntaxError")),
+    ):
+        one_line_error(
+            run_cli(["compare", "--preset", str(path), "--out", str(tmp_path / "o")], capsys), str(path), *words
+        )
     assert not (tmp_path / "o").exists()

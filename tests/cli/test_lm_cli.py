@@ -1,5 +1,6 @@
 """The LM commands as a user types them (in process): data prepare, train lm, eval, generate, and
 one clear line with exit status 2 for every kind of bad input."""
+
 from __future__ import annotations
 
 import json
@@ -12,7 +13,6 @@ from lm_helpers import one_line_error, run_cli
 from tokenmix.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
 
 
 @pytest.fixture(scope="module")
@@ -34,9 +34,26 @@ def trained_run(tmp_path_factory, corpus_file) -> Path:
     os.environ["TOKENMIX_CACHE"] = str(cache)
     out = tmp_path_factory.mktemp("cli_runs") / "run"
     try:
-        rc = main(["train", "lm", "--corpus", str(corpus_file), "--preset", "tiny", "--layers", "pow2,attention",
-                   "--out", str(out), "--no-progress", "--set", "train.max_steps=12", "train.eval_every=6",
-                   "train.log_every=6", "train.tensorboard=false"])
+        rc = main(
+            [
+                "train",
+                "lm",
+                "--corpus",
+                str(corpus_file),
+                "--preset",
+                "tiny",
+                "--layers",
+                "pow2,attention",
+                "--out",
+                str(out),
+                "--no-progress",
+                "--set",
+                "train.max_steps=12",
+                "train.eval_every=6",
+                "train.log_every=6",
+                "train.tensorboard=false",
+            ]
+        )
     finally:
         del os.environ["TOKENMIX_CACHE"]
     assert rc == 0
@@ -70,23 +87,52 @@ def test_eval_reports_perplexity_and_per_position_loss(trained_run, capsys):
 
 
 def test_generate_streams_a_continuation(trained_run, capsys):
-    rc, out, err = run_cli(["generate", "--run", str(trained_run), "--prompt", "KING.", "--max-new-tokens", "10",
-                            "--seed", "3"], capsys)
+    rc, out, err = run_cli(
+        ["generate", "--run", str(trained_run), "--prompt", "KING.", "--max-new-tokens", "10", "--seed", "3"], capsys
+    )
     assert rc == 0, err
     assert out.startswith("KING.") and len(out) > len("KING.\n")
-    rc, again, _ = run_cli(["generate", "--run", str(trained_run), "--prompt", "KING.", "--max-new-tokens", "10",
-                            "--seed", "3"], capsys)
+    rc, again, _ = run_cli(
+        ["generate", "--run", str(trained_run), "--prompt", "KING.", "--max-new-tokens", "10", "--seed", "3"], capsys
+    )
     assert again == out  # seeded
-    rc, out, err = run_cli(["generate", "--run", str(trained_run), "--prompt", "A", "--prompt", "Enter the king",
-                            "--max-new-tokens", "5", "--json", "--temperature", "0"], capsys)
+    rc, out, err = run_cli(
+        [
+            "generate",
+            "--run",
+            str(trained_run),
+            "--prompt",
+            "A",
+            "--prompt",
+            "Enter the king",
+            "--max-new-tokens",
+            "5",
+            "--json",
+            "--temperature",
+            "0",
+        ],
+        capsys,
+    )
     items = json.loads(out)
     assert rc == 0 and [i["prompt"] for i in items] == ["A", "Enter the king"]
     assert all(i["new_tokens"] == 5 for i in items)
 
 
 def test_data_prepare_prints_a_summary(tmp_path, corpus_file, capsys):
-    rc, out, err = run_cli(["data", "prepare", "--corpus", str(corpus_file), "--vocab-size", "280", "--out",
-                            str(tmp_path / "prep"), "--json"], capsys)
+    rc, out, err = run_cli(
+        [
+            "data",
+            "prepare",
+            "--corpus",
+            str(corpus_file),
+            "--vocab-size",
+            "280",
+            "--out",
+            str(tmp_path / "prep"),
+            "--json",
+        ],
+        capsys,
+    )
     assert rc == 0, err
     s = json.loads(out)
     assert s["vocab_size"] == 280 and s["splits"]["val"]["tokens"] > 0 and s["splits"]["train"]["documents"] > 10
@@ -98,22 +144,29 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, trained_run, capsys, monkeyp
     one_line_error(run_cli(["data", "prepare", "--corpus", str(missing)], capsys), "nope.txt")
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    one_line_error(run_cli(["train", "lm", "--corpus", str(empty), "--preset", "tiny", "--out",
-                                   str(tmp_path / "r1")], capsys), "empty")
+    one_line_error(
+        run_cli(["train", "lm", "--corpus", str(empty), "--preset", "tiny", "--out", str(tmp_path / "r1")], capsys),
+        "empty",
+    )
     binary = tmp_path / "latin1.txt"
     binary.write_bytes(b"na\xefve " * 100)
     one_line_error(run_cli(["data", "prepare", "--corpus", str(binary)], capsys), "not UTF-8")
-    one_line_error(run_cli(["train", "lm", "--preset", "tiny", "--layers", "pow2,mamba9", "--out",
-                                   str(tmp_path / "r2")], capsys), "unknown mixer 'mamba9'")
+    one_line_error(
+        run_cli(["train", "lm", "--preset", "tiny", "--layers", "pow2,mamba9", "--out", str(tmp_path / "r2")], capsys),
+        "unknown mixer 'mamba9'",
+    )
     one_line_error(run_cli(["train", "lm", "--set", "train.lrate=1"], capsys), "unknown config key")
     long_prompt = "to be or not to be " * 40
-    one_line_error(run_cli(["generate", "--run", str(trained_run), "--prompt", long_prompt], capsys),
-                          "prompt is", "at most 31 tokens")
+    one_line_error(
+        run_cli(["generate", "--run", str(trained_run), "--prompt", long_prompt], capsys),
+        "prompt is",
+        "at most 31 tokens",
+    )
     one_line_error(run_cli(["eval", "--run", str(tmp_path / "no_run")], capsys), "does not exist")
-    one_line_error(run_cli(["train", "lm", "--resume", str(trained_run), "--set", "train.lr=1"], capsys),
-                          "--resume")
-    one_line_error(run_cli(["train", "lm", "--preset", "tiny", "--out", str(trained_run)], capsys),
-                          "already holds a run")
+    one_line_error(run_cli(["train", "lm", "--resume", str(trained_run), "--set", "train.lr=1"], capsys), "--resume")
+    one_line_error(
+        run_cli(["train", "lm", "--preset", "tiny", "--out", str(trained_run)], capsys), "already holds a run"
+    )
 
 
 def test_bf16_autocast_trains_close_to_fp32(tmp_path, corpus_file, capsys, monkeypatch):
@@ -121,12 +174,28 @@ def test_bf16_autocast_trains_close_to_fp32(tmp_path, corpus_file, capsys, monke
     first_losses = {}
     for precision in ("fp32", "bf16"):
         out = tmp_path / precision
-        rc, _, err = run_cli(["train", "lm", "--corpus", str(corpus_file), "--preset", "tiny", "--out", str(out),
-                              "--quiet", "--set", "train.max_steps=3", "train.eval_windows=1",
-                              f"train.precision={precision}"], capsys)
+        rc, _, err = run_cli(
+            [
+                "train",
+                "lm",
+                "--corpus",
+                str(corpus_file),
+                "--preset",
+                "tiny",
+                "--out",
+                str(out),
+                "--quiet",
+                "--set",
+                "train.max_steps=3",
+                "train.eval_windows=1",
+                f"train.precision={precision}",
+            ],
+            capsys,
+        )
         assert rc == 0, err
-        first_losses[precision] = [json.loads(l)["loss"] for l in (out / "metrics.jsonl").read_text().splitlines()
-                                   if '"loss"' in l]
+        first_losses[precision] = [
+            json.loads(l)["loss"] for l in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in l
+        ]
     fp32, bf16 = first_losses["fp32"], first_losses["bf16"]
     assert fp32 != bf16  # autocast really ran the matmuls in bfloat16
     assert max(abs(a - b) for a, b in zip(fp32, bf16)) < 0.05
@@ -135,17 +204,40 @@ def test_bf16_autocast_trains_close_to_fp32(tmp_path, corpus_file, capsys, monke
 def test_generate_refuses_prompts_past_learned_positions(tmp_path, corpus_file, capsys, monkeypatch):
     monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "learned"
-    rc, _, err = run_cli(["train", "lm", "--corpus", str(corpus_file), "--preset", "tiny", "--out", str(out), "--quiet",
-                          "--set", "train.max_steps=2", "train.eval_windows=1", "model.positions=learned",
-                          "model.max_seq_len=32"], capsys)
+    rc, _, err = run_cli(
+        [
+            "train",
+            "lm",
+            "--corpus",
+            str(corpus_file),
+            "--preset",
+            "tiny",
+            "--out",
+            str(out),
+            "--quiet",
+            "--set",
+            "train.max_steps=2",
+            "train.eval_windows=1",
+            "model.positions=learned",
+            "model.max_seq_len=32",
+        ],
+        capsys,
+    )
     assert rc == 0, err
     rc, text, err = run_cli(["generate", "--run", str(out), "--prompt", "KING.", "--max-new-tokens", "100"], capsys)
     assert rc == 0, err  # capped to the 32 learned positions, with a note
     assert "capped" in err
-    one_line_error(run_cli(["generate", "--run", str(out), "--prompt", "to be or not to be " * 10], capsys),
-                          "prompt is", "at most 31 tokens", "max_seq_len=32")
-    one_line_error(run_cli(["generate", "--run", str(out), "--prompt", "KING.", "--max-context", "64"], capsys),
-                          "--max-context 64", "max_seq_len=32")
+    one_line_error(
+        run_cli(["generate", "--run", str(out), "--prompt", "to be or not to be " * 10], capsys),
+        "prompt is",
+        "at most 31 tokens",
+        "max_seq_len=32",
+    )
+    one_line_error(
+        run_cli(["generate", "--run", str(out), "--prompt", "KING.", "--max-context", "64"], capsys),
+        "--max-context 64",
+        "max_seq_len=32",
+    )
 
 
 def test_summary_reports_the_whole_validation_split_against_the_bigram(trained_run):
@@ -160,7 +252,9 @@ def test_summary_reports_the_whole_validation_split_against_the_bigram(trained_r
     nats = summary["val_loss"] * summary["val_tokens"]
     assert summary["val_bits_per_char"] == pytest.approx(nats / (data.meta["splits"]["val"]["chars"] * math.log(2)))
     bigram_nats = math.log(summary["bigram_ppl"]) * summary["val_tokens"]  # the bigram on the same targets
-    assert summary["bigram_bits_per_char"] == pytest.approx(bigram_nats / (data.meta["splits"]["val"]["chars"] * math.log(2)))
+    assert summary["bigram_bits_per_char"] == pytest.approx(
+        bigram_nats / (data.meta["splits"]["val"]["chars"] * math.log(2))
+    )
     final = [json.loads(l) for l in (trained_run / "metrics.jsonl").read_text().splitlines() if '"final"' in l]
     assert len(final) == 1 and final[0]["final_val_ppl"] == pytest.approx(summary["val_ppl"])
     assert summary["precision"] == cfg["train"]["precision"] == "fp32" and summary["process_cpu_seconds"] > 0
@@ -171,8 +265,9 @@ def test_precision_auto_resolves_by_cpu_flags(tmp_path, corpus_file, capsys, mon
 
     from tokenmix.training import lm
 
-    assert lm.resolve_precision("auto", torch.device("cpu"))[0] == ("bf16" if lm.native_bf16(torch.device("cpu"))[0]
-                                                                  else "fp32")
+    assert lm.resolve_precision("auto", torch.device("cpu"))[0] == (
+        "bf16" if lm.native_bf16(torch.device("cpu"))[0] else "fp32"
+    )
     monkeypatch.setattr(lm, "native_bf16", lambda device: (False, "no native bf16 here"))
     assert lm.resolve_precision("auto", torch.device("cpu")) == ("fp32", "precision fp32 (no native bf16 here)")
     assert "much slower" in lm.resolve_precision("bf16", torch.device("cpu"))[1]
@@ -180,9 +275,24 @@ def test_precision_auto_resolves_by_cpu_flags(tmp_path, corpus_file, capsys, mon
     assert lm.resolve_precision("auto", torch.device("cpu"))[0] == "bf16"
     monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "auto"
-    rc, text, err = run_cli(["train", "lm", "--corpus", str(corpus_file), "--preset", "tiny", "--out", str(out),
-                             "--no-progress", "--set", "train.max_steps=1", "train.eval_windows=1",
-                             "train.precision=auto"], capsys)
+    rc, text, err = run_cli(
+        [
+            "train",
+            "lm",
+            "--corpus",
+            str(corpus_file),
+            "--preset",
+            "tiny",
+            "--out",
+            str(out),
+            "--no-progress",
+            "--set",
+            "train.max_steps=1",
+            "train.eval_windows=1",
+            "train.precision=auto",
+        ],
+        capsys,
+    )
     assert rc == 0, err
     assert "precision bf16 autocast (AMX)" in text
     assert json.loads((out / "config.json").read_text())["train"]["precision"] == "bf16"  # what ran, not "auto"
@@ -193,8 +303,24 @@ def test_tensorboard_events_when_installed(tmp_path, corpus_file, capsys, monkey
 
     monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "tb_run"
-    rc, _, err = run_cli(["train", "lm", "--corpus", str(corpus_file), "--preset", "tiny", "--out", str(out), "--quiet",
-                          "--set", "train.max_steps=2", "train.eval_windows=1", "train.tensorboard=true"], capsys)
+    rc, _, err = run_cli(
+        [
+            "train",
+            "lm",
+            "--corpus",
+            str(corpus_file),
+            "--preset",
+            "tiny",
+            "--out",
+            str(out),
+            "--quiet",
+            "--set",
+            "train.max_steps=2",
+            "train.eval_windows=1",
+            "train.tensorboard=true",
+        ],
+        capsys,
+    )
     assert rc == 0, err
     if importlib.util.find_spec("tensorboard") is None:  # optional: the run still works, and writes no tb/
         assert not (out / "tb").exists()

@@ -4,6 +4,7 @@ eval on any text and at longer contexts (and --device), the LM report page, "wor
 said plainly, the TensorBoard warning, BPE progress, --print-config / --config / --init-from, the
 schedule a resume may extend, `list --json` with config fields, and one --mixers syntax.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -24,8 +25,16 @@ from tokenmix.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-BASE = ["--preset", "tiny", "--no-progress", "--set", "train.threads=1", "train.eval_windows=1",
-        "train.final_eval_windows=2", "train.tensorboard=false"]
+BASE = [
+    "--preset",
+    "tiny",
+    "--no-progress",
+    "--set",
+    "train.threads=1",
+    "train.eval_windows=1",
+    "train.final_eval_windows=2",
+    "train.tensorboard=false",
+]
 HEX64 = re.compile(r"\b[0-9a-f]{64}\b")
 
 
@@ -61,7 +70,7 @@ def _by_hand_loss(model, ids: list[int], context: int) -> float:
     total, count = 0.0, 0
     with torch.no_grad():
         for s in range(0, len(ids) - 1, context):
-            w = torch.tensor(ids[s:s + context + 1]).unsqueeze(0)
+            w = torch.tensor(ids[s : s + context + 1]).unsqueeze(0)
             logits, _ = model(w[:, :-1])
             total += F.cross_entropy(logits.flatten(0, 1).double(), w[0, 1:], reduction="sum").item()
             count += w.shape[1] - 1
@@ -99,20 +108,26 @@ def test_context_past_learned_positions_is_one_line(tmp_path, capsys):
     _train(learned, "train.max_steps=1", "model.positions=learned", "model.max_seq_len=32")
     rc, out, err = run_cli(["eval", "--run", str(learned), "--context", "32", "--max-windows", "2", "--json"], capsys)
     assert rc == 0, err
-    one_line_error(run_cli(["eval", "--run", str(learned), "--context", "64"], capsys), "--context 64",
-                   "max_seq_len=32")
+    one_line_error(
+        run_cli(["eval", "--run", str(learned), "--context", "64"], capsys), "--context 64", "max_seq_len=32"
+    )
 
 
 def test_device_cuda_without_cuda_is_one_line(run, capsys, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    one_line_error(run_cli(["eval", "--run", str(run), "--device", "cuda"], capsys), "--device cuda",
-                   "CUDA is not available")
-    one_line_error(run_cli(["generate", "--run", str(run), "--prompt", "A", "--device", "cuda"], capsys),
-                   "--device cuda", "CUDA is not available")
+    one_line_error(
+        run_cli(["eval", "--run", str(run), "--device", "cuda"], capsys), "--device cuda", "CUDA is not available"
+    )
+    one_line_error(
+        run_cli(["generate", "--run", str(run), "--prompt", "A", "--device", "cuda"], capsys),
+        "--device cuda",
+        "CUDA is not available",
+    )
     rc, out, err = run_cli(["eval", "--run", str(run), "--device", "auto", "--max-windows", "1", "--json"], capsys)
     assert rc == 0 and json.loads(out)["device"] == "cpu"
-    rc, out, err = run_cli(["generate", "--run", str(run), "--prompt", "A", "--device", "auto",
-                            "--max-new-tokens", "3", "--json"], capsys)
+    rc, out, err = run_cli(
+        ["generate", "--run", str(run), "--prompt", "A", "--device", "auto", "--max-new-tokens", "3", "--json"], capsys
+    )
     assert rc == 0 and json.loads(out)[0]["new_tokens"] == 3
 
 
@@ -144,8 +159,9 @@ def test_a_run_worse_than_the_bigram_says_so_in_words(tmp_path, capsys):
 
     assert bigram_verdict(10.0, 20.0) == "better than the bigram (perplexity 10.00 vs 20.00, 2.00x lower)"
     assert bigram_verdict(40.0, 20.0) == "worse than the bigram (perplexity 40.00 vs 20.00, 2.00x higher)"
-    rc, out, err = run_cli(["train", "lm", "--out", str(tmp_path / "untrained"), *BASE, "train.max_steps=1",
-                            "train.lr=1e-9"], capsys)
+    rc, out, err = run_cli(
+        ["train", "lm", "--out", str(tmp_path / "untrained"), *BASE, "train.max_steps=1", "train.lr=1e-9"], capsys
+    )
     assert rc == 0, err
     done = [line for line in out.splitlines() if line.startswith("done:")]
     assert len(done) == 1 and "worse than the bigram" in done[0] and "x higher" in done[0], done
@@ -155,8 +171,9 @@ def test_a_run_worse_than_the_bigram_says_so_in_words(tmp_path, capsys):
 def test_tensorboard_requested_but_missing_warns_once(tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # an import of it fails, installed or not
     base = [a for a in BASE if a != "train.tensorboard=false"]
-    rc, _, err = run_cli(["train", "lm", "--out", str(tmp_path / "tb"), *base, "train.max_steps=3",
-                          "train.tensorboard=true"], capsys)
+    rc, _, err = run_cli(
+        ["train", "lm", "--out", str(tmp_path / "tb"), *base, "train.max_steps=3", "train.tensorboard=true"], capsys
+    )
     assert rc == 0, err
     assert err.count("tensorboard is not installed") == 1
     rc, _, err = run_cli(["train", "lm", "--out", str(tmp_path / "notb"), *BASE, "train.max_steps=1"], capsys)
@@ -185,9 +202,22 @@ def test_print_config_is_the_config_train_uses(tmp_path, capsys, monkeypatch, ca
     from tokenmix.cli import lm_cmd
     from tokenmix.runs.lm import LMRunConfig, LMTrainConfig
 
-    argv = ["train", "lm", "--preset", "tiny", "--layers", "pow2,attention", "--set", "train.lr=3e-3",
-            "model.d_model=48", "train.max_steps=1", "train.threads=1", "train.eval_windows=1",
-            "train.final_eval_windows=1", "train.tensorboard=false"]
+    argv = [
+        "train",
+        "lm",
+        "--preset",
+        "tiny",
+        "--layers",
+        "pow2,attention",
+        "--set",
+        "train.lr=3e-3",
+        "model.d_model=48",
+        "train.max_steps=1",
+        "train.threads=1",
+        "train.eval_windows=1",
+        "train.final_eval_windows=1",
+        "train.tensorboard=false",
+    ]
     rc, out, err = run_cli(argv + ["--print-config", "--out", str(tmp_path / "never")], capsys)
     assert rc == 0, err
     printed = json.loads(out)
@@ -219,16 +249,22 @@ def test_config_file_round_trips_and_set_applies_on_top(tmp_path, capsys):
     partial = tmp_path / "partial.json"
     partial.write_text(json.dumps({"train": {"lr": 0.005}, "model": {"layers": ["pow2", "attention"]}}))
     rc, out, _ = run_cli(["train", "lm", "--preset", "tiny", "--config", str(partial), "--print-config"], capsys)
-    rc2, expected, _ = run_cli(["train", "lm", "--preset", "tiny", "--set", "train.lr=0.005",
-                                "model.layers=pow2,attention", "--print-config"], capsys)
+    rc2, expected, _ = run_cli(
+        ["train", "lm", "--preset", "tiny", "--set", "train.lr=0.005", "model.layers=pow2,attention", "--print-config"],
+        capsys,
+    )
     assert rc == rc2 == 0 and json.loads(out) == json.loads(expected)  # missing fields keep the preset's
     rc, out, _ = run_cli(["train", "lm", "--config", str(partial), "--set", "train.lr=0.007", "--print-config"], capsys)
     assert rc == 0 and json.loads(out)["train"]["lr"] == 0.007
     bad = tmp_path / "bad.json"
-    for content, words in (("{not json", ("not valid JSON",)), ('{"train": {"lrate": 1}}', ("train.lrate",)),
-                           ('{"train": {"lr": "fast"}}', ("train.lr", "finite number")),
-                           ('{"model": {"layers": "pow2"}}', ("model.layers", "list of names")),
-                           ('{"optimizer": {}}', ("unknown config section",)), ("[1, 2]", ("JSON object",))):
+    for content, words in (
+        ("{not json", ("not valid JSON",)),
+        ('{"train": {"lrate": 1}}', ("train.lrate",)),
+        ('{"train": {"lr": "fast"}}', ("train.lr", "finite number")),
+        ('{"model": {"layers": "pow2"}}', ("model.layers", "list of names")),
+        ('{"optimizer": {}}', ("unknown config section",)),
+        ("[1, 2]", ("JSON object",)),
+    ):
         bad.write_text(content)
         one_line_error(run_cli(["train", "lm", "--config", str(bad), "--print-config"], capsys), str(bad), *words)
     one_line_error(run_cli(["train", "lm", "--config", str(tmp_path / "none.json")], capsys), "does not exist")
@@ -240,8 +276,9 @@ def test_init_from_starts_a_new_run_from_the_source_weights(run, tmp_path, capsy
     from tokenmix.runs.lm import load_run, read_metrics
 
     new = tmp_path / "new"
-    rc, out, err = run_cli(["train", "lm", "--out", str(new), "--init-from", str(run), *BASE, "train.max_steps=2"],
-                           capsys)
+    rc, out, err = run_cli(
+        ["train", "lm", "--out", str(new), "--init-from", str(run), *BASE, "train.max_steps=2"], capsys
+    )
     assert rc == 0, err
     assert "initial weights from" in out
     records = read_metrics(new)
@@ -252,16 +289,26 @@ def test_init_from_starts_a_new_run_from_the_source_weights(run, tmp_path, capsy
     # the first step's loss is the source checkpoint's model on the first batch
     source = load_run(run)
     cfg = source.config
-    batch = TokenBatches(PreparedData(cfg.data.dir).split("train"), cfg.train.seq_len, cfg.train.batch_size,
-                         cfg.train.seed, DataPosition()).next_batch()
+    batch = TokenBatches(
+        PreparedData(cfg.data.dir).split("train"),
+        cfg.train.seq_len,
+        cfg.train.batch_size,
+        cfg.train.seed,
+        DataPosition(),
+    ).next_batch()
     with torch.no_grad():
         logits, _ = source.model(batch[:, :-1])
         expected = F.cross_entropy(logits.flatten(0, 1), batch[:, 1:].flatten()).item()
     assert steps[0]["loss"] == pytest.approx(expected, rel=1e-5)
     fresh = [r["loss"] for r in read_metrics(run) if r.get("step") == 1 and "loss" in r]
     assert fresh[0] != pytest.approx(expected, rel=1e-4)  # freshly initialised weights give another loss
-    one_line_error(run_cli(["train", "lm", "--out", str(tmp_path / "wide"), "--init-from", str(run), *BASE,
-                            "model.d_model=64"], capsys), "--init-from", "model.d_model 32 vs 64")
+    one_line_error(
+        run_cli(
+            ["train", "lm", "--out", str(tmp_path / "wide"), "--init-from", str(run), *BASE, "model.d_model=64"], capsys
+        ),
+        "--init-from",
+        "model.d_model 32 vs 64",
+    )
     assert not (tmp_path / "wide").exists()
     one_line_error(run_cli(["train", "lm", "--resume", str(run), "--init-from", str(run)], capsys), "--init-from")
 
@@ -271,10 +318,17 @@ def test_resume_takes_only_a_longer_schedule(run, tmp_path, capsys):
     shutil.copytree(run, copy)
     rc, out, err = run_cli(["train", "lm", "--resume", str(copy)], capsys)
     assert rc == 0 and "finished" in out and "--set train.max_steps=N" in out
-    one_line_error(run_cli(["train", "lm", "--resume", str(copy), "--set", "train.lr=1"], capsys),
-                   "--resume", "train.max_steps", "train.lr=1")
-    one_line_error(run_cli(["train", "lm", "--resume", str(copy), "--set", "train.max_steps=3"], capsys),
-                   "train.max_steps=3", "step 4")
+    one_line_error(
+        run_cli(["train", "lm", "--resume", str(copy), "--set", "train.lr=1"], capsys),
+        "--resume",
+        "train.max_steps",
+        "train.lr=1",
+    )
+    one_line_error(
+        run_cli(["train", "lm", "--resume", str(copy), "--set", "train.max_steps=3"], capsys),
+        "train.max_steps=3",
+        "step 4",
+    )
     rc, out, err = run_cli(["train", "lm", "--resume", str(copy), "--quiet", "--set", "train.max_steps=6"], capsys)
     assert rc == 0, err
     steps = [json.loads(l)["step"] for l in (copy / "metrics.jsonl").read_text().splitlines() if '"loss"' in l]
@@ -319,15 +373,23 @@ def test_every_mixers_option_takes_one_syntax(tmp_path, capsys, monkeypatch):
     assert mixer_list("none", allow_none=True) == []
     monkeypatch.chdir(tmp_path)
     assert mixer_list(["pow2,attention", "gla"]) == ["pow2", "attention", "gla"]  # commas and spaces
-    commands = [["analyze", "cost"], ["analyze", "expressivity"], ["analyze", "norms"], ["compare"],
-                ["bench", "decode", "--n", "16"], ["bench", "mixers", "--n", "16"], ["bench", "lm"],
-                ["bench", "hf"]]
+    commands = [
+        ["analyze", "cost"],
+        ["analyze", "expressivity"],
+        ["analyze", "norms"],
+        ["compare"],
+        ["bench", "decode", "--n", "16"],
+        ["bench", "mixers", "--n", "16"],
+        ["bench", "lm"],
+        ["bench", "hf"],
+    ]
     for cmd in commands:
         unknown = one_line_error(run_cli([*cmd, "--mixers", "pow2,nosuch"], capsys), "unknown mixer 'nosuch'")
-        empty = one_line_error(run_cli([*cmd, "--mixers", " , "], capsys), "--mixers is empty",
-                               "separated by commas")
-        assert unknown.split(": error: ")[1] == one_line_error(
-            run_cli([*commands[0], "--mixers", "pow2,nosuch"], capsys)).split(": error: ")[1]
+        empty = one_line_error(run_cli([*cmd, "--mixers", " , "], capsys), "--mixers is empty", "separated by commas")
+        assert (
+            unknown.split(": error: ")[1]
+            == one_line_error(run_cli([*commands[0], "--mixers", "pow2,nosuch"], capsys)).split(": error: ")[1]
+        )
         assert empty.split(": error: ")[1].startswith("--mixers is empty; give registered mixer names")
     for cmd in (["analyze", "cost"], ["analyze", "norms"]):
         one_line_error(run_cli([*cmd, "--mixers", "none"], capsys), "--mixers none", "at least one mixer")

@@ -3,6 +3,7 @@
 sampling settings (11), ``bench solver|mixers`` exit status (12), contradictory options (13),
 ``--path-limit -1`` (14), and one clear line for invalid UTF-8, huge seeds, wrong config types, bad
 head lists, files given as runs and special files given as corpora (20)."""
+
 from __future__ import annotations
 
 import json
@@ -44,8 +45,13 @@ def trained_run(tmp_path_factory) -> Path:
 # ------------------------------------------------------------------------------------------ item 7
 def test_absurd_pattern_and_expressivity_lengths_are_refused_naming_the_limit(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    line = fails(["patterns", "--pattern", "dense", "--n", HUGE], capsys, "--n 1,000,000,000,000 is too large",
-                 "of memory available", "the largest --n that fits is")
+    line = fails(
+        ["patterns", "--pattern", "dense", "--n", HUGE],
+        capsys,
+        "--n 1,000,000,000,000 is too large",
+        "of memory available",
+        "the largest --n that fits is",
+    )
     largest = int(line.rsplit(" ", 1)[1].replace(",", ""))
     assert 1000 < largest < 10**7  # dense: an [n, n - 1] table
     fails(["analyze", "expressivity", "--n", HUGE], capsys, "too large", "the largest --n that fits is")
@@ -84,24 +90,34 @@ def test_huge_sizes_are_refused_before_allocating(capsys, tmp_path, monkeypatch)
     fails(["bench", "decode", "--n", HUGE, "--mixers", "pow2"], capsys, "the largest --n that fits")
     fails(["analyze", "cost", "--mixers", "pow2", "--cache-n", HUGE, "--time-n"], capsys, "the largest --cache-n")
     fails(["analyze", "cost", "--mixers", "pow2", "--time-n", HUGE], capsys, "the largest --time-n")
-    fails(["bench", "lm", "--contexts", HUGE, "--mixers", "pow2"], capsys, "context 1,000,000,000,000",
-          "of memory available")
+    fails(
+        ["bench", "lm", "--contexts", HUGE, "--mixers", "pow2"],
+        capsys,
+        "context 1,000,000,000,000",
+        "of memory available",
+    )
     assert not any(tmp_path.iterdir())
 
 
 def test_vocab_size_is_checked_before_the_tokenizer_trainer(tmp_path):
     # tokenizers aborts the whole process (status 134) when asked for 10^12 entries: a real process
     env = {**os.environ, "TOKENMIX_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, "-m", "tokenmix", "data", "prepare", "--vocab-size", HUGE, "--out",
-                           str(tmp_path / "prep")], capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "tokenmix", "data", "prepare", "--vocab-size", HUGE, "--out", str(tmp_path / "prep")],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-1500:]
     assert "--vocab-size must be <= 16,777,216" in proc.stderr
     assert not (tmp_path / "prep").exists()
 
 
 # ------------------------------------------------------------------------------------------ item 11
-@pytest.mark.parametrize("field,value", [("temperature", math.nan), ("temperature", math.inf),
-                                         ("top_p", math.nan), ("top_p", math.inf)])
+@pytest.mark.parametrize(
+    "field,value", [("temperature", math.nan), ("temperature", math.inf), ("top_p", math.nan), ("top_p", math.inf)]
+)
 def test_non_finite_sampling_settings_are_refused(field, value):
     with pytest.raises(ValueError, match=f"{field} must be a finite number"):
         SamplingConfig(**{field: value})
@@ -115,10 +131,16 @@ def test_tiny_temperature_samples_the_greedy_token_instead_of_nan():
 
 
 def test_generate_refuses_nan_settings_in_one_line(trained_run, capsys):
-    fails(["generate", "--run", str(trained_run), "--prompt", "hi", "--temperature", "nan"], capsys,
-          "temperature must be a finite number")
-    fails(["generate", "--run", str(trained_run), "--prompt", "hi", "--top-p", "nan"], capsys,
-          "top_p must be a finite number")
+    fails(
+        ["generate", "--run", str(trained_run), "--prompt", "hi", "--temperature", "nan"],
+        capsys,
+        "temperature must be a finite number",
+    )
+    fails(
+        ["generate", "--run", str(trained_run), "--prompt", "hi", "--top-p", "nan"],
+        capsys,
+        "top_p must be a finite number",
+    )
 
 
 # ------------------------------------------------------------------------------------------ item 12
@@ -157,21 +179,26 @@ def test_parse_errors_are_one_line(capsys):
 def test_invalid_utf8_and_huge_seed_are_named(trained_run, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     bad = b"caf\xe9".decode("utf-8", "surrogateescape")  # how Python hands over such an argument
-    fails(["generate", "--run", str(trained_run), "--prompt", bad], capsys, "--prompt is not valid UTF-8",
-          "0xe9")
+    fails(["generate", "--run", str(trained_run), "--prompt", bad], capsys, "--prompt is not valid UTF-8", "0xe9")
     fails(["analyze", "matrix", "--run", str(trained_run), "--text", bad], capsys, "--text is not valid UTF-8")
-    fails(["generate", "--run", str(trained_run), "--prompt", "hi", "--seed", str(10**20)], capsys,
-          "seed must be in [0, 2**63)")
+    fails(
+        ["generate", "--run", str(trained_run), "--prompt", "hi", "--seed", str(10**20)],
+        capsys,
+        "seed must be in [0, 2**63)",
+    )
     assert not any(tmp_path.iterdir())
 
 
-@pytest.mark.parametrize("section,key,value,needle", [
-    ("model", "d_model", "32", "model.d_model must be an integer, got '32'"),
-    ("model", "layers", 5, "model.layers must be a list of names"),
-    ("model", "mixer_overrides", [1], "model.mixer_overrides must be a JSON object"),
-    ("data", "vocab_size", None, "data.vocab_size must be an integer, got None"),
-    ("train", "seq_len", "abc", "train.seq_len must be"),
-])
+@pytest.mark.parametrize(
+    "section,key,value,needle",
+    [
+        ("model", "d_model", "32", "model.d_model must be an integer, got '32'"),
+        ("model", "layers", 5, "model.layers must be a list of names"),
+        ("model", "mixer_overrides", [1], "model.mixer_overrides must be a JSON object"),
+        ("data", "vocab_size", None, "data.vocab_size must be an integer, got None"),
+        ("train", "seq_len", "abc", "train.seq_len must be"),
+    ],
+)
 def test_wrong_types_in_a_runs_config_are_named(trained_run, tmp_path, capsys, section, key, value, needle):
     run = tmp_path / "run"
     shutil.copytree(trained_run, run)
@@ -185,16 +212,21 @@ def test_wrong_types_in_a_runs_config_are_named(trained_run, tmp_path, capsys, s
 def test_show_heads_file_runs_and_special_corpora_are_named(capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
-    fails(["analyze", "matrix", "--mixer", "pow2", "--show-heads", "a,b"], capsys,
-          "--show-heads takes comma-separated head indices")
-    fails(["analyze", "matrix", "--mixer", "pow2", "--n", "8", "--d-model", "8", "--show-heads", "5"], capsys,
-          "--show-heads 5 out of range")
+    fails(
+        ["analyze", "matrix", "--mixer", "pow2", "--show-heads", "a,b"],
+        capsys,
+        "--show-heads takes comma-separated head indices",
+    )
+    fails(
+        ["analyze", "matrix", "--mixer", "pow2", "--n", "8", "--d-model", "8", "--show-heads", "5"],
+        capsys,
+        "--show-heads 5 out of range",
+    )
     plain = tmp_path / "plain.txt"
     plain.write_text("x")
     fails(["eval", "--run", str(plain)], capsys, "is not a run directory", "file")
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
     fails(["data", "prepare", "--corpus", str(fifo), "--out", str(tmp_path / "p1")], capsys, "is a FIFO")
-    fails(["data", "prepare", "--corpus", "/dev/zero", "--out", str(tmp_path / "p2")], capsys,
-          "is a character device")
+    fails(["data", "prepare", "--corpus", "/dev/zero", "--out", str(tmp_path / "p2")], capsys, "is a character device")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fifo", "plain.txt"]

@@ -10,6 +10,7 @@
    are refused at once with an ``InputError`` (they hung, or raised ZeroDivisionError / RecursionError);
 7. ``window:M`` with an absurd M is refused naming the limit (it hung once the cache size was asked).
 """
+
 from __future__ import annotations
 
 import copy
@@ -101,19 +102,22 @@ def test_attention_backward_is_finite_for_inputs_scaled_by_1e5(state, name):
 
 
 # ----------------------------------------------------------------------------- items 6 and 9
-@pytest.mark.parametrize("spec, match", [
-    ("f:9**9**9", f"limited to {F_MAX_BITS} bits"),
-    ("f:2**2**k", f"at k = 12: .*limited to {F_MAX_BITS} bits"),
-    ("f:k**k**k+1", f"at k = 5: .*limited to {F_MAX_BITS} bits"),
-    ("f:10**(10**k)", f"at k = 4: .*limited to {F_MAX_BITS} bits"),
-    ("f:k//0", "division by zero"),
-    ("f:k%0+1", "division by zero"),
-    ("f:k**-1", "negative exponent"),
-    ("f:" + "+".join(["k"] * 2000), "characters, at most"),
-    ("f:" + "-" * 200 + "k", "nested deeper than"),
-    ("f:" + "k+" * 100 + "1", "nested deeper than"),
-    ("f:" + "2**" * 80 + "k", "nested deeper than"),
-])
+@pytest.mark.parametrize(
+    "spec, match",
+    [
+        ("f:9**9**9", f"limited to {F_MAX_BITS} bits"),
+        ("f:2**2**k", f"at k = 12: .*limited to {F_MAX_BITS} bits"),
+        ("f:k**k**k+1", f"at k = 5: .*limited to {F_MAX_BITS} bits"),
+        ("f:10**(10**k)", f"at k = 4: .*limited to {F_MAX_BITS} bits"),
+        ("f:k//0", "division by zero"),
+        ("f:k%0+1", "division by zero"),
+        ("f:k**-1", "negative exponent"),
+        ("f:" + "+".join(["k"] * 2000), "characters, at most"),
+        ("f:" + "-" * 200 + "k", "nested deeper than"),
+        ("f:" + "k+" * 100 + "1", "nested deeper than"),
+        ("f:" + "2**" * 80 + "k", "nested deeper than"),
+    ],
+)
 def test_f_expressions_that_explode_or_fail_are_refused_at_once(spec, match):
     with within(1.0):
         start = time.perf_counter()

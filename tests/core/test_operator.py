@@ -1,4 +1,5 @@
 """The (A, B) operator and the dense reference solver."""
+
 from __future__ import annotations
 
 import pytest
@@ -44,8 +45,9 @@ def test_solver_gradcheck_and_dtypes():
     a = op.A.clone().requires_grad_()
     bm = op.B.clone().requires_grad_()
     x = torch.randn(1, 5, 2, 3, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda a, bm, x: solve_dense(MixOperator(torch.tril(a), torch.tril(bm, -1)), x),
-                                     (a, bm, x))
+    assert torch.autograd.gradcheck(
+        lambda a, bm, x: solve_dense(MixOperator(torch.tril(a), torch.tril(bm, -1)), x), (a, bm, x)
+    )
     for dtype in (torch.float32, torch.bfloat16):
         op32 = MixOperator(op.A.to(dtype), op.B.to(dtype))
         y = solve_dense(op32, x.detach().to(dtype))

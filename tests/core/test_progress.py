@@ -1,5 +1,6 @@
 """Progress on a terminal and in a log: plain lines with done/total, elapsed and an ETA that
 discounts the budget runs did not use."""
+
 from __future__ import annotations
 
 import io
@@ -13,10 +14,10 @@ def test_plain_lines_in_a_log_with_an_eta_from_real_work(monkeypatch):
     log = io.StringIO()
     with P.Progress("compare", 1000, "steps", stream=log, every=30) as bar:
         clock[0] += 10
-        bar.advance(100)                   # 10 s after the start: no line yet
+        bar.advance(100)  # 10 s after the start: no line yet
         clock[0] += 30
-        bar.advance(100)                   # 200 steps in 40 s; a line is due
-        bar.advance(300, credited=True)    # a run stopped early: 300 steps credited, not trained
+        bar.advance(100)  # 200 steps in 40 s; a line is due
+        bar.advance(300, credited=True)  # a run stopped early: 300 steps credited, not trained
         bar.note("runs 1/4")
         bar.milestone("pow2 seed 0 finished")
     lines = log.getvalue().splitlines()

@@ -5,6 +5,7 @@
 * ``data prepare`` never runs apt-get unless asked (``--install-missing``); it names the command;
 * the CLI sets a passive OpenMP wait policy before torch is loaded, keeping a user's own setting.
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,10 @@ def cache(tmp_path, monkeypatch):
 @pytest.fixture
 def no_network(monkeypatch):
     """Any attempt to open a network connection fails the test."""
+
     def refuse(*args, **kwargs):
         raise AssertionError(f"network access attempted: {args[1:] if args else kwargs}")
+
     monkeypatch.setattr(socket.socket, "connect", refuse)
     monkeypatch.setattr(socket.socket, "connect_ex", refuse)
     monkeypatch.setattr(socket, "create_connection", refuse)
@@ -56,11 +59,18 @@ def rows_of(texts, start=0):
 
 # ---------------------------------------------------------------------------------- record files
 def test_jsonl_records_become_documents(tmp_path, no_network):
-    rows = rows_of(TEXTS[:3]) + [{"id": 3, "text": None, "title": "no text"}, {"id": 4, "text": "a\r\nb", "title": "crlf"}]
+    rows = rows_of(TEXTS[:3]) + [
+        {"id": 3, "text": None, "title": "no text"},
+        {"id": 4, "text": "a\r\nb", "title": "crlf"},
+    ]
     f = write_jsonl(tmp_path / "data.jsonl", rows)
     docs = load_corpus(str(f))
-    assert docs == [Document("data.jsonl#000000", TEXTS[0]), Document("data.jsonl#000001", TEXTS[1]),
-                    Document("data.jsonl#000002", TEXTS[2]), Document("data.jsonl#000004", "a\nb")]
+    assert docs == [
+        Document("data.jsonl#000000", TEXTS[0]),
+        Document("data.jsonl#000001", TEXTS[1]),
+        Document("data.jsonl#000002", TEXTS[2]),
+        Document("data.jsonl#000004", "a\nb"),
+    ]
     assert [d.text for d in load_corpus(str(f), text_field="title")] == [r["title"] for r in rows]
 
 
@@ -92,12 +102,22 @@ def test_folder_of_jsonl_files_with_a_text_file(tmp_path, no_network):
     (folder / "notes.txt").write_text("plain text stays one document")
     docs = load_corpus(str(folder))
     assert [(d.name, d.text) for d in docs] == [
-        ("a.jsonl#000000", TEXTS[0]), ("a.jsonl#000001", TEXTS[1]), ("notes.txt", "plain text stays one document"),
-        ("sub/b.jsonl#000000", TEXTS[2]), ("sub/b.jsonl#000001", TEXTS[3]), ("sub/b.jsonl#000002", TEXTS[4])]
+        ("a.jsonl#000000", TEXTS[0]),
+        ("a.jsonl#000001", TEXTS[1]),
+        ("notes.txt", "plain text stays one document"),
+        ("sub/b.jsonl#000000", TEXTS[2]),
+        ("sub/b.jsonl#000001", TEXTS[3]),
+        ("sub/b.jsonl#000002", TEXTS[4]),
+    ]
 
 
 def test_file_names_are_not_glob_patterns(tmp_path, no_network):
-    for name, texts in (("c*d.jsonl", TEXTS[:2]), ("cXd.jsonl", TEXTS[2:5]), ("a[1].jsonl", TEXTS[5:6]), ("a1.jsonl", TEXTS[6:8])):
+    for name, texts in (
+        ("c*d.jsonl", TEXTS[:2]),
+        ("cXd.jsonl", TEXTS[2:5]),
+        ("a[1].jsonl", TEXTS[5:6]),
+        ("a1.jsonl", TEXTS[6:8]),
+    ):
         write_jsonl(tmp_path / name, rows_of(texts))
     assert [d.text for d in load_corpus(str(tmp_path / "c*d.jsonl"))] == TEXTS[:2]
     assert [d.text for d in load_corpus(str(tmp_path / "a[1].jsonl"))] == TEXTS[5:6]
@@ -105,8 +125,13 @@ def test_file_names_are_not_glob_patterns(tmp_path, no_network):
 
 def test_wrong_field_is_one_line_listing_the_columns(tmp_path, cache, capsys):
     f = write_jsonl(tmp_path / "data.jsonl", rows_of(TEXTS[:5]))
-    line = one_line_error(run_cli(["data", "prepare", "--corpus", str(f), "--text-field", "body"], capsys),
-                          "data prepare", "no column 'body'", "id, text, title", "--text-field")
+    line = one_line_error(
+        run_cli(["data", "prepare", "--corpus", str(f), "--text-field", "body"], capsys),
+        "data prepare",
+        "no column 'body'",
+        "id, text, title",
+        "--text-field",
+    )
     assert str(f) in line
     assert not (cache / "prepared").exists() or not any((cache / "prepared").iterdir())
 
@@ -161,8 +186,22 @@ def test_cache_key_includes_the_text_field(tmp_path, cache, no_network):
 
 def test_text_field_flag_reaches_the_prepared_data(tmp_path, cache, capsys):
     f = write_jsonl(tmp_path / "data.jsonl", [{"body": t} for t in TEXTS])
-    rc, out, err = run_cli(["data", "prepare", "--corpus", str(f), "--text-field", "body", "--vocab-size", "300",
-                            "--out", str(tmp_path / "out"), "--json"], capsys)
+    rc, out, err = run_cli(
+        [
+            "data",
+            "prepare",
+            "--corpus",
+            str(f),
+            "--text-field",
+            "body",
+            "--vocab-size",
+            "300",
+            "--out",
+            str(tmp_path / "out"),
+            "--json",
+        ],
+        capsys,
+    )
     assert rc == 0, err
     meta = json.loads((tmp_path / "out" / "meta.json").read_text())
     assert meta["key"]["corpus"].endswith(":field=body")
@@ -180,8 +219,10 @@ def test_missing_datasets_names_the_extra(tmp_path, cache, capsys, monkeypatch):
 def test_text_files_do_not_import_datasets(tmp_path):
     f = tmp_path / "a.txt"
     f.write_text("\n\n".join(f"paragraph {i}" for i in range(50)))
-    code = ("import sys; from tokenmix.data.corpora import load_corpus; "
-            f"load_corpus({str(f)!r}); print('datasets' in sys.modules)")
+    code = (
+        "import sys; from tokenmix.data.corpora import load_corpus; "
+        f"load_corpus({str(f)!r}); print('datasets' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
@@ -217,8 +258,9 @@ def no_bible(monkeypatch, tmp_path):
 
 def test_missing_package_is_refused_naming_the_command(no_bible, cache, capsys, monkeypatch):
     monkeypatch.setattr(corpora, "_is_root", lambda: False)
-    line = one_line_error(run_cli(["data", "prepare", "--corpus", "kjv"], capsys),
-                          "`sudo apt-get install bible-kjv`", "--install-missing")
+    line = one_line_error(
+        run_cli(["data", "prepare", "--corpus", "kjv"], capsys), "`sudo apt-get install bible-kjv`", "--install-missing"
+    )
     assert "installing" not in line
     monkeypatch.setattr(corpora, "_is_root", lambda: True)
     one_line_error(run_cli(["data", "prepare", "--corpus", "pydocs"], capsys), "`apt-get install python3-doc`")

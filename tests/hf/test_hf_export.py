@@ -5,6 +5,7 @@ folder with ``AutoModelForCausalLM`` / ``AutoTokenizer`` offline, and its logits
 tokens equal tokenmix's own (``load_run``). Bad input is one line and exit status 2, and writes
 nothing. ``import tokenmix`` stays light: no torch, no transformers.
 """
+
 from __future__ import annotations
 
 import json
@@ -26,15 +27,26 @@ from tokenmix.runs.lm import load_run
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TEXTS = ["The quick brown fox jumps over the lazy dog.", "Hello<|endoftext|>world", "  spaces\n\nand lines ", "é ü 漢字"]
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Hello<|endoftext|>world",
+    "  spaces\n\nand lines ",
+    "é ü 漢字",
+]
 SUBPROCESS_SECONDS = 120  # a fresh interpreter imports torch and transformers (several seconds on a busy machine)
 
 
 def python(code: str, tmp: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
-               HF_HOME=str(tmp / "hf_home"))
-    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                          timeout=SUBPROCESS_SECONDS)
+    env = dict(
+        os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp / "hf_home")
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SUBPROCESS_SECONDS,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
 
@@ -52,8 +64,13 @@ def exported(tmp_path_factory):
 
 def test_export_folder_holds_weights_config_and_tokenizer(exported):
     run, out = exported
-    assert {p.name for p in out.iterdir()} >= {"config.json", "generation_config.json", "model.safetensors",
-                                               "tokenizer.json", "tokenizer_config.json"}
+    assert {p.name for p in out.iterdir()} >= {
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    }
     cfg = json.loads((out / "config.json").read_text())
     trained = json.loads((run / "config.json").read_text())["model"]
     assert cfg["model_type"] == "tokenmix" and cfg["architectures"] == ["TokenmixForCausalLM"]
@@ -87,7 +104,8 @@ def test_a_fresh_process_loads_the_export_after_import_tokenmix(exported, tmp_pa
     the order that a hook registering right after ``transformers.models.auto`` would break on."""
     run, out = exported
     result = tmp_path / "result.safetensors"
-    done = python(f"""
+    done = python(
+        f"""
         import json, sys
         import tokenmix
         assert "torch" not in sys.modules and "transformers" not in sys.modules
@@ -106,7 +124,9 @@ def test_a_fresh_process_loads_the_export_after_import_tokenmix(exported, tmp_pa
         save_file({{"logits": logits.contiguous(), "greedy": greedy, "mask": batch["attention_mask"]}}, {str(result)!r})
         print(json.dumps({{"enc": enc, "type": type(model).__name__, "eos": tok.eos_token_id, "pad": tok.pad_token_id,
                           "side": tok.padding_side, "decoded": tok.decode(enc[1])}}))
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
     info = json.loads(done.stdout.strip().splitlines()[-1])
     loaded = load_run(run)
     sep = separator_id(loaded.tokenizer)
@@ -121,12 +141,13 @@ def test_a_fresh_process_loads_the_export_after_import_tokenmix(exported, tmp_pa
     width = tensors["mask"].shape[1]
     mine = generate(loaded.model, ours[:2], SamplingConfig(max_new_tokens=8, temperature=0.0, stop_token=sep))
     for row, seq in zip(tensors["greedy"][:, width:].tolist(), mine):
-        assert row[: len(seq)] == seq and all(t == sep for t in row[len(seq):])
+        assert row[: len(seq)] == seq and all(t == sep for t in row[len(seq) :])
 
 
 def test_transformers_imported_before_tokenmix_registers_at_once(exported, tmp_path):
     _, out = exported
-    python(f"""
+    python(
+        f"""
         import sys
         import transformers
         import tokenmix
@@ -135,19 +156,24 @@ def test_transformers_imported_before_tokenmix_registers_at_once(exported, tmp_p
         cfg = AutoConfig.from_pretrained({str(out)!r}, local_files_only=True)
         assert type(cfg).__name__ == "TokenmixConfig", type(cfg)
         assert type(AutoModel.from_pretrained({str(out)!r}, local_files_only=True)).__name__ == "TokenmixModel"
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
 
 
 def test_import_tokenmix_loads_neither_torch_nor_transformers(tmp_path):
     """``import tokenmix`` (what the command line does first, before it sets OMP_WAIT_POLICY and
     torch loads) imports neither; nor does the command line's parser module load transformers."""
-    python("""
+    python(
+        """
         import sys
         import tokenmix
         assert "torch" not in sys.modules and "transformers" not in sys.modules, "import tokenmix is not light"
         import tokenmix.cli.main
         assert "transformers" not in sys.modules, "the command line imports transformers"
-    """, tmp_path)
+    """,
+        tmp_path,
+    )
 
 
 def test_export_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, capsys):
@@ -155,14 +181,17 @@ def test_export_bad_input_is_one_line_and_writes_nothing(exported, tmp_path, cap
     before = sorted(p.name for p in out.iterdir())
     a_file = tmp_path / "model.bin"
     a_file.write_text("not a folder\n")
-    one_line_error(run_cli(["export", "--run", str(tmp_path / "missing"), "--hf", str(tmp_path / "x")], capsys),
-                   "does not exist")
-    one_line_error(run_cli(["export", "--run", str(tmp_path), "--hf", str(tmp_path / "x")], capsys),
-                   "not a run directory")
+    one_line_error(
+        run_cli(["export", "--run", str(tmp_path / "missing"), "--hf", str(tmp_path / "x")], capsys), "does not exist"
+    )
+    one_line_error(
+        run_cli(["export", "--run", str(tmp_path), "--hf", str(tmp_path / "x")], capsys), "not a run directory"
+    )
     one_line_error(run_cli(["export", "--run", str(run), "--hf", str(a_file)], capsys), "is a file")
     one_line_error(run_cli(["export", "--run", str(run), "--hf", str(out)], capsys), "not empty")
-    one_line_error(run_cli(["export", "--run", str(run), "--hf", str(tmp_path / "no" / "such")], capsys),
-                   "does not exist")
+    one_line_error(
+        run_cli(["export", "--run", str(run), "--hf", str(tmp_path / "no" / "such")], capsys), "does not exist"
+    )
     one_line_error(run_cli(["export", "--run", str(run)], capsys), "--hf")
     assert a_file.read_text() == "not a folder\n"
     assert sorted(p.name for p in out.iterdir()) == before
@@ -176,23 +205,57 @@ def test_lm_eval_runs_the_shipped_local_tasks_on_the_export(exported, tmp_path):
     multiple-choice accuracy a fraction."""
     run, out = exported
     assert {p.name for p in (out / "lm_eval_tasks").iterdir()} == {
-        "tokenmix_heldout.yaml", "heldout.jsonl", "tokenmix_continuation.yaml", "continuation.jsonl"}
+        "tokenmix_heldout.yaml",
+        "heldout.jsonl",
+        "tokenmix_continuation.yaml",
+        "continuation.jsonl",
+    }
     items = [json.loads(line) for line in (out / "lm_eval_tasks" / "continuation.jsonl").read_text().splitlines()]
     assert items and all(len(i["choices"]) == 4 and 0 <= i["label"] < 4 for i in items)
-    env = dict(os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_DATASETS_OFFLINE="1",
-               HF_HOME=str(tmp_path / "hf_home"))
+    env = dict(
+        os.environ,
+        OMP_NUM_THREADS="1",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        HF_DATASETS_OFFLINE="1",
+        HF_HOME=str(tmp_path / "hf_home"),
+    )
     lm_eval = Path(sys.executable).with_name("lm_eval")
-    done = subprocess.run([str(lm_eval), "--model", "hf", "--model_args", f"pretrained={out},trust_remote_code=True",
-                           "--include_path", str(out / "lm_eval_tasks"), "--tasks",
-                           "tokenmix_heldout,tokenmix_continuation", "--limit", "4", "--device", "cpu",
-                           "--batch_size", "2", "--output_path", str(tmp_path / "res")],
-                          env=env, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    done = subprocess.run(
+        [
+            str(lm_eval),
+            "--model",
+            "hf",
+            "--model_args",
+            f"pretrained={out},trust_remote_code=True",
+            "--include_path",
+            str(out / "lm_eval_tasks"),
+            "--tasks",
+            "tokenmix_heldout,tokenmix_continuation",
+            "--limit",
+            "4",
+            "--device",
+            "cpu",
+            "--batch_size",
+            "2",
+            "--output_path",
+            str(tmp_path / "res"),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-4000:]
     results = json.loads(next((tmp_path / "res").rglob("results_*.json")).read_text())["results"]
     ppl = results["tokenmix_heldout"]["word_perplexity,none"]
     acc = results["tokenmix_continuation"]["acc,none"]
     assert torch.isfinite(torch.tensor(ppl)) and ppl > 1 and 0.0 <= acc <= 1.0
     # our task files state every metric's aggregation and direction: lm-eval warns about none of them
-    task_warnings = [line for line in done.stderr.splitlines() if "WARNING" in line
-                     and any(w in line for w in ("aggregation", "higher_is_better", "tokenmix_"))]
+    task_warnings = [
+        line
+        for line in done.stderr.splitlines()
+        if "WARNING" in line and any(w in line for w in ("aggregation", "higher_is_better", "tokenmix_"))
+    ]
     assert not task_warnings, task_warnings

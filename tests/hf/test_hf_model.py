@@ -6,6 +6,7 @@ A new mixer joins by registering (the parametrisation is the registry). Models a
 d_model 16, one layer + MLP) with an embedding of std 0.5, so that the logits (tied head) spread
 enough for greedy and sampled choices to mean something.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -14,6 +15,7 @@ import re
 import pytest
 import torch
 import torch.nn.functional as F
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 from mixer_helpers import ALL_MIXERS
 from tokenmix.checks.equivalence import small_overrides
@@ -21,7 +23,6 @@ from tokenmix.core.errors import InputError
 from tokenmix.generation import SamplingConfig, generate
 from tokenmix.hf import TokenmixCache, TokenmixConfig, TokenmixForCausalLM, TokenmixModel
 from tokenmix.models import ModelConfig, left_pad
-from transformers import AutoConfig, AutoModel, AutoModelForCausalLM
 
 VOCAB = 40
 NEW = 6
@@ -69,7 +70,7 @@ def test_greedy_left_padded_batch_equals_tokenmix_and_never_reruns_the_prefix(na
     finally:
         calls.remove()
     ours = generate(model.net, prompts, SamplingConfig(max_new_tokens=NEW, temperature=0.0))
-    assert out[:, ids.shape[1]:].tolist() == ours, name
+    assert out[:, ids.shape[1] :].tolist() == ours, name
     assert calls.shapes == [tuple(ids.shape)] + [(len(prompts), 1)] * (NEW - 1), name
 
 
@@ -94,7 +95,7 @@ def test_sampled_generation_equals_tokenmix(name):
         torch.manual_seed(seed)
         out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW, do_sample=True, **knobs)
         ours = generate(model.net, [prompt], SamplingConfig(max_new_tokens=NEW, seed=seed, **knobs))[0]
-        assert out[0, len(prompt):].tolist() == ours, (name, seed)
+        assert out[0, len(prompt) :].tolist() == ours, (name, seed)
 
 
 @pytest.mark.parametrize("name", ALL_MIXERS)
@@ -155,14 +156,19 @@ def test_hybrid_layers_keep_their_own_states_and_a_returned_cache_continues():
     # the last generated token has not been fed yet: the cache has seen the prompt and 3 new tokens
     assert cache.get_seq_length() == ids.shape[1] + 3
     pattern, kv, recurrent = cache.states
-    assert kv.cached_positions() == ids.shape[1] + 3       # a KV cache: every position (padding masked)
-    assert recurrent.cached_positions() == 0               # a fixed-size state
+    assert kv.cached_positions() == ids.shape[1] + 3  # a KV cache: every position (padding masked)
+    assert recurrent.cached_positions() == 0  # a fixed-size state
     assert all(s.position == cache.seen for s in (pattern, kv, recurrent))
     calls = CallShapes(model)
     try:
         seq = first.sequences
-        more = model.generate(seq, attention_mask=torch.cat([mask, torch.ones(2, 4, dtype=torch.long)], 1),
-                              cache=cache, max_new_tokens=4, do_sample=False)
+        more = model.generate(
+            seq,
+            attention_mask=torch.cat([mask, torch.ones(2, 4, dtype=torch.long)], 1),
+            cache=cache,
+            max_new_tokens=4,
+            do_sample=False,
+        )
     finally:
         calls.remove()
     assert torch.equal(more, once)
@@ -170,13 +176,16 @@ def test_hybrid_layers_keep_their_own_states_and_a_returned_cache_continues():
     assert "TokenmixCache(layers=3" in repr(cache)
 
 
-@pytest.mark.parametrize("mask, words", [
-    ([[1, 0, 1, 1], [1, 1, 1, 1]], "row 0 has a 0 after a 1"),     # a hole
-    ([[1, 1, 1, 1], [1, 1, 1, 0]], "row 1 has a 0 after a 1"),     # right padding
-    ([[0, 0, 0, 0], [0, 1, 1, 1]], "row 0 is all zeros"),
-    ([[0, 2, 1, 1], [1, 1, 1, 1]], "only 0 (padding) and 1"),
-    ([[1, 1, 1], [1, 1, 1]], "shape of input_ids"),
-])
+@pytest.mark.parametrize(
+    "mask, words",
+    [
+        ([[1, 0, 1, 1], [1, 1, 1, 1]], "row 0 has a 0 after a 1"),  # a hole
+        ([[1, 1, 1, 1], [1, 1, 1, 0]], "row 1 has a 0 after a 1"),  # right padding
+        ([[0, 0, 0, 0], [0, 1, 1, 1]], "row 0 is all zeros"),
+        ([[0, 2, 1, 1], [1, 1, 1, 1]], "only 0 (padding) and 1"),
+        ([[1, 1, 1], [1, 1, 1]], "shape of input_ids"),
+    ],
+)
 def test_a_mask_that_is_not_left_padding_is_one_line_of_bad_input(mask, words):
     """In a forward and in ``generate`` (which drops an all-ones mask before the model sees it)."""
     model = tiny_hf(("pow2",))
@@ -199,7 +208,7 @@ def test_left_padded_forward_logits_are_each_row_alone():
         batch = model(ids, attention_mask=mask).logits
         for b, p in enumerate(prompts):
             alone = model(torch.tensor([p])).logits[0]
-            torch.testing.assert_close(batch[b, int(start[b]):], alone, rtol=1e-10, atol=1e-12)
+            torch.testing.assert_close(batch[b, int(start[b]) :], alone, rtol=1e-10, atol=1e-12)
 
 
 def test_beam_search_and_foreign_caches_are_refused():
@@ -218,10 +227,22 @@ def test_beam_search_and_foreign_caches_are_refused():
 def test_config_carries_the_whole_model_config(tmp_path):
     """Every ModelConfig field, at a value other than its default, through TokenmixConfig and its
     config.json; the auto classes know the model type; a bad field is refused when the config is made."""
-    cfg = ModelConfig(vocab_size=50, d_model=24, layers=("pow2", "attention", "pow2"), n_heads=3, mlp=False,
-                      mlp_ratio=2, tie_weights=False, dropout=0.1, positions="learned", max_seq_len=64,
-                      mixer_overrides={"pow2": {"chunk_size": 8}})
-    changed = {f.name for f in dataclasses.fields(ModelConfig) if getattr(cfg, f.name) != getattr(ModelConfig(), f.name)}
+    cfg = ModelConfig(
+        vocab_size=50,
+        d_model=24,
+        layers=("pow2", "attention", "pow2"),
+        n_heads=3,
+        mlp=False,
+        mlp_ratio=2,
+        tie_weights=False,
+        dropout=0.1,
+        positions="learned",
+        max_seq_len=64,
+        mixer_overrides={"pow2": {"chunk_size": 8}},
+    )
+    changed = {
+        f.name for f in dataclasses.fields(ModelConfig) if getattr(cfg, f.name) != getattr(ModelConfig(), f.name)
+    }
     assert changed == {f.name for f in dataclasses.fields(ModelConfig)}
     hf = TokenmixConfig.from_model_config(cfg, eos_token_id=3)
     assert hf.to_model_config() == cfg

@@ -11,13 +11,15 @@
 - the chunked training mode keeps O(T), not O(T^2), for the backward;
 - their fla cross-checks (tokenmix.checks.attention_2025) through ``CROSSCHECKS``.
 """
+
 from __future__ import annotations
 
 import pytest
 import torch
+from test_left_padding import N_CHUNK, N_STEPS, STARTS, _check_against_solo_rows
+from test_left_padding import T as PAD_T
 
 from mixer_helpers import small_mixer
-from test_left_padding import N_CHUNK, N_STEPS, STARTS, T as PAD_T, _check_against_solo_rows
 from tokenmix.checks import CROSSCHECKS, load_all_crosschecks
 from tolerances import FLOAT64_EXACT, assert_close
 
@@ -42,8 +44,13 @@ def _strong_gates(m) -> None:
 def test_fox_with_forget_gate_one_is_attention():
     attn = small_mixer("attention")
     fox = small_mixer("forgetting_attention")
-    fox.load_state_dict({**attn.state_dict(), "fgate.weight": torch.zeros_like(fox.fgate.weight),
-                         "fgate.bias": torch.full_like(fox.fgate.bias, 1e4)})  # log f = logsigmoid(1e4) = 0
+    fox.load_state_dict(
+        {
+            **attn.state_dict(),
+            "fgate.weight": torch.zeros_like(fox.fgate.weight),
+            "fgate.bias": torch.full_like(fox.fgate.bias, 1e4),
+        }
+    )  # log f = logsigmoid(1e4) = 0
     x = torch.randn(2, 13, 12, dtype=torch.float64)
     y_ref = attn(x, mode="dense")[0]
     for mode in fox.modes:
@@ -65,7 +72,9 @@ def test_path_with_beta_zero_is_attention_or_fox(gate):
     x = torch.randn(2, 13, 12, dtype=torch.float64)
     y_ref = ref(x, mode="dense")[0]
     for mode in path.modes:
-        assert_close(path(x, mode=mode)[0], y_ref, FLOAT64_EXACT, f"PaTH beta=0 {mode} vs {'FoX' if gate else 'attention'}")
+        assert_close(
+            path(x, mode=mode)[0], y_ref, FLOAT64_EXACT, f"PaTH beta=0 {mode} vs {'FoX' if gate else 'attention'}"
+        )
 
 
 def test_fox_gate_decays_attention_to_the_past():
@@ -85,7 +94,7 @@ def test_stickbreaking_matrix_equals_the_product_formula(attend_current):
     x = torch.randn(2, 9, 12, dtype=torch.float64)
     a = m.materialize(x).A  # [B, H, T, T]
     q, k, _ = m._project(x)
-    z = torch.einsum("bihk,bjhk->bhij", q, k) / m.head_dim ** 0.5
+    z = torch.einsum("bihk,bjhk->bhij", q, k) / m.head_dim**0.5
     beta = torch.sigmoid(z)
     ref = torch.zeros_like(a)
     t = x.shape[1]
@@ -122,7 +131,7 @@ def test_path_matrix_and_cache_equal_the_householder_products(gate):
     logits = torch.full((b, h, t, t), float("-inf"), dtype=torch.float64)
     for i in range(t):
         for j in range(i + 1):
-            logits[..., i, j] = torch.einsum("bhk,bhkl,bhl->bh", q[:, i], prod(i, j), k[:, j]) / kd ** 0.5
+            logits[..., i, j] = torch.einsum("bhk,bhkl,bhl->bh", q[:, i], prod(i, j), k[:, j]) / kd**0.5
             if gate:
                 logits[..., i, j] += logf[:, j + 1 : i + 1].sum(1)
     assert_close(m.materialize(x).A, torch.softmax(logits, -1), 1e-13, "PaTH A vs explicit products")
@@ -174,10 +183,12 @@ def test_variant_gradcheck_through_state(name, cfg):
     xa = torch.randn(1, 3, 4, dtype=torch.float64, requires_grad=True)
     xb = torch.randn(1, 2, 4, dtype=torch.float64, requires_grad=True)
     for mode in m.modes:
+
         def f(xa, xb):
             ya, s = m(xa, mode=mode)
             yb, s = m(xb, s, mode=mode)
             return torch.cat([ya, yb], 1)
+
         assert torch.autograd.gradcheck(f, (xa, xb), eps=1e-6, atol=1e-6), f"{name} {cfg} gradcheck in {mode}"
 
 

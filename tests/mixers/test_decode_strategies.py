@@ -7,6 +7,7 @@ autograd records runs the general step. Each strategy is compared with the gener
 tokens (prefill, steps, padding, branches). Mamba-2: its own ``forward_recurrent`` vs the family's
 ``GatedLinearMixer.forward_recurrent``.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -46,6 +47,7 @@ def steps(monkeypatch) -> dict[str, int]:
         def counted(self, *args, strategy=strategy, original=original):
             counts[strategy] += 1
             return original(self, *args)
+
         monkeypatch.setattr(StructuredRecurrence, method, counted)
     return counts
 
@@ -154,7 +156,8 @@ def test_model_linear_transposed_weight_follows_weight_updates():
         lin.weight.mul_(2.0)  # an in-place update (an optimizer step): the kept copy is remade
         assert_close(lin(x), torch.nn.functional.linear(x, lin.weight), 1e-6, "after an in-place update")
     assert "up.weight" in dict(model.blocks[0].mlp.named_parameters()) and not any(
-        "_kept" in k for k in model.state_dict())
+        "_kept" in k for k in model.state_dict()
+    )
 
 
 def test_fixed_distance_step_leaves_a_tracked_cache_to_autograd(steps):
@@ -190,8 +193,11 @@ def test_mamba2_decode_without_autograd_follows_parameter_updates():
 
 
 @pytest.mark.parametrize("padding", PADDINGS)
-@pytest.mark.parametrize("name,overrides", [("pow2_ce", {}), ("sq1_ce", {}), ("pow2", {"pattern": "fenwick"})],
-                         ids=["pow2_ce", "sq1_ce", "fenwick"])
+@pytest.mark.parametrize(
+    "name,overrides",
+    [("pow2_ce", {}), ("sq1_ce", {}), ("pow2", {"pattern": "fenwick"})],
+    ids=["pow2_ce", "sq1_ce", "fenwick"],
+)
 def test_lattice_step_matches_general_step(name, overrides, padding, steps):
     """200 tokens (the slot-stable storage fills and is compacted many times) against the general
     step and the chunked mode; the cache holds the same positions with the same entries."""
@@ -247,10 +253,17 @@ def test_lattice_step_keeps_branches_valid(steps):
     assert_close(torch.stack(ys_b, 1), branched[:, 40:], FLOAT64_EXACT, "second branch")
 
 
-@pytest.mark.parametrize("name,overrides,strategy", [
-    ("pow2", {}, "fixed_distance"), ("first_order", {}, "fixed_distance"), ("pow2_ce", {}, "neighbor_set"),
-    ("pow2", {"pattern": "fenwick"}, "neighbor_set"), ("pow2", {"coefficients": "gate_softmax"}, "general"),
-    ("sq1_ce", {"coefficients": "gate_l1"}, "general")])
+@pytest.mark.parametrize(
+    "name,overrides,strategy",
+    [
+        ("pow2", {}, "fixed_distance"),
+        ("first_order", {}, "fixed_distance"),
+        ("pow2_ce", {}, "neighbor_set"),
+        ("pow2", {"pattern": "fenwick"}, "neighbor_set"),
+        ("pow2", {"coefficients": "gate_softmax"}, "general"),
+        ("sq1_ce", {"coefficients": "gate_l1"}, "general"),
+    ],
+)
 def test_every_strategy_equals_the_general_step(name, overrides, strategy, steps):
     """Each (pattern, coefficients) pair decodes by its strategy without autograd and by the general
     step with it: the same outputs and caches in float64, and the strategy is in the state."""
@@ -272,5 +285,8 @@ def test_bench_decode_reports_each_caches_strategy():
     from tokenmix.bench.decode import decode_mixers
 
     rows = decode_mixers(["pow2", "sq1_ce", "attention"], [16], heads=2, head_dim=4, steps=3, block=2)
-    assert {r["mixer"]: r["strategy"] for r in rows} == {"pow2": "fixed_distance", "sq1_ce": "neighbor_set",
-                                                        "attention": "KVCache"}
+    assert {r["mixer"]: r["strategy"] for r in rows} == {
+        "pow2": "fixed_distance",
+        "sq1_ce": "neighbor_set",
+        "attention": "KVCache",
+    }

@@ -6,6 +6,7 @@ the reductions between the mixers (n_h = 1 is Gated DeltaNet; KDA with one decay
 DeltaNet; GDN-2 with b = w = beta is KDA), allow_neg_eigval, DeltaProduct's sub-step operator and
 n_h = 3, the channel-wise op against its recurrence, and the fla cross-checks (checks/delta_2025.py).
 """
+
 from __future__ import annotations
 
 import pytest
@@ -15,8 +16,12 @@ import torch.nn.functional as F
 from mixer_helpers import small_mixer
 from tokenmix.checks import CROSSCHECKS, load_all_crosschecks
 from tokenmix.core.operator import solve_dense
-from tokenmix.ops.chunked_channel_delta import (channel_delta_operator, chunked_channel_delta_rule, decayed_scores,
-                                                recurrent_channel_delta_rule)
+from tokenmix.ops.chunked_channel_delta import (
+    channel_delta_operator,
+    chunked_channel_delta_rule,
+    decayed_scores,
+    recurrent_channel_delta_rule,
+)
 from tokenmix.study.structure import layer_shortest_path
 from tolerances import FLOAT64_EXACT, assert_close
 
@@ -136,8 +141,8 @@ def test_delta_product_state_size_and_flops(n_h):
     state = None
     for _ in range(5):
         _, state = m.step(torch.randn(1, 12, dtype=torch.float64), state)
-    assert state.peak_numel == m.state_size(5) == m.n_heads * m.head_dim ** 2  # S only, whatever n_h
-    assert m.flops_per_token(5) == (2 * n_h + 2) * m.n_heads * m.head_dim ** 2
+    assert state.peak_numel == m.state_size(5) == m.n_heads * m.head_dim**2  # S only, whatever n_h
+    assert m.flops_per_token(5) == (2 * n_h + 2) * m.n_heads * m.head_dim**2
 
 
 # ---------------------------------------------------------------- the channel-wise op
@@ -145,7 +150,10 @@ def test_delta_product_state_size_and_flops(n_h):
 def test_chunked_channel_delta_equals_recurrence_and_operator(gated):
     torch.manual_seed(0)
     b, t, h, dk, dv = 2, 13, 2, 4, 3
-    q, k = torch.randn(b, t, h, dk, dtype=torch.float64), F.normalize(torch.randn(b, t, h, dk, dtype=torch.float64), dim=-1)
+    q, k = (
+        torch.randn(b, t, h, dk, dtype=torch.float64),
+        F.normalize(torch.randn(b, t, h, dk, dtype=torch.float64), dim=-1),
+    )
     v = torch.randn(b, t, h, dv, dtype=torch.float64)
     e = torch.rand(b, t, h, dk, dtype=torch.float64) * k
     g = F.logsigmoid(torch.randn(b, t, h, dk, dtype=torch.float64)) if gated else None
@@ -157,7 +165,7 @@ def test_chunked_channel_delta_equals_recurrence_and_operator(gated):
         assert_close(s, s_ref, FLOAT64_EXACT, f"chunked C={c} state")
     # zero initial state: O = R (I - B)^{-1} W
     o0, _ = recurrent_channel_delta_rule(q, k, v, e, g)
-    mix_b, readout, _ = channel_delta_operator(q, k, e, g, dk ** -0.5)
+    mix_b, readout, _ = channel_delta_operator(q, k, e, g, dk**-0.5)
     eye = torch.eye(t, dtype=torch.float64)
     u = torch.linalg.solve(eye - mix_b, v.transpose(1, 2))
     assert_close((readout @ u).transpose(1, 2), o0, FLOAT64_EXACT, "operator")
@@ -205,8 +213,11 @@ REFERENCES = {
     "kda": ("fla naive_recurrent_kda", "fla naive_chunk_kda"),
     "gdn2": ("fla naive_recurrent_gdn2", "fla naive_chunk_gdn2"),
 }
-CASES = [pytest.param(name, label, fn, tol, id=f"{name}: {label}")
-         for name in REFERENCES for label, fn, tol in CROSSCHECKS.get(name, [])]
+CASES = [
+    pytest.param(name, label, fn, tol, id=f"{name}: {label}")
+    for name in REFERENCES
+    for label, fn, tol in CROSSCHECKS.get(name, [])
+]
 
 
 @pytest.mark.parametrize("name", list(REFERENCES))

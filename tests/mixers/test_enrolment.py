@@ -10,6 +10,7 @@ the duration of one test, and then:
     check fails them, naming the mixer;
 (c) shows in ``tokenmix list --json``.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -21,11 +22,11 @@ from dataclasses import dataclass
 import pytest
 import torch
 import torch.nn.functional as F
+from test_mixer_matrix import check_mixer
 from torch import Tensor
 
 import tokenmix.checks
 from crosscheck_assertions import assert_crosscheck_passes, assert_crosschecked, assert_declaration
-from test_mixer_matrix import check_mixer
 from tokenmix.checks import CROSSCHECKS, family_modules, load_all_crosschecks
 from tokenmix.cli.main import main
 from tokenmix.core.operator import MixOperator, solve_dense
@@ -95,13 +96,13 @@ class MovingAverage(Mixer):
             state.observe()
             prev = state.prev[:, 0] if state.cached_positions() else torch.zeros_like(u[:, s])
             outs.append(0.5 * (u[:, s] + prev))
-            state = PreviousInput(state.owner, state.batch_size, state.position + 1,
-                                  u[:, s : s + 1]).carry_over(state)
+            state = PreviousInput(state.owner, state.batch_size, state.position + 1, u[:, s : s + 1]).carry_over(state)
         return self.out(torch.stack(outs, 1)), state
 
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PreviousInput:
-        return PreviousInput(self.owner, batch_size, 0, torch.zeros(batch_size, 0, self.channels, device=device,
-                                                                    dtype=dtype))
+        return PreviousInput(
+            self.owner, batch_size, 0, torch.zeros(batch_size, 0, self.channels, device=device, dtype=dtype)
+        )
 
     def materialize(self, x: Tensor) -> MixOperator:
         """A [B, C, T, T] = (I + S) / 2 (S the sub-diagonal shift), B = 0, over the values u."""
@@ -146,7 +147,9 @@ CHECKS_MODULE = '''
 @pytest.fixture
 def enrolled():
     """The throw-away mixer, registered for one test (README "Adding a mixer", step 1)."""
-    register_mixer(NAME, MovingAverageConfig, family=FAMILY, ab_form="A = (I + S) / 2 per channel, B = 0")(MovingAverage)
+    register_mixer(NAME, MovingAverageConfig, family=FAMILY, ab_form="A = (I + S) / 2 per channel, B = 0")(
+        MovingAverage
+    )
     try:
         yield NAME
     finally:

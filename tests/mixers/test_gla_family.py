@@ -10,6 +10,7 @@
   has M = sum_c R_c (I - B_c)^{-1} A_c equal to the token view scale · Q Kᵀ ⊙ decay, and
   solve_dense(op, values) + output projection is the mixer's output.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -28,9 +29,11 @@ NAMES = ["linear_attention", "retnet", "gla", "mamba2", "diag_ssm"]
 
 def _inputs(kind: str, b=2, t=19, h=2, dk=5, dv=3, strength=1.0):
     q, k, v = torch.randn(b, t, h, dk, dtype=DT), torch.randn(b, t, h, dk, dtype=DT), torch.randn(b, t, h, dv, dtype=DT)
-    g = {"none": None,
-         "per_head": F.logsigmoid(torch.randn(b, t, h, dtype=DT)) * strength,
-         "per_key": F.logsigmoid(torch.randn(b, t, h, dk, dtype=DT)) * strength}[kind]
+    g = {
+        "none": None,
+        "per_head": F.logsigmoid(torch.randn(b, t, h, dtype=DT)) * strength,
+        "per_key": F.logsigmoid(torch.randn(b, t, h, dk, dtype=DT)) * strength,
+    }[kind]
     s0 = torch.randn(b, h, dk, dv, dtype=DT)
     return q, k, v, g, s0
 
@@ -89,7 +92,7 @@ def test_factored_and_safe_chunks_mixed_in_one_call(kind):
     q, k, v, g, s0 = _inputs(kind, t=45)
     g = g.clone()
     g[:, 8:12] = -400.0  # chunk 1 (chunk size 8) of both sequences
-    g[1, 30] = -500.0    # and chunk 3 of the second only
+    g[1, 30] = -500.0  # and chunk 3 of the second only
     leaves = [z.requires_grad_() for z in (q, k, v, g, s0)]
     w_o, w_s = torch.randn(2, 45, 2, 3, dtype=DT), torch.randn(2, 2, 5, 3, dtype=DT)
     results = []
@@ -140,8 +143,9 @@ def test_state_view_equals_token_view(name):
     g = torch.zeros_like(f.q) if f.g is None else (f.g if f.g.dim() == 4 else f.g[..., None].expand_as(f.q))
     cum = g.cumsum(1)  # [B, T, H, K]
     # token view: A[t, j] = scale sum_c q_tc k_jc exp(G_tc - G_jc), j <= t
-    diff = (cum[:, :, None] - cum[:, None, :]).masked_fill(~torch.ones(9, 9, dtype=torch.bool).tril()[..., None, None],
-                                                          float("-inf"))
+    diff = (cum[:, :, None] - cum[:, None, :]).masked_fill(
+        ~torch.ones(9, 9, dtype=torch.bool).tril()[..., None, None], float("-inf")
+    )
     token = torch.einsum("bthc,bjhc,btjhc->bhtj", f.q, f.k, diff.exp()) * f.scale
     assert_close(op.mixing_matrix(), token, 1e-12, f"{name} state view vs token view")
     # dense reference: solve_dense(op, v) (+ skip) through the output projection is the mixer's output

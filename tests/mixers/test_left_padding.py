@@ -5,6 +5,7 @@ give, for every real position, exactly what the row gives when run alone without
 the decode after it (token by token and a multi-token chunk). Padding outputs only need to be
 finite. The padding inputs are random (and, in one test, huge), so a leak shows up as a difference.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -17,7 +18,7 @@ from tokenmix.models import MixerModel, ModelConfig, left_pad
 from tolerances import FLOAT64_EXACT, assert_close
 
 STARTS = (0, 3, 5, 2)  # leading padding per row: unpadded, longer and shorter than a chunk (4)
-T = 11                 # padded prefill length
+T = 11  # padded prefill length
 N_STEPS, N_CHUNK = 3, 4  # the decode after the prefill: 3 single tokens, then a 4-token chunk
 FLOAT32_LOGITS_ATOL = 1e-4
 
@@ -73,16 +74,20 @@ def test_padded_batch_equals_rows_alone_in_every_mode(name):
 # coefficients on translation-invariant patterns (a shared table with per-row masks) and on the
 # row-clock ones, and the Fenwick pattern (whose first table row holds a -1 slot).
 STRUCTURED_VARIANTS = [
-    *[("pow2", dict(pattern=p, coefficients=c)) for c in ("gate_softmax", "gate_l1")
-      for p in ("pow2", "sq1", "window:3", "dense", "f:k+2", "first_order")],
+    *[
+        ("pow2", dict(pattern=p, coefficients=c))
+        for c in ("gate_softmax", "gate_l1")
+        for p in ("pow2", "sq1", "window:3", "dense", "f:k+2", "first_order")
+    ],
     ("pow2_ce", dict(coefficients="gate_softmax")),
     ("pow2", dict(pattern="fenwick")),
     ("pow2", dict(pattern="fenwick", coefficients="gate_l1")),
 ]
 
 
-@pytest.mark.parametrize("name,overrides", STRUCTURED_VARIANTS,
-                         ids=[f"{n}-{'-'.join(map(str, o.values()))}" for n, o in STRUCTURED_VARIANTS])
+@pytest.mark.parametrize(
+    "name,overrides", STRUCTURED_VARIANTS, ids=[f"{n}-{'-'.join(map(str, o.values()))}" for n, o in STRUCTURED_VARIANTS]
+)
 def test_structured_variants_padded_batch_equals_rows_alone(name, overrides):
     m = small_mixer(name, **overrides)
     for mode in m.modes:
@@ -141,7 +146,14 @@ def test_start_of_zeros_is_the_ordinary_state(name):
 def test_padding_mechanism_is_declared():
     """Row groups only where the arithmetic follows each row's clock; masks everywhere else."""
     grouped = {n for n in ALL_MIXERS if isinstance(small_mixer(n).init_state(2, start=[0, 1]), RowGroupState)}
-    assert grouped == {"pow2_ce", "sq1_ce", "log_linear", "log_linear_mamba2", "log_linear_gated_deltanet", "ttt_linear"}
+    assert grouped == {
+        "pow2_ce",
+        "sq1_ce",
+        "log_linear",
+        "log_linear_mamba2",
+        "log_linear_gated_deltanet",
+        "ttt_linear",
+    }
 
 
 @pytest.mark.parametrize("name", ["attention", "pow2_ce", "gla"])
@@ -168,8 +180,15 @@ def _tiny_model(layers: tuple[str, ...], positions: str, dtype=torch.float32) ->
     """Test-size model, chunk sizes (where a mixer has one) that do not divide the test lengths."""
     overrides = {name: small_overrides(name) for name in set(layers)}
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=40, d_model=16, layers=layers, n_heads=2, positions=positions, max_seq_len=24,
-                      mixer_overrides=overrides)
+    cfg = ModelConfig(
+        vocab_size=40,
+        d_model=16,
+        layers=layers,
+        n_heads=2,
+        positions=positions,
+        max_seq_len=24,
+        mixer_overrides=overrides,
+    )
     return MixerModel(cfg).to(dtype).eval()
 
 
@@ -190,7 +209,7 @@ def _padded_generation_errors(model: MixerModel, prompts: list[list[int]], cont:
         err = 0.0
         for row, p in enumerate(prompts):
             full, _ = model(torch.cat([torch.tensor(p), cont[row]])[None])
-            err = max(err, (got[row, t - len(p):] - full[0]).abs().max().item())
+            err = max(err, (got[row, t - len(p) :] - full[0]).abs().max().item())
     return err
 
 
@@ -207,8 +226,9 @@ def test_model_padded_generation_equals_rows_alone(name, positions):
 
 def test_model_hybrid_padded_generation_float64():
     """Every padding mechanism in one stack (masks, row groups, the window path), exact in float64."""
-    model = _tiny_model(("pow2_ce", "attention", "dense_recurrence", "gated_deltanet", "log_linear", "hlru"),
-                        "learned", torch.float64)
+    model = _tiny_model(
+        ("pow2_ce", "attention", "dense_recurrence", "gated_deltanet", "log_linear", "hlru"), "learned", torch.float64
+    )
     g = torch.Generator().manual_seed(2)
     prompts = [torch.randint(0, 40, (n,), generator=g).tolist() for n in (3, 10, 7)]
     cont = torch.randint(0, 40, (len(prompts), 5), generator=g)

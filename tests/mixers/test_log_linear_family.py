@@ -6,6 +6,7 @@ scale 1 gives the base mixer exactly), the explicit dense formula of the log-lin
 the ops at lengths with several coarse Fenwick levels, TTT's mini-batch state, and the registered
 cross-checks within their tolerances.
 """
+
 from __future__ import annotations
 
 import math
@@ -18,10 +19,14 @@ from tokenmix.checks import CROSSCHECKS, load_all_crosschecks
 from tokenmix.checks.equivalence import small_mixer
 from tokenmix.checks.log_linear_attention import explicit_log_linear_delta
 from tokenmix.core.operator import solve_dense
-from tokenmix.ops.chunked_log_linear_delta import (chunked_log_linear_delta, final_levels, initial_levels_readout,
-                                                   log_linear_delta_operator, recurrent_log_linear_delta)
+from tokenmix.ops.chunked_log_linear_delta import (
+    chunked_log_linear_delta,
+    final_levels,
+    initial_levels_readout,
+    log_linear_delta_operator,
+    recurrent_log_linear_delta,
+)
 from tokenmix.ops.ttt_linear import TTTWeights, chunked_ttt_linear, dense_ttt_linear, recurrent_ttt_linear
-
 from tolerances import FLOAT64_EXACT, FLOAT64_REASSOCIATED, assert_close
 
 F64 = torch.float64
@@ -43,8 +48,9 @@ def _copy_shared(src, dst) -> None:
             p.copy_(own[name])
 
 
-@pytest.mark.parametrize("name,base", [("log_linear_mamba2", "mamba2"),
-                                       ("log_linear_gated_deltanet", "gated_deltanet")])
+@pytest.mark.parametrize(
+    "name,base", [("log_linear_mamba2", "mamba2"), ("log_linear_gated_deltanet", "gated_deltanet")]
+)
 def test_flat_level_scales_give_the_base_mixer(name, base):
     m = small_mixer(name)
     _flat_levels(m)

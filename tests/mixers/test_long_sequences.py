@@ -7,6 +7,7 @@ from their log-sum-exp), a few seconds per run at 16k.
 Every mixer here mixes with convex weights (softmax attention rows, ChaCAL's path sums, softmax
 H-LRU gates), so besides finiteness the mixed outputs must stay within the range of the values.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -7,6 +7,7 @@ measured decode cache equals the derived accounting; misuse of a state is refuse
 Each check is a plain function of a mixer name (``check_*``; ``check_mixer`` runs them all), so a
 mixer registered after collection (tests/mixers/test_enrolment.py) runs the same matrix.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -93,10 +94,12 @@ def check_gradcheck_every_mode_through_state(name):
     xa = torch.randn(1, 3, 4, dtype=torch.float64, requires_grad=True)
     xb = torch.randn(1, 3, 4, dtype=torch.float64, requires_grad=True)
     for mode in m.modes:
+
         def f(xa, xb):
             ya, s = m(xa, mode=mode)
             yb, s = m(xb, s, mode=mode)
             return torch.cat([ya, yb], 1)
+
         assert torch.autograd.gradcheck(f, (xa, xb), eps=1e-6, atol=1e-6), f"{name} gradcheck failed in mode {mode}"
 
 
@@ -192,9 +195,16 @@ def test_float32_modes_agree(name):
     check_float32_modes_agree(name)
 
 
-PER_MIXER_CHECKS = (check_uneven_continuation, check_gradients_agree, check_gradcheck_every_mode_through_state,
-                    check_causality, check_materialize_is_causal_operator, check_decode_cache_matches_derivation,
-                    check_state_misuse_is_refused, check_float32_modes_agree)
+PER_MIXER_CHECKS = (
+    check_uneven_continuation,
+    check_gradients_agree,
+    check_gradcheck_every_mode_through_state,
+    check_causality,
+    check_materialize_is_causal_operator,
+    check_decode_cache_matches_derivation,
+    check_state_misuse_is_refused,
+    check_float32_modes_agree,
+)
 
 
 def check_mixer(name):

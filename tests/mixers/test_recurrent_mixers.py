@@ -1,6 +1,7 @@
 """HGRN-2, RG-LRU and MesaNet beyond the generic matrix: the (A, B) form reproduces the output, the
 stated special structure (HGRN-2's k = 1 - f, RG-LRU against the paper's loop, MesaNet's solve), the
 ops in isolation and the cross-checks against the independent references."""
+
 from __future__ import annotations
 
 import pytest
@@ -12,8 +13,13 @@ from tokenmix.checks import CROSSCHECKS, load_all_crosschecks
 from tokenmix.checks.gated_linear_recurrence import rg_lru_paper_loop
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import build_mixer
-from tokenmix.ops.chunked_mesa import (chunked_key_covariance, dense_key_covariance, mesa_solve,
-                                       mesa_solve_reference, recurrent_key_covariance)
+from tokenmix.ops.chunked_mesa import (
+    chunked_key_covariance,
+    dense_key_covariance,
+    mesa_solve,
+    mesa_solve_reference,
+    recurrent_key_covariance,
+)
 from tolerances import FLOAT64_EXACT, FLOAT64_REASSOCIATED, assert_close
 
 NAMES = ("hgrn2", "rg_lru", "mesa_net")
@@ -25,7 +31,7 @@ def test_materialized_operator_reproduces_output(name):
     m = small_mixer(name)
     x = torch.randn(2, 9, 12, dtype=torch.float64)
     op = m.materialize(x)
-    vals = m.values(x)                                                       # [B, T, H, V]
+    vals = m.values(x)  # [B, T, H, V]
     o = torch.einsum("bhtj,bjhv->bthv", op.mixing_matrix(), vals)
     y, _ = m(x, mode="dense")
     assert_close(m.out(o.flatten(2)), y, FLOAT64_EXACT, f"{name}: W_o M V vs dense output")
@@ -36,9 +42,11 @@ def test_decode_state_fields_and_size(name):
     m = small_mixer(name)
     _, state = m(torch.randn(1, 5, 12, dtype=torch.float64))
     h, k = m.n_heads, m.head_dim
-    expected = {"hgrn2": {"memory": (1, h, k, k)},
-                "rg_lru": {"memory": (1, h * k, 1, 1)},
-                "mesa_net": {"memory": (1, h, k, k), "covariance": (1, h, k, k)}}[name]
+    expected = {
+        "hgrn2": {"memory": (1, h, k, k)},
+        "rg_lru": {"memory": (1, h * k, 1, 1)},
+        "mesa_net": {"memory": (1, h, k, k), "covariance": (1, h, k, k)},
+    }[name]
     assert {n: tuple(t.shape) for n, t in state.tensors().items()} == expected
     assert m.state_size(1) == m.state_size(10_000) == state.numel_per_batch()
 
@@ -97,8 +105,10 @@ def test_mesa_key_covariance_forms_agree(chunk):
     g = F.logsigmoid(torch.randn(b, t, h, dtype=torch.float64))
     h0 = torch.randn(b, h, k, k, dtype=torch.float64)
     every_ref, last_ref = recurrent_key_covariance(keys, beta, g, h0)
-    for what, (every, last) in {"chunked": chunked_key_covariance(keys, beta, g, h0, chunk),
-                                "dense": dense_key_covariance(keys, beta, g, h0)}.items():
+    for what, (every, last) in {
+        "chunked": chunked_key_covariance(keys, beta, g, h0, chunk),
+        "dense": dense_key_covariance(keys, beta, g, h0),
+    }.items():
         assert_close(every, every_ref, FLOAT64_REASSOCIATED, f"{what} every H_t (C={chunk})")
         assert_close(last, last_ref, FLOAT64_REASSOCIATED, f"{what} last H (C={chunk})")
 
@@ -125,7 +135,7 @@ def test_mesa_token_view_formula():
     q, k, _, beta, g = m.projections(x)
     every, _ = dense_key_covariance(k, beta, g)
     q_star = mesa_solve_reference(every, m.regulariser(), q)
-    gc = g.cumsum(1).transpose(1, 2)                                          # [B, H, T]
+    gc = g.cumsum(1).transpose(1, 2)  # [B, H, T]
     decay = (gc[..., :, None] - gc[..., None, :]).exp().tril()
     token_view = torch.einsum("bthk,bjhk->bhtj", q_star, k) * decay * beta.transpose(1, 2)[:, :, None, :]
     assert_close(m.materialize(x).mixing_matrix(), token_view, 1e-13, "mesa_net token view")
@@ -151,8 +161,14 @@ def test_mesa_queries_closed_form_backward(chunk):
     g_ = torch.Generator().manual_seed(0)
     mk = lambda *s: torch.randn(*s, dtype=torch.float64, generator=g_)  # noqa: E731
     h0 = mk(b, h, k, 2)
-    inputs = (mk(b, t, h, k), F.normalize(mk(b, t, h, k), dim=-1), torch.sigmoid(mk(b, t, h)),
-              F.logsigmoid(mk(b, t, h)), h0 @ h0.transpose(-1, -2), 0.3 + torch.rand(h, k, dtype=torch.float64))
+    inputs = (
+        mk(b, t, h, k),
+        F.normalize(mk(b, t, h, k), dim=-1),
+        torch.sigmoid(mk(b, t, h)),
+        F.logsigmoid(mk(b, t, h)),
+        h0 @ h0.transpose(-1, -2),
+        0.3 + torch.rand(h, k, dtype=torch.float64),
+    )
     inputs = tuple(z.requires_grad_() for z in inputs)
     wq, wl = mk(b, t, h, k), mk(b, h, k, k)
 
@@ -169,5 +185,9 @@ def test_mesa_queries_closed_form_backward(chunk):
     # the covariance is symmetric (Cholesky reads one triangle): gradcheck through a factor, h0 = F Fᵀ
     factor = h0.clone().requires_grad_()
     checked = inputs[:4] + (factor, inputs[5])
-    assert torch.autograd.gradcheck(lambda q, kk, beta, g, f, lam: mesa_queries(
-        q, kk, beta, g, f @ f.transpose(-1, -2), lam, chunk), checked, eps=1e-6, atol=1e-6)
+    assert torch.autograd.gradcheck(
+        lambda q, kk, beta, g, f, lam: mesa_queries(q, kk, beta, g, f @ f.transpose(-1, -2), lam, chunk),
+        checked,
+        eps=1e-6,
+        atol=1e-6,
+    )

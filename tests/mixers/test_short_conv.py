@@ -1,6 +1,7 @@
 """The short causal depthwise convolution (mixers/short_conv.py), beyond the generic matrix: the
 definition by an explicit loop, the token shift it generalises, the measured decode cache, the
 initialisation, the operator and bad configs."""
+
 from __future__ import annotations
 
 import pytest
@@ -39,10 +40,10 @@ def test_every_mode_equals_the_loop_formula(k):
     for mode in m.modes:
         y, state = m(x, mode=mode)
         assert_close(y, y_ref, FLOAT64_EXACT, f"k={k} {mode}")
-        assert_close(state.inputs, u[:, u.shape[1] - (k - 1):], FLOAT64_EXACT, f"k={k} {mode} state")
+        assert_close(state.inputs, u[:, u.shape[1] - (k - 1) :], FLOAT64_EXACT, f"k={k} {mode} state")
         y, state = run_in_pieces(m, x, mode, (1, 2, 5, 3))
         assert_close(y, y_ref, FLOAT64_EXACT, f"k={k} {mode} in pieces")
-        assert_close(state.inputs, u[:, u.shape[1] - (k - 1):], FLOAT64_EXACT, f"k={k} {mode} pieces state")
+        assert_close(state.inputs, u[:, u.shape[1] - (k - 1) :], FLOAT64_EXACT, f"k={k} {mode} pieces state")
 
 
 @pytest.mark.parametrize("mode", ["conv", "dense", "recurrent"])
@@ -77,7 +78,7 @@ def test_decode_cache_holds_exactly_k_minus_one_positions(k, n):
     assert state.peak_numel == held * m.channels == m.state_size(n)
     assert state.cached_positions() == min(k - 1, n)  # after it
     u = xs[:, 0] @ m.in_proj.weight.T
-    assert_close(state.inputs[0], u[n - min(k - 1, n):], FLOAT64_EXACT, "the cache is the last inputs u")
+    assert_close(state.inputs[0], u[n - min(k - 1, n) :], FLOAT64_EXACT, "the cache is the last inputs u")
     assert m.flops_per_token(n) == m.channels * (held + 1)
 
 

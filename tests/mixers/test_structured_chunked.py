@@ -4,6 +4,7 @@ The generic matrix (test_mixer_matrix.py) runs every mode at T <= 13; here T spa
 blocks (reads at distance > C), the matmul window path of the dense pattern, and continuation
 from a cache (a sparse lattice cache, a window cache), in float64 against the recurrent reference.
 """
+
 from __future__ import annotations
 
 import pytest

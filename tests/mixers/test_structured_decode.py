@@ -1,4 +1,5 @@
 """Decode facts of the structured mixer through real token-by-token decoding (issue targets)."""
+
 from __future__ import annotations
 
 import math
@@ -67,8 +68,9 @@ def test_user_supplied_pattern_plugs_in():
     assert s_r.peak_positions == m.cache_positions(40)
 
 
-@pytest.mark.parametrize("name,coef", [("pow2", "softmax"), ("sq1_ce", "softmax"), ("first_order", "gate_softmax"),
-                                       ("pow2_ce", "gate_l1")])
+@pytest.mark.parametrize(
+    "name,coef", [("pow2", "softmax"), ("sq1_ce", "softmax"), ("first_order", "gate_softmax"), ("pow2_ce", "gate_l1")]
+)
 def test_16k_float32_extreme_coefficients_stay_finite(name, coef):
     """Saturated coefficients (alpha -> 0 or 1, one neighbour taking all the mass) over 16k tokens."""
     torch.manual_seed(0)
@@ -138,6 +140,7 @@ def test_training_after_inference_mode_calls(name):
     """The structured mixers keep index tables and plans across calls; built during an
     inference-mode call (generation), they must still serve a later autograd forward."""
     from tokenmix.mixers import build_mixer
+
     if name == "fenwick":
         m = build_mixer("pow2", 16, n_heads=2, pattern="fenwick")
     else:

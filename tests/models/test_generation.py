@@ -1,5 +1,6 @@
 """Cached generation: prefill + token-by-token decode through each mixer's state equals the
 uncached full forward, for every registered mixer; batches of unequal prompts equal per-prompt runs."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -32,7 +33,7 @@ def test_prefill_then_decode_equals_full_forward(name):
     g = torch.Generator().manual_seed(1)
     ids = torch.randint(0, VOCAB, (2, 13), generator=g)
     with torch.no_grad():
-        full, _ = model(ids)                      # uncached, default mode
+        full, _ = model(ids)  # uncached, default mode
         # prefill 6 tokens, decode 3 one at a time, a 2-token continuation chunk, then 2 more single tokens
         logits, states = model(ids[:, :6])
         got = [logits]
@@ -100,8 +101,11 @@ def test_stop_token_ends_a_sequence():
 
 def test_learned_positions_refuse_a_request_past_max_seq_len():
     torch.manual_seed(0)
-    model = MixerModel(ModelConfig(vocab_size=VOCAB, d_model=16, layers=("pow2", "attention"), n_heads=2,
-                                   positions="learned", max_seq_len=12)).eval()
+    model = MixerModel(
+        ModelConfig(
+            vocab_size=VOCAB, d_model=16, layers=("pow2", "attention"), n_heads=2, positions="learned", max_seq_len=12
+        )
+    ).eval()
     fits = generate(model, [[1, 2, 3]], SamplingConfig(max_new_tokens=9, temperature=0.0))[0]
     assert len(fits) == 9  # 3 + 9 = 12 positions: exactly the table
     calls = []
@@ -111,6 +115,7 @@ def test_learned_positions_refuse_a_request_past_max_seq_len():
     with pytest.raises(ValueError, match="max_seq_len=12"):
         generate_batch(model, torch.ones(1, 13, dtype=torch.long), SamplingConfig(max_new_tokens=0))
     # sinusoidal codes have no table to run off: the same request is fine
-    sin = MixerModel(ModelConfig(vocab_size=VOCAB, d_model=16, layers=("pow2",), n_heads=2, positions="sinusoidal",
-                                 max_seq_len=12)).eval()
+    sin = MixerModel(
+        ModelConfig(vocab_size=VOCAB, d_model=16, layers=("pow2",), n_heads=2, positions="sinusoidal", max_seq_len=12)
+    ).eval()
     assert len(generate(sin, [[1, 2, 3]], SamplingConfig(max_new_tokens=20, temperature=0.0))[0]) == 20

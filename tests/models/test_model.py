@@ -1,4 +1,5 @@
 """The one generic model: hybrids, cached decoding through every layer's state, bad input."""
+
 from __future__ import annotations
 
 import pytest
@@ -9,17 +10,22 @@ from tokenmix.models import MixerModel, ModelConfig, parse_layers
 
 def test_hybrid_decode_equals_full_forward():
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=50, d_model=16, n_heads=2, layers="pow2_ce,sq1*2,first_order",
-                      mixer_overrides={"sq1": {"chunk_size": 3}})
+    cfg = ModelConfig(
+        vocab_size=50,
+        d_model=16,
+        n_heads=2,
+        layers="pow2_ce,sq1*2,first_order",
+        mixer_overrides={"sq1": {"chunk_size": 3}},
+    )
     model = MixerModel(cfg).double()
     ids = torch.randint(0, 50, (2, 17))
     full, _ = model(ids)
-    logits, states = model(ids[:, :6])              # prefill (fast mode)
+    logits, states = model(ids[:, :6])  # prefill (fast mode)
     steps = [logits]
-    for t in range(6, 11):                          # token by token
+    for t in range(6, 11):  # token by token
         lt, states = model.step(ids[:, t], states)
         steps.append(lt[:, None])
-    lt, states = model(ids[:, 11:], states)         # multi-token continuation
+    lt, states = model(ids[:, 11:], states)  # multi-token continuation
     steps.append(lt)
     assert (torch.cat(steps, 1) - full).abs().max() < 1e-10
 
@@ -65,8 +71,9 @@ def test_dropout_only_in_train_mode():
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
 def test_positions_continue_from_the_decode_state(positions):
     torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=30, d_model=16, n_heads=2, layers="attention,pow2_ce", positions=positions,
-                      max_seq_len=32)
+    cfg = ModelConfig(
+        vocab_size=30, d_model=16, n_heads=2, layers="attention,pow2_ce", positions=positions, max_seq_len=32
+    )
     model = MixerModel(cfg).double()
     ids = torch.randint(0, 30, (2, 12))
     full, _ = model(ids)
@@ -83,8 +90,9 @@ def test_positions_continue_from_the_decode_state(positions):
 
 
 def test_learned_positions_refuse_too_long_inputs():
-    model = MixerModel(ModelConfig(vocab_size=10, d_model=8, n_heads=2, layers=("attention",), positions="learned",
-                                   max_seq_len=4))
+    model = MixerModel(
+        ModelConfig(vocab_size=10, d_model=8, n_heads=2, layers=("attention",), positions="learned", max_seq_len=4)
+    )
     with pytest.raises(ValueError, match="max_seq_len=4"):
         model(torch.zeros(1, 5, dtype=torch.long))
     with pytest.raises(ValueError, match="positions must be one of"):

@@ -1,6 +1,7 @@
 """The compiled causal depthwise convolution (ops/causal_conv.py) against its reference (torch's
 depthwise convolution) and against the definition written as a loop: outputs, every gradient
 (the segment's inputs, the cached inputs, the taps) in float64, and gradcheck through both."""
+
 from __future__ import annotations
 
 import pytest
@@ -28,8 +29,10 @@ def loop(u, cached, w):
 @pytest.mark.parametrize("p,t", [(0, 1), (0, 13), (3, 9), (2, 1), (6, 4)])
 def test_compiled_conv_and_gradients_match_the_reference_and_the_loop(k, p, t):
     g = torch.Generator().manual_seed(31 * k + 7 * p + t)
-    u, cached = torch.randn(3, t, 5, generator=g, dtype=torch.float64), torch.randn(3, p, 5, generator=g,
-                                                                                     dtype=torch.float64)
+    u, cached = (
+        torch.randn(3, t, 5, generator=g, dtype=torch.float64),
+        torch.randn(3, p, 5, generator=g, dtype=torch.float64),
+    )
     w = torch.randn(5, k, generator=g, dtype=torch.float64)
     gv = torch.randn(3, t, 5, generator=g, dtype=torch.float64)
     outs = {}
@@ -45,9 +48,11 @@ def test_compiled_conv_and_gradients_match_the_reference_and_the_loop(k, p, t):
 
 def test_compiled_conv_gradcheck_and_float32():
     g = torch.Generator().manual_seed(0)
-    leaves = [torch.randn(2, 7, 3, generator=g, dtype=torch.float64, requires_grad=True),
-              torch.randn(2, 3, 3, generator=g, dtype=torch.float64, requires_grad=True),
-              torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True)]
+    leaves = [
+        torch.randn(2, 7, 3, generator=g, dtype=torch.float64, requires_grad=True),
+        torch.randn(2, 3, 3, generator=g, dtype=torch.float64, requires_grad=True),
+        torch.randn(3, 4, generator=g, dtype=torch.float64, requires_grad=True),
+    ]
     assert torch.autograd.gradcheck(causal_conv, leaves)
     u, cached, w = (z.detach().float() for z in leaves)
     assert_close(causal_conv(u, cached, w).double(), causal_conv_reference(*leaves).detach(), 1e-5, "float32")

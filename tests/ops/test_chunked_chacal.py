@@ -9,6 +9,7 @@ the chunk's future after the exp):
   i.e. y_i = sum_{j <= i} p_ij ((1 - gamma) v_j + gamma y_j), solved densely;
 - causality is exact: changing a later value leaves every earlier output bit-identical.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -24,7 +25,7 @@ def _dense(q, keys, values, y_prefix, gamma):
     """y of the T new positions from the dense (P + T) x (P + T) system, prefix outputs given."""
     b, h, t, _ = q.shape
     p = y_prefix.shape[2]
-    s = q @ keys.transpose(-1, -2)                                       # [B, H, T, P + T]
+    s = q @ keys.transpose(-1, -2)  # [B, H, T, P + T]
     mask = torch.ones(t, p + t, dtype=torch.bool).tril(p)
     probs = torch.softmax(s.masked_fill(~mask, float("-inf")), -1)
     g = gamma.view(1, h, 1, 1)

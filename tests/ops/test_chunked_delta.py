@@ -4,6 +4,7 @@ The generic matrix (test_mixer_matrix.py) runs the mixers at T <= 13 with C = 4;
 long enough for many chunks and several coarse Fenwick levels, from unaligned start positions,
 against the token-by-token references and the dense (A, B, R) solve.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -12,13 +13,23 @@ import torch.nn.functional as F
 
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.registry import build_mixer
-from tokenmix.ops.chunked_delta import (chunk_state_recurrence, chunk_state_recurrence_reference, chunked_delta_rule,
-                                        delta_rule_operator, recurrent_delta_rule)
-from tokenmix.ops.chunked_log_linear import (chunked_log_linear_attention, fenwick_level_matrix, final_levels,
-                                             initial_levels_readout, log_linear_operator, n_levels,
-                                             recurrent_log_linear_attention)
+from tokenmix.ops.chunked_delta import (
+    chunk_state_recurrence,
+    chunk_state_recurrence_reference,
+    chunked_delta_rule,
+    delta_rule_operator,
+    recurrent_delta_rule,
+)
+from tokenmix.ops.chunked_log_linear import (
+    chunked_log_linear_attention,
+    fenwick_level_matrix,
+    final_levels,
+    initial_levels_readout,
+    log_linear_operator,
+    n_levels,
+    recurrent_log_linear_attention,
+)
 from tokenmix.patterns import fenwick_level
-
 from tolerances import FLOAT64_EXACT, assert_close
 
 F64 = torch.float64
@@ -84,8 +95,11 @@ def test_chunk_recurrence_backward_equals_autograd_through_the_loop(decay):
     torch.manual_seed(3)
     b, h, n, c, dk, dv = 2, 3, 5, 4, 3, 2
     u0, w, k = (torch.randn(b, h, n, c, x, dtype=F64) for x in (dv, dk, dk))
-    d = {"none": None, "scalar": torch.rand(b, h, n, 1, 1, dtype=F64),
-         "per key": torch.rand(b, h, n, dk, 1, dtype=F64)}[decay]
+    d = {
+        "none": None,
+        "scalar": torch.rand(b, h, n, 1, 1, dtype=F64),
+        "per key": torch.rand(b, h, n, dk, 1, dtype=F64),
+    }[decay]
     s0 = torch.randn(b, h, dk, dv, dtype=F64)
     leaves = [z.requires_grad_() for z in (u0, w, k, d, s0) if z is not None]
     fast, ref = chunk_state_recurrence(u0, w, k, d, s0), chunk_state_recurrence_reference(u0, w, k, d, s0)
@@ -139,8 +153,9 @@ def test_chunked_log_linear_equals_recurrent_and_dense(start, t, chunk):
     sl = slice(start, start + t)
     init = None
     if start:
-        _, init = recurrent_log_linear_attention(q[:, :start], k[:, :start], v[:, :start], g[:, :start],
-                                                 lam[:, :start], scale)
+        _, init = recurrent_log_linear_attention(
+            q[:, :start], k[:, :start], v[:, :start], g[:, :start], lam[:, :start], scale
+        )
     args = (q[:, sl], k[:, sl], v[:, sl], g[:, sl], lam[:, sl], scale, init, start)
     o_rec, s_rec = recurrent_log_linear_attention(*args)
     o, s = chunked_log_linear_attention(*args, chunk_size=chunk)
@@ -151,8 +166,9 @@ def test_chunked_log_linear_equals_recurrent_and_dense(start, t, chunk):
     offset = None if init is None else initial_levels_readout(q[:, sl], g[:, sl], lam[:, sl], scale, start, init)
     o_dense = solve_dense(MixOperator(mix_a, torch.zeros_like(mix_a)), v[:, sl], offset=offset)
     assert_close(o_dense, o_rec, FLOAT64_EXACT, "dense solve vs recurrent output")
-    assert_close(final_levels(k[:, sl], v[:, sl], g[:, sl], start, init), s_rec, FLOAT64_EXACT,
-                 "closed-form final state")
+    assert_close(
+        final_levels(k[:, sl], v[:, sl], g[:, sl], start, init), s_rec, FLOAT64_EXACT, "closed-form final state"
+    )
 
 
 def test_fenwick_state_layout_and_size():
@@ -180,14 +196,17 @@ def test_log_linear_with_unit_level_scales_is_mamba2():
 def test_log_linear_gradients_chunked_equal_recurrent_from_unaligned_start():
     start, t = 5, 40
     q, k, v, g, lam = _log_linear_inputs(start + t)
-    _, init = recurrent_log_linear_attention(q[:, :start], k[:, :start], v[:, :start], g[:, :start],
-                                             lam[:, :start], 1.0)
+    _, init = recurrent_log_linear_attention(
+        q[:, :start], k[:, :start], v[:, :start], g[:, :start], lam[:, :start], 1.0
+    )
     seg = [x[:, start:].clone().requires_grad_() for x in (q, k, v, g, lam)]
     init = init.clone().requires_grad_()
     w_o, w_s = torch.randn(2, t, 2, 2, dtype=F64), torch.randn(2, 2, (start + t).bit_length(), 3, 2, dtype=F64)
     grads = {}
-    for name, fn in (("chunked", lambda *a: chunked_log_linear_attention(*a, chunk_size=4)),
-                     ("recurrent", recurrent_log_linear_attention)):
+    for name, fn in (
+        ("chunked", lambda *a: chunked_log_linear_attention(*a, chunk_size=4)),
+        ("recurrent", recurrent_log_linear_attention),
+    ):
         o, s = fn(*seg, 1.0, init, start)
         grads[name] = torch.autograd.grad((o * w_o).sum() + (s * w_s).sum(), [*seg, init])
     for what, a, b in zip(["q", "k", "v", "g", "lambda", "initial levels"], grads["chunked"], grads["recurrent"]):
@@ -197,8 +216,9 @@ def test_log_linear_gradients_chunked_equal_recurrent_from_unaligned_start():
 def test_vectorised_level_matrix_matches_fenwick_level():
     for start, t in ((0, 33), (29, 40)):
         mat = fenwick_level_matrix(start, t)
-        ref = torch.tensor([[fenwick_level(start + i, start + j) if j <= i else -1 for j in range(t)]
-                            for i in range(t)])
+        ref = torch.tensor(
+            [[fenwick_level(start + i, start + j) if j <= i else -1 for j in range(t)] for i in range(t)]
+        )
         assert torch.equal(mat, ref)
     assert [n_levels(n) for n in (1, 2, 3, 4, 5, 8, 9)] == [1, 2, 3, 3, 4, 4, 5]
 

@@ -1,6 +1,7 @@
 """mesa_queries' slab-by-slab forward (ops/chunked_mesa.py, "The chunked solve"): several slabs with a
 partial last chunk, and the LAPACK calls split over threads, against the plain single-thread path
 (bitwise: every matrix goes through the same LAPACK call) and against the autograd reference."""
+
 from __future__ import annotations
 
 import threading
@@ -19,8 +20,14 @@ def _inputs(b=2, t=45, h=2, k=5, seed=0):
     mk = lambda *s: torch.randn(*s, dtype=torch.float64, generator=g_)  # noqa: E731
     f = mk(b, h, k, 2)
     lam = 0.3 + torch.rand(h, k, dtype=torch.float64, generator=g_)
-    return (mk(b, t, h, k), F.normalize(mk(b, t, h, k), dim=-1), torch.sigmoid(mk(b, t, h)),
-            F.logsigmoid(mk(b, t, h)), f @ f.transpose(-1, -2), lam)
+    return (
+        mk(b, t, h, k),
+        F.normalize(mk(b, t, h, k), dim=-1),
+        torch.sigmoid(mk(b, t, h)),
+        F.logsigmoid(mk(b, t, h)),
+        f @ f.transpose(-1, -2),
+        lam,
+    )
 
 
 @pytest.fixture
@@ -65,10 +72,14 @@ def test_slabs_and_threads_match_plain_path_and_reference(small_slabs):
 def test_gradcheck_with_slabs_and_threads(small_slabs):
     q, k, beta, g, _, lam = _inputs(b=1, t=37, h=2, k=3, seed=2)
     factor = torch.randn(1, 2, 3, 2, dtype=torch.float64, generator=torch.Generator().manual_seed(3))
-    factor.requires_grad_()   # the covariance is symmetric (Cholesky reads one triangle): h0 = F Fᵀ
+    factor.requires_grad_()  # the covariance is symmetric (Cholesky reads one triangle): h0 = F Fᵀ
     checked = tuple(z.requires_grad_() for z in (q, k, beta, g)) + (factor, lam.requires_grad_())
-    assert torch.autograd.gradcheck(lambda q, kk, beta, g, f, lam: cm.mesa_queries(
-        q, kk, beta, g, f @ f.transpose(-1, -2), lam, 4, workers=2), checked, eps=1e-6, atol=1e-6)
+    assert torch.autograd.gradcheck(
+        lambda q, kk, beta, g, f, lam: cm.mesa_queries(q, kk, beta, g, f @ f.transpose(-1, -2), lam, 4, workers=2),
+        checked,
+        eps=1e-6,
+        atol=1e-6,
+    )
 
 
 def test_split_batch_runs_parts_in_separate_threads(monkeypatch):
@@ -79,9 +90,10 @@ def test_split_batch_runs_parts_in_separate_threads(monkeypatch):
         with lock:
             seen.append((threading.get_ident(), x.shape[0]))
         out.copy_(2 * x)
+
     x = torch.arange(11.0)
     out = torch.empty(11)
-    cm._split_batch(record, x, out, workers=3)      # 11 rows // 4 -> 2 parts: this thread and a pool thread
+    cm._split_batch(record, x, out, workers=3)  # 11 rows // 4 -> 2 parts: this thread and a pool thread
     assert sorted(n for _, n in seen) == [5, 6] and len({i for i, _ in seen}) == 2
     assert (threading.get_ident(), 5) in seen
     assert torch.equal(out, 2 * x)
@@ -101,7 +113,7 @@ def test_pool_is_remade_after_fork(monkeypatch):
     first = cm._pool()
     assert cm._pool() is first
     pid = cm.os.getpid()
-    monkeypatch.setattr(cm.os, "getpid", lambda: pid + 1)   # as seen from a child
+    monkeypatch.setattr(cm.os, "getpid", lambda: pid + 1)  # as seen from a child
     second = cm._pool()
     assert second is not first and cm._pool() is second
     assert second.submit(lambda: 7).result(timeout=10) == 7

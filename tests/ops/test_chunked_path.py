@@ -1,6 +1,7 @@
 """ops/chunked_path.py: the blocked PaTH logits (``ChunkedPath``) against the token-by-token reference
 (``sequential_path_scores``) in float64, values and gradients, and the reference against explicit
 products of the Householder-like matrices."""
+
 from __future__ import annotations
 
 import math
@@ -16,15 +17,15 @@ TOL = 1e-12
 
 # (T, C, P, G): G None is the default group_blocks(T, C)
 CASES = [
-    (1, 4, 0, None),    # one token
-    (7, 8, 0, None),    # one ragged block
-    (8, 4, 0, None),    # one group of two full blocks
-    (13, 4, 0, None),   # T not a multiple of C
-    (13, 4, 5, None),   # a cache prefix
-    (40, 3, 2, None),   # several row groups (N = 14, G = 4), the last one ragged
-    (37, 2, 3, 1),      # one block per group: every earlier block through the group products
-    (30, 5, 4, 3),      # a G that is no power of two
-    (24, 4, 0, 2),      # groups that tile T exactly
+    (1, 4, 0, None),  # one token
+    (7, 8, 0, None),  # one ragged block
+    (8, 4, 0, None),  # one group of two full blocks
+    (13, 4, 0, None),  # T not a multiple of C
+    (13, 4, 5, None),  # a cache prefix
+    (40, 3, 2, None),  # several row groups (N = 14, G = 4), the last one ragged
+    (37, 2, 3, 1),  # one block per group: every earlier block through the group products
+    (30, 5, 4, 3),  # a G that is no power of two
+    (24, 4, 0, 2),  # groups that tile T exactly
 ]
 IDS = [f"T{t}-C{c}-P{p}-G{g}" for t, c, p, g in CASES]
 
@@ -124,16 +125,15 @@ def test_reference_equals_explicit_products():
         for m in range(p + i + 1):
             expected[..., i, m] = torch.einsum("bhk,bhkl,bhl->bh", q[:, i], prod(i, m - p), buf[:, m])
     assert_close(scores, expected, TOL, "reference logits vs explicit products")
-    expected_keys = torch.stack([torch.einsum("bhkl,bhl->bhk", prod(t - 1, m - p), buf[:, m])
-                                 for m in range(p + t)], 1)
+    expected_keys = torch.stack([torch.einsum("bhkl,bhl->bhk", prod(t - 1, m - p), buf[:, m]) for m in range(p + t)], 1)
     assert_close(keys, expected_keys, TOL, "reference keys vs explicit products")
 
 
 def test_group_blocks():
-    assert group_blocks(1, 4) == 1                       # one block
-    assert group_blocks(8, 4) == 2                       # N = 2: both levels of the walk run
-    assert group_blocks(64 * 16, 64) == 4                # N = 16: sqrt(N)
-    assert group_blocks(64 * 17, 64) == 4                # ceil(sqrt(17)) = 5 -> the power of two below
+    assert group_blocks(1, 4) == 1  # one block
+    assert group_blocks(8, 4) == 2  # N = 2: both levels of the walk run
+    assert group_blocks(64 * 16, 64) == 4  # N = 16: sqrt(N)
+    assert group_blocks(64 * 17, 64) == 4  # ceil(sqrt(17)) = 5 -> the power of two below
     assert group_blocks(64 * 1000, 64) == GROUP_TOKENS // 64  # a row group holds at most GROUP_TOKENS queries
     for t, c in [(13, 4), (100, 3), (1000, 1), (4096, 64)]:
         g = group_blocks(t, c)

@@ -8,6 +8,7 @@
   chunk is that wide; ordinary decays use the SSD kernel itself;
 - gradcheck, and bad shapes are refused.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -6,6 +6,7 @@ directly on every table kind (exact patterns, lattices reading a scattered cache
 an irregular random table), with prefixes and all gradients, in float64; and the decode kernels
 (``step_read``, ``regather``) meet their pure-PyTorch fallbacks.
 """
+
 from __future__ import annotations
 
 import os
@@ -15,9 +16,9 @@ import sys
 import numpy as np
 import pytest
 import torch
+from test_pattern_solve import SPECS, _check_solve_against_dense, _grads, buffer_table, f64
 
 from mixer_helpers import small_mixer
-from test_pattern_solve import SPECS, _check_solve_against_dense, _grads, buffer_table, f64
 from tokenmix.mixers import structured
 from tokenmix.ops import numba_runtime, pattern_kernels
 from tokenmix.ops.pattern_kernels import compiled_pattern_scores, compiled_pattern_solve, lattice_step, step_read
@@ -53,7 +54,12 @@ def test_compiled_scores_and_gradients_match_gathered_reference(spec, t0, t):
 def test_compiled_solve_float32_and_gradcheck():
     idx, p = buffer_table("sq1_ce", 9, 40)
     g = torch.Generator().manual_seed(5)
-    args = [f64(g, 1, 40, 2, uniform=True), f64(g, 1, 40, 2, idx.shape[1]) * 0.3, f64(g, 1, 40, 2, 3), f64(g, 1, p, 2, 3)]
+    args = [
+        f64(g, 1, 40, 2, uniform=True),
+        f64(g, 1, 40, 2, idx.shape[1]) * 0.3,
+        f64(g, 1, 40, 2, 3),
+        f64(g, 1, p, 2, 3),
+    ]
     y64 = compiled_pattern_solve(args[0], args[1], idx, args[2], args[3])
     y32 = compiled_pattern_solve(*(a.float() for a in args[:2]), idx, *(a.float() for a in args[2:]))
     assert y32.dtype == torch.float32 and rel_rms(y32.double(), y64) <= FLOAT32_REL_RMS
@@ -63,8 +69,11 @@ def test_compiled_solve_float32_and_gradcheck():
 
 def test_compiled_kernels_refuse_what_the_references_refuse():
     idx, p = buffer_table("pow2", 0, 10)
-    a, b, x = torch.rand(1, 10, 1, dtype=torch.float64), torch.rand(1, 10, 1, idx.shape[1], dtype=torch.float64), \
-        torch.randn(1, 10, 1, 2, dtype=torch.float64)
+    a, b, x = (
+        torch.rand(1, 10, 1, dtype=torch.float64),
+        torch.rand(1, 10, 1, idx.shape[1], dtype=torch.float64),
+        torch.randn(1, 10, 1, 2, dtype=torch.float64),
+    )
     bad = idx.clone()
     bad[4, 0] = 4
     with pytest.raises(ValueError, match="not strictly earlier"):
@@ -132,8 +141,13 @@ def test_disabled_kernels_fall_back_to_chunked_with_one_warning(name, monkeypatc
 
 def test_environment_variable_disables_the_kernels():
     code = "from tokenmix.ops import pattern_kernels as k; print(k.kernel_available())"
-    out = subprocess.run([sys.executable, "-c", code], env={"TOKENMIX_NO_COMPILED": "1", "PATH": ""},
-                         capture_output=True, text=True, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        env={"TOKENMIX_NO_COMPILED": "1", "PATH": ""},
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
     assert out.strip() == "False"
 
 
@@ -167,8 +181,11 @@ def test_idle_kernel_workers_sleep_in_a_plain_python_process():
     """A library user's process (torch imported first, no OMP_WAIT_POLICY) must not pay for
     kernel workers that spin between kernels: numba's OpenMP layer shared torch's libgomp, whose
     idle threads spun ~4 ms after every call (~0.7 CPU-s over these 200 calls, against ~0.02 s)."""
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "NUMBA_THREADING_LAYER",
-                                                             "NUMBA_NUM_THREADS")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("OMP_WAIT_POLICY", "NUMBA_THREADING_LAYER", "NUMBA_NUM_THREADS")
+    }
     out = subprocess.run([sys.executable, "-c", IDLE_WORKERS], env=env, capture_output=True, text=True, check=True)
-    others = float(out.stdout.strip())   # CPU seconds of every thread but the caller's
+    others = float(out.stdout.strip())  # CPU seconds of every thread but the caller's
     assert others < 0.2, f"kernel worker threads burned {others:.2f} CPU-s while idle"

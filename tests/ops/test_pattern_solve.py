@@ -1,4 +1,5 @@
 """The chunked sparse triangular solve against a plain forward-substitution loop and the dense solver."""
+
 from __future__ import annotations
 
 import pytest
@@ -19,7 +20,7 @@ def substitution(alpha, beta, idx, x, y_prefix):
             if j >= 0:
                 y = y + beta[:, t, :, w, None] * ys[j]
         ys.append(y)
-    return torch.stack(ys[y_prefix.shape[1]:], 1)
+    return torch.stack(ys[y_prefix.shape[1] :], 1)
 
 
 def inputs(spec, t, p, dtype=torch.float64, b=2, h=3, v=4):
@@ -36,8 +37,12 @@ def inputs(spec, t, p, dtype=torch.float64, b=2, h=3, v=4):
 @pytest.mark.parametrize("p", [0, 5])
 def test_matches_substitution(spec, chunk, p):
     alpha, beta, tab, x, yp = inputs(spec, 19, p)
-    assert_close(chunked_pattern_solve(alpha, beta, tab, x, yp, chunk), substitution(alpha, beta, tab, x, yp),
-                 1e-12, f"{spec} C={chunk}")
+    assert_close(
+        chunked_pattern_solve(alpha, beta, tab, x, yp, chunk),
+        substitution(alpha, beta, tab, x, yp),
+        1e-12,
+        f"{spec} C={chunk}",
+    )
 
 
 def test_matches_dense_solver_and_float32():
@@ -111,11 +116,15 @@ def dense_reference(alpha, beta, idx, x, y_prefix):
     p = y_prefix.shape[1]
     inside = idx >= p
     col = torch.where(inside, idx - p, 0)
-    mix_b = beta.new_zeros(b, h, t, t).scatter_add(-1, col[None, None].expand(b, h, t, w),
-                                                   (beta * inside[None, :, None, :]).transpose(1, 2))
+    mix_b = beta.new_zeros(b, h, t, t).scatter_add(
+        -1, col[None, None].expand(b, h, t, w), (beta * inside[None, :, None, :]).transpose(1, 2)
+    )
     from_prefix = (idx >= 0) & ~inside
-    offset = torch.einsum("bthw,btwhv->bthv", beta * from_prefix[None, :, None, :],
-                          y_prefix[:, idx.clamp(0, max(p - 1, 0))]) if p else None
+    offset = (
+        torch.einsum("bthw,btwhv->bthv", beta * from_prefix[None, :, None, :], y_prefix[:, idx.clamp(0, max(p - 1, 0))])
+        if p
+        else None
+    )
     return solve_dense(MixOperator(torch.diag_embed(alpha.transpose(1, 2)), mix_b), x, offset=offset)
 
 
@@ -186,8 +195,9 @@ def test_recurrent_reference_matches_dense_reference():
     g = torch.Generator().manual_seed(3)
     alpha, beta = f64(g, 1, 25, 2, uniform=True), f64(g, 1, 25, 2, idx.shape[1])
     x, yp = f64(g, 1, 25, 2, 3), f64(g, 1, p, 2, 3)
-    assert_close(recurrent_pattern_solve(alpha, beta, idx, x, yp), dense_reference(alpha, beta, idx, x, yp), 1e-12,
-                 "references")
+    assert_close(
+        recurrent_pattern_solve(alpha, beta, idx, x, yp), dense_reference(alpha, beta, idx, x, yp), 1e-12, "references"
+    )
 
 
 @pytest.mark.parametrize("spec", ["pow2", "sq1", "pow2_ce", "sq1_ce", "fenwick", "dense", "window:9"])
@@ -228,8 +238,10 @@ def test_pattern_scores_and_gradients_match_gathered_reference(spec, t0, t):
         assert_close(gf, gr, FLOAT64_EXACT, f"{spec} d{name}")
 
 
-@pytest.mark.parametrize("p,t,window,chunk", [(0, 1, 5, 4), (0, 50, 49, 8), (0, 50, 1000, 7), (11, 40, 12, 16),
-                                              (11, 40, 3, 1), (6, 70, 6, 64)])
+@pytest.mark.parametrize(
+    "p,t,window,chunk",
+    [(0, 1, 5, 4), (0, 50, 49, 8), (0, 50, 1000, 7), (11, 40, 12, 16), (11, 40, 3, 1), (6, 70, 6, 64)],
+)
 def test_window_softmax_matches_reference(p, t, window, chunk):
     """The matmul path for window/dense patterns: outputs and gradients of q, k (prefix
     included), x and the prefix outputs."""
@@ -250,8 +262,9 @@ def test_window_softmax_gradcheck_and_bad_input():
     kbuf = torch.randn(1, 10, 2, 3, dtype=torch.float64, requires_grad=True)
     x = torch.randn(1, 7, 2, 2, dtype=torch.float64, requires_grad=True)
     yp = torch.randn(1, 3, 2, 2, dtype=torch.float64, requires_grad=True)
-    assert torch.autograd.gradcheck(lambda q, k, x, yp: chunked_window_softmax(q, k, x, yp, 4, 3),
-                                    (args[0], kbuf, x, yp))
+    assert torch.autograd.gradcheck(
+        lambda q, k, x, yp: chunked_window_softmax(q, k, x, yp, 4, 3), (args[0], kbuf, x, yp)
+    )
     with pytest.raises(ValueError, match="window"):
         chunked_window_softmax(args[0], kbuf, x, yp, 0, 3)
     with pytest.raises(ValueError, match="chunk_size"):
@@ -265,7 +278,11 @@ def test_gradcheck_far_blocks(spec, chunk):
     """gradcheck through the blocked far levels (T = 20 spans several block sizes of C = 2..4)."""
     idx, p = buffer_table(spec, 6, 20)
     g = torch.Generator().manual_seed(1)
-    args = [f64(g, 1, 20, 1, uniform=True), f64(g, 1, 20, 1, idx.shape[1]) * 0.3,
-            f64(g, 1, 20, 1, 2), f64(g, 1, p, 1, 2)]
+    args = [
+        f64(g, 1, 20, 1, uniform=True),
+        f64(g, 1, 20, 1, idx.shape[1]) * 0.3,
+        f64(g, 1, 20, 1, 2),
+        f64(g, 1, p, 1, 2),
+    ]
     args = [a.requires_grad_() for a in args]
     assert torch.autograd.gradcheck(lambda a, b, x, yp: chunked_pattern_solve(a, b, idx, x, yp, chunk), args)

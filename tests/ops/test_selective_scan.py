@@ -6,6 +6,7 @@
 - saturated decays (exp(Delta A) = e^-1e4) and decays next to 1 stay exact;
 - gradcheck; bad shapes are refused.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -31,8 +32,14 @@ def _inputs(b=2, t=19, d=3, n=5):
 def _reference(x, delta, a, bs, cs, h0):
     b, t, d = x.shape
     n = a.shape[1]
-    o, s = recurrent_gla(cs[:, :, None].expand(b, t, d, n), bs[:, :, None].expand(b, t, d, n), x[..., None],
-                         delta[..., None] * a, 1.0, h0[..., None])
+    o, s = recurrent_gla(
+        cs[:, :, None].expand(b, t, d, n),
+        bs[:, :, None].expand(b, t, d, n),
+        x[..., None],
+        delta[..., None] * a,
+        1.0,
+        h0[..., None],
+    )
     return o[..., 0], s[..., 0]
 
 

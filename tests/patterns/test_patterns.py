@@ -1,4 +1,5 @@
 """Pattern facts against the spec (framework.md §4) and against brute force."""
+
 from __future__ import annotations
 
 import math
@@ -85,7 +86,8 @@ def test_distance_matrix_matches_bfs(spec):
 
 
 increasing_f = st.lists(st.integers(1, 40), min_size=1, max_size=12).map(
-    lambda steps: [sum(steps[: i + 1]) for i in range(len(steps))])
+    lambda steps: [sum(steps[: i + 1]) for i in range(len(steps))]
+)
 lattice_f = increasing_f.map(lambda f: [1] + [v + 1 for v in f])  # the lattice needs f(0) = 1
 
 
@@ -130,20 +132,23 @@ def test_fenwick_levels_match_spec():
     assert p.cache_size(1024) <= 11
 
 
-@pytest.mark.parametrize("spec,match", [
-    ("nope", "unknown pattern"),
-    ("window:0", "window size"),
-    ("window:x", "window size"),
-    ("f:k-1", "must be >= 1"),
-    ("f:5-k", "strictly increasing"),
-    ("f:2", "strictly increasing"),
-    ("f:import os", "invalid pattern function"),
-    ("f:__import__('os')", "only integers"),
-    ("dense_ce", "already bounded or dense"),
-    ("first_order_ce", "already bounded or dense"),
-    ("fenwick_ce", "no cache-efficient variant"),
-    ("f:k+2_ce", "needs f\\(0\\) = 1"),
-])
+@pytest.mark.parametrize(
+    "spec,match",
+    [
+        ("nope", "unknown pattern"),
+        ("window:0", "window size"),
+        ("window:x", "window size"),
+        ("f:k-1", "must be >= 1"),
+        ("f:5-k", "strictly increasing"),
+        ("f:2", "strictly increasing"),
+        ("f:import os", "invalid pattern function"),
+        ("f:__import__('os')", "only integers"),
+        ("dense_ce", "already bounded or dense"),
+        ("first_order_ce", "already bounded or dense"),
+        ("fenwick_ce", "no cache-efficient variant"),
+        ("f:k+2_ce", "needs f\\(0\\) = 1"),
+    ],
+)
 def test_bad_patterns(spec, match):
     with pytest.raises(ValueError, match=match):
         get_pattern(spec)

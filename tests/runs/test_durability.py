@@ -3,6 +3,7 @@ that belong to `train lm` / `compare`: compare workers die with their parent, on
 folder, a finished run is left alone on --resume, a corrupt latest checkpoint falls back to the
 newest valid one, bare preset names never import files from the current directory, and impossible
 train settings are refused in one line before anything is written."""
+
 from __future__ import annotations
 
 import contextlib
@@ -23,14 +24,25 @@ from tokenmix.core.lock import LOCK_NAME, folder_lock
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-TINY = ["--preset", "tiny", "--no-progress", "--quiet", "--set", "train.threads=1", "train.tensorboard=false",
-        "train.eval_windows=1"]
+TINY = [
+    "--preset",
+    "tiny",
+    "--no-progress",
+    "--quiet",
+    "--set",
+    "train.threads=1",
+    "train.tensorboard=false",
+    "train.eval_windows=1",
+]
 
 
 def snapshot(folder: Path) -> dict[str, tuple[bytes, int]]:
     """Every file under ``folder``: its bytes and modification time."""
-    return {str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
-            for p in sorted(folder.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(folder)): (p.read_bytes(), p.stat().st_mtime_ns)
+        for p in sorted(folder.rglob("*"))
+        if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -49,8 +61,18 @@ def finished_run(tmp_path_factory, cache) -> Path:
     out = tmp_path_factory.mktemp("runs") / "done"
     os.environ["TOKENMIX_CACHE"] = str(cache)
     try:
-        rc = main(["train", "lm", *TINY, "train.max_steps=4", "train.checkpoint_every=2", "train.eval_every=2",
-                   "--out", str(out)])
+        rc = main(
+            [
+                "train",
+                "lm",
+                *TINY,
+                "train.max_steps=4",
+                "train.checkpoint_every=2",
+                "train.eval_every=2",
+                "--out",
+                str(out),
+            ]
+        )
     finally:
         del os.environ["TOKENMIX_CACHE"]
     assert rc == 0
@@ -74,7 +96,7 @@ def set_max_steps(run: Path, steps: int) -> None:
 
 
 # ------------------------------------------------------------------------------ 15: workers and signals
-SLOW_PRESET = '''
+SLOW_PRESET = """
 from tokenmix.runs.synthetic import SyntheticRunConfig as RunConfig, SyntheticTrainConfig as TrainConfig
 
 TRAIN = TrainConfig(lr=1e-2, steps=1_000_000, batch_size=4, warmup_steps=1, train_examples=16, val_examples=4,
@@ -85,7 +107,7 @@ def slow(extra_mixers=()):
     return [RunConfig(label="pow2", task="copy", task_args=dict(vocab_size=6, seq_len=8, copy_len=3, offset=4),
                       seed=s, train=TRAIN, model=dict(d_model=8, n_heads=2, mlp=False, layers=["pow2"]))
             for s in range(4)]
-'''
+"""
 
 
 def _children(pid: int) -> list[int]:
@@ -116,10 +138,24 @@ def test_compare_workers_die_with_their_parent(tmp_path, sig):
     stop it at once (the queued runs are not trained first); the folder's lock goes with it."""
     (tmp_path / "slow.py").write_text(SLOW_PRESET)
     out = tmp_path / "out"
-    proc = subprocess.Popen(tokenmix_cmd("compare", "--preset", str(tmp_path / "slow.py"), "--out", str(out),
-                                         "--workers", "2", "--no-plots", "--no-progress"),
-                            env=lm_env(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        tokenmix_cmd(
+            "compare",
+            "--preset",
+            str(tmp_path / "slow.py"),
+            "--out",
+            str(out),
+            "--workers",
+            "2",
+            "--no-plots",
+            "--no-progress",
+        ),
+        env=lm_env(tmp_path),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     try:
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline and len(list(out.glob("runs/*/config.json"))) < 2:
@@ -151,12 +187,14 @@ def test_compare_workers_die_with_their_parent(tmp_path, sig):
 @contextlib.contextmanager
 def lock_held_elsewhere(lock_path: Path, what: str = "train lm"):
     """Another process holding ``lock_path`` the way tokenmix does (flock, its pid and command inside)."""
-    code = ("import fcntl, os, sys\n"
-            f"fd = os.open({str(lock_path)!r}, os.O_RDWR | os.O_CREAT)\n"
-            "fcntl.flock(fd, fcntl.LOCK_EX)\n"
-            f"os.write(fd, f'{{os.getpid()}} {what}'.encode())\n"
-            "print('held', flush=True)\n"
-            "sys.stdin.read()\n")
+    code = (
+        "import fcntl, os, sys\n"
+        f"fd = os.open({str(lock_path)!r}, os.O_RDWR | os.O_CREAT)\n"
+        "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+        f"os.write(fd, f'{{os.getpid()}} {what}'.encode())\n"
+        "print('held', flush=True)\n"
+        "sys.stdin.read()\n"
+    )
     holder = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
@@ -172,8 +210,11 @@ def test_a_second_writer_of_a_folder_is_refused_naming_the_holder(tmp_path, fini
     run = tmp_path / "run"
     run.mkdir()
     with lock_held_elsewhere(run / LOCK_NAME, "compare") as holder:
-        one_line_error(run_cli(["train", "lm", *TINY, "train.max_steps=2", "--out", str(run)], capsys),
-                       "cannot train lm", f"in use by process {holder.pid} (`tokenmix compare`)")
+        one_line_error(
+            run_cli(["train", "lm", *TINY, "train.max_steps=2", "--out", str(run)], capsys),
+            "cannot train lm",
+            f"in use by process {holder.pid} (`tokenmix compare`)",
+        )
         resumed = copy_run(finished_run, tmp_path / "resumed")
         with lock_held_elsewhere(resumed / LOCK_NAME) as other:
             before = snapshot(resumed)
@@ -185,14 +226,30 @@ def test_a_second_writer_of_a_folder_is_refused_naming_the_holder(tmp_path, fini
     out = tmp_path / "compare"
     out.mkdir()
     with lock_held_elsewhere(out / LOCK_NAME) as holder:
-        one_line_error(run_cli(["compare", "--preset", str(tmp_path / "tiny.py"), "--out", str(out), "--workers", "1",
-                                "--no-progress", "--no-plots"], capsys), f"process {holder.pid}")
+        one_line_error(
+            run_cli(
+                [
+                    "compare",
+                    "--preset",
+                    str(tmp_path / "tiny.py"),
+                    "--out",
+                    str(out),
+                    "--workers",
+                    "1",
+                    "--no-progress",
+                    "--no-plots",
+                ],
+                capsys,
+            ),
+            f"process {holder.pid}",
+        )
     assert sorted(p.name for p in out.iterdir()) == [LOCK_NAME]
 
     prep = tmp_path / "prep"
     with lock_held_elsewhere(tmp_path / f".{prep.name}.lock") as holder:
-        one_line_error(run_cli(["data", "prepare", "--vocab-size", "280", "--out", str(prep)], capsys),
-                       f"process {holder.pid}")
+        one_line_error(
+            run_cli(["data", "prepare", "--vocab-size", "280", "--out", str(prep)], capsys), f"process {holder.pid}"
+        )
     assert not prep.exists()
 
     # the holder was killed: its lock file is left, but the lock died with it
@@ -287,28 +344,37 @@ def test_a_bare_preset_name_never_imports_a_file_from_the_current_directory(tmp_
     (tmp_path / "experiments").mkdir()
     for path in (tmp_path / "experiments" / "foo.py", tmp_path / "experiments" / "__init__.py", tmp_path / "foo.py"):
         path.write_text(evil)
-    res = subprocess.run(tokenmix_cmd("compare", "--preset", "foo", "--out", str(tmp_path / "o")), cwd=tmp_path,
-                         env=lm_env(tmp_path / "cache"), capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        tokenmix_cmd("compare", "--preset", "foo", "--out", str(tmp_path / "o")),
+        cwd=tmp_path,
+        env=lm_env(tmp_path / "cache"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 2, res.stderr
     assert len(res.stderr.strip().splitlines()) == 1 and "unknown preset 'foo'" in res.stderr
     assert not marker.exists() and not (tmp_path / "o").exists()
 
 
 # ------------------------------------------------------------------------------ 11, 13: bad train settings
-@pytest.mark.parametrize("setting, words", [
-    ("train.lr=nan", ["train.lr", "finite"]),
-    ("train.lr=inf", ["train.lr", "finite"]),
-    ("train.weight_decay=nan", ["train.weight_decay", "finite"]),
-    ("train.grad_clip=-inf", ["train.grad_clip", "finite"]),
-    ("train.min_lr_ratio=nan", ["train.min_lr_ratio", "finite"]),
-    ("train.beta1=nan", ["train.beta1", "finite"]),
-    ("train.beta2=1.5", ["train.beta2", "[0, 1)"]),
-    ("train.eps=0", ["train.eps", "> 0"]),
-    ("train.seed=-1", ["train.seed"]),
-    ("model.mixer_overrides.nosuch.x=1", ["unknown mixer 'nosuch'"]),
-    ("model.mixer_overrides.attention.chunk_size=4", ["attention", "not in model.layers"]),
-    ("model.mixer_overrides.pow2.nosuch=1", ["mixer 'pow2'", "nosuch"]),
-])
+@pytest.mark.parametrize(
+    "setting, words",
+    [
+        ("train.lr=nan", ["train.lr", "finite"]),
+        ("train.lr=inf", ["train.lr", "finite"]),
+        ("train.weight_decay=nan", ["train.weight_decay", "finite"]),
+        ("train.grad_clip=-inf", ["train.grad_clip", "finite"]),
+        ("train.min_lr_ratio=nan", ["train.min_lr_ratio", "finite"]),
+        ("train.beta1=nan", ["train.beta1", "finite"]),
+        ("train.beta2=1.5", ["train.beta2", "[0, 1)"]),
+        ("train.eps=0", ["train.eps", "> 0"]),
+        ("train.seed=-1", ["train.seed"]),
+        ("model.mixer_overrides.nosuch.x=1", ["unknown mixer 'nosuch'"]),
+        ("model.mixer_overrides.attention.chunk_size=4", ["attention", "not in model.layers"]),
+        ("model.mixer_overrides.pow2.nosuch=1", ["mixer 'pow2'", "nosuch"]),
+    ],
+)
 def test_impossible_train_settings_are_refused_before_anything_is_written(tmp_path, capsys, setting, words):
     """Items 11 and 13: non-finite, negative or out-of-range numbers and overrides nothing would read
     are one line, exit 2, and no run folder."""
@@ -320,17 +386,21 @@ def test_impossible_train_settings_are_refused_before_anything_is_written(tmp_pa
 def test_empty_layers_and_a_file_as_out_are_refused(tmp_path, capsys):
     """Item 13: --layers "" is an error, not the preset's layers; item 11: --out naming a file."""
     out = tmp_path / "run"
-    one_line_error(run_cli(["train", "lm", *TINY, "train.max_steps=2", "--layers", "", "--out", str(out)], capsys),
-                   "--layers")
-    one_line_error(run_cli(["train", "lm", *TINY, "train.max_steps=2", "--layers", " , ", "--out", str(out)], capsys),
-                   "layer")
+    one_line_error(
+        run_cli(["train", "lm", *TINY, "train.max_steps=2", "--layers", "", "--out", str(out)], capsys), "--layers"
+    )
+    one_line_error(
+        run_cli(["train", "lm", *TINY, "train.max_steps=2", "--layers", " , ", "--out", str(out)], capsys), "layer"
+    )
     assert not out.exists()
     a_file = tmp_path / "notes.txt"
     a_file.write_text("mine")
-    one_line_error(run_cli(["train", "lm", *TINY, "train.max_steps=2", "--out", str(a_file)], capsys),
-                   "notes.txt", "not a folder")
-    one_line_error(run_cli(["train", "lm", *TINY, "train.max_steps=2", "--out", str(a_file / "run")], capsys),
-                   "notes.txt")
+    one_line_error(
+        run_cli(["train", "lm", *TINY, "train.max_steps=2", "--out", str(a_file)], capsys), "notes.txt", "not a folder"
+    )
+    one_line_error(
+        run_cli(["train", "lm", *TINY, "train.max_steps=2", "--out", str(a_file / "run")], capsys), "notes.txt"
+    )
     assert a_file.read_text() == "mine"
 
 
@@ -354,10 +424,18 @@ def test_absurd_model_sizes_are_refused_up_front_naming_the_memory(tmp_path):
     """Items 7 and 10: a layer count or width that cannot fit in memory is refused at once, in one
     line that gives the size and the memory available, without trying to allocate it."""
     base = ["train", "lm", "--preset", "tiny", "--out", str(tmp_path / "run")]
-    cases = [base + ["--layers", "pow2*100000000"], base + ["--set", "model.d_model=1000000000"],
-             base + ["--layers", "pow2*1000000000000000"]]
-    res = subprocess.run([sys.executable, "-c", SIZES_SCRIPT, json.dumps(cases)], env=lm_env(tmp_path / "cache"),
-                         capture_output=True, text=True, timeout=60)
+    cases = [
+        base + ["--layers", "pow2*100000000"],
+        base + ["--set", "model.d_model=1000000000"],
+        base + ["--layers", "pow2*1000000000000000"],
+    ]
+    res = subprocess.run(
+        [sys.executable, "-c", SIZES_SCRIPT, json.dumps(cases)],
+        env=lm_env(tmp_path / "cache"),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr[-3000:]
     for case, r in zip(cases, json.loads(res.stdout)):
         lines = r["err"].strip().splitlines()
@@ -379,8 +457,10 @@ def test_the_size_limit_is_decided_by_the_memory_available(monkeypatch):
     monkeypatch.setattr(runs_lm, "available_memory", lambda: 2 << 30)
     with pytest.raises(InputError, match=r"2\.0 GiB of memory is available"):
         runs_lm.apply_overrides(runs_lm.LMRunConfig(), overrides)
-    estimate = runs_lm.estimate_parameters({"d_model": 64, "layers": ("pow2*3", "attention"), "n_heads": 4,
-                                            "vocab_size": 300})
+    estimate = runs_lm.estimate_parameters(
+        {"d_model": 64, "layers": ("pow2*3", "attention"), "n_heads": 4, "vocab_size": 300}
+    )
     from tokenmix.models import MixerModel, ModelConfig
+
     real = MixerModel(ModelConfig(vocab_size=300, d_model=64, layers=("pow2",) * 3 + ("attention",), n_heads=4))
     assert estimate == real.num_params()

@@ -1,5 +1,6 @@
 """`tokenmix compare`: a tiny preset end to end (table, report, plots, resume), the structure columns,
 the paper's claims checked on a table, and bad input as one line with exit status 2."""
+
 from __future__ import annotations
 
 import json
@@ -11,19 +12,19 @@ import pytest
 import torch
 
 from tokenmix.cli.main import main
+from tokenmix.mixers.registry import build_mixer
 from tokenmix.models import ModelConfig
 from tokenmix.patterns import get_pattern, pattern_report
-from tokenmix.mixers.registry import build_mixer
 from tokenmix.study import plots, theory
-from tokenmix.study.presets import compare_preset, presets
 from tokenmix.study.cells import CompareCells, column_baselines
 from tokenmix.study.claims import qualitative_findings
+from tokenmix.study.presets import compare_preset, presets
 from tokenmix.study.structure import structure_facts
 from tokenmix.study.theory import copy_routes
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
-TINY_PRESET = '''
+TINY_PRESET = """
 from tokenmix.runs.synthetic import SyntheticRunConfig as RunConfig, SyntheticTrainConfig as TrainConfig
 
 DEFAULT_MIXERS = ("pow2", "first_order", "not_a_registered_mixer")
@@ -37,11 +38,12 @@ def {NAME}(extra_mixers=()):
     return [RunConfig(label=m, task=t, task_args=a, seed=s, train=TRAIN,
                       model=dict(d_model=8, n_heads=2, mlp=False, layers=[m]))
             for s in (0, 1, 2) for t, a in TASKS.items() for m in mixers]
-'''
-GOOD_TASKS = {"copy": dict(vocab_size=6, seq_len=8, copy_len=3, offset=4),
-              "assoc_recall": dict(vocab_size=12, seq_len=8, num_kv_pairs=2),
-              "multi_hop": dict(vocab_size=12, seq_len=8, num_chains=1, hops=2)}
-
+"""
+GOOD_TASKS = {
+    "copy": dict(vocab_size=6, seq_len=8, copy_len=3, offset=4),
+    "assoc_recall": dict(vocab_size=12, seq_len=8, num_kv_pairs=2),
+    "multi_hop": dict(vocab_size=12, seq_len=8, num_chains=1, hops=2),
+}
 
 
 def load_preset(name: str):
@@ -52,6 +54,7 @@ def load_preset(name: str):
 
 def preset_names() -> list[str]:
     return [p.name for p in presets("compare")]
+
 
 def write_preset(tmp_path: Path, name: str = "tiny", tasks: dict | None = None) -> Path:
     path = tmp_path / f"{name}.py"
@@ -76,7 +79,9 @@ def test_compare_tiny_preset_end_to_end_and_resume(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["rows"] == ["pow2", "first_order"] and summary["columns"] == list(GOOD_TASKS)
     pow2 = summary["structure"]["pow2"]
-    assert pow2["cache_matches"] and pow2["shortest_path"] == str(int(pattern_report(get_pattern("pow2"), 8)["shortest_path_max"]))
+    assert pow2["cache_matches"] and pow2["shortest_path"] == str(
+        int(pattern_report(get_pattern("pow2"), 8)["shortest_path_max"])
+    )
     assert summary["structure"]["first_order"]["shortest_path"] == "7"  # n - 1 hops at n = 8
     assert {row["n_seeds"] for row in summary["summary"]} == {3}
     claims = {f["claim"]: f for f in summary["findings"]}
@@ -101,11 +106,14 @@ def test_compare_tiny_preset_end_to_end_and_resume(tmp_path, capsys):
 
 
 def test_structure_facts_measured_cache_equals_derived():
-    facts = structure_facts("pow2_ce", ModelConfig(vocab_size=10, d_model=8, n_heads=2, layers=("pow2_ce", "pow2_ce")), 24)
+    facts = structure_facts(
+        "pow2_ce", ModelConfig(vocab_size=10, d_model=8, n_heads=2, layers=("pow2_ce", "pow2_ce")), 24
+    )
     assert facts.cache_matches
     assert facts.cache_positions_measured == 2 * get_pattern("pow2_ce").cache_size(24)
-    dense = structure_facts("dense_recurrence", ModelConfig(vocab_size=10, d_model=8, n_heads=2,
-                                                            layers=("dense_recurrence",)), 16)
+    dense = structure_facts(
+        "dense_recurrence", ModelConfig(vocab_size=10, d_model=8, n_heads=2, layers=("dense_recurrence",)), 16
+    )
     assert dense.shortest_path == 1 and dense.cache_positions_measured == 15 and dense.time_complexity == "O(n)"
 
 
@@ -113,8 +121,13 @@ def test_claims_are_checked_on_the_measured_cells():
     def cell(acc, std=0.0, **kw):
         return {"acc_mean": acc, "acc_std": std, "n_seeds": 3, **kw}
 
-    cells = {("dense_recurrence", "multi_hop"): cell(0.9), ("attention", "multi_hop"): cell(0.4),
-             ("sq1", "copy"): cell(0.8, 0.02), ("pow2", "copy"): cell(0.85, 0.02), ("attention", "copy"): cell(0.99)}
+    cells = {
+        ("dense_recurrence", "multi_hop"): cell(0.9),
+        ("attention", "multi_hop"): cell(0.4),
+        ("sq1", "copy"): cell(0.8, 0.02),
+        ("pow2", "copy"): cell(0.85, 0.02),
+        ("attention", "copy"): cell(0.99),
+    }
     findings = {f["claim"]: f for f in qualitative_findings(cells)}
     verdicts = {k: f["verdict"] for k, f in findings.items()}
     assert verdicts["dense recurrence ≥ attention on multi-hop by a wide margin (≥ 20 points)"] == "holds"
@@ -129,22 +142,26 @@ def test_claim_explanations_are_computed_from_the_runs():
         return {"acc_mean": acc, "acc_std": std, "n_seeds": 3, "best_lr": 1e-3, "max_steps": 600, **kw}
 
     rows = ["attention", "kth_order", "dense_recurrence", "pow2", "pow2_ce", "sq1", "sq1_ce"]
-    cells = {("dense_recurrence", "multi_hop"): cell(0.36, 0.05, still_rising=2),
-             ("attention", "multi_hop"): cell(0.33, 0.01),
-             ("first_order", "copy"): cell(0.40), ("local_attention", "copy"): cell(0.07),
-             **{(r, "copy"): cell(0.5 + 0.05 * i) for i, r in enumerate(rows)}}
+    cells = {
+        ("dense_recurrence", "multi_hop"): cell(0.36, 0.05, still_rising=2),
+        ("attention", "multi_hop"): cell(0.33, 0.01),
+        ("first_order", "copy"): cell(0.40),
+        ("local_attention", "copy"): cell(0.07),
+        **{(r, "copy"): cell(0.5 + 0.05 * i) for i, r in enumerate(rows)},
+    }
     baselines = {"multi_hop": {"uniform entity": 1 / 63, "a chain end of the context": 1 / 3}}
     findings = {f["claim"]: f for f in qualitative_findings(cells, baselines, lrs=[1e-3, 3e-3, 1e-2])}
     f = findings["dense recurrence ≥ attention on multi-hop by a wide margin (≥ 20 points)"]
     assert f["verdict"] == "untested"  # both cells guess a chain end: nothing was measured to compare
     why = " | ".join(f["why"])
-    assert "within the seeds' spread" in why                   # +3 points against ± 5 and ± 1
+    assert "within the seeds' spread" in why  # +3 points against ± 5 and ± 1
     assert "attention on multi_hop is at a guessing level" in why and "a chain end of the context" in why
     assert "dense_recurrence on multi_hop was still improving" in why and "2 of 3 seeds" in why
-    assert "edge of the grid" in why                           # 1e-3 is the smallest learning rate tried
-    assert "every cell is at a guessing level" in why                 # 36 and 33 % vs a chain end's 33.3 %
-    learned = qualitative_findings({("dense_recurrence", "multi_hop"): cell(0.60), ("attention", "multi_hop"): cell(0.33)},
-                                   baselines)[0]
+    assert "edge of the grid" in why  # 1e-3 is the smallest learning rate tried
+    assert "every cell is at a guessing level" in why  # 36 and 33 % vs a chain end's 33.3 %
+    learned = qualitative_findings(
+        {("dense_recurrence", "multi_hop"): cell(0.60), ("attention", "multi_hop"): cell(0.33)}, baselines
+    )[0]
     assert not any("every cell is at a guessing level" in w for w in learned["why"])
     assert learned["verdict"] == "holds"  # one cell above guessing: a real comparison, 27 points apart
     two = qualitative_findings(cells, baselines, lrs=[1e-3, 3e-3])  # both ends of a 2-point grid: no note
@@ -171,8 +188,7 @@ def test_copy_routes_follow_the_pattern_through_free_positions():
     sq1 = copy_routes("sq1", build_mixer("sq1", d_model=8, n_heads=1), 12, 20, 32)
     ce = copy_routes("pow2_ce", build_mixer("pow2_ce", d_model=8, n_heads=1), 12, 20, 32)
     cells = {("sq1", "copy"): cell(0.5), ("pow2", "copy"): cell(0.7), ("pow2_ce", "copy"): cell(0.3)}
-    findings = {f["claim"]: f for f in qualitative_findings(
-        cells, routes={"sq1": sq1, "pow2": r, "pow2_ce": ce})}
+    findings = {f["claim"]: f for f in qualitative_findings(cells, routes={"sq1": sq1, "pow2": r, "pow2_ce": ce})}
     why = " | ".join(findings["sq1 ≥ pow2 on copy"]["why"])
     assert sq1.hop_counts() == r.hop_counts() and "does not separate sq1 and pow2" in why
     why = " | ".join(findings["pow2_ce costs copy accuracy (pow2_ce < pow2)"]["why"])
@@ -181,7 +197,7 @@ def test_copy_routes_follow_the_pattern_through_free_positions():
     g = 1 / 14
     text = r.describe({"best_lr": 1e-2, "acc_by_seed": {0: (8 + 4 * g) / 12, 1: (5 + 7 * g) / 12}}, guess=g)
     assert r.one_flow_bound == 8 and "at most 8 of them at once (69.0 %" in text and ": 8.0, 5.0" in text
-    assert dense.one_flow_bound == 12                                # one hop: no relay needed
+    assert dense.one_flow_bound == 12  # one hop: no relay needed
 
 
 def test_copy_offset_26_separates_sq1_from_pow2_and_the_lattices():
@@ -198,8 +214,8 @@ def test_copy_offset_26_separates_sq1_from_pow2_and_the_lattices():
 
 
 def test_recall_reads_count_direct_reads_of_the_value_position():
-    from tokenmix.tasks import make_task
     from tokenmix.study.theory import recall_reads
+    from tokenmix.tasks import make_task
 
     task = make_task("assoc_recall", vocab_size=64, seq_len=32, num_kv_pairs=4, random_non_queries=False)
     data = task.build(64, 7)
@@ -208,8 +224,12 @@ def test_recall_reads_count_direct_reads_of_the_value_position():
     # queries sit at even positions, values at odd ones: pow2's only odd distance is 1, so it reads a
     # value directly only for a query right after it (the last pair's value, query at position 8)
     pow2 = recall_reads("pow2", build_mixer("pow2", d_model=8, n_heads=1), data, 4)
-    by_hand = sum(1 for x, m in zip(data.inputs.tolist(), data.scored.tolist()) for q, s in enumerate(m)
-                  if s and x.index(x[q]) + 1 == q - 1)
+    by_hand = sum(
+        1
+        for x, m in zip(data.inputs.tolist(), data.scored.tolist())
+        for q, s in enumerate(m)
+        if s and x.index(x[q]) + 1 == q - 1
+    )
     assert pow2.direct == by_hand and 0 < pow2.direct < pow2.answers
     sq1 = recall_reads("sq1", build_mixer("sq1", d_model=8, n_heads=1), data, 4)  # odd distances 1, 5, 17
     assert sq1.direct > pow2.direct
@@ -217,18 +237,29 @@ def test_recall_reads_count_direct_reads_of_the_value_position():
     att = recall_reads("attention", build_mixer("attention", d_model=8, n_heads=1), data, 4)
     assert att.direct == att.two_hops == att.answers and att.pattern == "attention"  # every position in one hop
     # two hops: a neighbour's neighbour (q - 1 - 1 = q - 2 reads p + 1 when q = p + 3, ...)
-    by_hand = sum(1 for x, m in zip(data.inputs.tolist(), data.scored.tolist()) for q, s in enumerate(m)
-                  if s and (x.index(x[q]) + 1) in {q - a - b for a in (0, *(2 ** k for k in range(5)))
-                                                   for b in (0, *(2 ** k for k in range(5)))})
+    by_hand = sum(
+        1
+        for x, m in zip(data.inputs.tolist(), data.scored.tolist())
+        for q, s in enumerate(m)
+        if s
+        and (x.index(x[q]) + 1)
+        in {q - a - b for a in (0, *(2**k for k in range(5))) for b in (0, *(2**k for k in range(5)))}
+    )
     assert pow2.two_hops == by_hand and pow2.two_hops > pow2.direct
     # behind a window-3 shift p + 2 holds the pair too: pow2's even distances read it
     pow2_w3 = recall_reads("pow2", build_mixer("pow2", d_model=8, n_heads=1), data, 4, shift_window=3)
-    by_hand = sum(1 for x, m in zip(data.inputs.tolist(), data.scored.tolist()) for q, s in enumerate(m)
-                  if s and {x.index(x[q]) + 1, x.index(x[q]) + 2} & ({q} | {q - 2 ** k for k in range(5)}))
+    by_hand = sum(
+        1
+        for x, m in zip(data.inputs.tolist(), data.scored.tolist())
+        for q, s in enumerate(m)
+        if s and {x.index(x[q]) + 1, x.index(x[q]) + 2} & ({q} | {q - 2**k for k in range(5)})
+    )
     assert pow2_w3.direct == by_hand and pow2_w3.direct > 5 * pow2.direct
     # a recall claim between two rows at the guessing plateau is untested, with the reads as the reason
-    cells = {("pow2_ce", "assoc_recall"): {"acc_mean": 0.25, "acc_std": 0.01},
-             ("pow2", "assoc_recall"): {"acc_mean": 0.24, "acc_std": 0.01}}
+    cells = {
+        ("pow2_ce", "assoc_recall"): {"acc_mean": 0.25, "acc_std": 0.01},
+        ("pow2", "assoc_recall"): {"acc_mean": 0.24, "acc_std": 0.01},
+    }
     baselines = {"assoc_recall": task.baselines()}
     ce_reads = recall_reads("pow2_ce", build_mixer("pow2_ce", d_model=8, n_heads=1), data, 4)
     f = {f["claim"]: f for f in qualitative_findings(cells, baselines, reads={"pow2": pow2, "pow2_ce": ce_reads})}
@@ -264,8 +295,9 @@ def test_presets_in_the_repository_build_valid_sweeps():
     assert len({c.train.lr for c in configs}) >= 2  # a real max over learning rates
     # the full-size grid shares the recipe, MQAR's shift window included
     _, paper, _ = load_preset("paper")
-    windows = {(c.task, c.model_config().mixer_overrides["local_attention"]["window"])
-               for c in paper() if c.label == "pow2"}
+    windows = {
+        (c.task, c.model_config().mixer_overrides["local_attention"]["window"]) for c in paper() if c.label == "pow2"
+    }
     assert windows == {("copy", 2), ("multi_hop", 2), ("assoc_recall", 3)}
 
 
@@ -275,7 +307,13 @@ def test_depth_long_preset_is_the_depth_task_at_n3_with_one_recipe_for_every_row
     configs = depth_long()
     column = [c for c in depth() if c.task_config().num_changes == 3]
     assert {c.task_config() for c in configs} == {column[0].task_config()}
-    assert {c.label for c in configs} == {"dense_recurrence x1", "chacal x1", "attention x1", "attention x2", "attention x3"}
+    assert {c.label for c in configs} == {
+        "dense_recurrence x1",
+        "chacal x1",
+        "attention x1",
+        "attention x2",
+        "attention x3",
+    }
     assert len(configs) == 5 * len(module.SEEDS) and len(module.SEEDS) >= 3
     for c in configs:
         mcfg = c.model_config()
@@ -299,12 +337,15 @@ def test_recall_preset_is_the_quick_mqar_column_trained_longer():
         assert replace(c, train=replace(c.train, steps=s.train.steps, patience_steps=s.train.patience_steps)) == s
 
 
-@pytest.mark.parametrize("extra,needle", [
-    (["--mixers", "no_such_mixer"], "unknown mixer 'no_such_mixer'"),
-    (["--preset", "no_such_preset"], "unknown preset 'no_such_preset'"),
-    (["--workers", "0"], "--workers must be >= 1"),
-    (["--device", "no_such_device"], "device 'no_such_device' is not usable"),
-])
+@pytest.mark.parametrize(
+    "extra,needle",
+    [
+        (["--mixers", "no_such_mixer"], "unknown mixer 'no_such_mixer'"),
+        (["--preset", "no_such_preset"], "unknown preset 'no_such_preset'"),
+        (["--workers", "0"], "--workers must be >= 1"),
+        (["--device", "no_such_device"], "device 'no_such_device' is not usable"),
+    ],
+)
 def test_bad_arguments_one_line_exit_2(tmp_path, capsys, extra, needle):
     preset = write_preset(tmp_path)
     out = tmp_path / "never"
@@ -315,11 +356,17 @@ def test_bad_arguments_one_line_exit_2(tmp_path, capsys, extra, needle):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("tasks,needle", [
-    ({"assoc_recall": dict(vocab_size=12, seq_len=8, num_kv_pairs=3)}, "2*num_kv_pairs*num_passes + 2*num_kv_pairs"),
-    ({"assoc_recall": dict(vocab_size=8, seq_len=8, num_kv_pairs=1)}, "vocab_size > seq_len"),
-    ({"no_such_task": {}}, "unknown task 'no_such_task'"),
-])
+@pytest.mark.parametrize(
+    "tasks,needle",
+    [
+        (
+            {"assoc_recall": dict(vocab_size=12, seq_len=8, num_kv_pairs=3)},
+            "2*num_kv_pairs*num_passes + 2*num_kv_pairs",
+        ),
+        ({"assoc_recall": dict(vocab_size=8, seq_len=8, num_kv_pairs=1)}, "vocab_size > seq_len"),
+        ({"no_such_task": {}}, "unknown task 'no_such_task'"),
+    ],
+)
 def test_impossible_task_sizes_one_line_exit_2(tmp_path, capsys, tasks, needle):
     preset = write_preset(tmp_path, tasks=tasks)
     out = tmp_path / "never"
@@ -340,52 +387,96 @@ def test_unwritable_output_dir_one_line_exit_2(tmp_path, capsys):
 
 
 def test_depth_claim_is_checked_per_number_of_changes():
-    from tokenmix.study.claims import depth_findings
     from tokenmix.runs.synthetic import SyntheticRunConfig as RunConfig
+    from tokenmix.study.claims import depth_findings
 
     def run(label, layers, n):
-        return RunConfig(label=label, task="entity_tracking", column=f"n={n}",
-                         task_args=dict(num_changes=n, num_chains=2, num_boxes=2 * (n + 1), ask_all_boxes=True,
-                                        score_deepest=True),
-                         model=dict(d_model=8, n_heads=1, mlp=False, layers=layers))
+        return RunConfig(
+            label=label,
+            task="entity_tracking",
+            column=f"n={n}",
+            task_args=dict(num_changes=n, num_chains=2, num_boxes=2 * (n + 1), ask_all_boxes=True, score_deepest=True),
+            model=dict(d_model=8, n_heads=1, mlp=False, layers=layers),
+        )
 
-    configs = [run(lab, lay, n) for n in (3, 7) for lab, lay in
-               (("dense_recurrence x1", ["dense_recurrence"]), ("chacal x1", ["chacal"]), ("attention x1", ["attention"]),
-                ("attention x2", ["attention"] * 2), ("attention x3", ["attention"] * 3))]
+    configs = [
+        run(lab, lay, n)
+        for n in (3, 7)
+        for lab, lay in (
+            ("dense_recurrence x1", ["dense_recurrence"]),
+            ("chacal x1", ["chacal"]),
+            ("attention x1", ["attention"]),
+            ("attention x2", ["attention"] * 2),
+            ("attention x3", ["attention"] * 3),
+        )
+    ]
 
     def cell(acc):
         return {"acc_mean": acc, "acc_std": 0.01, "n_seeds": 3}
 
-    cells = {("dense_recurrence x1", "n=3"): cell(1.0), ("chacal x1", "n=3"): cell(0.5), ("attention x1", "n=3"): cell(0.5),
-             ("attention x2", "n=3"): cell(0.95), ("attention x3", "n=3"): cell(0.97),
-             ("dense_recurrence x1", "n=7"): cell(0.6), ("attention x1", "n=7"): cell(0.5),
-             ("attention x2", "n=7"): cell(0.55), ("attention x3", "n=7"): cell(0.52)}
+    cells = {
+        ("dense_recurrence x1", "n=3"): cell(1.0),
+        ("chacal x1", "n=3"): cell(0.5),
+        ("attention x1", "n=3"): cell(0.5),
+        ("attention x2", "n=3"): cell(0.95),
+        ("attention x3", "n=3"): cell(0.97),
+        ("dense_recurrence x1", "n=7"): cell(0.6),
+        ("attention x1", "n=7"): cell(0.5),
+        ("attention x2", "n=7"): cell(0.55),
+        ("attention x3", "n=7"): cell(0.52),
+    }
     found = {f["claim"]: f["verdict"] for f in depth_findings(cells, configs)}
     assert found["n=3: a one-layer dense recurrence / ChaCAL solves 3 state changes (≥ 90 %)"] == "holds"
-    assert found["n=3: attention with fewer than ceil(log2(3 + 1)) = 2 layers fails "
-                 "(≥ 20 points below dense_recurrence x1)"] == "holds"
+    assert (
+        found[
+            "n=3: attention with fewer than ceil(log2(3 + 1)) = 2 layers fails (≥ 20 points below dense_recurrence x1)"
+        ]
+        == "holds"
+    )
     assert found["n=3: fewest attention layers reaching 90 % (lower bound 2)"] == "2 layers"
     assert found["n=7: a one-layer dense recurrence / ChaCAL solves 7 state changes (≥ 90 %)"] == "does not hold"
     # 0.5 and 0.55 are not 20 points below the 0.6 of the one-layer recurrence
-    assert found["n=7: attention with fewer than ceil(log2(7 + 1)) = 3 layers fails "
-                 "(≥ 20 points below dense_recurrence x1)"] == "does not hold"
+    assert (
+        found[
+            "n=7: attention with fewer than ceil(log2(7 + 1)) = 3 layers fails (≥ 20 points below dense_recurrence x1)"
+        ]
+        == "does not hold"
+    )
     assert found["n=7: fewest attention layers reaching 90 % (lower bound 3)"] == "none of 1..3"
     why = {f["claim"]: f["why"] for f in depth_findings(cells, configs)}
     # 3 layers permit n = 7 but did not solve it: said, with the layer counts at or above the bound
-    assert any("attention with 3 layer(s) (at or above the bound) did not solve it" in w
-               for w in why["n=7: fewest attention layers reaching 90 % (lower bound 3)"])
+    assert any(
+        "attention with 3 layer(s) (at or above the bound) did not solve it" in w
+        for w in why["n=7: fewest attention layers reaching 90 % (lower bound 3)"]
+    )
     assert why["n=3: fewest attention layers reaching 90 % (lower bound 2)"] == []  # 2 layers did
     # the one-layer claim holds by the dense recurrence; the ChaCAL row that failed still gets its facts
-    assert any(w.startswith("chacal x1 on n=3 is at a guessing level")
-               for w in why["n=3: a one-layer dense recurrence / ChaCAL solves 3 state changes (≥ 90 %)"])
-    assert any("a known solution needs 4 layers" in w for w in why["n=7: fewest attention layers reaching 90 % (lower bound 3)"])
+    assert any(
+        w.startswith("chacal x1 on n=3 is at a guessing level")
+        for w in why["n=3: a one-layer dense recurrence / ChaCAL solves 3 state changes (≥ 90 %)"]
+    )
+    assert any(
+        "a known solution needs 4 layers" in w
+        for w in why["n=7: fewest attention layers reaching 90 % (lower bound 3)"]
+    )
 
 
 def _cells(configs, cells) -> CompareCells:
     """A CompareCells around hand-made cells (no runs behind them)."""
-    return CompareCells(configs=configs, results=[], summary=[], labels=list(dict.fromkeys(c.label for c in configs)),
-                        columns=list(dict.fromkeys(c.column_name for c in configs)), n=0, facts={}, cells=cells,
-                        throughput={}, baselines=column_baselines(configs), lrs=[], seeds=[])
+    return CompareCells(
+        configs=configs,
+        results=[],
+        summary=[],
+        labels=list(dict.fromkeys(c.label for c in configs)),
+        columns=list(dict.fromkeys(c.column_name for c in configs)),
+        n=0,
+        facts={},
+        cells=cells,
+        throughput={},
+        baselines=column_baselines(configs),
+        lrs=[],
+        seeds=[],
+    )
 
 
 def test_depth_plot_drawn_for_entity_tracking_tables_only(tmp_path):
@@ -394,13 +485,21 @@ def test_depth_plot_drawn_for_entity_tracking_tables_only(tmp_path):
     from tokenmix.runs.synthetic import SyntheticRunConfig as RunConfig
 
     def run(label, layers):
-        return RunConfig(label=label, task="entity_tracking", column="n=3", model=dict(d_model=8, n_heads=1, layers=layers),
-                         task_args=dict(num_changes=3, num_chains=2, num_boxes=8, ask_all_boxes=True, score_deepest=True))
+        return RunConfig(
+            label=label,
+            task="entity_tracking",
+            column="n=3",
+            model=dict(d_model=8, n_heads=1, layers=layers),
+            task_args=dict(num_changes=3, num_chains=2, num_boxes=8, ask_all_boxes=True, score_deepest=True),
+        )
 
     configs = [run("chacal x1", ["chacal"])] + [run(f"attention x{L}", ["attention"] * L) for L in (1, 2)]
     groups = {f"depth {d}": 1.0 - 0.1 * d for d in range(4)}
-    cells = {("chacal x1", "n=3"): {"acc_mean": 0.99, "acc_std": 0.0, "acc_by_group": groups},
-             ("attention x1", "n=3"): {"acc_mean": 0.5, "acc_std": 0.01}, ("attention x2", "n=3"): {"acc_mean": 0.7, "acc_std": 0.05}}
+    cells = {
+        ("chacal x1", "n=3"): {"acc_mean": 0.99, "acc_std": 0.0, "acc_by_group": groups},
+        ("attention x1", "n=3"): {"acc_mean": 0.5, "acc_std": 0.01},
+        ("attention x2", "n=3"): {"acc_mean": 0.7, "acc_std": 0.05},
+    }
 
     def height(path: Path) -> int:  # PNG IHDR: width and height right after the signature and chunk header
         data = path.read_bytes()
@@ -414,8 +513,10 @@ def test_depth_plot_drawn_for_entity_tracking_tables_only(tmp_path):
     assert plain.name == "accuracy_vs_layers.png" and tall > 1.5 * height(plain)
     assert not list(tmp_path.glob(".*tmp*"))  # written through a temporary file, none left over
     other = [RunConfig(label="pow2", task="copy", task_args=GOOD_TASKS["copy"], model=dict(d_model=8, layers=["pow2"]))]
-    assert plots.write_depth_plot(tmp_path / "none", _cells(other, {("pow2", "copy"): {"acc_mean": 1.0,
-                                                                                       "acc_std": 0.0}})) == []
+    assert (
+        plots.write_depth_plot(tmp_path / "none", _cells(other, {("pow2", "copy"): {"acc_mean": 1.0, "acc_std": 0.0}}))
+        == []
+    )
 
 
 def _pointer_doubling(task, inputs: torch.Tensor, layers: int) -> torch.Tensor:
@@ -444,11 +545,12 @@ def _pointer_doubling(task, inputs: torch.Tensor, layers: int) -> torch.Tensor:
 @pytest.mark.parametrize("n", [1, 2, 3, 4, 6, 7])
 def test_pointer_doubling_answers_the_deepest_ask_after_doubling_layers(n):
     """The layer count the depth claim quotes for a known attention solution, checked on the generator."""
-    from tokenmix.tasks import make_task
     from tokenmix.study.theory import doubling_layers
+    from tokenmix.tasks import make_task
 
-    task = make_task("entity_tracking", num_changes=n, num_chains=2, num_boxes=2 * (n + 1), ask_all_boxes=True,
-                     score_deepest=True)
+    task = make_task(
+        "entity_tracking", num_changes=n, num_chains=2, num_boxes=2 * (n + 1), ask_all_boxes=True, score_deepest=True
+    )
     data = task.build(64, seed=3)
     deepest = data.scored
     for layers, solved in ((doubling_layers(n), True), (doubling_layers(n) - 1, False)):
@@ -462,6 +564,7 @@ def test_point_labels_never_overlap():
     """``label_points`` places every label where no other label (and no marker) is, even for a
     crowd of points at nearly the same place (the plots where labels used to overlap)."""
     import matplotlib
+
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -479,6 +582,6 @@ def test_point_labels_never_overlap():
     fig.canvas.draw()
     boxes = [t.get_window_extent(fig.canvas.get_renderer()) for t in texts]
     for i, a in enumerate(boxes):
-        for b in boxes[i + 1:]:
+        for b in boxes[i + 1 :]:
             assert not a.overlaps(b) or a.intersection(a, b).width * a.intersection(a, b).height < 1e-6
     plt.close(fig)

@@ -1,9 +1,9 @@
 """``tokenmix design``: the front against brute force, the derived numbers against the pattern facts and
 measurements, the space (families, user f:EXPR, merging), budgets, bad input and a tiny --train."""
+
 from __future__ import annotations
 
 import csv
-import itertools
 import json
 import math
 import random
@@ -15,16 +15,28 @@ import torch
 
 from lm_helpers import one_line_error, run_cli
 from tokenmix.analysis.accounting import measure_decode_cache
-from tokenmix.analysis.design import (DesignRequest, DesignSpace, explore, geom_candidate, mix_candidate, pareto_front,
-                                      poly_candidate)
+from tokenmix.analysis.design import (
+    DesignRequest,
+    DesignSpace,
+    explore,
+    geom_candidate,
+    mix_candidate,
+    pareto_front,
+    poly_candidate,
+)
 from tokenmix.analysis.expressivity import CommunicationGraph, graph_reach, hop_profile, pattern_metrics
 from tokenmix.mixers.registry import build_mixer
 from tokenmix.patterns import get_pattern, shortest_paths
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-SMALL = DesignSpace(bases=(Fraction(3, 2), Fraction(5, 2), Fraction(3)), powers=(2, 3), mix_windows=(2, 4),
-                    mix_bases=(Fraction(2), Fraction(3)), windows=(4, 8))
+SMALL = DesignSpace(
+    bases=(Fraction(3, 2), Fraction(5, 2), Fraction(3)),
+    powers=(2, 3),
+    mix_windows=(2, 4),
+    mix_bases=(Fraction(2), Fraction(3)),
+    windows=(4, 8),
+)
 
 
 # ----------------------------------------------------------------------------- independent brute force
@@ -105,8 +117,11 @@ def test_named_rows_equal_the_pattern_facts(n):
 def test_derived_cache_equals_a_measured_decode(name):
     """The cache of the table is derived (cache_size); decoding with the mixer measures it."""
     n = 40
-    res = explore(DesignRequest(n=n, space=SMALL if name != "geom:1.5_ce" else DesignSpace(bases=(Fraction(3, 2),)),
-                                route_front=False))
+    res = explore(
+        DesignRequest(
+            n=n, space=SMALL if name != "geom:1.5_ce" else DesignSpace(bases=(Fraction(3, 2),)), route_front=False
+        )
+    )
     row = res.row(name)
     c = row.candidate
     torch.manual_seed(0)
@@ -150,8 +165,14 @@ def test_family_members_are_their_formulas():
 
 
 def test_same_patterns_are_merged_under_the_named_one():
-    res = explore(DesignRequest(n=256, space=DesignSpace(bases=(Fraction(2),), powers=(2,), mix_windows=(2,),
-                                                         mix_bases=(Fraction(2),), patterns=("f:2**k",))))
+    res = explore(
+        DesignRequest(
+            n=256,
+            space=DesignSpace(
+                bases=(Fraction(2),), powers=(2,), mix_windows=(2,), mix_bases=(Fraction(2),), patterns=("f:2**k",)
+            ),
+        )
+    )
     assert set(res.row("pow2").same_as) == {"geom:2", "mix:2+2", "f:2**k"}
     assert set(res.row("pow2_ce").same_as) == {"geom:2_ce", "mix:2+2_ce", "f:2**k_ce"}
     assert res.row("sq1").same_as == ["poly:2"]
@@ -160,15 +181,33 @@ def test_same_patterns_are_merged_under_the_named_one():
 
 def test_user_pattern_joins_the_space_and_the_outputs(tmp_path, capsys):
     out = tmp_path / "d"
-    rc, stdout, _ = run_cli(["design", "--n", "256", "--families", "none", "--pattern", "f:5**k", "--pattern",
-                             "f:k**3+2", "--out", str(out), "--quiet", "--no-routing", "--formats", "png"], capsys)
+    rc, stdout, _ = run_cli(
+        [
+            "design",
+            "--n",
+            "256",
+            "--families",
+            "none",
+            "--pattern",
+            "f:5**k",
+            "--pattern",
+            "f:k**3+2",
+            "--out",
+            str(out),
+            "--quiet",
+            "--no-routing",
+            "--formats",
+            "png",
+        ],
+        capsys,
+    )
     assert rc == 0
     data = json.loads((out / "design.json").read_text())
     rows = {r["pattern"]: r for r in data["rows"]}
     assert rows["f:5**k"]["family"] == "user" and rows["f:5**k"]["path_max"] is not None
-    assert rows["f:5**k_ce"]["variant"] == "lattice"          # f(0) = 1: its lattice joins too
+    assert rows["f:5**k_ce"]["variant"] == "lattice"  # f(0) = 1: its lattice joins too
     assert "f:k**3+2_ce" not in rows and rows["f:k**3+2"]["cost"] == 7  # f(0) = 2: no lattice; k = 0..6
-    assert "f:5**k_ce" in data["front"]                        # cost 4 and cache 4: nothing beats it
+    assert "f:5**k_ce" in data["front"]  # cost 4 and cache 4: nothing beats it
     with open(out / "design.csv") as fh:
         assert {"f:5**k", "f:5**k_ce", "f:k**3+2"} <= {r["pattern"] for r in csv.DictReader(fh)}
     assert "f:5**k_ce" in stdout and (out / "design_front.png").stat().st_size > 0
@@ -181,40 +220,60 @@ def test_budgets_exclude_exactly():
         assert (r.path_max is None) == (not r.in_budget)
     assert all(r.in_budget for r in res.front)
     unbounded = explore(DesignRequest(n=100, space=SMALL, route_front=False))
-    assert len([r for r in unbounded.rows if r.in_budget]) == len(unbounded.rows) > len(
-        [r for r in res.rows if r.in_budget])
+    assert (
+        len([r for r in unbounded.rows if r.in_budget])
+        == len(unbounded.rows)
+        > len([r for r in res.rows if r.in_budget])
+    )
     # a budget only removes points: a front member within the tighter budget stays on its front
     kept = {r.name for r in unbounded.front if r.cost <= 6 and r.cache <= 7}
     assert kept <= {r.name for r in res.front}
 
 
 # ----------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("args, words", [
-    (["--families", "geom,spiral"], ["unknown pattern family 'spiral'"]),
-    (["--max-cache", "0"], ["no candidate fits", "first_order"]),
-    (["--max-cost", "0", "--max-cache", "100"], ["no candidate fits"]),
-    (["--n", "1"], ["--n", ">= 2"]),
-    (["--n", "100000"], ["--n", "too large"]),
-    (["--pattern", "f:k**"], ["invalid pattern function"]),
-    (["--pattern", "f:3-k"], ["strictly increasing"]),
-    (["--pattern", "spiral"], ["unknown pattern 'spiral'"]),
-    (["--bases", "1.25"], ["geom:1.25", "strictly increasing"]),
-    (["--bases", "0.5"], ["base must be a number > 1"]),
-    (["--bases", "1:x:1"], ["--bases", "not a number"]),
-    (["--powers", "2.5"], ["--powers", "not an integer"]),
-    (["--layers", "0"], ["--layers"]),
-    (["--train", "nosuch"], ["unknown task 'nosuch'"]),
-    (["--formats", "gif"], ["format"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--families", "geom,spiral"], ["unknown pattern family 'spiral'"]),
+        (["--max-cache", "0"], ["no candidate fits", "first_order"]),
+        (["--max-cost", "0", "--max-cache", "100"], ["no candidate fits"]),
+        (["--n", "1"], ["--n", ">= 2"]),
+        (["--n", "100000"], ["--n", "too large"]),
+        (["--pattern", "f:k**"], ["invalid pattern function"]),
+        (["--pattern", "f:3-k"], ["strictly increasing"]),
+        (["--pattern", "spiral"], ["unknown pattern 'spiral'"]),
+        (["--bases", "1.25"], ["geom:1.25", "strictly increasing"]),
+        (["--bases", "0.5"], ["base must be a number > 1"]),
+        (["--bases", "1:x:1"], ["--bases", "not a number"]),
+        (["--powers", "2.5"], ["--powers", "not an integer"]),
+        (["--layers", "0"], ["--layers"]),
+        (["--train", "nosuch"], ["unknown task 'nosuch'"]),
+        (["--formats", "gif"], ["format"]),
+    ],
+)
 def test_bad_input_is_one_line_exit_2(args, words, tmp_path, capsys):
-    one_line_error(run_cli(["design", "--n", "64", "--out", str(tmp_path / "o"), "--quiet", *args], capsys),
-                   *words)
+    one_line_error(run_cli(["design", "--n", "64", "--out", str(tmp_path / "o"), "--quiet", *args], capsys), *words)
 
 
 # ----------------------------------------------------------------------------- --train
 def test_tiny_train_adds_an_accuracy_column_and_resumes(tmp_path, capsys):
-    args = ["design", "--n", "32", "--max-cache", "5", "--train", "copy", "--top", "1", "--steps", "3",
-            "--out", str(tmp_path / "t"), "--quiet", "--no-plots"]
+    args = [
+        "design",
+        "--n",
+        "32",
+        "--max-cache",
+        "5",
+        "--train",
+        "copy",
+        "--top",
+        "1",
+        "--steps",
+        "3",
+        "--out",
+        str(tmp_path / "t"),
+        "--quiet",
+        "--no-plots",
+    ]
     rc, stdout, _ = run_cli(args, capsys)
     assert rc == 0 and "copy acc %" in stdout and "trained 1 runs (0 finished before)" in stdout
     data = json.loads((tmp_path / "t" / "design.json").read_text())
@@ -233,9 +292,8 @@ def test_train_mqar_ranks_candidates_by_their_recall_ceiling_first(tmp_path, cap
     """``--train mqar`` (assoc_recall) computes each candidate's ceiling on the run's own validation
     queries behind quick's token shift and trains the highest first; the table shows it."""
     from tokenmix.analysis.design import DesignRequest, explore
-    from tokenmix.study.design import DesignTraining, attach_recall_ceilings, pick_top
+    from tokenmix.study.design import DesignTraining, attach_recall_ceilings, pick_top, run_config
     from tokenmix.study.theory import binding_window, pattern_recall_reads
-    from tokenmix.study.design import run_config
     from tokenmix.training.synthetic import dataset
 
     result = explore(DesignRequest(n=64, max_cache=6))
@@ -249,15 +307,35 @@ def test_train_mqar_ranks_candidates_by_their_recall_ceiling_first(tmp_path, cap
     # the ceiling is the frontier's RecallReads of the candidate's pattern on those queries
     cfg = run_config(picked[0], training, 0)
     data = dataset(cfg.task_config(), cfg.train.val_examples, cfg.train.val_seed)
-    ref = pattern_recall_reads("x", picked[0].candidate.pattern(), data, cfg.task_config().num_kv_pairs,
-                               binding_window(cfg.model_config(), "pow2"))
+    ref = pattern_recall_reads(
+        "x",
+        picked[0].candidate.pattern(),
+        data,
+        cfg.task_config().num_kv_pairs,
+        binding_window(cfg.model_config(), "pow2"),
+    )
     assert (ref.fraction, ref.two_hop_fraction) == ceilings[0]
     # front members come first (the question is whether the front learns), each group by its ceiling
     assert [r.on_front for r in picked] == sorted((r.on_front for r in picked), reverse=True)
     rest = [r for r in result.rows if r.on_front and r not in picked]
     assert all(picked[-1].on_front is False or (r.reads_one_hop, r.reads_two_hops) <= ceilings[-1] for r in rest)
-    args = ["design", "--n", "32", "--max-cache", "5", "--train", "mqar", "--top", "1", "--steps", "2",
-            "--out", str(tmp_path / "m"), "--quiet", "--no-plots"]
+    args = [
+        "design",
+        "--n",
+        "32",
+        "--max-cache",
+        "5",
+        "--train",
+        "mqar",
+        "--top",
+        "1",
+        "--steps",
+        "2",
+        "--out",
+        str(tmp_path / "m"),
+        "--quiet",
+        "--no-plots",
+    ]
     rc, stdout, _ = run_cli(args, capsys)
     assert rc == 0 and "reads 1 / 2 hops %" in stdout and "assoc_recall acc %" in stdout
 
@@ -283,6 +361,6 @@ def test_design_front_labels_never_overlap(tmp_path, monkeypatch):
     assert sum(map(len, boxes)) >= 8  # the front and the named patterns are named
     for ax_boxes in boxes:
         for i, a in enumerate(ax_boxes):
-            for b in ax_boxes[i + 1:]:
+            for b in ax_boxes[i + 1 :]:
                 inter = a.intersection(a, b)
                 assert inter is None or inter.width * inter.height < 1e-6, "two labels overlap"

@@ -1,19 +1,25 @@
 """The frontier presets and their report part: the sweep's shape, measured state = derived state per
 point, the table / plots / findings from a tiny real sweep, and the verdict logic."""
+
 from __future__ import annotations
 
 from dataclasses import replace
 
 import pytest
 
-
 from tokenmix.study.cells import CompareCells
-from tokenmix.study.frontier import (FrontierPoint, LayerState, frontier_column, frontier_findings,
-                                     frontier_section, parse_column, row_layer_state)
+from tokenmix.study.frontier import (
+    FrontierPoint,
+    LayerState,
+    frontier_column,
+    frontier_findings,
+    frontier_section,
+    parse_column,
+    row_layer_state,
+)
 from tokenmix.study.presets import frontier as F
 from tokenmix.study.presets import get_preset
 from tokenmix.training.synthetic import run_sweep, validate_sweep
-
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -59,24 +65,42 @@ def test_measured_layer_state_equals_the_derived_accounting():
         st = row_layer_state(mixer, cfg, 16)
         assert st.scalars_measured == st.scalars_derived > 0 and st.cache_class == cls
     # attention keeps every past key and value (grows with n); gla's state does not
-    sizes = {m: [row_layer_state(m, _grid([(n, 8)]).runs([m])[0].model_config(), n)
-                 .scalars_measured for n in (16, 32)] for m in ("attention", "gla")}
+    sizes = {
+        m: [row_layer_state(m, _grid([(n, 8)]).runs([m])[0].model_config(), n).scalars_measured for n in (16, 32)]
+        for m in ("attention", "gla")
+    }
     assert sizes["attention"][1] > sizes["attention"][0] and sizes["gla"][1] == sizes["gla"][0]
 
 
 def test_a_tiny_frontier_sweep_gives_its_table_plots_and_findings(tmp_path):
-    tiny = replace(F.TRAIN, steps=4, batch_size=4, train_examples=16, val_examples=8, test_examples=8, eval_every=2,
-                   warmup_steps=1, min_steps=0, patience_steps=0)
+    tiny = replace(
+        F.TRAIN,
+        steps=4,
+        batch_size=4,
+        train_examples=16,
+        val_examples=8,
+        test_examples=8,
+        eval_every=2,
+        warmup_steps=1,
+        min_steps=0,
+        patience_steps=0,
+    )
     runs = _grid([(16, 8), (32, 8)], train=tiny).runs(["attention", "first_order"])
     outcome = run_sweep(runs, tmp_path, workers=1, progress=False)
     section = frontier_section(tmp_path, CompareCells.build(runs, outcome.results, structure=False))
-    table_lines = [line for line in section.markdown.splitlines() if line.startswith("| ")
-                   and ("attention" in line or "first_order" in line)]
+    table_lines = [
+        line
+        for line in section.markdown.splitlines()
+        if line.startswith("| ") and ("attention" in line or "first_order" in line)
+    ]
     assert len(table_lines) == 4  # one per (row, cell)
     assert "acc @2L %" in section.markdown and "acc @4L %" in section.markdown
     assert "reads 1 / 2 hops %" in section.markdown and "100.0 / 100.0" in section.markdown  # attention reads all
-    assert {p.name for p in section.figures} == {"frontier_accuracy_vs_state.png", "frontier_accuracy_vs_length.png",
-                                                 "frontier_extrapolation.png"}
+    assert {p.name for p in section.figures} == {
+        "frontier_accuracy_vs_state.png",
+        "frontier_accuracy_vs_length.png",
+        "frontier_extrapolation.png",
+    }
     assert all(p.is_file() and p.stat().st_size > 0 for p in section.figures)
     verdicts = {f["claim"]: f["verdict"] for f in section.findings}
     assert any("attention solves MQAR" in c for c in verdicts) and any(c.startswith("calibrated") for c in verdicts)
@@ -85,9 +109,20 @@ def test_a_tiny_frontier_sweep_gives_its_table_plots_and_findings(tmp_path):
 
 
 def _point(label, acc, length=64, width=64, state=10, cls="O(1)", std=0.0, seeds=(), rising=0, guess=0.1):
-    p = FrontierPoint(label, length, width, acc, std, max(len(seeds), 1), 1e-3, state=LayerState(state, state, 0, cls),
-                      guess=guess, still_rising=rising, acc_by_seed=dict(enumerate(seeds)) if seeds else {0: acc},
-                      best_val_by_seed=dict(enumerate(seeds)) if seeds else {0: acc})
+    p = FrontierPoint(
+        label,
+        length,
+        width,
+        acc,
+        std,
+        max(len(seeds), 1),
+        1e-3,
+        state=LayerState(state, state, 0, cls),
+        guess=guess,
+        still_rising=rising,
+        acc_by_seed=dict(enumerate(seeds)) if seeds else {0: acc},
+        best_val_by_seed=dict(enumerate(seeds)) if seeds else {0: acc},
+    )
     return p
 
 
@@ -96,9 +131,16 @@ def _verdicts(pts):
 
 
 def test_frontier_verdicts_follow_the_numbers():
-    pts = [_point("attention", 0.97), _point("attention", 0.92, length=128), _point("pow2", 0.6),
-           _point("pow2_ce", 0.58), _point("sq1", 0.7), _point("sq1_ce", 0.5), _point("first_order", 0.3),
-           _point("gla", 0.55)]
+    pts = [
+        _point("attention", 0.97),
+        _point("attention", 0.92, length=128),
+        _point("pow2", 0.6),
+        _point("pow2_ce", 0.58),
+        _point("sq1", 0.7),
+        _point("sq1_ce", 0.5),
+        _point("first_order", 0.3),
+        _point("gla", 0.55),
+    ]
     v = _verdicts(pts)
     assert v["calibrated: attention ≥ 95 % at L=64, d=64"]["verdict"] == "holds"
     assert v["attention solves MQAR at every length at its smallest width"]["verdict"] == "holds"
@@ -118,8 +160,11 @@ def test_frontier_verdicts_follow_the_numbers():
 
 def test_frontier_claims_say_the_spread_the_still_rising_cells_and_untested_rows():
     # every seed of pow2 above every seed of the best O(1) row: beyond the spread
-    pts = [_point("attention", 0.99), _point("pow2", 0.6, std=0.02, seeds=(0.58, 0.6, 0.62)),
-           _point("mamba2", 0.4, std=0.1, seeds=(0.3, 0.4, 0.5), rising=2)]
+    pts = [
+        _point("attention", 0.99),
+        _point("pow2", 0.6, std=0.02, seeds=(0.58, 0.6, 0.62)),
+        _point("mamba2", 0.4, std=0.1, seeds=(0.3, 0.4, 0.5), rising=2),
+    ]
     f = _verdicts(pts)["pow2 recalls more than the best O(1)-state row"]
     assert f["verdict"] == "holds" and f["still_rising"] == ["mamba2"]
     why = " | ".join(f["why"])
@@ -133,7 +178,11 @@ def test_frontier_claims_say_the_spread_the_still_rising_cells_and_untested_rows
     # one side learned: decided, with the other named as never leaving the guessing level
     mixed = [_point("pow2", 0.26, guess=0.25), _point("pow2_ce", 0.5, guess=0.25)]
     f = _verdicts(mixed)["pow2_ce keeps pow2's recall with its smaller cache"]
-    assert f["verdict"] == "holds" and "pow2: " in " | ".join(f["why"]) and "never left the guessing level" in " | ".join(f["why"])
+    assert (
+        f["verdict"] == "holds"
+        and "pow2: " in " | ".join(f["why"])
+        and "never left the guessing level" in " | ".join(f["why"])
+    )
 
 
 def test_column_names_round_trip():

@@ -1,5 +1,6 @@
 """One preset mechanism, shipped inside the package: every preset resolves from the installed
 ``tokenmix`` (a wheel has no source tree), builds what its kind promises, and is listed by the CLI."""
+
 from __future__ import annotations
 
 import json
@@ -22,17 +23,27 @@ PACKAGE = Path(tokenmix.__file__).resolve().parent
 def test_every_preset_resolves_from_the_installed_package(tmp_path):
     """In a fresh interpreter started in an unrelated folder, each preset's defining module is a
     file inside the imported package, never a path into a source checkout."""
-    code = ("import json, sys, tokenmix\n"
-            "from tokenmix.study.presets import presets\n"
-            "print(json.dumps({'package': tokenmix.__file__, 'presets': "
-            "[[p.kind, p.name, sys.modules[p.source].__file__] for p in presets()]}))\n")
+    code = (
+        "import json, sys, tokenmix\n"
+        "from tokenmix.study.presets import presets\n"
+        "print(json.dumps({'package': tokenmix.__file__, 'presets': "
+        "[[p.kind, p.name, sys.modules[p.source].__file__] for p in presets()]}))\n"
+    )
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True)
     found = json.loads(out.stdout)
     package = Path(found["package"]).resolve().parent
     assert {(k, n) for k, n, _ in found["presets"]} >= {
-        ("compare", "quick"), ("compare", "recall"), ("compare", "paper"), ("compare", "depth"),
-        ("compare", "depth_long"), ("lm", "default"), ("lm", "small"), ("lm", "tiny"),
-        ("analysis", "quick"), ("analysis", "full")}
+        ("compare", "quick"),
+        ("compare", "recall"),
+        ("compare", "paper"),
+        ("compare", "depth"),
+        ("compare", "depth_long"),
+        ("lm", "default"),
+        ("lm", "small"),
+        ("lm", "tiny"),
+        ("analysis", "quick"),
+        ("analysis", "full"),
+    }
     for kind, name, file in found["presets"]:
         assert Path(file).resolve().is_relative_to(package), (kind, name, file)
     # and nothing in the package looks for a top-level experiments/ folder any more

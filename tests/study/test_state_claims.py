@@ -1,5 +1,6 @@
 """The state preset's claims (study/state.py): verdicts from the numbers, every seed and the spread
 in the measured text, untested only when no row involved left its guessing level."""
+
 from __future__ import annotations
 
 from tokenmix.study.presets import get_preset
@@ -10,10 +11,25 @@ def _results(accs: dict[tuple[str, str], list[float]], rising: set = frozenset()
     out = []
     for (label, column), seeds in accs.items():
         for seed, a in enumerate(seeds):
-            out.append({"label": label, "task": "state_tracking", "column": column, "d_model": 32, "lr": 1e-3,
-                        "seed": seed, "test_acc": a, "best_val_acc": a, "tokens_per_s": 1.0, "train_seconds": 1.0,
-                        "steps_done": 100, "stop_reason": "max_steps", "still_rising": (label, column) in rising,
-                        "config": {"train": {"steps": 100}}, "test_acc_at": {"64": a - 0.1}})
+            out.append(
+                {
+                    "label": label,
+                    "task": "state_tracking",
+                    "column": column,
+                    "d_model": 32,
+                    "lr": 1e-3,
+                    "seed": seed,
+                    "test_acc": a,
+                    "best_val_acc": a,
+                    "tokens_per_s": 1.0,
+                    "train_seconds": 1.0,
+                    "steps_done": 100,
+                    "stop_reason": "max_steps",
+                    "still_rising": (label, column) in rising,
+                    "config": {"train": {"steps": 100}},
+                    "test_acc_at": {"64": a - 0.1},
+                }
+            )
     return out
 
 
@@ -23,9 +39,15 @@ def _by_claim(findings):
 
 def test_state_claims_follow_the_numbers():
     configs = get_preset("compare", "state").build()
-    accs = {(DELTA_NEG, PARITY): [1.0, 1.0, 0.99], (DELTA, PARITY): [0.8, 0.7, 0.9], ("mamba2", PARITY): [0.85] * 3,
-            (PRODUCT.format(1), A5): [0.08] * 3, (PRODUCT.format(2), A5): [0.95, 0.97, 0.93],
-            (PRODUCT.format(3), A5): [0.5, 0.6, 0.7], (PATH, A5): [0.081, 0.079, 0.08]}
+    accs = {
+        (DELTA_NEG, PARITY): [1.0, 1.0, 0.99],
+        (DELTA, PARITY): [0.8, 0.7, 0.9],
+        ("mamba2", PARITY): [0.85] * 3,
+        (PRODUCT.format(1), A5): [0.08] * 3,
+        (PRODUCT.format(2), A5): [0.95, 0.97, 0.93],
+        (PRODUCT.format(3), A5): [0.5, 0.6, 0.7],
+        (PATH, A5): [0.081, 0.079, 0.08],
+    }
     f = _by_claim(state_findings(configs, _results(accs, rising={(PRODUCT.format(3), A5)})))
     parity = f["negative eigenvalues let Gated DeltaNet track parity"]
     assert parity["verdict"] == "holds" and "seeds 100.0, 100.0, 99.0; @64: 89.7" in parity["measured"]

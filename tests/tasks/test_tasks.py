@@ -1,5 +1,6 @@
 """Synthetic task generators: deterministic per seed, and each matches its spec on small cases
 (answers recomputed independently from the generated inputs)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -72,8 +73,9 @@ def test_mqar_queries_cluster_near_the_context_and_passes_repeat():
     gaps = (torch.nonzero(d.labels != IGNORE_INDEX)[:, 1] - 8) // 2
     # power law a = 0.01: p(g) ∝ g^-0.99 over 60 slots puts far more queries in the first 10 slots
     assert (gaps < 10).float().mean() > 0.5
-    two = make_task("assoc_recall", vocab_size=64, seq_len=32, num_kv_pairs=4, num_passes=2,
-                    random_non_queries=False).build(5, seed=0)
+    two = make_task(
+        "assoc_recall", vocab_size=64, seq_len=32, num_kv_pairs=4, num_passes=2, random_non_queries=False
+    ).build(5, seed=0)
     assert torch.equal(two.inputs[:, :8], two.inputs[:, 8:16])
     noisy = make_task("assoc_recall", **SMALL["assoc_recall"]).build(30, seed=1)
     quiet = task.__class__(**SMALL["assoc_recall"], random_non_queries=False).build(30, seed=1)
@@ -220,20 +222,26 @@ def test_selective_copy_targets_are_the_scattered_symbols_in_order():
         assert x[len(x) - n + 1 :] == symbols[:-1]  # teacher forcing after the copy marker
 
 
-@pytest.mark.parametrize("name,fields,needle", [
-    ("assoc_recall", dict(seq_len=31, vocab_size=64), "seq_len even"),
-    ("assoc_recall", dict(seq_len=64, vocab_size=64), "vocab_size > seq_len"),
-    ("assoc_recall", dict(seq_len=32, vocab_size=64, num_kv_pairs=9), "2*num_kv_pairs*num_passes + 2*num_kv_pairs"),
-    ("assoc_recall", dict(seq_len=32, vocab_size=64, num_kv_pairs=4, num_passes=4),
-     "2*num_kv_pairs*num_passes + 2*num_kv_pairs"),
-    ("copy", dict(seq_len=16, copy_len=10), "copy_len + offset <= seq_len"),
-    ("copy", dict(offset=0), "offset must be a positive integer"),
-    ("multi_hop", dict(seq_len=32, num_chains=5, hops=3), "2*num_chains*hops + 2*num_queries"),
-    ("multi_hop", dict(vocab_size=8, seq_len=64, num_chains=3, hops=2), "num_chains*(hops+1) <= vocab_size - 1"),
-    ("entity_tracking", dict(num_changes=7, num_chains=2, num_boxes=15), "num_chains*(num_changes+1) <= num_boxes"),
-    ("state_tracking", dict(group="Q8"), "unknown group"),
-    ("selective_copy", dict(seq_len=32, num_tokens_to_copy=16), "seq_len >= 2*num_tokens_to_copy + 1"),
-])
+@pytest.mark.parametrize(
+    "name,fields,needle",
+    [
+        ("assoc_recall", dict(seq_len=31, vocab_size=64), "seq_len even"),
+        ("assoc_recall", dict(seq_len=64, vocab_size=64), "vocab_size > seq_len"),
+        ("assoc_recall", dict(seq_len=32, vocab_size=64, num_kv_pairs=9), "2*num_kv_pairs*num_passes + 2*num_kv_pairs"),
+        (
+            "assoc_recall",
+            dict(seq_len=32, vocab_size=64, num_kv_pairs=4, num_passes=4),
+            "2*num_kv_pairs*num_passes + 2*num_kv_pairs",
+        ),
+        ("copy", dict(seq_len=16, copy_len=10), "copy_len + offset <= seq_len"),
+        ("copy", dict(offset=0), "offset must be a positive integer"),
+        ("multi_hop", dict(seq_len=32, num_chains=5, hops=3), "2*num_chains*hops + 2*num_queries"),
+        ("multi_hop", dict(vocab_size=8, seq_len=64, num_chains=3, hops=2), "num_chains*(hops+1) <= vocab_size - 1"),
+        ("entity_tracking", dict(num_changes=7, num_chains=2, num_boxes=15), "num_chains*(num_changes+1) <= num_boxes"),
+        ("state_tracking", dict(group="Q8"), "unknown group"),
+        ("selective_copy", dict(seq_len=32, num_tokens_to_copy=16), "seq_len >= 2*num_tokens_to_copy + 1"),
+    ],
+)
 def test_impossible_sizes_name_the_constraint(name, fields, needle):
     with pytest.raises(ValueError) as err:
         make_task(name, **fields)
@@ -288,11 +296,15 @@ def test_guessing_baselines_are_what_a_guesser_scores():
     # the positional guess: the r-th answer is the r-th value of the context (queries tend to come in
     # the keys' order, as the query slots are drawn key by key with a power law); uniform slots: 1 / kv
     for power_a, above in ((0.01, True), (1.0, False)):
-        task = make_task("assoc_recall", vocab_size=64, seq_len=32, num_kv_pairs=4, random_non_queries=False,
-                         power_a=power_a)
+        task = make_task(
+            "assoc_recall", vocab_size=64, seq_len=32, num_kv_pairs=4, random_non_queries=False, power_a=power_a
+        )
         d = task.build(2000, seed=1)
-        hits = [lab == x[2 * r + 1] for x, y in zip(d.inputs.tolist(), d.labels.tolist())
-                for r, lab in enumerate(v for v in y if v != IGNORE_INDEX)]
+        hits = [
+            lab == x[2 * r + 1]
+            for x, y in zip(d.inputs.tolist(), d.labels.tolist())
+            for r, lab in enumerate(v for v in y if v != IGNORE_INDEX)
+        ]
         by_rank = sum(hits) / len(hits)
         assert abs(by_rank - task.baselines()["the value of the pair ranked as the query"]) < 0.02
         assert (by_rank > 0.25 + 0.03) == above

@@ -1,5 +1,6 @@
 """LM training end to end, in subprocesses as a user runs it: exact resume after SIGKILL,
 torchrun (DDP and FSDP) against one process, checkpoint damage refused without losing the last good one."""
+
 from __future__ import annotations
 
 import json
@@ -61,15 +62,33 @@ def test_resume_after_sigkill_is_bitwise_identical(reference_run, cache, tmp_pat
     assert all(got[s] == ref[s] for s in ref), {s: (got[s], ref[s]) for s in ref if got[s] != ref[s]}
     assert val_losses(out) == val_losses(reference_run)
     # every step after the checkpoint was recomputed by the resumed process, the killed run's extra lines dropped
-    assert len((out / "metrics.jsonl").read_text().splitlines()) == len((reference_run / "metrics.jsonl").read_text().splitlines())
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == len(
+        (reference_run / "metrics.jsonl").read_text().splitlines()
+    )
 
 
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_torchrun_two_ranks_matches_single_process(reference_run, cache, tmp_path, parallel):
     out = tmp_path / parallel
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "tokenmix",
-           "train", "lm", "--preset", "tiny", "--out", str(out), "--quiet", "--set", *TRAJECTORY,
-           f"train.parallel={parallel}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node=2",
+        "-m",
+        "tokenmix",
+        "train",
+        "lm",
+        "--preset",
+        "tiny",
+        "--out",
+        str(out),
+        "--quiet",
+        "--set",
+        *TRAJECTORY,
+        f"train.parallel={parallel}",
+    ]
     proc = subprocess.run(cmd, env=lm_env(cache), capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stderr[-3000:]
     ref, got = step_losses(reference_run), step_losses(out)
@@ -133,14 +152,32 @@ def test_damaged_checkpoints_are_refused_with_one_line(reference_run, cache, tmp
     assert o.read_bytes() == before
     # a checkpoint of another model shape (config says d_model=32, the weights are d_model=48)
     other = tmp_path / "other"
-    rc, _, err = _tokenmix(["train", "lm", "--preset", "tiny", "--out", str(other), "--quiet", "--set",
-                            "train.max_steps=1", "train.eval_windows=1", "model.d_model=48"], capsys)
+    rc, _, err = _tokenmix(
+        [
+            "train",
+            "lm",
+            "--preset",
+            "tiny",
+            "--out",
+            str(other),
+            "--quiet",
+            "--set",
+            "train.max_steps=1",
+            "train.eval_windows=1",
+            "model.d_model=48",
+        ],
+        capsys,
+    )
     assert rc == 0, err
     run = _copy_run(reference_run, tmp_path / "wrong_shape")
     shutil.rmtree(run / "checkpoints")
     shutil.copytree(other / "checkpoints", run / "checkpoints")
-    _one_line_error(_tokenmix(["generate", "--run", str(run), "--prompt", "ROMEO"], capsys),
-                    "different model shape", "[300, 48]", "[300, 32]")
+    _one_line_error(
+        _tokenmix(["generate", "--run", str(run), "--prompt", "ROMEO"], capsys),
+        "different model shape",
+        "[300, 48]",
+        "[300, 32]",
+    )
     # a checkpoint whose meta.json was edited by hand
     run = _copy_run(reference_run, tmp_path / "edited_meta")
     shutil.rmtree(run / "checkpoints" / "step_0000030")
@@ -153,14 +190,34 @@ def test_failed_run_keeps_the_last_good_checkpoint(cache, tmp_path, capsys, monk
     monkeypatch.setenv("TOKENMIX_CACHE", str(cache))
     out = tmp_path / "diverges"
     # a learning rate this large (with decoupled weight decay) makes the loss non-finite after some checkpoints
-    rc, _, err = _tokenmix(["train", "lm", "--preset", "tiny", "--out", str(out), "--quiet", "--set",
-                            "train.max_steps=40", "train.checkpoint_every=2", "train.warmup_steps=0", "train.lr=1e4",
-                            "train.grad_clip=0", "train.eval_windows=1"], capsys)
+    rc, _, err = _tokenmix(
+        [
+            "train",
+            "lm",
+            "--preset",
+            "tiny",
+            "--out",
+            str(out),
+            "--quiet",
+            "--set",
+            "train.max_steps=40",
+            "train.checkpoint_every=2",
+            "train.warmup_steps=0",
+            "train.lr=1e4",
+            "train.grad_clip=0",
+            "train.eval_windows=1",
+        ],
+        capsys,
+    )
     assert rc == 2 and "diverged" in err, err
     latest = json.loads((out / "checkpoints" / "latest.json").read_text())
     ckpt = out / "checkpoints" / latest["checkpoint"]
-    assert sorted(p.name for p in ckpt.iterdir()) == ["meta.json", "model.safetensors", "optimizer.safetensors",
-                                                      "rng.safetensors"]
+    assert sorted(p.name for p in ckpt.iterdir()) == [
+        "meta.json",
+        "model.safetensors",
+        "optimizer.safetensors",
+        "rng.safetensors",
+    ]
     assert not list((out / "checkpoints").glob(".tmp-*"))
     rc, out_text, err = _tokenmix(["eval", "--run", str(out), "--json", "--max-windows", "1"], capsys)
     assert rc == 0, err

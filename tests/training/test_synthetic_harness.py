@@ -1,5 +1,6 @@
 """The training harness: schedule and optimiser, a tiny run whose loss falls, resumable sweeps that
 skip finished runs, atomic files, and zoology's max-over-learning-rates summary."""
+
 from __future__ import annotations
 
 import json
@@ -10,22 +11,29 @@ from pathlib import Path
 import pytest
 import torch
 
-from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.core.files import prepare_output_dir
-from tokenmix.runs.synthetic import SyntheticRunConfig as RunConfig, SyntheticTrainConfig as TrainConfig
+from tokenmix.models import MixerModel, ModelConfig
+from tokenmix.runs.synthetic import SyntheticRunConfig as RunConfig
+from tokenmix.runs.synthetic import SyntheticTrainConfig as TrainConfig
 from tokenmix.training import synthetic as harness
-from tokenmix.training.synthetic import run_sweep, summarize, train_one
 from tokenmix.training.optim import build_optimizer, param_groups
 from tokenmix.training.schedule import warmup_cosine
+from tokenmix.training.synthetic import run_sweep, summarize, train_one
 
-TINY_TRAIN = TrainConfig(lr=1e-2, steps=6, batch_size=8, warmup_steps=1, train_examples=32, val_examples=8,
-                         test_examples=16, eval_every=3)
+TINY_TRAIN = TrainConfig(
+    lr=1e-2, steps=6, batch_size=8, warmup_steps=1, train_examples=32, val_examples=8, test_examples=16, eval_every=3
+)
 
 
 def tiny_run(mixer: str = "first_order", seed: int = 0, **train) -> RunConfig:
-    return RunConfig(label=mixer, task="copy", task_args=dict(vocab_size=6, seq_len=8, copy_len=3, offset=4),
-                     model=dict(d_model=8, n_heads=2, mlp=False, layers=[mixer]),
-                     train=replace(TINY_TRAIN, **train), seed=seed)
+    return RunConfig(
+        label=mixer,
+        task="copy",
+        task_args=dict(vocab_size=6, seq_len=8, copy_len=3, offset=4),
+        model=dict(d_model=8, n_heads=2, mlp=False, layers=[mixer]),
+        train=replace(TINY_TRAIN, **train),
+        seed=seed,
+    )
 
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -53,10 +61,23 @@ def test_weight_decay_only_on_matrices():
 
 
 def test_tiny_training_run_loss_falls():
-    cfg = RunConfig(label="pow2", task="copy", task_args=dict(vocab_size=6, seq_len=12, copy_len=4, offset=4),
-                    model=dict(d_model=16, n_heads=2, mlp=False, layers=["pow2"]),
-                    train=TrainConfig(lr=1e-2, steps=120, batch_size=16, warmup_steps=5, train_examples=512,
-                                      val_examples=64, test_examples=64, eval_every=20, early_stop_acc=1.01))
+    cfg = RunConfig(
+        label="pow2",
+        task="copy",
+        task_args=dict(vocab_size=6, seq_len=12, copy_len=4, offset=4),
+        model=dict(d_model=16, n_heads=2, mlp=False, layers=["pow2"]),
+        train=TrainConfig(
+            lr=1e-2,
+            steps=120,
+            batch_size=16,
+            warmup_steps=5,
+            train_examples=512,
+            val_examples=64,
+            test_examples=64,
+            eval_every=20,
+            early_stop_acc=1.01,
+        ),
+    )
     res = train_one(cfg)
     assert res["steps_done"] == 120 and res["stop_reason"] == "max_steps"
     assert res["train_loss_first"] > math.log(6) - 0.3  # starts near chance over the symbols
@@ -136,15 +157,33 @@ def test_same_seed_same_result():
 
 def test_summary_chooses_the_learning_rate_by_validation_and_reports_test():
     def r(lr, seed, val, acc, stop="max_steps", curve=()):
-        return {"label": "m", "task": "copy", "column": "copy", "d_model": 8, "lr": lr, "seed": seed,
-                "best_val_acc": val, "test_acc": acc, "tokens_per_s": 1.0, "train_seconds": 1.0,
-                "steps_done": 10, "stop_reason": stop, "curve": list(curve)}
+        return {
+            "label": "m",
+            "task": "copy",
+            "column": "copy",
+            "d_model": 8,
+            "lr": lr,
+            "seed": seed,
+            "best_val_acc": val,
+            "test_acc": acc,
+            "tokens_per_s": 1.0,
+            "train_seconds": 1.0,
+            "steps_done": 10,
+            "stop_reason": stop,
+            "curve": list(curve),
+        }
 
     rising = [{"step": s, "val_acc": a} for s, a in ((5, 0.1), (10, 0.2), (15, 0.3), (20, 0.5))]
     # lr 1e-2 has the best mean *test* accuracy (0.7) but the worse validation (0.5 < 0.6): the
     # test set must not choose, so the row reports lr 1e-3 and its test mean 0.6
-    results = [r(1e-3, 0, 0.6, 0.5, curve=rising), r(1e-3, 1, 0.6, 0.7), r(1e-3, 2, 0.6, 0.6, stop="early_stop_acc", curve=rising),
-               r(1e-2, 0, 0.5, 0.9), r(1e-2, 1, 0.5, 0.6), r(1e-2, 2, 0.5, 0.6)]
+    results = [
+        r(1e-3, 0, 0.6, 0.5, curve=rising),
+        r(1e-3, 1, 0.6, 0.7),
+        r(1e-3, 2, 0.6, 0.6, stop="early_stop_acc", curve=rising),
+        r(1e-2, 0, 0.5, 0.9),
+        r(1e-2, 1, 0.5, 0.6),
+        r(1e-2, 2, 0.5, 0.6),
+    ]
     (row,) = summarize(results)
     assert row["best_lr"] == 1e-3 and row["acc_mean"] == pytest.approx(0.6) and row["val_mean"] == pytest.approx(0.6)
     assert row["acc_std"] == pytest.approx(0.1) and row["n_seeds"] == 3
@@ -206,7 +245,7 @@ def test_evaluate_counts_only_the_scored_answers():
     with torch.no_grad():
         pred = model(inputs)[0].argmax(-1)
     labels = torch.full((4, 5), -100)
-    labels[:, 1] = pred[:, 1]          # answered right
+    labels[:, 1] = pred[:, 1]  # answered right
     labels[:, 3] = (pred[:, 3] + 1) % 6  # answered wrong
     every = TaskData(inputs, labels)
     deep = TaskData(inputs, labels, score_mask=labels.ne(-100) & (torch.arange(5) == 3))
@@ -232,9 +271,21 @@ def test_evaluate_counts_only_the_scored_answers():
 def test_summary_and_report_give_accuracy_per_answer_group():
     from tokenmix.study.claims import cell_diagnostics
 
-    runs = [{"label": "x", "task": "entity_tracking", "d_model": 8, "lr": 1e-3, "test_acc": acc, "best_val_acc": acc,
-             "test_acc_by_group": {"depth 0": 1.0, "depth 1": acc}, "tokens_per_s": 1.0, "train_seconds": 1.0,
-             "steps_done": 10} for acc in (0.5, 0.7)]
+    runs = [
+        {
+            "label": "x",
+            "task": "entity_tracking",
+            "d_model": 8,
+            "lr": 1e-3,
+            "test_acc": acc,
+            "best_val_acc": acc,
+            "test_acc_by_group": {"depth 0": 1.0, "depth 1": acc},
+            "tokens_per_s": 1.0,
+            "train_seconds": 1.0,
+            "steps_done": 10,
+        }
+        for acc in (0.5, 0.7)
+    ]
     row = harness.summarize(runs)[0]
     assert row["acc_by_group"] == {"depth 0": 1.0, "depth 1": pytest.approx(0.6)}
     notes = cell_diagnostics(("x", "entity_tracking"), row, {}, [])
@@ -247,8 +298,12 @@ def test_summary_and_report_give_accuracy_per_answer_group():
 def test_sweep_trains_longest_budgets_first_and_reports_in_config_order(tmp_path, trained_ids):
     calls = trained_ids
     # short, long, short, long: trained long ones first (stable among equals), results in the given order
-    configs = [tiny_run("first_order", 0, steps=3), tiny_run("first_order", 0, steps=6),
-               tiny_run("pow2", 0, steps=3), tiny_run("pow2", 0, steps=6)]
+    configs = [
+        tiny_run("first_order", 0, steps=3),
+        tiny_run("first_order", 0, steps=6),
+        tiny_run("pow2", 0, steps=3),
+        tiny_run("pow2", 0, steps=6),
+    ]
     outcome = run_sweep(configs, tmp_path / "sweep", progress=False)
     assert calls == [configs[i].run_id for i in (1, 3, 0, 2)]
     assert [r["run_id"] for r in outcome.results] == [c.run_id for c in configs]
@@ -257,10 +312,13 @@ def test_sweep_trains_longest_budgets_first_and_reports_in_config_order(tmp_path
 def test_extra_test_lengths_score_the_same_checkpoint_at_other_lengths():
     """``train.test_lengths``: the checkpoint tested at other sequence lengths (the task's seq_len),
     reported per length and averaged per row; configs without it keep their run ids."""
-    base = RunConfig(label="gdn", task="state_tracking", task_args=dict(group="parity", seq_len=8),
-                     model=dict(d_model=16, layers=["gated_deltanet"], n_heads=2, positions="none"),
-                     train=TrainConfig(steps=30, eval_every=10, train_examples=256, val_examples=64,
-                                       test_examples=64, lr=3e-3))
+    base = RunConfig(
+        label="gdn",
+        task="state_tracking",
+        task_args=dict(group="parity", seq_len=8),
+        model=dict(d_model=16, layers=["gated_deltanet"], n_heads=2, positions="none"),
+        train=TrainConfig(steps=30, eval_every=10, train_examples=256, val_examples=64, test_examples=64, lr=3e-3),
+    )
     assert "test_lengths" not in base.to_dict()["train"]
     cfg = replace(base, train=replace(base.train, test_lengths=(8, 32)))
     assert cfg.run_id != base.run_id and RunConfig.from_dict(cfg.to_dict()).train == cfg.train
@@ -281,8 +339,9 @@ def test_answer_logits_equal_the_full_heads_answers_and_give_the_same_loss():
     """The harness runs the head on answer positions only; in float64 its logits are the full
     model's at those positions and its loss is the ignore_index cross-entropy of the full logits."""
     torch.manual_seed(0)
-    task = RunConfig(label="x", task="assoc_recall", task_args=dict(vocab_size=64, seq_len=16, num_kv_pairs=2)
-                     ).task_config()
+    task = RunConfig(
+        label="x", task="assoc_recall", task_args=dict(vocab_size=64, seq_len=16, num_kv_pairs=2)
+    ).task_config()
     data = task.build(6, seed=3)
     model = MixerModel(ModelConfig(vocab_size=64, d_model=8, n_heads=2, layers=("pow2", "attention"))).double()
     full, _ = model(data.inputs)
@@ -297,28 +356,28 @@ def test_answer_logits_equal_the_full_heads_answers_and_give_the_same_loss():
 def test_learning_budget_stops_on_patience_in_steps_never_before_min_steps():
     """A gain is min_gain over the last gain (a slow climb counts once it adds up); patience counts
     steps since the last gain, and no run stops on patience before min_steps."""
-    tc = TrainConfig(steps=10_000, eval_every=100, patience_steps=300, min_gain=0.02, min_steps=1000,
-                     early_stop_acc=0.99)
+    tc = TrainConfig(
+        steps=10_000, eval_every=100, patience_steps=300, min_gain=0.02, min_steps=1000, early_stop_acc=0.99
+    )
     b = harness.LearningBudget(tc)
-    plateau = [(s, 0.05) for s in range(100, 1100, 100)]            # flat from the start
-    assert all(b.observe(s, a) is None for s, a in plateau[:-1])   # past the patience, but before min_steps
-    assert b.observe(*plateau[-1]) == "patience"                    # step 1000: 900 steps since the gain at 100
+    plateau = [(s, 0.05) for s in range(100, 1100, 100)]  # flat from the start
+    assert all(b.observe(s, a) is None for s, a in plateau[:-1])  # past the patience, but before min_steps
+    assert b.observe(*plateau[-1]) == "patience"  # step 1000: 900 steps since the gain at 100
     b = harness.LearningBudget(tc)
-    climb = [(100 * i, 0.05 + 0.011 * i) for i in range(1, 12)]    # +1.1 points per validation
+    climb = [(100 * i, 0.05 + 0.011 * i) for i in range(1, 12)]  # +1.1 points per validation
     assert all(b.observe(s, a) is None for s, a in climb)
-    assert b.last_gain_step == 1100                                 # gains counted every second validation
+    assert b.last_gain_step == 1100  # gains counted every second validation
     assert b.observe(1200, 0.20) is None and b.last_gain_step == 1200
     # stopped by the step budget with the last gain inside the patience window: still rising
     assert b.still_rising("max_steps", 1450, []) and not b.still_rising("max_steps", 1500, [])
     assert not b.still_rising("patience", 1450, [])
     assert b.observe(1300, 0.99) == "early_stop_acc"
     # the loss read too: a plateau of accuracy whose loss still falls (as before a transition) goes on
-    tc = TrainConfig(steps=10_000, eval_every=100, patience_steps=300, min_gain=0.02, min_loss_gain=0.05,
-                     min_steps=0)
+    tc = TrainConfig(steps=10_000, eval_every=100, patience_steps=300, min_gain=0.02, min_loss_gain=0.05, min_steps=0)
     b = harness.LearningBudget(tc)
-    falling = [(100 * i, 0.24, 2.5 - 0.03 * i) for i in range(1, 11)]   # -0.05 nats every ~170 steps
+    falling = [(100 * i, 0.24, 2.5 - 0.03 * i) for i in range(1, 11)]  # -0.05 nats every ~170 steps
     assert all(b.observe(*v) is None for v in falling)
-    assert b.last_gain_step == 900                                  # 2.23 nats, 0.06 below the gain before
+    assert b.last_gain_step == 900  # 2.23 nats, 0.06 below the gain before
     flat = [(1000 + 100 * i, 0.24, 2.2) for i in range(1, 3)]
     assert [b.observe(*v) for v in flat] == [None, "patience"]
     # no patience rule: the curve's last quarter decides, as before budgets by learning
@@ -337,8 +396,11 @@ def test_run_records_its_learning_curve_steps_to_fractions_and_budget_fields():
     assert harness.steps_to_fraction([{"step": 5, "val_acc": 0.0}], 0.0, 0.5) is None
     # the budget fields are part of the run id only when set; old configs' validation patience converts
     plain, learned = tiny_run(), tiny_run(patience_steps=6, min_gain=0.01, min_steps=9)
-    assert not set(harness.SyntheticTrainConfig().__dict__) - set(plain.to_dict()["train"]) - {
-        "patience_steps", "min_gain", "min_loss_gain", "min_steps", "test_lengths"}
+    assert (
+        not set(harness.SyntheticTrainConfig().__dict__)
+        - set(plain.to_dict()["train"])
+        - {"patience_steps", "min_gain", "min_loss_gain", "min_steps", "test_lengths"}
+    )
     assert plain.run_id != learned.run_id and RunConfig.from_dict(learned.to_dict()).train == learned.train
     old = plain.to_dict()
     old["train"]["patience"] = 4
@@ -351,8 +413,11 @@ def test_run_records_its_learning_curve_steps_to_fractions_and_budget_fields():
 
 def test_score_loss_is_the_mean_cross_entropy_over_answers():
     torch.manual_seed(0)
-    data = RunConfig(label="x", task="assoc_recall", task_args=dict(vocab_size=64, seq_len=16, num_kv_pairs=2)
-                     ).task_config().build(10, seed=3)
+    data = (
+        RunConfig(label="x", task="assoc_recall", task_args=dict(vocab_size=64, seq_len=16, num_kv_pairs=2))
+        .task_config()
+        .build(10, seed=3)
+    )
     model = MixerModel(ModelConfig(vocab_size=64, d_model=8, n_heads=2, layers=("attention",))).double()
     with torch.no_grad():
         full, _ = model(data.inputs)
@@ -361,4 +426,3 @@ def test_score_loss_is_the_mean_cross_entropy_over_answers():
         got = harness.score(model, data, batch_size=batch_size)
         assert got.loss == pytest.approx(float(ref), rel=1e-9)
         assert got.acc == harness.evaluate(model, data)
-

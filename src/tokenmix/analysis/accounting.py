@@ -28,6 +28,7 @@ projection-aware band between 1 and the derived mixing slope (widened by the sam
 Nothing is fitted to the measurements beyond the one slope. A mixer is also flagged when a
 measured cache differs from its derivation (any n).
 """
+
 from __future__ import annotations
 
 import copy
@@ -43,10 +44,10 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from tokenmix.core.errors import InputError
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
-from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
+from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Mixer
+from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
 from tokenmix.runs.clocks import time_repeats
 
 SLOPE_TOLERANCE = 0.15
@@ -63,17 +64,23 @@ EXACT_SUM_POSITIONS = 2048  # training FLOPs are summed exactly over this many p
 # beside. Each entry gives the measurement that puts the start there, so it is not a fitted choice.
 ASYMPTOTE_FROM: dict[str, tuple[int, str]] = {
     # measured on the bare kernel as this module times it (lengths in turns, CPU time, memory kept)
-    "attention": (4096, "torch's CPU flash-attention kernel (SDPA, causal) works in tiles of 256 queries x 512 keys "
-                        "and its throughput keeps rising with n: alone (fwd+bwd, B=1, H=4, K=64, one thread) 42 "
-                        "GFLOP/s at n=1k, 52 at 2k, 58 at 4k, 62 at 8k, 63 at 16k; from 4k on it is within 10% of "
-                        "its 16k rate, below that the tiles' fixed costs bend the slope (bare kernel 1.86 over "
-                        "1k-16k, 1.93 over 4k-16k)"),
-    "path_attention": (4096, "its chunked mode's derived mixing rate (flops_per_token summed, over the mixing time; "
-                             "analyze cost, one thread, CPU time, 2026-12-05) is 18.6 GFLOP/s at n=1k, 24.5 at 2k, "
-                             "29.1 at 4k, 34.0 at 8k, 33.1 at 16k: below 4k the per-token work outside the O(n) "
-                             "logits (the UT/WY block form, O(C K), and the block transforms, O((G + N/G) K^2)) "
-                             "still weighs, from 4k on the rate is within 12% of its 16k rate (1.79 over 1k-16k, "
-                             "1.91 over 4k-16k)"),
+    "attention": (
+        4096,
+        "torch's CPU flash-attention kernel (SDPA, causal) works in tiles of 256 queries x 512 keys "
+        "and its throughput keeps rising with n: alone (fwd+bwd, B=1, H=4, K=64, one thread) 42 "
+        "GFLOP/s at n=1k, 52 at 2k, 58 at 4k, 62 at 8k, 63 at 16k; from 4k on it is within 10% of "
+        "its 16k rate, below that the tiles' fixed costs bend the slope (bare kernel 1.86 over "
+        "1k-16k, 1.93 over 4k-16k)",
+    ),
+    "path_attention": (
+        4096,
+        "its chunked mode's derived mixing rate (flops_per_token summed, over the mixing time; "
+        "analyze cost, one thread, CPU time, 2026-12-05) is 18.6 GFLOP/s at n=1k, 24.5 at 2k, "
+        "29.1 at 4k, 34.0 at 8k, 33.1 at 16k: below 4k the per-token work outside the O(n) "
+        "logits (the UT/WY block form, O(C K), and the block transforms, O((G + N/G) K^2)) "
+        "still weighs, from 4k on the rate is within 12% of its 16k rate (1.79 over 1k-16k, "
+        "1.91 over 4k-16k)",
+    ),
 }
 
 
@@ -117,21 +124,35 @@ def derived_costs(mixer: Mixer, ns: Sequence[int], dtype_bytes: int = 4) -> list
     rows = []
     for n in ns:
         numel = int(mixer.state_size(n))
-        rows.append({
-            "n": int(n),
-            "cache_positions": int(mixer.cache_positions(n)),
-            "cache_numel": numel,
-            "cache_bytes": numel * dtype_bytes,
-            "flops_per_token": float(mixer.flops_per_token(n)),
-            "projection_flops_per_token": float(proj),
-            "training_mixing_flops": mixing[n] * TRAINING_FLOPS_FACTOR,
-            "training_flops": (mixing[n] + n * proj) * TRAINING_FLOPS_FACTOR,
-        })
+        rows.append(
+            {
+                "n": int(n),
+                "cache_positions": int(mixer.cache_positions(n)),
+                "cache_numel": numel,
+                "cache_bytes": numel * dtype_bytes,
+                "flops_per_token": float(mixer.flops_per_token(n)),
+                "projection_flops_per_token": float(proj),
+                "training_mixing_flops": mixing[n] * TRAINING_FLOPS_FACTOR,
+                "training_flops": (mixing[n] + n * proj) * TRAINING_FLOPS_FACTOR,
+            }
+        )
     return rows
 
 
-_GROWTH_EXPONENTS = {"1": 0.0, "n": 1.0, "n^2": 2.0, "n**2": 2.0, "n²": 2.0, "sqrtn": 0.5, "sqrt(n)": 0.5,
-                     "√n": 0.5, "n^0.5": 0.5, "n^(1/2)": 0.5, "n^1.5": 1.5, "n^(3/2)": 1.5}
+_GROWTH_EXPONENTS = {
+    "1": 0.0,
+    "n": 1.0,
+    "n^2": 2.0,
+    "n**2": 2.0,
+    "n²": 2.0,
+    "sqrtn": 0.5,
+    "sqrt(n)": 0.5,
+    "√n": 0.5,
+    "n^0.5": 0.5,
+    "n^(1/2)": 0.5,
+    "n^1.5": 1.5,
+    "n^(3/2)": 1.5,
+}
 _LOG_FORMS = {"logn", "log2n", "log₂n", "log(n)", "log2(n)"}
 
 
@@ -189,8 +210,13 @@ def measure_decode_cache(mixer: Mixer, n: int, batch: int = 1, seed: int = 0) ->
     elapsed = time.perf_counter() - start
     if state.position != n:
         raise RuntimeError(f"{type(mixer).__name__}: state position {state.position} after {n} decoded tokens")
-    return {"n": n, "peak_positions": int(state.peak_positions), "peak_numel": int(state.peak_numel),
-            "seconds_per_token": elapsed / n, "seconds": elapsed}
+    return {
+        "n": n,
+        "peak_positions": int(state.peak_positions),
+        "peak_numel": int(state.peak_numel),
+        "seconds_per_token": elapsed / n,
+        "seconds": elapsed,
+    }
 
 
 class ProjectionCall:
@@ -204,9 +230,13 @@ def projection_modules(mixer: Mixer) -> list[nn.Module]:
     """Leaf modules holding a weight matrix (a parameter with >= 2 dimensions): the projections and
     gates that :func:`projection_flops_per_token` counts. Parameters of the mixer itself (decay
     tables such as diag_ssm's A_log) are not projections: the work they take part in is mixing."""
-    return [m for m in mixer.modules()
-            if m is not mixer and not any(True for _ in m.children())
-            and any(p.dim() >= 2 for p in m.parameters(recurse=False))]
+    return [
+        m
+        for m in mixer.modules()
+        if m is not mixer
+        and not any(True for _ in m.children())
+        and any(p.dim() >= 2 for p in m.parameters(recurse=False))
+    ]
 
 
 class _ProjectionRecorder:
@@ -217,8 +247,10 @@ class _ProjectionRecorder:
 
     def _hook(self, module, args) -> None:
         if len(args) != 1 or not isinstance(args[0], Tensor):
-            raise TypeError(f"projection {type(module).__name__} called with {len(args)} positional inputs; "
-                            "only single-tensor projections can be replayed")
+            raise TypeError(
+                f"projection {type(module).__name__} called with {len(args)} positional inputs; "
+                "only single-tensor projections can be replayed"
+            )
         a = args[0]
         self.calls.append(ProjectionCall(module, tuple(a.shape), a.dtype, a.requires_grad))
 
@@ -259,6 +291,7 @@ def projection_replay(calls: Sequence[ProjectionCall], seed: int = 0):
         for module, inp, _ in jobs:
             module.zero_grad(set_to_none=True)
             inp.grad = None
+
     return fn, setup
 
 
@@ -291,8 +324,9 @@ class keep_freed_memory:
             import ctypes
 
             libc = ctypes.CDLL("libc.so.6")
-            self.active = bool(libc.mallopt(self._M_MMAP_MAX, 0)) and bool(libc.mallopt(self._M_TRIM_THRESHOLD,
-                                                                                          2**31 - 1))
+            self.active = bool(libc.mallopt(self._M_MMAP_MAX, 0)) and bool(
+                libc.mallopt(self._M_TRIM_THRESHOLD, 2**31 - 1)
+            )
             self._libc = libc
         except (OSError, AttributeError):  # not glibc: the allocator is left as it is
             self.active = False
@@ -317,8 +351,16 @@ class LengthTimer:
     :func:`time_forward_backward` for its fields.
     """
 
-    def __init__(self, mixer: Mixer, n: int, batch: int = 1, warmup: int = 1, seed: int = 0,
-                 clock: str = "cpu", projections: bool = True) -> None:
+    def __init__(
+        self,
+        mixer: Mixer,
+        n: int,
+        batch: int = 1,
+        warmup: int = 1,
+        seed: int = 0,
+        clock: str = "cpu",
+        projections: bool = True,
+    ) -> None:
         if clock not in CLOCKS:
             raise InputError(f"clock must be one of {CLOCKS}, got '{clock}'")
         self.mixer, self.n, self.clock = mixer, n, clock
@@ -392,12 +434,19 @@ class LengthTimer:
         # user clock is the one judged: then its own fastest call, so user_seconds == seconds
         ref = "user" if clock == "user" else "cpu"
         fastest = min(range(len(whole_t[ref])), key=lambda i: whole_t[ref][i])
-        out = {"n": self.n, "clock": clock, "seconds": min(whole_t[clock]),
-               "median_seconds": statistics.median(whole_t[clock]), "all_seconds": whole_t[clock],
-               "wall_seconds": min(whole_t["wall"]), "cpu_seconds": min(whole_t["cpu"]),
-               "user_seconds": whole_t["user"][fastest],
-               "sys_share": _share(whole_t["sys"][fastest], whole_t["user"][fastest]),
-               "mode": self.mixer.modes[0], "threads": torch.get_num_threads()}
+        out = {
+            "n": self.n,
+            "clock": clock,
+            "seconds": min(whole_t[clock]),
+            "median_seconds": statistics.median(whole_t[clock]),
+            "all_seconds": whole_t[clock],
+            "wall_seconds": min(whole_t["wall"]),
+            "cpu_seconds": min(whole_t["cpu"]),
+            "user_seconds": whole_t["user"][fastest],
+            "sys_share": _share(whole_t["sys"][fastest], whole_t["user"][fastest]),
+            "mode": self.mixer.modes[0],
+            "threads": torch.get_num_threads(),
+        }
         if self._proj is not None:
             pf = min(range(len(proj_t[ref])), key=lambda i: proj_t[ref][i])
             out["projection_seconds"] = min(proj_t[clock])
@@ -408,9 +457,17 @@ class LengthTimer:
         return out
 
 
-def time_forward_backward(mixer: Mixer, n: int, batch: int = 1, repeats: int = 3, warmup: int = 1,
-                          seed: int = 0, clock: str = "cpu", projections: bool = True,
-                          min_total_s: float = 0.0) -> dict:
+def time_forward_backward(
+    mixer: Mixer,
+    n: int,
+    batch: int = 1,
+    repeats: int = 3,
+    warmup: int = 1,
+    seed: int = 0,
+    clock: str = "cpu",
+    projections: bool = True,
+    min_total_s: float = 0.0,
+) -> dict:
     """Forward (training mode) + backward of sum(y) at length n, and of its projections alone
     (one :class:`LengthTimer` run to completion).
 
@@ -464,12 +521,26 @@ def _slopes(rows: Sequence[dict], complexity: str) -> dict:
 
 
 # ----------------------------------------------------------------------------- per mixer
-def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns: Sequence[int] = (),
-                  d_model: int = 256, n_heads: int = 4, batch: int = 1, repeats: int = 3,
-                  time_budget_s: float = 30.0, decode_budget_s: float = 30.0, seed: int = 0,
-                  judge_time: bool = True, threads: int | None = None, clock: str = "cpu",
-                  min_time_s: float = 0.0, fit_from: int | None = None, keep_memory: bool = True,
-                  mixer: Mixer | None = None) -> dict:
+def account_mixer(
+    name: str,
+    *,
+    cache_ns: Sequence[int] = (16, 64, 256),
+    time_ns: Sequence[int] = (),
+    d_model: int = 256,
+    n_heads: int = 4,
+    batch: int = 1,
+    repeats: int = 3,
+    time_budget_s: float = 30.0,
+    decode_budget_s: float = 30.0,
+    seed: int = 0,
+    judge_time: bool = True,
+    threads: int | None = None,
+    clock: str = "cpu",
+    min_time_s: float = 0.0,
+    fit_from: int | None = None,
+    keep_memory: bool = True,
+    mixer: Mixer | None = None,
+) -> dict:
     """Derived vs measured cache (every n of ``cache_ns``) and time (``time_ns``) of one mixer.
 
     Time is judged twice. The *mixing* time (whole minus the replayed projections, see
@@ -497,10 +568,21 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
         mixer = build_mixer(name, d_model, n_heads=n_heads).float()
     all_ns = sorted(set(cache_ns) | set(time_ns))
     derived = {r["n"]: r for r in derived_costs(mixer, all_ns or [1], dtype_bytes=4)}
-    result: dict = {"mixer": name, "family": spec.family, "time_complexity": mixer.time_complexity,
-                    "cache_complexity": mixer.cache_complexity, "mode": mixer.modes[0],
-                    "d_model": mixer.d_model, "n_heads": mixer.n_heads, "head_dim": mixer.head_dim,
-                    "clock": clock, "cache": [], "time": [], "skipped": [], "flags": []}
+    result: dict = {
+        "mixer": name,
+        "family": spec.family,
+        "time_complexity": mixer.time_complexity,
+        "cache_complexity": mixer.cache_complexity,
+        "mode": mixer.modes[0],
+        "d_model": mixer.d_model,
+        "n_heads": mixer.n_heads,
+        "head_dim": mixer.head_dim,
+        "clock": clock,
+        "cache": [],
+        "time": [],
+        "skipped": [],
+        "flags": [],
+    }
 
     def predicted(prev_n: int, prev_s: float, n: int) -> float:
         prev_f, f = derived[prev_n]["training_flops"], derived[n]["training_flops"]
@@ -514,12 +596,19 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
             continue
         meas = measure_decode_cache(mixer, n, seed=seed)
         d = derived[n]
-        result["cache"].append({
-            "n": n, "derived_positions": d["cache_positions"], "measured_positions": meas["peak_positions"],
-            "derived_numel": d["cache_numel"], "measured_numel": meas["peak_numel"],
-            "derived_bytes": d["cache_bytes"], "measured_bytes": meas["peak_numel"] * 4,
-            "match": d["cache_positions"] == meas["peak_positions"] and d["cache_numel"] == meas["peak_numel"],
-            "decode_seconds_per_token": meas["seconds_per_token"]})
+        result["cache"].append(
+            {
+                "n": n,
+                "derived_positions": d["cache_positions"],
+                "measured_positions": meas["peak_positions"],
+                "derived_numel": d["cache_numel"],
+                "measured_numel": meas["peak_numel"],
+                "derived_bytes": d["cache_bytes"],
+                "measured_bytes": meas["peak_numel"] * 4,
+                "match": d["cache_positions"] == meas["peak_positions"] and d["cache_numel"] == meas["peak_numel"],
+                "decode_seconds_per_token": meas["seconds_per_token"],
+            }
+        )
         last = (n, meas["seconds"])
     mixer.train()
     threads_before = torch.get_num_threads()
@@ -528,8 +617,19 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
     result["threads"] = torch.get_num_threads()
     try:
         with keep_freed_memory(keep_memory) as kept:
-            _time_lengths(mixer, sorted(time_ns), result, derived, predicted, batch, repeats, seed, time_budget_s,
-                          clock, min_time_s)
+            _time_lengths(
+                mixer,
+                sorted(time_ns),
+                result,
+                derived,
+                predicted,
+                batch,
+                repeats,
+                seed,
+                time_budget_s,
+                clock,
+                min_time_s,
+            )
         result["memory_kept"] = kept.active
     finally:
         torch.set_num_threads(threads_before)
@@ -542,10 +642,18 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
     result["slope"] = _slopes(fit, mixer.time_complexity)
     full = _slopes(rows, mixer.time_complexity)
     s = result["slope"]
-    s.update({"judged": judge_time, "fit_from": fit_n, "fit_why": fit_why,
-              # the whole range, reported beside the judged fit (the same when no asymptote start applies)
-              "measured_full": full["measured"], "measured_mixing_full": full["measured_mixing"],
-              "theory_full": full["theory"], "n_range_full": full["n_range"]})
+    s.update(
+        {
+            "judged": judge_time,
+            "fit_from": fit_n,
+            "fit_why": fit_why,
+            # the whole range, reported beside the judged fit (the same when no asymptote start applies)
+            "measured_full": full["measured"],
+            "measured_mixing_full": full["measured_mixing"],
+            "theory_full": full["theory"],
+            "n_range_full": full["n_range"],
+        }
+    )
     tn = [r["n"] for r in fit]
     mixing_pts = [r for r in fit if r.get("mixing_seconds", 0) > 0]
     if any(not r["match"] for r in result["cache"]):
@@ -559,30 +667,61 @@ def account_mixer(name: str, *, cache_ns: Sequence[int] = (16, 64, 256), time_ns
         bad = [r["n"] for r in rows if "mixing_seconds" in r and not r["mixing_seconds"] > 0]
         if bad:
             result["flags"].append(f"mixing: not above the projections' time at n = {bad}")
-        if s["measured_mixing"] is not None and len(mixing_pts) >= 3 \
-                and abs(s["measured_mixing"] - s["theory"]) > SLOPE_TOLERANCE:
+        if (
+            s["measured_mixing"] is not None
+            and len(mixing_pts) >= 3
+            and abs(s["measured_mixing"] - s["theory"]) > SLOPE_TOLERANCE
+        ):
             why = ""
             sys_max = max((r.get("sys_share", 0.0) for r in fit), default=0.0)
             user = s["measured_mixing_user"]
             if clock == "cpu" and sys_max >= SYS_SHARE_NOTE and user is not None:
                 # say when the departure is the kernel's page faults rather than the computation
-                why = (f"; system time up to {sys_max:.0%} of the CPU time (page faults of freshly mapped "
-                       f"buffers), mixing slope on user time {user:.2f}")
-            result["flags"].append(f"mixing: fitted slope {s['measured_mixing']:.2f}{over}, theory "
-                                   f"{s['theory']:.2f} (±{SLOPE_TOLERANCE}){why}")
-    if judge_time and enough and s["measured"] is not None and band is not None \
-            and not band[0] <= s["measured"] <= band[1]:
-        result["flags"].append(f"whole: fitted slope {s['measured']:.2f}{over} outside [{band[0]:.2f}, {band[1]:.2f}] "
-                               f"(projections 1, mixing {s['derived_mixing']:.2f}, ±{SLOPE_TOLERANCE})")
-    if judge_time and s["stated"] is not None and s["derived_mixing"] is not None \
-            and abs(s["stated"] - s["derived_mixing"]) > SLOPE_TOLERANCE:
-        result["flags"].append(f"stated: '{mixer.time_complexity}' implies slope {s['stated']:.2f} but the "
-                               f"derived mixing FLOPs give {s['derived_mixing']:.2f}")
+                why = (
+                    f"; system time up to {sys_max:.0%} of the CPU time (page faults of freshly mapped "
+                    f"buffers), mixing slope on user time {user:.2f}"
+                )
+            result["flags"].append(
+                f"mixing: fitted slope {s['measured_mixing']:.2f}{over}, theory "
+                f"{s['theory']:.2f} (±{SLOPE_TOLERANCE}){why}"
+            )
+    if (
+        judge_time
+        and enough
+        and s["measured"] is not None
+        and band is not None
+        and not band[0] <= s["measured"] <= band[1]
+    ):
+        result["flags"].append(
+            f"whole: fitted slope {s['measured']:.2f}{over} outside [{band[0]:.2f}, {band[1]:.2f}] "
+            f"(projections 1, mixing {s['derived_mixing']:.2f}, ±{SLOPE_TOLERANCE})"
+        )
+    if (
+        judge_time
+        and s["stated"] is not None
+        and s["derived_mixing"] is not None
+        and abs(s["stated"] - s["derived_mixing"]) > SLOPE_TOLERANCE
+    ):
+        result["flags"].append(
+            f"stated: '{mixer.time_complexity}' implies slope {s['stated']:.2f} but the "
+            f"derived mixing FLOPs give {s['derived_mixing']:.2f}"
+        )
     return result
 
 
-def _time_lengths(mixer: Mixer, ns: Sequence[int], result: dict, derived: dict, predicted, batch: int,
-                  repeats: int, seed: int, budget_s: float, clock: str, min_time_s: float) -> None:
+def _time_lengths(
+    mixer: Mixer,
+    ns: Sequence[int],
+    result: dict,
+    derived: dict,
+    predicted,
+    batch: int,
+    repeats: int,
+    seed: int,
+    budget_s: float,
+    clock: str,
+    min_time_s: float,
+) -> None:
     """Time the lengths ns in turns, skipping those whose predicted time exceeds the budget.
 
     First every length in increasing order gets its warm-up and one timed call, which decides from
@@ -626,8 +765,13 @@ def _time_lengths(mixer: Mixer, ns: Sequence[int], result: dict, derived: dict, 
         row["repeats"] = len(meas["all_seconds"])
         if "mixing_seconds" in meas:
             row["mixing_share"] = meas["mixing_seconds"] / meas["seconds"]
-        row.update({"derived_training_flops": d["training_flops"], "derived_mixing_flops": d["training_mixing_flops"],
-                    "derived_flops_per_token": d["flops_per_token"]})
+        row.update(
+            {
+                "derived_training_flops": d["training_flops"],
+                "derived_mixing_flops": d["training_mixing_flops"],
+                "derived_flops_per_token": d["flops_per_token"],
+            }
+        )
         result["time"].append(row)
 
 
@@ -653,27 +797,35 @@ def accounting_rows(results: Sequence[dict]) -> list[dict]:
         judged = s["judged"]
         times = r["time"]
         share = [t["mixing_share"] for t in times if "mixing_share" in t]
-        rows.append({
-            "mixer": r["mixer"], "time/token": r["time_complexity"], "cache": r["cache_complexity"],
-            "theory slope": _slope_cell(s.get("theory")),
-            "mixing slope": _slope_cell(s.get("measured_mixing"), judged),
-            "whole slope": _slope_cell(s["measured"], judged),
-            "whole band": f"{s['band'][0]:.2f}–{s['band'][1]:.2f}" if s.get("band") else "—",
-            "FLOPs slope": _slope_cell(s["derived"]),
-            "mixing share": f"{share[0]:.2f}→{share[-1]:.2f}" if share else "—",
-            "mixing slope (user)": _slope_cell(s.get("measured_mixing_user")),  # a diagnostic, never judged
-            "sys share@max n": round(times[-1]["sys_share"], 2) if times and "sys_share" in times[-1] else None,
-            "fit n": f"{s['n_range'][0]}–{s['n_range'][1]}" if s["n_range"] else "—",
-            # the whole timed range, when the judged fit starts later (ASYMPTOTE_FROM)
-            "full-range mixing slope": (f"{s['measured_mixing_full']:.2f} over {s['n_range_full'][0]}–"
-                                        f"{s['n_range_full'][1]} (theory {s['theory_full']:.2f})"
-                                        if s.get("fit_from") is not None and s.get("measured_mixing_full") is not None
-                                        and s.get("theory_full") is not None else "same"),
-            "cache n": ",".join(str(c["n"]) for c in r["cache"]) or "—",
-            "cache match": all(c["match"] for c in r["cache"]) if r["cache"] else None,
-            "entries@max n": r["cache"][-1]["measured_positions"] if r["cache"] else None,
-            "flags": "; ".join(r["flags"]) or "ok",
-        })
+        rows.append(
+            {
+                "mixer": r["mixer"],
+                "time/token": r["time_complexity"],
+                "cache": r["cache_complexity"],
+                "theory slope": _slope_cell(s.get("theory")),
+                "mixing slope": _slope_cell(s.get("measured_mixing"), judged),
+                "whole slope": _slope_cell(s["measured"], judged),
+                "whole band": f"{s['band'][0]:.2f}–{s['band'][1]:.2f}" if s.get("band") else "—",
+                "FLOPs slope": _slope_cell(s["derived"]),
+                "mixing share": f"{share[0]:.2f}→{share[-1]:.2f}" if share else "—",
+                "mixing slope (user)": _slope_cell(s.get("measured_mixing_user")),  # a diagnostic, never judged
+                "sys share@max n": round(times[-1]["sys_share"], 2) if times and "sys_share" in times[-1] else None,
+                "fit n": f"{s['n_range'][0]}–{s['n_range'][1]}" if s["n_range"] else "—",
+                # the whole timed range, when the judged fit starts later (ASYMPTOTE_FROM)
+                "full-range mixing slope": (
+                    f"{s['measured_mixing_full']:.2f} over {s['n_range_full'][0]}–"
+                    f"{s['n_range_full'][1]} (theory {s['theory_full']:.2f})"
+                    if s.get("fit_from") is not None
+                    and s.get("measured_mixing_full") is not None
+                    and s.get("theory_full") is not None
+                    else "same"
+                ),
+                "cache n": ",".join(str(c["n"]) for c in r["cache"]) or "—",
+                "cache match": all(c["match"] for c in r["cache"]) if r["cache"] else None,
+                "entries@max n": r["cache"][-1]["measured_positions"] if r["cache"] else None,
+                "flags": "; ".join(r["flags"]) or "ok",
+            }
+        )
     return rows
 
 
@@ -706,10 +858,17 @@ def plot_accounting(results: Sequence[dict], out_dir: Path, formats: Sequence[st
     timed = [r for r in results if len(r["time"]) >= 2]
     if timed:
         fig, axes = new_figure(1, 2, size=(6.0, 4.6))
-        panels = ((axes[0][0], "seconds", "derived_training_flops", "measured", "whole mixer",
-                   "derived training FLOPs"),
-                  (axes[0][1], "mixing_seconds", "derived_mixing_flops", "measured_mixing",
-                   "mixing (whole − projections)", "derived mixing FLOPs"))
+        panels = (
+            (axes[0][0], "seconds", "derived_training_flops", "measured", "whole mixer", "derived training FLOPs"),
+            (
+                axes[0][1],
+                "mixing_seconds",
+                "derived_mixing_flops",
+                "measured_mixing",
+                "mixing (whole − projections)",
+                "derived mixing FLOPs",
+            ),
+        )
         for ax, key, flops_key, slope_key, what, derived_what in panels:
             for i, r in enumerate(timed):
                 pts = [(t["n"], t[key], t[flops_key]) for t in r["time"] if t.get(key, 0) > 0]
@@ -735,8 +894,9 @@ def plot_accounting(results: Sequence[dict], out_dir: Path, formats: Sequence[st
     return files
 
 
-def run_accounting(names: Sequence[str] | None, out_dir: Path, *, formats: Sequence[str] = FIGURE_FORMATS,
-                   progress=None, **kwargs) -> dict:
+def run_accounting(
+    names: Sequence[str] | None, out_dir: Path, *, formats: Sequence[str] = FIGURE_FORMATS, progress=None, **kwargs
+) -> dict:
     """:func:`account_mixer` for each name (default: every registered mixer); writes cost.json/.md + plots.
 
     cost.json and cost.md are rewritten after every mixer, so an interrupted run keeps what it measured.
@@ -761,38 +921,60 @@ def _write_accounting(results: list[dict], out_dir: Path, settings: dict, figure
     threads = sorted({r["threads"] for r in results if r["time"]}) or [torch.get_num_threads()]
     clocks = sorted({r["clock"] for r in results if r["time"]}) or ["cpu"]
     loads = [t["load_1min"] for r in results for t in r["time"] if "load_1min" in t]
-    out = {"kind": "cost", "complete": complete, "slope_tolerance": SLOPE_TOLERANCE,
-           "training_flops_factor": TRAINING_FLOPS_FACTOR,
-           "settings": {k: v for k, v in settings.items() if k != "mixer"},
-           "threads": threads[0] if len(threads) == 1 else threads, "clock": "/".join(clocks),
-           "load_1min_range": [min(loads), max(loads)] if loads else None, "cpus": os.cpu_count(),
-           "memory_kept": sorted({r.get("memory_kept", False) for r in results if r["time"]}),
-           "summary": rows, "mixers": results, "figures": [p.name for p in figures]}
+    out = {
+        "kind": "cost",
+        "complete": complete,
+        "slope_tolerance": SLOPE_TOLERANCE,
+        "training_flops_factor": TRAINING_FLOPS_FACTOR,
+        "settings": {k: v for k, v in settings.items() if k != "mixer"},
+        "threads": threads[0] if len(threads) == 1 else threads,
+        "clock": "/".join(clocks),
+        "load_1min_range": [min(loads), max(loads)] if loads else None,
+        "cpus": os.cpu_count(),
+        "memory_kept": sorted({r.get("memory_kept", False) for r in results if r["time"]}),
+        "summary": rows,
+        "mixers": results,
+        "figures": [p.name for p in figures],
+    }
     write_json(Path(out_dir) / "cost.json", out)
     load = f"1-min load {min(loads):.1f}–{max(loads):.1f} on {os.cpu_count()} CPUs" if loads else "no timing"
     kept = {r.get("memory_kept", False) for r in results if r["time"]}
-    memory = ("freed memory kept in the process (no page faults of buffers mapped afresh per call)" if kept == {True}
-              else "freed memory returned to the OS (page faults of fresh buffers included)" if kept == {False}
-              else "freed memory kept for some mixers only")
-    md = ["# Cost and cache accounting: derived vs measured", "",
-          "Cache: decode n tokens with `step`, compare the measured `peak_positions` / `peak_numel` with the "
-          "derived `cache_positions(n)` / `state_size(n)` (bytes at float32). Time: forward + backward of "
-          "the training mode, and a replay of the same projection calls alone; the fastest of the repeats "
-          f"on the {'/'.join(clocks)} clock ('cpu' = process CPU time, which time-slicing by other "
-          "processes does not inflate); the lengths are timed in turns, so each sees the same load. *Mixing* = "
-          "whole minus projections. The theory slope is that of n x the stated per-token complexity over "
-          "the fitted n (`fit n`); the mixing slope must be within "
-          f"±{SLOPE_TOLERANCE} of it, the whole slope within the projection-aware band (between the "
-          f"projections' 1 and the derived mixing slope, ±{SLOPE_TOLERANCE}). The FLOPs slope is the "
-          "derived prediction of the whole slope (projections and mixing weighted by multiply-adds, not "
-          "by how fast each runs). A slope marked 'not judged' comes from short lengths where fixed "
-          f"per-call overheads dominate. {'/'.join(map(str, threads))} torch thread(s), {load}, {memory}.", "",
-          markdown_table(rows)]
-    starts = [f"- **{r['mixer']}** judged over n >= {r['slope']['fit_from']}: {r['slope']['fit_why']}."
-              for r in results if r["slope"].get("fit_from") is not None]
+    memory = (
+        "freed memory kept in the process (no page faults of buffers mapped afresh per call)"
+        if kept == {True}
+        else "freed memory returned to the OS (page faults of fresh buffers included)"
+        if kept == {False}
+        else "freed memory kept for some mixers only"
+    )
+    md = [
+        "# Cost and cache accounting: derived vs measured",
+        "",
+        "Cache: decode n tokens with `step`, compare the measured `peak_positions` / `peak_numel` with the "
+        "derived `cache_positions(n)` / `state_size(n)` (bytes at float32). Time: forward + backward of "
+        "the training mode, and a replay of the same projection calls alone; the fastest of the repeats "
+        f"on the {'/'.join(clocks)} clock ('cpu' = process CPU time, which time-slicing by other "
+        "processes does not inflate); the lengths are timed in turns, so each sees the same load. *Mixing* = "
+        "whole minus projections. The theory slope is that of n x the stated per-token complexity over "
+        "the fitted n (`fit n`); the mixing slope must be within "
+        f"±{SLOPE_TOLERANCE} of it, the whole slope within the projection-aware band (between the "
+        f"projections' 1 and the derived mixing slope, ±{SLOPE_TOLERANCE}). The FLOPs slope is the "
+        "derived prediction of the whole slope (projections and mixing weighted by multiply-adds, not "
+        "by how fast each runs). A slope marked 'not judged' comes from short lengths where fixed "
+        f"per-call overheads dominate. {'/'.join(map(str, threads))} torch thread(s), {load}, {memory}.",
+        "",
+        markdown_table(rows),
+    ]
+    starts = [
+        f"- **{r['mixer']}** judged over n >= {r['slope']['fit_from']}: {r['slope']['fit_why']}."
+        for r in results
+        if r["slope"].get("fit_from") is not None
+    ]
     if starts:
-        md += ["", "Slopes judged from a later length on (the kernel reaches its asymptote there; the "
-               "full-range mixing slope is in the table):"]
+        md += [
+            "",
+            "Slopes judged from a later length on (the kernel reaches its asymptote there; the "
+            "full-range mixing slope is in the table):",
+        ]
         for line in starts:  # one paragraph each (the report's Markdown subset has no lists)
             md += ["", line]
     if not complete:

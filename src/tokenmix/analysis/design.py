@@ -54,6 +54,7 @@ Front: non-dominated among the candidates within budget (cost <= max_cost, cache
 minimising (cost, cache, max path). Over-budget candidates get only cost and cache (their paths are
 not needed and not computed).
 """
+
 from __future__ import annotations
 
 import csv
@@ -95,11 +96,11 @@ MAX_LAYERS = 64
 class Candidate:
     """One point of the space: a pattern spec (``get_pattern(spec, cache_efficient)``) and its label."""
 
-    name: str              # what tables show: pow2_ce, geom:1.5, geom:1.5_ce, mix:4+2, f:5**k
-    family: str            # named | user | geom | poly | mix
-    spec: str              # pattern spec without the _ce suffix (StructuredConfig.pattern)
+    name: str  # what tables show: pow2_ce, geom:1.5, geom:1.5_ce, mix:4+2, f:5**k
+    family: str  # named | user | geom | poly | mix
+    spec: str  # pattern spec without the _ce suffix (StructuredConfig.pattern)
     cache_efficient: bool  # the lattice variant (StructuredConfig.cache_efficient)
-    formula: str = ""      # f(k) in words
+    formula: str = ""  # f(k) in words
 
     @property
     def variant(self) -> str:
@@ -132,11 +133,16 @@ def poly_candidate(p: int) -> Candidate:
 
 def mix_candidate(w: int, b: Fraction) -> Candidate:
     p, q = b.numerator, b.denominator
-    ind = f"0**({w}//(k+1))"            # [k >= w]: w // (k + 1) is 0 exactly when k + 1 > w
-    m = f"((k+1-{w})*{ind})"            # k - w + 1 from k = w on, 0 before (no negative power)
+    ind = f"0**({w}//(k+1))"  # [k >= w]: w // (k + 1) is 0 exactly when k + 1 > w
+    m = f"((k+1-{w})*{ind})"  # k - w + 1 from k = w on, 0 before (no negative power)
     tail = f"{w}*{p}**{m}" if q == 1 else _ceil_ratio(f"{w}*{p}**{m}", f"{q}**{m}")
-    return Candidate(f"mix:{w}+{_fmt(b)}", "mix", f"f:(k+1)*(1-{ind})+{ind}*({tail})", False,
-                     f"k+1 for k<{w}, then ceil({w}*{_fmt(b)}^(k-{w - 1}))")
+    return Candidate(
+        f"mix:{w}+{_fmt(b)}",
+        "mix",
+        f"f:(k+1)*(1-{ind})+{ind}*({tail})",
+        False,
+        f"k+1 for k<{w}, then ceil({w}*{_fmt(b)}^(k-{w - 1}))",
+    )
 
 
 def _lattice_of(c: Candidate) -> Candidate:
@@ -227,14 +233,17 @@ class DesignSpace:
             if self.lattice:
                 out.append(_lattice_of(c))  # f(0) = 1 and unbounded for every family (module docstring)
         if len(out) > MAX_CANDIDATES:
-            raise InputError(f"the design space has {len(out)} candidates; at most {MAX_CANDIDATES} "
-                             "(use fewer bases, powers or windows)")
+            raise InputError(
+                f"the design space has {len(out)} candidates; at most {MAX_CANDIDATES} "
+                "(use fewer bases, powers or windows)"
+            )
         return out
 
 
 def value_list(text: str, flag: str, integer: bool = False) -> tuple:
     """``--bases 1.5:4:0.25`` (start:stop:step, stop included) or ``2,3,4`` -> exact values
     (``Fraction``, or ``int`` with ``integer``); decimals are read exactly (0.1 is 1/10)."""
+
     def num(s: str):
         try:
             v = Fraction(s.strip())
@@ -286,8 +295,10 @@ class DesignRequest:
         if isinstance(self.n, bool) or not isinstance(self.n, int) or self.n < 2:
             raise InputError(f"--n must be an integer >= 2 (a path needs two positions), got {self.n}")
         if self.n > MAX_N:
-            raise InputError(f"--n {self.n} is too large: the design space is evaluated up to n = {MAX_N} "
-                             "(the lattice graphs are n^2/8 bytes of bitsets per candidate, dense n^2 DP steps)")
+            raise InputError(
+                f"--n {self.n} is too large: the design space is evaluated up to n = {MAX_N} "
+                "(the lattice graphs are n^2/8 bytes of bitsets per candidate, dense n^2 DP steps)"
+            )
         for flag, v in (("--max-cost", self.max_cost), ("--max-cache", self.max_cache)):
             if v is not None and v < 0:
                 raise InputError(f"{flag} must be >= 0, got {v}")
@@ -302,11 +313,21 @@ class DesignRequest:
 
     def settings(self) -> dict[str, Any]:
         s = self.space
-        return {"n": self.n, "max_cost": self.max_cost, "max_cache": self.max_cache, "layers": self.layers,
-                "offset": self.copy_offset, "families": list(s.families), "bases": [_fmt(b) for b in s.bases],
-                "powers": list(s.powers), "mix_windows": list(s.mix_windows),
-                "mix_bases": [_fmt(b) for b in s.mix_bases], "windows": list(s.windows),
-                "patterns": list(s.patterns), "lattice": s.lattice}
+        return {
+            "n": self.n,
+            "max_cost": self.max_cost,
+            "max_cache": self.max_cache,
+            "layers": self.layers,
+            "offset": self.copy_offset,
+            "families": list(s.families),
+            "bases": [_fmt(b) for b in s.bases],
+            "powers": list(s.powers),
+            "mix_windows": list(s.mix_windows),
+            "mix_bases": [_fmt(b) for b in s.mix_bases],
+            "windows": list(s.windows),
+            "patterns": list(s.patterns),
+            "lattice": s.lattice,
+        }
 
 
 @dataclass
@@ -321,14 +342,14 @@ class DesignRow:
     same_as: list[str] = field(default_factory=list)
     path_max: float | None = None
     path_mean: float | None = None
-    congestion: float | None = None          # TI: shared decomposition; else routed (front only)
+    congestion: float | None = None  # TI: shared decomposition; else routed (front only)
     congestion_lower: float | None = None
-    congestion_worst: float | None = None    # TI: max over offsets L <= n/2
-    reach_hops: int | None = None            # last token, within L hops
-    reach_layers: int | None = None          # support through L stacked layers
+    congestion_worst: float | None = None  # TI: max over offsets L <= n/2
+    reach_hops: int | None = None  # last token, within L hops
+    reach_layers: int | None = None  # support through L stacked layers
     method: str = ""
     on_front: bool = False
-    accuracy: float | None = None            # mean test accuracy over seeds (study/design.py)
+    accuracy: float | None = None  # mean test accuracy over seeds (study/design.py)
     accuracy_std: float | None = None
     task: str | None = None
     # MQAR's ceiling (study/design.py, --train assoc_recall): shares of the task's queries whose layer
@@ -346,15 +367,33 @@ class DesignRow:
 
     def record(self) -> dict[str, Any]:
         c = self.candidate
-        return {"pattern": c.name, "family": c.family, "variant": c.variant, "spec": c.spec,
-                "cache_efficient": c.cache_efficient, "f(k)": c.formula, "cost": self.cost,
-                "mean_reads": round(self.mean_reads, 4), "cache": self.cache, "path_max": self.path_max,
-                "path_mean": self.path_mean, "congestion": self.congestion, "congestion_lower": self.congestion_lower,
-                "congestion_worst": self.congestion_worst, "reach_hops": self.reach_hops,
-                "reach_layers": self.reach_layers, "in_budget": self.in_budget, "on_front": self.on_front,
-                "same_as": ",".join(self.same_as), "task": self.task, "accuracy": self.accuracy,
-                "accuracy_std": self.accuracy_std, "reads_one_hop": self.reads_one_hop,
-                "reads_two_hops": self.reads_two_hops, "method": self.method}
+        return {
+            "pattern": c.name,
+            "family": c.family,
+            "variant": c.variant,
+            "spec": c.spec,
+            "cache_efficient": c.cache_efficient,
+            "f(k)": c.formula,
+            "cost": self.cost,
+            "mean_reads": round(self.mean_reads, 4),
+            "cache": self.cache,
+            "path_max": self.path_max,
+            "path_mean": self.path_mean,
+            "congestion": self.congestion,
+            "congestion_lower": self.congestion_lower,
+            "congestion_worst": self.congestion_worst,
+            "reach_hops": self.reach_hops,
+            "reach_layers": self.reach_layers,
+            "in_budget": self.in_budget,
+            "on_front": self.on_front,
+            "same_as": ",".join(self.same_as),
+            "task": self.task,
+            "accuracy": self.accuracy,
+            "accuracy_std": self.accuracy_std,
+            "reads_one_hop": self.reads_one_hop,
+            "reads_two_hops": self.reads_two_hops,
+            "method": self.method,
+        }
 
 
 @dataclass
@@ -362,7 +401,7 @@ class DesignResult:
     request: DesignRequest
     rows: list[DesignRow]
     seconds: float = 0.0
-    training: dict[str, Any] | None = None   # what study/design.py trained (task, runs, folder)
+    training: dict[str, Any] | None = None  # what study/design.py trained (task, runs, folder)
 
     @property
     def front(self) -> list[DesignRow]:
@@ -455,9 +494,11 @@ def explore(req: DesignRequest, progress: Callable[[str], None] | None = None) -
     inside = [r for r in rows if r.in_budget]
     if not inside:
         cheapest = min(rows, key=lambda r: (r.cache, r.cost))
-        raise InputError(f"no candidate fits the budget (max cost {req.max_cost}, max cache {req.max_cache}) at "
-                         f"n = {n}: the smallest cache is {cheapest.cache} ({cheapest.name}, cost {cheapest.cost}), "
-                         f"the smallest cost {min(r.cost for r in rows)}")
+        raise InputError(
+            f"no candidate fits the budget (max cost {req.max_cost}, max cache {req.max_cache}) at "
+            f"n = {n}: the smallest cache is {cheapest.cache} ({cheapest.name}, cost {cheapest.cost}), "
+            f"the smallest cost {min(r.cost for r in rows)}"
+        )
     say(f"design: {len(rows)} distinct candidates at n = {n}, {len(inside)} within budget")
     for i, row in enumerate(inside, 1):
         say(f"design: metrics {i}/{len(inside)} {row.name}")
@@ -494,26 +535,47 @@ def explore(req: DesignRequest, progress: Callable[[str], None] | None = None) -
 
 
 # ----------------------------------------------------------------------------- outputs
-FRONT_COLUMNS = ("pattern", "variant", "f(k)", "cost", "cache", "path_max", "path_mean", "congestion",
-                 "congestion_lower", "reach_hops", "same_as")
+FRONT_COLUMNS = (
+    "pattern",
+    "variant",
+    "f(k)",
+    "cost",
+    "cache",
+    "path_max",
+    "path_mean",
+    "congestion",
+    "congestion_lower",
+    "reach_hops",
+    "same_as",
+)
 
 
 def table_rows(result: DesignResult, rows: Sequence[DesignRow] | None = None) -> list[dict[str, Any]]:
     """Display rows (the front by default), columns named for people."""
     L = result.request.layers
     out = []
-    for r in (result.front if rows is None else rows):
+    for r in result.front if rows is None else rows:
         rec = r.record()
-        d = {"pattern": rec["pattern"], "variant": rec["variant"], "f(k)": rec["f(k)"] or "—", "cost": rec["cost"],
-             "cache": rec["cache"], "path max": rec["path_max"], "path mean": rec["path_mean"],
-             "congestion": rec["congestion"], "congestion ≥": rec["congestion_lower"],
-             f"reach ≤{L} hops": rec["reach_hops"], "same as": rec["same_as"] or "—"}
+        d = {
+            "pattern": rec["pattern"],
+            "variant": rec["variant"],
+            "f(k)": rec["f(k)"] or "—",
+            "cost": rec["cost"],
+            "cache": rec["cache"],
+            "path max": rec["path_max"],
+            "path mean": rec["path_mean"],
+            "congestion": rec["congestion"],
+            "congestion ≥": rec["congestion_lower"],
+            f"reach ≤{L} hops": rec["reach_hops"],
+            "same as": rec["same_as"] or "—",
+        }
         if result.training is not None:
             d["front"] = "yes" if r.on_front else "no"
             if r.reads_one_hop is not None:
                 d["reads 1 / 2 hops %"] = f"{100 * r.reads_one_hop:.1f} / {100 * (r.reads_two_hops or 0):.1f}"
-            d[f"{result.training['task']} acc %"] = (None if r.accuracy is None
-                                                     else f"{100 * r.accuracy:.1f} ± {100 * (r.accuracy_std or 0):.1f}")
+            d[f"{result.training['task']} acc %"] = (
+                None if r.accuracy is None else f"{100 * r.accuracy:.1f} ± {100 * (r.accuracy_std or 0):.1f}"
+            )
         out.append(d)
     return out
 
@@ -546,25 +608,47 @@ def plot_front(result: DesignResult, out_dir: Path, formats: Sequence[str] = FIG
     norm = LogNorm(vmin=1, vmax=max(2.0, max(finite, default=2.0)))
     over = [r for r in result.rows if not r.in_budget]
     if over:
-        ax.scatter([max(r.cost, 1) for r in over], [max(r.cache, 1) for r in over], s=10, c="0.75", marker=".",
-                   label="over budget (paths not computed)")
+        ax.scatter(
+            [max(r.cost, 1) for r in over],
+            [max(r.cache, 1) for r in over],
+            s=10,
+            c="0.75",
+            marker=".",
+            label="over budget (paths not computed)",
+        )
     mappable = None
     for front in (False, True):
         for named in (False, True):
-            pts = [r for r in done if r.on_front == front and (r.candidate.family == "named") == named
-                   and math.isfinite(r.path_max)]
+            pts = [
+                r
+                for r in done
+                if r.on_front == front and (r.candidate.family == "named") == named and math.isfinite(r.path_max)
+            ]
             if not pts:
                 continue
-            style = dict(c=[r.path_max for r in pts], cmap="viridis", norm=norm, marker="s" if named else "o",
-                         s=64 if front else 22, edgecolors="black" if front else "none", linewidths=1.1,
-                         alpha=1.0 if front else 0.55, zorder=3 if front else 2)
+            style = dict(
+                c=[r.path_max for r in pts],
+                cmap="viridis",
+                norm=norm,
+                marker="s" if named else "o",
+                s=64 if front else 22,
+                edgecolors="black" if front else "none",
+                linewidths=1.1,
+                alpha=1.0 if front else 0.55,
+                zorder=3 if front else 2,
+            )
             label = ("front" if front else "dominated") + (", named" if named else "")
             mappable = ax.scatter([max(r.cost, 1) for r in pts], [max(r.cache, 1) for r in pts], label=label, **style)
             ax_p.scatter([max(r.cache, 1) for r in pts], [r.path_max for r in pts], **style)
     unreachable = [r for r in done if not math.isfinite(r.path_max)]
     if unreachable:
-        ax.scatter([max(r.cost, 1) for r in unreachable], [max(r.cache, 1) for r in unreachable], marker="x", c="red",
-                   label="some pair has no path")
+        ax.scatter(
+            [max(r.cost, 1) for r in unreachable],
+            [max(r.cache, 1) for r in unreachable],
+            marker="x",
+            c="red",
+            label="some pair has no path",
+        )
     if req.max_cost is not None:
         ax.axvline(max(req.max_cost, 1), ls="--", lw=0.8, c="0.4")
     if req.max_cache is not None:
@@ -588,30 +672,51 @@ def plot_front(result: DesignResult, out_dir: Path, formats: Sequence[str] = FIG
     # the named patterns, and the named ones over budget in grey
     labelled = sorted((r for r in done if r.candidate.family == "named" or r.on_front), key=lambda r: (r.cost, r.cache))
     named_over = [r for r in over if r.candidate.family == "named"]
-    label_points(ax, [max(r.cost, 1) for r in labelled + named_over], [max(r.cache, 1) for r in labelled + named_over],
-                 [r.name for r in labelled + named_over], fontsize=6)
+    label_points(
+        ax,
+        [max(r.cost, 1) for r in labelled + named_over],
+        [max(r.cache, 1) for r in labelled + named_over],
+        [r.name for r in labelled + named_over],
+        fontsize=6,
+    )
     finite_rows = [r for r in labelled if math.isfinite(r.path_max)]
-    label_points(ax_p, [max(r.cache, 1) for r in finite_rows], [r.path_max for r in finite_rows],
-                 [r.name for r in finite_rows], fontsize=6)
+    label_points(
+        ax_p,
+        [max(r.cache, 1) for r in finite_rows],
+        [r.path_max for r in finite_rows],
+        [r.name for r in finite_rows],
+        fontsize=6,
+    )
     return save_figure(fig, out_dir, "design_front", formats)
 
 
-def write_outputs(result: DesignResult, out_dir: Path, formats: Sequence[str] = FIGURE_FORMATS,
-                  plots: bool = True) -> list[Path]:
+def write_outputs(
+    result: DesignResult, out_dir: Path, formats: Sequence[str] = FIGURE_FORMATS, plots: bool = True
+) -> list[Path]:
     """design.json (settings, every row, the front), design.csv (every row), design.md (the front
     table) and the figure; returns the files written."""
     out_dir = Path(out_dir)
     figures = plot_front(result, out_dir, formats) if plots else []
-    data = {"kind": "design", "settings": result.request.settings(), "seconds": result.seconds,
-            "front": [r.name for r in result.front], "rows": [r.record() for r in result.rows],
-            "training": result.training, "figures": [p.name for p in figures]}
+    data = {
+        "kind": "design",
+        "settings": result.request.settings(),
+        "seconds": result.seconds,
+        "front": [r.name for r in result.front],
+        "rows": [r.record() for r in result.rows],
+        "training": result.training,
+        "figures": [p.name for p in figures],
+    }
     files = [write_json(out_dir / "design.json", data)]
     files.append(atomic_write_text(out_dir / "design.csv", csv_text(result)))
     req = result.request
-    md = [f"# Pattern design front at n = {req.n}", "",
-          f"Budget: max cost {req.max_cost}, max cache {req.max_cache}; reach within {req.layers} hops; "
-          f"congestion of the copy at offset {req.copy_offset} (translation-invariant: shared decomposition, "
-          "exact; others: shortest-path routing, an upper bound; ≥: the lower bound).", "",
-          markdown_table(table_rows(result, shown_rows(result)))]
+    md = [
+        f"# Pattern design front at n = {req.n}",
+        "",
+        f"Budget: max cost {req.max_cost}, max cache {req.max_cache}; reach within {req.layers} hops; "
+        f"congestion of the copy at offset {req.copy_offset} (translation-invariant: shared decomposition, "
+        "exact; others: shortest-path routing, an upper bound; ≥: the lower bound).",
+        "",
+        markdown_table(table_rows(result, shown_rows(result))),
+    ]
     files.append(atomic_write_text(out_dir / "design.md", "\n".join(md)))
     return files + figures

@@ -30,6 +30,7 @@ within h hops and the copy flows' distances (the congestion lower bound) without
 distance matrix: ~40x faster than the graph distances at n = 4096 for the lattice and Fenwick
 patterns, which ``tokenmix design`` evaluates by the dozen (``pattern_metrics(..., routing=False)``).
 """
+
 from __future__ import annotations
 
 import math
@@ -41,19 +42,19 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tokenmix.core.errors import InputError
 from tokenmix.analysis import matrices
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
+from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator
 from tokenmix.mixers.registry import build_mixer, get_mixer_spec
 from tokenmix.patterns import Pattern, TranslationInvariant, get_pattern, pattern_report
 from tokenmix.patterns.graph import UNREACHABLE, distance_matrix
 
 OPERATOR_GRAPH_LIMIT = 1024  # materialised-operator graphs: O(n^2) memory, up to O(n^3) time
-GRAPH_PATH_LIMIT = 8192      # pattern graphs that are not translation-invariant (lattice, Fenwick)
-CROSSCHECK_LIMIT = 1024      # the gap DP is checked against the graph distances up to this n
-GRAPH_CHECK_BUDGET = 3e8     # n^2 x levels of the graph BFS used for the cross-check
-GAP_DP_BUDGET = 4e8          # n x levels of the gap DP (dense patterns grow as n^2)
+GRAPH_PATH_LIMIT = 8192  # pattern graphs that are not translation-invariant (lattice, Fenwick)
+CROSSCHECK_LIMIT = 1024  # the gap DP is checked against the graph distances up to this n
+GRAPH_CHECK_BUDGET = 3e8  # n^2 x levels of the graph BFS used for the cross-check
+GAP_DP_BUDGET = 4e8  # n x levels of the gap DP (dense patterns grow as n^2)
 DEFAULT_TABLE_N = (256, 512, 1024, 2048, 4096, 8192)
 
 
@@ -263,6 +264,7 @@ class CommunicationGraph(_PathMetrics):
         Among equally short continuations the least loaded node is taken (``load``: flows already
         landing on each node), then the earliest one, which spreads flows over parallel paths.
         """
+
         def pick(cands):
             return min(cands, key=(lambda v: (load[v], v)) if load is not None else None)
 
@@ -289,6 +291,7 @@ class CommunicationGraph(_PathMetrics):
             nbs = self.b_pattern.neighbors(u)
             u = int(pick([v for v in nbs if d1[v, j] == here - 1]))
 
+
 class GraphFamily(_PathMetrics):
     """Heads (and state channels) with different supports: a path runs inside one of them, so the
     distance is the minimum over the family and each flow is routed in a graph attaining it."""
@@ -312,6 +315,7 @@ class GraphFamily(_PathMetrics):
 def operator_graph(op: MixOperator, name: str = "operator", batch: int = 0) -> CommunicationGraph | GraphFamily:
     """The communication graph of a materialised operator (batch element ``batch``), one graph per
     distinct (A, B, R) support among its heads and state channels."""
+
     def per_path(m: Tensor) -> np.ndarray:  # [P, T, T] bool, P = heads x channels
         s = (m[batch].detach() != 0).cpu().numpy()
         return s.reshape(-1, *s.shape[-2:])
@@ -322,9 +326,13 @@ def operator_graph(op: MixOperator, name: str = "operator", batch: int = 0) -> C
     for ak, bk, rk in zip(a, b, r):
         key = np.packbits(ak).tobytes() + np.packbits(bk).tobytes() + (b"" if rk is None else np.packbits(rk).tobytes())
         if key not in unique:
-            unique[key] = CommunicationGraph(ak.shape[0], SupportPattern(bk, name),
-                                             None if _is_diagonal(ak) else ak,
-                                             None if _is_diagonal(rk) else rk, name)
+            unique[key] = CommunicationGraph(
+                ak.shape[0],
+                SupportPattern(bk, name),
+                None if _is_diagonal(ak) else ak,
+                None if _is_diagonal(rk) else rk,
+                name,
+            )
     graphs = list(unique.values())
     return graphs[0] if len(graphs) == 1 else GraphFamily(graphs)
 
@@ -426,13 +434,17 @@ class HopProfile:
 
     def reach(self, layers: int, max_hops: int = 6) -> dict:
         """The reach record of :func:`graph_reach` (per layer, through stacked layers, within h hops)."""
+
         def step(v: np.ndarray) -> np.ndarray:
             marked = np.nonzero(v)[0]
             return _unpack_row(np.bitwise_or.reduce(self.rows[marked], axis=0), self.n) if len(marked) else v
 
         last = self.last_within
-        return {"per_layer": last[-1], "through_layers": reach_through_layers(step, self.n, layers),
-                "within_hops": [last[min(h, len(last) - 1)] for h in range(1, max_hops + 1)]}
+        return {
+            "per_layer": last[-1],
+            "through_layers": reach_through_layers(step, self.n, layers),
+            "within_hops": [last[min(h, len(last) - 1)] for h in range(1, max_hops + 1)],
+        }
 
 
 def hop_profile(pattern: Pattern, n: int, offset: int | None = None) -> HopProfile:
@@ -481,8 +493,11 @@ def effective_reach(op: MixOperator, layers: int, tol: float = 1e-3, batch: int 
     rowmax = m.max(axis=1, keepdims=True)
     s = (m >= tol * np.where(rowmax > 0, rowmax, np.inf)).astype(np.float32)
     n = m.shape[0]
-    return {"tol": tol, "per_layer": int(s[n - 1].sum()),
-            "through_layers": reach_through_layers(lambda v: (v.astype(np.float32) @ s) > 0, n, layers)}
+    return {
+        "tol": tol,
+        "per_layer": int(s[n - 1].sum()),
+        "through_layers": reach_through_layers(lambda v: (v.astype(np.float32) @ s) > 0, n, layers),
+    }
 
 
 # ----------------------------------------------------------------------------- paper's table
@@ -495,20 +510,32 @@ def paper_expectation(key: str, n: int, offset: int, window: int | None = None) 
     if key == "pow2":
         bound = (n - 1).bit_length()
         worst = max(bin(g).count("1") for g in range(1, half + 1))
-        return (f"path = popcount(gap), max {bound}; congestion = popcount(L) = {bin(offset).count('1')}, "
-                f"≤ log2 n (max over L ≤ n/2: {worst})",
-                lambda r: r["path_max"] == bound and r["congestion"] == bin(offset).count("1")
-                and r.get("congestion_worst") == worst and worst <= math.log2(n))
+        return (
+            f"path = popcount(gap), max {bound}; congestion = popcount(L) = {bin(offset).count('1')}, "
+            f"≤ log2 n (max over L ≤ n/2: {worst})",
+            lambda r: (
+                r["path_max"] == bound
+                and r["congestion"] == bin(offset).count("1")
+                and r.get("congestion_worst") == worst
+                and worst <= math.log2(n)
+            ),
+        )
     if key == "sq1":
-        return "path ≤ 4; congestion ≤ 4", lambda r: r["path_max"] <= 4 and r["congestion"] <= 4 \
-            and r.get("congestion_worst", 0) <= 4
+        return (
+            "path ≤ 4; congestion ≤ 4",
+            lambda r: r["path_max"] <= 4 and r["congestion"] <= 4 and r.get("congestion_worst", 0) <= 4,
+        )
     if key in ("first_order", "window:1", "diag_ssm"):  # the paper's "diagonal SSM" row
-        return (f"path = n − 1 = {n - 1}; congestion = L = {offset}",
-                lambda r: r["path_max"] == n - 1 and r["congestion"] == offset)
+        return (
+            f"path = n − 1 = {n - 1}; congestion = L = {offset}",
+            lambda r: r["path_max"] == n - 1 and r["congestion"] == offset,
+        )
     if key.startswith("window:"):
         m = int(key.split(":")[1])
-        return (f"path = ⌈(n − 1)/{m}⌉ = {-(-(n - 1) // m)}; congestion = ⌈L/{m}⌉ = {-(-offset // m)}",
-                lambda r: r["path_max"] == -(-(n - 1) // m) and r["congestion"] == -(-offset // m))
+        return (
+            f"path = ⌈(n − 1)/{m}⌉ = {-(-(n - 1) // m)}; congestion = ⌈L/{m}⌉ = {-(-offset // m)}",
+            lambda r: r["path_max"] == -(-(n - 1) // m) and r["congestion"] == -(-offset // m),
+        )
     if key in ("dense", "attention"):
         return "path 1; congestion 1", lambda r: r["path_max"] == 1 and r["congestion"] == 1
     if key == "local_attention":
@@ -516,16 +543,29 @@ def paper_expectation(key: str, n: int, offset: int, window: int | None = None) 
         reach = math.inf if window is None else window - 1
         path = "1" if n - 1 <= reach else "∞ (B = 0: nothing beyond the window in one layer)"
         cong = "1" if offset <= reach else "∞"
-        return (f"path {path}; congestion {cong} (window {window})",
-                lambda r: (r["path_max"] == 1 if n - 1 <= reach else math.isinf(r["path_max"]))
-                and (r["congestion"] == 1 if offset <= reach else math.isinf(r["congestion"])))
+        return (
+            f"path {path}; congestion {cong} (window {window})",
+            lambda r: (
+                (r["path_max"] == 1 if n - 1 <= reach else math.isinf(r["path_max"]))
+                and (r["congestion"] == 1 if offset <= reach else math.isinf(r["congestion"]))
+            ),
+        )
     if key.endswith("_ce"):
         return "— (not in the paper's table)", None
     return "—", None
 
 
-def pattern_metrics(pattern: Pattern, n: int, offset: int, layers: int, path_limit: int = GRAPH_PATH_LIMIT,
-                    crosscheck_limit: int = CROSSCHECK_LIMIT, *, max_hops: int = 6, routing: bool = True) -> dict:
+def pattern_metrics(
+    pattern: Pattern,
+    n: int,
+    offset: int,
+    layers: int,
+    path_limit: int = GRAPH_PATH_LIMIT,
+    crosscheck_limit: int = CROSSCHECK_LIMIT,
+    *,
+    max_hops: int = 6,
+    routing: bool = True,
+) -> dict:
     """Every metric of the table for one pattern at length n.
 
     ``max_hops``: the reach within h hops is listed for h = 1..max_hops. ``routing=False``: a pattern that is
@@ -533,11 +573,17 @@ def pattern_metrics(pattern: Pattern, n: int, offset: int, layers: int, path_lim
     and no routed congestion (the per-flow routing is the slow part); translation-invariant ones are
     unaffected (their congestion is the shared decomposition's, exact and cheap).
     """
-    out: dict = {"n": n, "offset": offset, "neighbors_per_token": pattern.neighbors_per_token(n),
-                 "cache": pattern.cache_size(n)}
+    out: dict = {
+        "n": n,
+        "offset": offset,
+        "neighbors_per_token": pattern.neighbors_per_token(n),
+        "cache": pattern.cache_size(n),
+    }
     if isinstance(pattern, TranslationInvariant) and n * pattern.n_levels(n) > GAP_DP_BUDGET:
-        out["method"] = (f"skipped: n x levels = {n * pattern.n_levels(n)} exceeds the gap DP budget "
-                         f"{GAP_DP_BUDGET:.0e} (a dense pattern at this n)")
+        out["method"] = (
+            f"skipped: n x levels = {n * pattern.n_levels(n)} exceeds the gap DP budget "
+            f"{GAP_DP_BUDGET:.0e} (a dense pattern at this n)"
+        )
         return out
     if isinstance(pattern, TranslationInvariant):
         dist = pattern.distances(n)
@@ -560,9 +606,12 @@ def pattern_metrics(pattern: Pattern, n: int, offset: int, layers: int, path_lim
         out["method"] = "gap DP (translation-invariant, exact)"
         if n <= crosscheck_limit and n * n * pattern.n_levels(n) <= GRAPH_CHECK_BUDGET:
             rep = pattern_report(pattern, n, path_limit=n)
-            out["graph_check"] = (rep["shortest_path_max"] == out["path_max"]
-                                  and abs(rep["shortest_path_mean"] - out["path_mean"]) < 1e-9
-                                  and rep["nnz_B"] == out["nnz_B"] and rep["cache_size"] == out["cache"])
+            out["graph_check"] = (
+                rep["shortest_path_max"] == out["path_max"]
+                and abs(rep["shortest_path_mean"] - out["path_mean"]) < 1e-9
+                and rep["nnz_B"] == out["nnz_B"]
+                and rep["cache_size"] == out["cache"]
+            )
         return out
     if not routing:
         prof = hop_profile(pattern, n, offset)
@@ -590,13 +639,19 @@ def operator_metrics(op: MixOperator, name: str, offset: int, layers: int, tol: 
     n = graph.n
     mx, mean = graph.path_stats()
     cong, low = graph.routed_congestion(offset)
-    return {"n": n, "offset": offset, "path_max": mx, "path_mean": mean,
-            "congestion": math.inf if cong >= UNREACHABLE else cong,
-            "congestion_lower": math.inf if low >= UNREACHABLE else low,
-            "nnz_B": float((op.B[0] != 0).sum()) / (op.B[0].numel() / (n * n)),  # per head (and channel)
-            "graphs": len(graph.graphs) if isinstance(graph, GraphFamily) else 1,
-            "reach": graph_reach(graph, layers), "effective_reach": effective_reach(op, layers, tol),
-            "method": "materialised operator support (random input)"}
+    return {
+        "n": n,
+        "offset": offset,
+        "path_max": mx,
+        "path_mean": mean,
+        "congestion": math.inf if cong >= UNREACHABLE else cong,
+        "congestion_lower": math.inf if low >= UNREACHABLE else low,
+        "nnz_B": float((op.B[0] != 0).sum()) / (op.B[0].numel() / (n * n)),  # per head (and channel)
+        "graphs": len(graph.graphs) if isinstance(graph, GraphFamily) else 1,
+        "reach": graph_reach(graph, layers),
+        "effective_reach": effective_reach(op, layers, tol),
+        "method": "materialised operator support (random input)",
+    }
 
 
 def _mixer_operator(name: str, n: int, seed: int, d_model: int, n_heads: int) -> tuple[object, MixOperator]:
@@ -607,8 +662,9 @@ def _mixer_operator(name: str, n: int, seed: int, d_model: int, n_heads: int) ->
         return mixer, mixer.materialize(x).validate()
 
 
-def mixer_pattern(name: str, seed: int = 0, d_model: int = 16, n_heads: int = 2,
-                  check_n: int = 33) -> tuple[Pattern | None, object]:
+def mixer_pattern(
+    name: str, seed: int = 0, d_model: int = 16, n_heads: int = 2, check_n: int = 33
+) -> tuple[Pattern | None, object]:
     """(the mixer's pattern if its operator graph is exactly the pattern's graph at check_n, the mixer)."""
     mixer, op = _mixer_operator(name, check_n, seed, d_model, n_heads)
     pattern = getattr(mixer, "pattern", None)
@@ -619,11 +675,21 @@ def mixer_pattern(name: str, seed: int = 0, d_model: int = 16, n_heads: int = 2,
     return (pattern if np.array_equal(g_op.distances(), g_pat.distances()) else None), mixer
 
 
-def expressivity_table(patterns: Sequence[str], mixers: Sequence[str],
-                       ns: Sequence[int] = DEFAULT_TABLE_N, *, offset: int | None = None, layers: int = 4,
-                       operator_limit: int = OPERATOR_GRAPH_LIMIT, path_limit: int = GRAPH_PATH_LIMIT,
-                       seed: int = 0, d_model: int = 16, n_heads: int = 2, tol: float = 1e-3,
-                       progress=None) -> list[dict]:
+def expressivity_table(
+    patterns: Sequence[str],
+    mixers: Sequence[str],
+    ns: Sequence[int] = DEFAULT_TABLE_N,
+    *,
+    offset: int | None = None,
+    layers: int = 4,
+    operator_limit: int = OPERATOR_GRAPH_LIMIT,
+    path_limit: int = GRAPH_PATH_LIMIT,
+    seed: int = 0,
+    d_model: int = 16,
+    n_heads: int = 2,
+    tol: float = 1e-3,
+    progress=None,
+) -> list[dict]:
     """One record per (row, n). ``offset`` None = n // 2 (copy the first half into the second).
 
     Registered mixers whose operator graph equals their pattern's graph use the pattern at every n
@@ -633,19 +699,29 @@ def expressivity_table(patterns: Sequence[str], mixers: Sequence[str],
     for n in ns:
         if n < 2:
             raise InputError(f"n must be >= 2 for pair metrics, got {n}")
-    rows: list[dict] = [{"key": p, "source": "pattern", "pattern": get_pattern(p), "mixers": [], "window": None}
-                        for p in patterns]
+    rows: list[dict] = [
+        {"key": p, "source": "pattern", "pattern": get_pattern(p), "mixers": [], "window": None} for p in patterns
+    ]
     for name in mixers:
         get_mixer_spec(name)
         pat, mixer = mixer_pattern(name, seed, d_model, n_heads)
         window = getattr(getattr(mixer, "config", None), "window", None)
-        same = next((r for r in rows if pat is not None and r["pattern"] is not None
-                     and r["pattern"].name == pat.name), None)
+        same = next(
+            (r for r in rows if pat is not None and r["pattern"] is not None and r["pattern"].name == pat.name), None
+        )
         if same is not None:
             same["mixers"].append(name)
             continue
-        rows.append({"key": name, "source": "pattern" if pat is not None else "operator", "pattern": pat,
-                     "mixers": [name], "window": window, "mixer": mixer})
+        rows.append(
+            {
+                "key": name,
+                "source": "pattern" if pat is not None else "operator",
+                "pattern": pat,
+                "mixers": [name],
+                "window": window,
+                "mixer": mixer,
+            }
+        )
     records = []
     for row in rows:
         key, pat = row["key"], row["pattern"]
@@ -663,11 +739,19 @@ def expressivity_table(patterns: Sequence[str], mixers: Sequence[str],
                 _, op = _mixer_operator(key, n, seed, d_model, n_heads)
                 rec = operator_metrics(op, key, off, layers, tol)
             elif n <= operator_limit:
-                rec = {"n": n, "offset": off, "method": f"skipped: the operator (heads x state channels x n^2) "
-                       f"would exceed {matrices.MAX_OPERATOR_BYTES / 2**30:.0f} GiB; pattern rows still run"}
+                rec = {
+                    "n": n,
+                    "offset": off,
+                    "method": f"skipped: the operator (heads x state channels x n^2) "
+                    f"would exceed {matrices.MAX_OPERATOR_BYTES / 2**30:.0f} GiB; pattern rows still run",
+                }
             else:
-                rec = {"n": n, "offset": off, "method": f"skipped: operator graphs are materialised only up to "
-                       f"n = {operator_limit}; pattern rows still run"}
+                rec = {
+                    "n": n,
+                    "offset": off,
+                    "method": f"skipped: operator graphs are materialised only up to "
+                    f"n = {operator_limit}; pattern rows still run",
+                }
             rec.update(row=key, source=row["source"], mixers=row["mixers"])
             if row["window"] is not None:
                 rec["window"] = row["window"]
@@ -680,25 +764,48 @@ def expressivity_table(patterns: Sequence[str], mixers: Sequence[str],
 
 
 def table_rows(records: Sequence[dict]) -> list[dict]:
-    return [{"row": r["row"], "mixers": ",".join(r.get("mixers", [])) or "—", "n": r["n"],
-             "neighbors": r.get("neighbors_per_token"), "cache": r.get("cache"),
-             "nnz(B)": r.get("nnz_B"), "path max": r.get("path_max"), "path mean": r.get("path_mean"),
-             "congestion (L=" + ("n/2" if r["offset"] == r["n"] // 2 else str(r["offset"])) + ")": r.get("congestion"),
-             "lower bound": r.get("congestion_lower"), "congestion max L≤n/2": r.get("congestion_worst"),
-             "reach/layer": (r.get("reach") or {}).get("per_layer"),
-             "paper §4.2–4.3": r.get("paper"), "agrees": r.get("agrees"),
-             "note": r.get("method") if "skipped" in r.get("method", "") else ""} for r in records]
+    return [
+        {
+            "row": r["row"],
+            "mixers": ",".join(r.get("mixers", [])) or "—",
+            "n": r["n"],
+            "neighbors": r.get("neighbors_per_token"),
+            "cache": r.get("cache"),
+            "nnz(B)": r.get("nnz_B"),
+            "path max": r.get("path_max"),
+            "path mean": r.get("path_mean"),
+            "congestion (L=" + ("n/2" if r["offset"] == r["n"] // 2 else str(r["offset"])) + ")": r.get("congestion"),
+            "lower bound": r.get("congestion_lower"),
+            "congestion max L≤n/2": r.get("congestion_worst"),
+            "reach/layer": (r.get("reach") or {}).get("per_layer"),
+            "paper §4.2–4.3": r.get("paper"),
+            "agrees": r.get("agrees"),
+            "note": r.get("method") if "skipped" in r.get("method", "") else "",
+        }
+        for r in records
+    ]
 
 
 def plot_expressivity(records: Sequence[dict], out_dir: Path, formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
     keys = list(dict.fromkeys(r["row"] for r in records))
     fig, axes = new_figure(2, 2, size=(5.0, 3.6))
-    panels = [("path_max", "shortest path (max hops)"), ("path_mean", "shortest path (mean hops)"),
-              ("congestion", "congestion, copy at offset n/2"), ("cache", "decode cache (positions)")]
+    panels = [
+        ("path_max", "shortest path (max hops)"),
+        ("path_mean", "shortest path (mean hops)"),
+        ("congestion", "congestion, copy at offset n/2"),
+        ("cache", "decode cache (positions)"),
+    ]
     for ax, (field_name, title) in zip([a for row in axes for a in row], panels):
         for i, key in enumerate(keys):
-            pts = [(r["n"], r[field_name]) for r in records if r["row"] == key and field_name in r
-                   and isinstance(r[field_name], (int, float)) and math.isfinite(r[field_name]) and r[field_name] > 0]
+            pts = [
+                (r["n"], r[field_name])
+                for r in records
+                if r["row"] == key
+                and field_name in r
+                and isinstance(r[field_name], (int, float))
+                and math.isfinite(r[field_name])
+                and r[field_name] > 0
+            ]
             if pts:
                 ax.plot(*zip(*pts), "o-", ms=3, lw=1, color=f"C{i % 10}", label=key)
         ax.set_xscale("log", base=2)
@@ -720,8 +827,15 @@ def plot_expressivity(records: Sequence[dict], out_dir: Path, formats: Sequence[
         if rec is None:
             continue
         hops = rec["reach"]["within_hops"]
-        ax_h.plot(range(1, len(hops) + 1), [max(h, 0.5) for h in hops], "o-", ms=3, lw=1, color=f"C{i % 10}",
-                  label=f"{key} (n={rec['n']})")
+        ax_h.plot(
+            range(1, len(hops) + 1),
+            [max(h, 0.5) for h in hops],
+            "o-",
+            ms=3,
+            lw=1,
+            color=f"C{i % 10}",
+            label=f"{key} (n={rec['n']})",
+        )
         lay = rec["reach"]["through_layers"]
         ax_l.plot(range(1, len(lay) + 1), lay, "o-", ms=3, lw=1, color=f"C{i % 10}", label=f"{key} (n={rec['n']})")
     ax_h.set_yscale("log")
@@ -742,14 +856,23 @@ def run_expressivity(out_dir: Path, *, formats: Sequence[str] = FIGURE_FORMATS, 
     records = expressivity_table(**kwargs)
     figures = plot_expressivity(records, out_dir, formats)
     rows = table_rows(records)
-    out = {"kind": "expressivity", "settings": {k: v for k, v in kwargs.items() if k != "progress"},
-           "records": records, "summary": rows, "figures": [p.name for p in figures]}
+    out = {
+        "kind": "expressivity",
+        "settings": {k: v for k, v in kwargs.items() if k != "progress"},
+        "records": records,
+        "summary": rows,
+        "figures": [p.name for p in figures],
+    }
     write_json(Path(out_dir) / "expressivity.json", out)
-    md = ["# Expressivity: shortest information path, congestion, reach (framework §4.2–4.3)", "",
-          "Pattern rows: translation-invariant patterns by the exact gap decomposition (checked against the "
-          f"graph BFS up to n = {CROSSCHECK_LIMIT}); lattice/Fenwick patterns by graph distances. Congestion: "
-          "copy at offset L, every flow routed (shared decomposition for translation-invariant patterns, "
-          "shortest paths otherwise), with the lower bound ⌈Σ path lengths / (n − 1)⌉.", "",
-          markdown_table(rows)]
+    md = [
+        "# Expressivity: shortest information path, congestion, reach (framework §4.2–4.3)",
+        "",
+        "Pattern rows: translation-invariant patterns by the exact gap decomposition (checked against the "
+        f"graph BFS up to n = {CROSSCHECK_LIMIT}); lattice/Fenwick patterns by graph distances. Congestion: "
+        "copy at offset L, every flow routed (shared decomposition for translation-invariant patterns, "
+        "shortest paths otherwise), with the lower bound ⌈Σ path lengths / (n − 1)⌉.",
+        "",
+        markdown_table(rows),
+    ]
     (Path(out_dir) / "expressivity.md").write_text("\n".join(md))
     return out

@@ -1,11 +1,13 @@
 """Point labels that never overlap: what every scatter plot of the project uses to name its points."""
+
 from __future__ import annotations
 
 from typing import Sequence
 
 
-def label_points(ax, xs: Sequence[float], ys: Sequence[float], labels: Sequence[str], fontsize: float = 7,
-                 **text_kw) -> list:
+def label_points(
+    ax, xs: Sequence[float], ys: Sequence[float], labels: Sequence[str], fontsize: float = 7, **text_kw
+) -> list:
     """Write each point's label beside it where no other label is: candidate places at growing
     distances around the point (right first), the first whose box meets no box already placed and
     no marker is taken, with a thin leader line when it is away from the point. Call after the axes'
@@ -44,8 +46,19 @@ def label_points(ax, xs: Sequence[float], ys: Sequence[float], labels: Sequence[
         taken.append(box)
         xy = ax.transData.inverted().transform((box[0], box[1]))
         arrow = dict(arrowprops=dict(arrowstyle="-", lw=0.4, color="grey")) if r > 14 else {}
-        texts.append(ax.annotate(label, xy=(ax.transData.inverted().transform((px, py))), xytext=xy,
-                                 textcoords="data", fontsize=fontsize, ha="left", va="bottom", **arrow, **text_kw))
+        texts.append(
+            ax.annotate(
+                label,
+                xy=(ax.transData.inverted().transform((px, py))),
+                xytext=xy,
+                textcoords="data",
+                fontsize=fontsize,
+                ha="left",
+                va="bottom",
+                **arrow,
+                **text_kw,
+            )
+        )
     return texts
 
 

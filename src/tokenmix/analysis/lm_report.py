@@ -16,6 +16,7 @@ layout, scheduler, data position) in an appendix (an HTML ``<details id="appendi
 Markdown's last section). report.html is self-contained (figures embedded); report.md links the
 PNGs in ``figures/`` next to it.
 """
+
 from __future__ import annotations
 
 import html
@@ -36,10 +37,10 @@ from tokenmix.generation import SamplingConfig, generate, position_limit
 from tokenmix.runs.checkpoint import CheckpointError, newest_valid_checkpoint
 from tokenmix.runs.lm import LMRunConfig, bigram_verdict, load_run, read_metrics, read_run_config
 
-GENERATIONS = 3          # greedy continuations shown
-PROMPT_TOKENS = 8        # tokens of validation text each one starts from
-NEW_TOKENS = 40          # tokens each one adds (fewer when the training context is shorter)
-THROUGHPUT_WINDOW = 10   # steps a tokens/s point averages over (one step is too noisy to read)
+GENERATIONS = 3  # greedy continuations shown
+PROMPT_TOKENS = 8  # tokens of validation text each one starts from
+NEW_TOKENS = 40  # tokens each one adds (fewer when the training context is shorter)
+THROUGHPUT_WINDOW = 10  # steps a tokens/s point averages over (one step is too noisy to read)
 
 
 def is_lm_run(path: Path) -> bool:
@@ -47,8 +48,9 @@ def is_lm_run(path: Path) -> bool:
     next to it (a broken config.json, or one that is no regular file, still counts, so that the page
     refuses it in one line)."""
     path, config = Path(path), Path(path) / "config.json"
-    return ((config.exists() or config.is_symlink())
-            and ((path / "metrics.jsonl").exists() or (path / "checkpoints").is_dir()))
+    return (config.exists() or config.is_symlink()) and (
+        (path / "metrics.jsonl").exists() or (path / "checkpoints").is_dir()
+    )
 
 
 # ----------------------------------------------------------------------------------------- figures
@@ -95,8 +97,12 @@ def _plots(metrics: list[dict], baselines: dict, fig_dir: Path) -> list[tuple[Pa
         ax.set_title("loss")
         ax.legend(fontsize=8)
         fig.tight_layout()
-        out.append((save_figure(fig, fig_dir, "loss", ("png",))[0],
-                    "train loss per step, validation loss, and the baselines on the final validation tokens"))
+        out.append(
+            (
+                save_figure(fig, fig_dir, "loss", ("png",))[0],
+                "train loss per step, validation loss, and the baselines on the final validation tokens",
+            )
+        )
     if any("lr" in r for r in steps):
         fig, ax = new_figure(size=(7.5, 3.0))
         ax = ax[0, 0]
@@ -116,8 +122,12 @@ def _plots(metrics: list[dict], baselines: dict, fig_dir: Path) -> list[tuple[Pa
         ax.set_ylim(bottom=0)
         ax.set_title("training throughput")
         fig.tight_layout()
-        out.append((save_figure(fig, fig_dir, "throughput", ("png",))[0],
-                    f"training tokens per second, averaged over {THROUGHPUT_WINDOW} steps"))
+        out.append(
+            (
+                save_figure(fig, fig_dir, "throughput", ("png",))[0],
+                f"training tokens per second, averaged over {THROUGHPUT_WINDOW} steps",
+            )
+        )
     return out
 
 
@@ -139,7 +149,7 @@ def sample_generations(run_dir: Path, cfg: LMRunConfig, n: int = GENERATIONS) ->
     if len(val) > PROMPT_TOKENS * n:
         for k in range(n):
             start = (k * len(val)) // n
-            ids = [int(t) for t in val[start:start + PROMPT_TOKENS] if t != sep]
+            ids = [int(t) for t in val[start : start + PROMPT_TOKENS] if t != sep]
             if ids:
                 prompts.append(ids)
     how = f"greedy, {PROMPT_TOKENS}-token prompts from the validation split"
@@ -170,13 +180,22 @@ def _result_rows(summary: dict, final_base: dict, vals: list[dict]) -> tuple[lis
         return [], "no validation pass yet"
     bigram_ppl = summary.get("bigram_ppl", final_base.get("bigram_ppl"))
     unigram_ppl = summary.get("unigram_ppl", final_base.get("unigram_ppl"))
-    rows = [{"": "this model", "loss": loss, "perplexity": ppl, "bits/char": bpc},
-            {"": "bigram (counted on train)", "loss": final_base.get("bigram_loss"), "perplexity": bigram_ppl,
-             "bits/char": bigram_bpc},
-            {"": "unigram (counted on train)", "loss": final_base.get("unigram_loss"), "perplexity": unigram_ppl,
-             "bits/char": None}]
-    verdict = bigram_verdict(ppl if ppl is not None else math.nan,
-                             bigram_ppl if bigram_ppl is not None else math.nan)
+    rows = [
+        {"": "this model", "loss": loss, "perplexity": ppl, "bits/char": bpc},
+        {
+            "": "bigram (counted on train)",
+            "loss": final_base.get("bigram_loss"),
+            "perplexity": bigram_ppl,
+            "bits/char": bigram_bpc,
+        },
+        {
+            "": "unigram (counted on train)",
+            "loss": final_base.get("unigram_loss"),
+            "perplexity": unigram_ppl,
+            "bits/char": None,
+        },
+    ]
+    verdict = bigram_verdict(ppl if ppl is not None else math.nan, bigram_ppl if bigram_ppl is not None else math.nan)
     return rows, f"Validation: {verdict}; {note}."
 
 
@@ -185,14 +204,25 @@ def _settings(cfg: LMRunConfig, summary: dict, steps_done: int | None) -> list[d
     return [
         {"setting": "layers", "value": ",".join(m.layers)},
         {"setting": "width / heads", "value": f"d_model {m.d_model}, {m.n_heads} heads, mlp {m.mlp}"},
-        {"setting": "positions", "value": m.positions + (f" (max_seq_len {m.max_seq_len})" if m.positions == "learned" else "")},
+        {
+            "setting": "positions",
+            "value": m.positions + (f" (max_seq_len {m.max_seq_len})" if m.positions == "learned" else ""),
+        },
         {"setting": "parameters", "value": f"{summary['num_params']:,}" if "num_params" in summary else None},
         {"setting": "data", "value": f"{d.corpus}, {m.vocab_size}-token BPE"},
-        {"setting": "steps", "value": f"{steps_done if steps_done is not None else '?'} of {t.max_steps}, "
-                                      f"{t.batch_size} x {t.seq_len} tokens each"},
-        {"setting": "schedule", "value": f"lr {t.lr:g}, {t.warmup_steps} warmup steps, cosine to {t.min_lr_ratio:g} x lr"},
-        {"setting": "regularisation", "value": f"weight decay {t.weight_decay:g}, grad clip {t.grad_clip:g}, "
-                                               f"dropout {m.dropout:g}"},
+        {
+            "setting": "steps",
+            "value": f"{steps_done if steps_done is not None else '?'} of {t.max_steps}, "
+            f"{t.batch_size} x {t.seq_len} tokens each",
+        },
+        {
+            "setting": "schedule",
+            "value": f"lr {t.lr:g}, {t.warmup_steps} warmup steps, cosine to {t.min_lr_ratio:g} x lr",
+        },
+        {
+            "setting": "regularisation",
+            "value": f"weight decay {t.weight_decay:g}, grad clip {t.grad_clip:g}, dropout {m.dropout:g}",
+        },
         {"setting": "precision / seed", "value": f"{t.precision}, seed {t.seed}"},
     ]
 
@@ -219,8 +249,12 @@ def _appendix(run_dir: Path, cfg: LMRunConfig, summary: dict) -> list[tuple[str,
     else:
         if ckpt is not None:
             meta = {k: v for k, v in meta.items() if k != "config"}  # the config is shown above
-            parts.append((f"checkpoints/{ckpt.name}/meta.json (hashes, optimizer, scheduler, data position)",
-                          json.dumps(meta, indent=1)))
+            parts.append(
+                (
+                    f"checkpoints/{ckpt.name}/meta.json (hashes, optimizer, scheduler, data position)",
+                    json.dumps(meta, indent=1),
+                )
+            )
     return parts
 
 
@@ -251,33 +285,65 @@ def build_lm_report(run_dir: str | Path, out_dir: str | Path | None = None) -> d
     appendix = _appendix(run_dir, cfg, summary)
     title = f"tokenmix LM run: {run_dir.resolve().name}"
     stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    origin = (f"Initial weights from {init['run']} ({init['checkpoint']}, step {init['source_step']})."
-              if init else "")
+    origin = f"Initial weights from {init['run']} ({init['checkpoint']}, step {init['source_step']})." if init else ""
     esc = html.escape
 
-    h = [f"<h1>{esc(title)}</h1>",
-         f'<p class="muted">Run folder <code>{esc(str(run_dir))}</code> — generated {esc(stamp)}. {esc(origin)}</p>',
-         '<h2 id="result">Result</h2>', f"<p><strong>{esc(verdict)}</strong></p>", html_table(rows) if rows else "",
-         '<h2 id="curves">Training curves</h2>', *(figure_html(p, cap) for p, cap in figures),
-         '<h2 id="generations">Generations</h2>', f'<p class="muted">{esc(gen_note)}</p>',
-         *(f"<pre><strong>{esc(g['prompt'])}</strong>{esc(g['continuation'])}</pre>" for g in gens),
-         '<h2 id="settings">Settings</h2>', html_table(settings),
-         '<details id="appendix"><summary>Appendix: full configuration, summary and checkpoint metadata '
-         "(hashes, optimizer internals)</summary>",
-         *(f"<h3>{esc(name)}</h3><pre>{esc(text)}</pre>" for name, text in appendix), "</details>"]
-    m = [f"# {title}", "", f"Run folder `{run_dir}` — generated {stamp}. {origin}".rstrip(), "",
-         "## Result", "", f"**{verdict}**", "", markdown_table(rows) if rows else "", "## Training curves", ""]
+    h = [
+        f"<h1>{esc(title)}</h1>",
+        f'<p class="muted">Run folder <code>{esc(str(run_dir))}</code> — generated {esc(stamp)}. {esc(origin)}</p>',
+        '<h2 id="result">Result</h2>',
+        f"<p><strong>{esc(verdict)}</strong></p>",
+        html_table(rows) if rows else "",
+        '<h2 id="curves">Training curves</h2>',
+        *(figure_html(p, cap) for p, cap in figures),
+        '<h2 id="generations">Generations</h2>',
+        f'<p class="muted">{esc(gen_note)}</p>',
+        *(f"<pre><strong>{esc(g['prompt'])}</strong>{esc(g['continuation'])}</pre>" for g in gens),
+        '<h2 id="settings">Settings</h2>',
+        html_table(settings),
+        '<details id="appendix"><summary>Appendix: full configuration, summary and checkpoint metadata '
+        "(hashes, optimizer internals)</summary>",
+        *(f"<h3>{esc(name)}</h3><pre>{esc(text)}</pre>" for name, text in appendix),
+        "</details>",
+    ]
+    m = [
+        f"# {title}",
+        "",
+        f"Run folder `{run_dir}` — generated {stamp}. {origin}".rstrip(),
+        "",
+        "## Result",
+        "",
+        f"**{verdict}**",
+        "",
+        markdown_table(rows) if rows else "",
+        "## Training curves",
+        "",
+    ]
     m += [f"![{cap}](figures/{p.name})\n" for p, cap in figures]
     m += ["## Generations", "", f"_{gen_note}_", ""]
     m += [f"```\n[{g['prompt']}]{g['continuation']}\n```\n" for g in gens]
-    m += ["## Settings", "", markdown_table(settings), "## Appendix", "",
-          "Full configuration, summary and checkpoint metadata (hashes, optimizer internals).", ""]
+    m += [
+        "## Settings",
+        "",
+        markdown_table(settings),
+        "## Appendix",
+        "",
+        "Full configuration, summary and checkpoint metadata (hashes, optimizer internals).",
+        "",
+    ]
     m += [f"### {name}\n\n```json\n{text}\n```\n" for name, text in appendix]
     html_path, md_path = out / "report.html", out / "report.md"
     html_path.write_text(html_page(title, "\n".join(h)), encoding="utf-8")
     md_path.write_text("\n".join(m) + "\n", encoding="utf-8")
-    return {"run_dir": run_dir, "html": html_path, "markdown": md_path, "figures": len(figures),
-            "sections": 4, "generations": len(gens), "verdict": verdict}
+    return {
+        "run_dir": run_dir,
+        "html": html_path,
+        "markdown": md_path,
+        "figures": len(figures),
+        "sections": 4,
+        "generations": len(gens),
+        "verdict": verdict,
+    }
 
 
 __all__ = ["build_lm_report", "is_lm_run", "sample_generations", "throughput"]

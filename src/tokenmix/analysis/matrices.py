@@ -12,6 +12,7 @@ shown per head:
 Inputs are random (seeded) or the layer inputs of a trained run for a text
 (:mod:`tokenmix.analysis.run_inputs`). Figures are PNG and SVG through matplotlib's Agg backend.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -24,14 +25,14 @@ from matplotlib import colormaps
 from matplotlib.colors import Normalize
 from torch import Tensor
 
-from tokenmix.core.errors import InputError
 from tokenmix.analysis.outputs import FIGURE_FORMATS, new_figure, save_figure, write_json
+from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MAX_DENSE_T, MixOperator
-from tokenmix.mixers.registry import build_mixer
 from tokenmix.mixers.base import Mixer
+from tokenmix.mixers.registry import build_mixer
 
 LOG_RANGE_DECADES = 12.0  # colour scale of log10|.|: the data's range, at most 12 decades below the max
-MAX_DRAWN_EDGES = 4000    # the dependency graph draws at most this many B-edges (dense B is a clique)
+MAX_DRAWN_EDGES = 4000  # the dependency graph draws at most this many B-edges (dense B is a clique)
 MAX_OPERATOR_BYTES = 2 * 2**30  # a materialised (A, B, R) larger than this is refused
 
 
@@ -42,7 +43,8 @@ def check_dense_length(n: int, what: str = "this analysis") -> None:
     if n > MAX_DENSE_T:
         raise InputError(
             f"n = {n} is too long to materialise densely for {what} (limit {MAX_DENSE_T}); the structured "
-            f"metrics still run at this length: tokenmix analyze expressivity --n {n} / tokenmix analyze cost")
+            f"metrics still run at this length: tokenmix analyze expressivity --n {n} / tokenmix analyze cost"
+        )
 
 
 def operator_bytes(mixer: Mixer, n: int, batch: int = 1) -> int:
@@ -64,11 +66,13 @@ def check_operator_memory(mixer: Mixer, n: int, what: str = "this analysis", bat
         raise InputError(
             f"materialising {type(mixer).__name__} at n = {n} for {what} needs {need / 2**30:.1f} GiB "
             f"(limit {MAX_OPERATOR_BYTES / 2**30:.0f} GiB: heads x state channels x n^2); use a smaller --n, "
-            f"or the structured metrics: tokenmix analyze expressivity / tokenmix analyze cost")
+            f"or the structured metrics: tokenmix analyze expressivity / tokenmix analyze cost"
+        )
 
 
-def build_analysis_mixer(name: str, d_model: int = 64, n_heads: int = 2, seed: int = 0,
-                         dtype: torch.dtype = torch.float64, **overrides) -> Mixer:
+def build_analysis_mixer(
+    name: str, d_model: int = 64, n_heads: int = 2, seed: int = 0, dtype: torch.dtype = torch.float64, **overrides
+) -> Mixer:
     """A registered mixer with seeded initial weights, for analysis (no training)."""
     torch.manual_seed(seed)
     mixer = build_mixer(name, d_model, n_heads=n_heads, **overrides)
@@ -122,9 +126,17 @@ def _heads(op: MixOperator, heads: Sequence[int] | None) -> list[int]:
     return hs
 
 
-def plot_operator_heatmaps(op: MixOperator, out_dir: Path, stem: str = "matrices", *, title: str = "",
-                           heads: Sequence[int] | None = None, batch: int = 0, channel: int = 0,
-                           formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
+def plot_operator_heatmaps(
+    op: MixOperator,
+    out_dir: Path,
+    stem: str = "matrices",
+    *,
+    title: str = "",
+    heads: Sequence[int] | None = None,
+    batch: int = 0,
+    channel: int = 0,
+    formats: Sequence[str] = FIGURE_FORMATS,
+) -> list[Path]:
     """Grid: one row per head, columns A, B, (R), M; colour = log10|entry|, blank = exactly zero."""
     mats = head_matrices(op, batch, channel)
     hs = _heads(op, heads)
@@ -160,8 +172,9 @@ def _b_support(op: MixOperator, batch: int, head: int, channel: int | None) -> T
     return b
 
 
-def dependency_levels(op: MixOperator, position: int, head: int = 0, batch: int = 0,
-                      channel: int | None = None) -> dict[int, int]:
+def dependency_levels(
+    op: MixOperator, position: int, head: int = 0, batch: int = 0, channel: int | None = None
+) -> dict[int, int]:
     """Positions j whose output y_j reaches y_position through B-hops -> fewest hops (BFS, 0 = itself)."""
     t = op.A.shape[-1]
     if not 0 <= position < t:
@@ -180,9 +193,18 @@ def dependency_levels(op: MixOperator, position: int, head: int = 0, batch: int 
     return dict(sorted(levels.items()))
 
 
-def plot_dependency_graph(op: MixOperator, position: int, out_dir: Path, stem: str = "dependency", *,
-                          head: int = 0, batch: int = 0, channel: int | None = None, title: str = "",
-                          formats: Sequence[str] = FIGURE_FORMATS) -> tuple[list[Path], dict[int, int]]:
+def plot_dependency_graph(
+    op: MixOperator,
+    position: int,
+    out_dir: Path,
+    stem: str = "dependency",
+    *,
+    head: int = 0,
+    batch: int = 0,
+    channel: int | None = None,
+    title: str = "",
+    formats: Sequence[str] = FIGURE_FORMATS,
+) -> tuple[list[Path], dict[int, int]]:
     """Draw the B-dependency graph of ``position``: x = position, y = hops from it, edges = B entries."""
     levels = dependency_levels(op, position, head, batch, channel)
     bmag = _b_support(op, batch, head, channel).cpu().numpy()
@@ -192,8 +214,7 @@ def plot_dependency_graph(op: MixOperator, position: int, out_dir: Path, stem: s
     drawn = edges[:MAX_DRAWN_EDGES]
     wmax = max((bmag[u, v] for u, v in drawn), default=1.0) or 1.0
     for u, v in drawn:
-        ax.plot([u, v], [levels[u], levels[v]], color="tab:blue", lw=0.8,
-                alpha=0.15 + 0.75 * float(bmag[u, v]) / wmax)
+        ax.plot([u, v], [levels[u], levels[v]], color="tab:blue", lw=0.8, alpha=0.15 + 0.75 * float(bmag[u, v]) / wmax)
     xs, ys = list(levels), list(levels.values())
     ax.scatter(xs, ys, s=14, c=ys, cmap="plasma", zorder=3)
     ax.scatter([position], [0], s=60, marker="*", color="red", zorder=4, label=f"position {position}")
@@ -202,8 +223,11 @@ def plot_dependency_graph(op: MixOperator, position: int, out_dir: Path, stem: s
     ax.set_xlabel("position j")
     ax.set_ylabel("B-hops from the chosen position")
     depth = max(ys)
-    note = "B = 0: no recurrent dependency" if len(levels) == 1 else \
-        f"{len(levels) - 1} earlier positions within {depth} hops"
+    note = (
+        "B = 0: no recurrent dependency"
+        if len(levels) == 1
+        else f"{len(levels) - 1} earlier positions within {depth} hops"
+    )
     if len(drawn) < len(edges):
         note += f" ({len(drawn)} of {len(edges)} edges drawn)"
     ax.set_title((title + "\n" if title else "") + f"B-dependency graph, head {head}: {note}", fontsize=9)
@@ -225,9 +249,16 @@ def decay_profile(op: MixOperator, batch: int = 0) -> dict[str, np.ndarray]:
     return {"mean": mean, "max": mx}
 
 
-def plot_decay_profile(op: MixOperator, out_dir: Path, stem: str = "decay", *, batch: int = 0,
-                       heads: Sequence[int] | None = None, title: str = "",
-                       formats: Sequence[str] = FIGURE_FORMATS) -> tuple[list[Path], dict[str, np.ndarray]]:
+def plot_decay_profile(
+    op: MixOperator,
+    out_dir: Path,
+    stem: str = "decay",
+    *,
+    batch: int = 0,
+    heads: Sequence[int] | None = None,
+    title: str = "",
+    formats: Sequence[str] = FIGURE_FORMATS,
+) -> tuple[list[Path], dict[str, np.ndarray]]:
     prof = decay_profile(op, batch)
     fig, axes = new_figure(1, 1, size=(6.0, 3.8))
     ax = axes[0][0]
@@ -250,7 +281,9 @@ def operator_summary(op: MixOperator) -> dict:
     t = op.A.shape[-1]
     lower = t * (t + 1) // 2
     summary = {
-        "T": t, "heads": op.A.shape[1], "state_channels": op.A.shape[2] if op.has_state_axis else 1,
+        "T": t,
+        "heads": op.A.shape[1],
+        "state_channels": op.A.shape[2] if op.has_state_axis else 1,
         "has_readout": op.R is not None,
         "nnz_A_per_head": float((op.A != 0).sum()) / (op.A.shape[0] * op.A.shape[1]),
         "nnz_B_per_head": float((op.B != 0).sum()) / (op.B.shape[0] * op.B.shape[1]),
@@ -261,19 +294,29 @@ def operator_summary(op: MixOperator) -> dict:
     return summary
 
 
-def analyze_matrix(mixer: Mixer, x: Tensor, out_dir: Path, *, name: str = "", position: int | None = None,
-                   heads: Sequence[int] | None = None, channel: int = 0, dep_head: int = 0,
-                   formats: Sequence[str] = FIGURE_FORMATS, input_note: str = "random N(0, 1) input") -> dict:
+def analyze_matrix(
+    mixer: Mixer,
+    x: Tensor,
+    out_dir: Path,
+    *,
+    name: str = "",
+    position: int | None = None,
+    heads: Sequence[int] | None = None,
+    channel: int = 0,
+    dep_head: int = 0,
+    formats: Sequence[str] = FIGURE_FORMATS,
+    input_note: str = "random N(0, 1) input",
+) -> dict:
     """Materialise, draw heatmaps / dependency graph / decay profile, write ``matrix.json``; return it."""
     op = materialize_mixer(mixer, x)
     t = x.shape[1]
     position = t - 1 if position is None else position
     label = name or type(mixer).__name__
     title = f"{label}, T = {t}, {input_note}"
-    files = plot_operator_heatmaps(op, out_dir, "matrices", title=title, heads=heads, channel=channel,
-                                   formats=formats)
-    dep_files, levels = plot_dependency_graph(op, position, out_dir, "dependency", head=dep_head, title=title,
-                                              formats=formats)
+    files = plot_operator_heatmaps(op, out_dir, "matrices", title=title, heads=heads, channel=channel, formats=formats)
+    dep_files, levels = plot_dependency_graph(
+        op, position, out_dir, "dependency", head=dep_head, title=title, formats=formats
+    )
     decay_files, prof = plot_decay_profile(op, out_dir, "decay", heads=heads, title=title, formats=formats)
     result = {
         "mixer": label,
@@ -281,9 +324,13 @@ def analyze_matrix(mixer: Mixer, x: Tensor, out_dir: Path, *, name: str = "", po
         "time_complexity": getattr(mixer, "time_complexity", "?"),
         "cache_complexity": getattr(mixer, "cache_complexity", "?"),
         "summary": operator_summary(op),
-        "dependency": {"position": position, "head": dep_head,
-                       "hops": {str(k): v for k, v in levels.items()},
-                       "reached": len(levels) - 1, "max_hops": max(levels.values())},
+        "dependency": {
+            "position": position,
+            "head": dep_head,
+            "hops": {str(k): v for k, v in levels.items()},
+            "reached": len(levels) - 1,
+            "max_hops": max(levels.values()),
+        },
         "decay_profile": {"mean": prof["mean"].tolist(), "max": prof["max"].tolist()},
         "figures": [p.name for p in files + dep_files + decay_files],
     }
@@ -291,10 +338,17 @@ def analyze_matrix(mixer: Mixer, x: Tensor, out_dir: Path, *, name: str = "", po
     return result
 
 
-def analyze_registered(name: str, n: int, out_dir: Path, *, d_model: int = 64, n_heads: int = 2, seed: int = 0,
-                       **kwargs) -> dict:
+def analyze_registered(
+    name: str, n: int, out_dir: Path, *, d_model: int = 64, n_heads: int = 2, seed: int = 0, **kwargs
+) -> dict:
     """:func:`analyze_matrix` for a registered mixer name on a seeded random input of length n."""
     check_dense_length(n, "the matrix viewer")
     mixer = build_analysis_mixer(name, d_model, n_heads, seed)
-    return analyze_matrix(mixer, random_input(mixer, n, seed=seed), out_dir, name=name,
-                          input_note=f"random N(0, 1) input, seed {seed}", **kwargs)
+    return analyze_matrix(
+        mixer,
+        random_input(mixer, n, seed=seed),
+        out_dir,
+        name=name,
+        input_note=f"random N(0, 1) input, seed {seed}",
+        **kwargs,
+    )

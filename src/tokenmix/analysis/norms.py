@@ -21,6 +21,7 @@ Closed form: if ||B||_1 < 1 and ||B||_inf < 1 (max column / row sums), Neumann s
 ||(I - B)^{-1}||_1 <= 1 / (1 - ||B||_1) and likewise for inf, and ||X||_2 <= sqrt(||X||_1 ||X||_inf):
     ||(I - B)^{-1}||_2 <= 1 / sqrt((1 - ||B||_1)(1 - ||B||_inf)).
 """
+
 from __future__ import annotations
 
 import math
@@ -32,12 +33,12 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from tokenmix.core.errors import InputError
 from tokenmix.analysis.matrices import build_analysis_mixer, check_dense_length, check_operator_memory, random_input
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
+from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator
-from tokenmix.mixers.registry import get_mixer_spec, mixer_names
 from tokenmix.mixers.base import Mixer
+from tokenmix.mixers.registry import get_mixer_spec, mixer_names
 
 MAX_POWER_STEPS = 100_000  # cap on power-iteration steps when calibrating to the Gram iteration's time
 TOEPLITZ_RTOL = 1e-9  # a matrix is treated as Toeplitz when every diagonal is constant to this tolerance
@@ -151,8 +152,11 @@ def compare_estimators(w: Tensor, gram_iters: int = 10, seed: int = 0) -> dict:
     not depend on the machine's load. Both are capped at ``MAX_POWER_STEPS``.
     """
     with torch.no_grad():
-        for warm in (lambda: gram_spectral_bound(w, gram_iters), lambda: exact_spectral_norm(w),
-                     lambda: power_iteration(w, 1, seed)):
+        for warm in (
+            lambda: gram_spectral_bound(w, gram_iters),
+            lambda: exact_spectral_norm(w),
+            lambda: power_iteration(w, 1, seed),
+        ):
             warm()  # first calls pay for allocation and kernel selection
         gram, t_gram = _timed(lambda: gram_spectral_bound(w, gram_iters))
         exact, t_exact = _timed(lambda: exact_spectral_norm(w))
@@ -162,23 +166,36 @@ def compare_estimators(w: Tensor, gram_iters: int = 10, seed: int = 0) -> dict:
         flop_steps = equal_flop_power_steps(w.shape[-2], w.shape[-1], gram_iters)
         power_flops = power_iteration(w, flop_steps, seed)
     tiny = torch.finfo(w.dtype).tiny
-    return {"gram": gram, "exact": exact, "power": power, "power_equal_flops": power_flops,
-            "gram_rel_gap": (gram - exact) / exact.clamp_min(tiny),
-            "power_rel_gap": (power - exact) / exact.clamp_min(tiny),
-            "power_flops_rel_gap": (power_flops - exact) / exact.clamp_min(tiny),
-            "gram_iters": gram_iters, "power_iters": steps, "power_iters_equal_flops": flop_steps,
-            "seconds": {"gram": t_gram, "exact": t_exact, "power": t_power}}
+    return {
+        "gram": gram,
+        "exact": exact,
+        "power": power,
+        "power_equal_flops": power_flops,
+        "gram_rel_gap": (gram - exact) / exact.clamp_min(tiny),
+        "power_rel_gap": (power - exact) / exact.clamp_min(tiny),
+        "power_flops_rel_gap": (power_flops - exact) / exact.clamp_min(tiny),
+        "gram_iters": gram_iters,
+        "power_iters": steps,
+        "power_iters_equal_flops": flop_steps,
+        "seconds": {"gram": t_gram, "exact": t_exact, "power": t_power},
+    }
 
 
-def convergence_curves(w: Tensor, max_iter: int = 12, power_iters: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256),
-                       seed: int = 0) -> dict:
+def convergence_curves(
+    w: Tensor, max_iter: int = 12, power_iters: Sequence[int] = (1, 2, 4, 8, 16, 32, 64, 128, 256), seed: int = 0
+) -> dict:
     """Relative gap to the exact norm after t Gram steps and after k power steps (matrix w [m, k])."""
     with torch.no_grad():
         exact = float(exact_spectral_norm(w))
         gram = [float(gram_spectral_bound(w, t)) / exact - 1.0 for t in range(max_iter + 1)]
         power = [1.0 - float(power_iteration(w, k, seed)) / exact for k in power_iters]
-    return {"exact": exact, "gram_iters": list(range(max_iter + 1)), "gram_rel_gap": gram,
-            "power_iters": list(power_iters), "power_rel_gap": power}
+    return {
+        "exact": exact,
+        "gram_iters": list(range(max_iter + 1)),
+        "gram_rel_gap": gram,
+        "power_iters": list(power_iters),
+        "power_rel_gap": power,
+    }
 
 
 # ----------------------------------------------------------------------------- structure-specific bounds
@@ -207,7 +224,7 @@ def conv_spectral_bound(kernel: Tensor, n: int | None = None) -> float:
 
 def neumann_gain_bound(b: Tensor) -> float | None:
     """1 / sqrt((1 - ||B||_1)(1 - ||B||_inf)) for B [T, T] if both norms are < 1, else None."""
-    n1 = float(b.abs().sum(-2).max())    # max column sum
+    n1 = float(b.abs().sum(-2).max())  # max column sum
     ninf = float(b.abs().sum(-1).max())  # max row sum
     if n1 >= 1 or ninf >= 1:
         return None
@@ -243,8 +260,8 @@ def mixer_regularizer(mixer: Mixer, x: Tensor, **kwargs) -> Tensor:
 # ----------------------------------------------------------------------------- per operator / mixer
 def operator_norms(op: MixOperator, gram_iters: int = 10, seed: int = 0) -> tuple[list[dict], dict]:
     """Per head (batch element 0): norms of M and of (I - B)^{-1} by every estimator available."""
-    m = op.mixing_matrix()[0].detach()                     # [H, T, T]
-    inv = recurrence_inverse(op)[0].detach()               # [H, (G,) T, T]
+    m = op.mixing_matrix()[0].detach()  # [H, T, T]
+    inv = recurrence_inverse(op)[0].detach()  # [H, (G,) T, T]
     b = op.B[0].detach()
     est_m = compare_estimators(m, gram_iters, seed)
     est_i = compare_estimators(inv, gram_iters, seed)
@@ -253,14 +270,19 @@ def operator_norms(op: MixOperator, gram_iters: int = 10, seed: int = 0) -> tupl
         inv_h = inv[h]
         b_h = b[h]
         chans = inv_h.shape[0] if op.has_state_axis else 1
-        row = {"head": h,
-               "M exact": float(est_m["exact"][h]), "M gram": float(est_m["gram"][h]),
-               "M gram rel gap": float(est_m["gram_rel_gap"][h]), "M power": float(est_m["power"][h]),
-               "M power rel gap": float(est_m["power_rel_gap"][h]),
-               "M power (equal FLOPs) rel gap": float(est_m["power_flops_rel_gap"][h]),
-               "inv exact": float(est_i["exact"][h].max()), "inv gram": float(est_i["gram"][h].max()),
-               "inv gram rel gap": float(est_i["gram_rel_gap"][h].max()),
-               "inv power": float(est_i["power"][h].max())}
+        row = {
+            "head": h,
+            "M exact": float(est_m["exact"][h]),
+            "M gram": float(est_m["gram"][h]),
+            "M gram rel gap": float(est_m["gram_rel_gap"][h]),
+            "M power": float(est_m["power"][h]),
+            "M power rel gap": float(est_m["power_rel_gap"][h]),
+            "M power (equal FLOPs) rel gap": float(est_m["power_flops_rel_gap"][h]),
+            "inv exact": float(est_i["exact"][h].max()),
+            "inv gram": float(est_i["gram"][h].max()),
+            "inv gram rel gap": float(est_i["gram_rel_gap"][h].max()),
+            "inv power": float(est_i["power"][h].max()),
+        }
         # structure-specific bounds, worst over state channels
         neumann, conv = [], []
         for g in range(chans):
@@ -272,24 +294,42 @@ def operator_norms(op: MixOperator, gram_iters: int = 10, seed: int = 0) -> tupl
         row["inv neumann bound"] = None if any(v is None for v in neumann) else max(neumann)
         row["inv toeplitz conv bound"] = None if any(v is None for v in conv) else max(conv)
         rows.append(row)
-    timing = {"M": est_m["seconds"], "inv": est_i["seconds"], "gram_iters": gram_iters,
-              "power_iters_M": est_m["power_iters"], "power_iters_inv": est_i["power_iters"],
-              "power_iters_equal_flops": est_m["power_iters_equal_flops"]}
+    timing = {
+        "M": est_m["seconds"],
+        "inv": est_i["seconds"],
+        "gram_iters": gram_iters,
+        "power_iters_M": est_m["power_iters"],
+        "power_iters_inv": est_i["power_iters"],
+        "power_iters_equal_flops": est_m["power_iters_equal_flops"],
+    }
     return rows, timing
 
 
-def plot_norms(results: Sequence[dict], curves: dict | None, out_dir: Path,
-               formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
+def plot_norms(
+    results: Sequence[dict], curves: dict | None, out_dir: Path, formats: Sequence[str] = FIGURE_FORMATS
+) -> list[Path]:
     fig, axes = new_figure(1, 2, size=(5.6, 4.2))
     ax_s, ax_c = axes[0]
     floor = 1e-17  # exact agreement is drawn at the floor of the log axis
     for i, r in enumerate(results):
         gram = [max(h["M gram rel gap"], floor) for h in r["heads"]]
         power = [max(-h["M power rel gap"], floor) for h in r["heads"]]
-        ax_s.scatter([i] * len(gram), gram, marker="^", color="tab:blue", s=22,
-                     label="Gram bound − exact (above)" if i == 0 else None)
-        ax_s.scatter([i + 0.15] * len(power), power, marker="v", color="tab:orange", s=22,
-                     label="exact − power iteration (below)" if i == 0 else None)
+        ax_s.scatter(
+            [i] * len(gram),
+            gram,
+            marker="^",
+            color="tab:blue",
+            s=22,
+            label="Gram bound − exact (above)" if i == 0 else None,
+        )
+        ax_s.scatter(
+            [i + 0.15] * len(power),
+            power,
+            marker="v",
+            color="tab:orange",
+            s=22,
+            label="exact − power iteration (below)" if i == 0 else None,
+        )
     ax_s.set_yscale("log")
     ax_s.set_xticks(range(len(results)), [r["mixer"] for r in results], rotation=60, ha="right", fontsize=7)
     ax_s.set_ylabel("relative gap to the exact ||M||_2")
@@ -310,8 +350,18 @@ def plot_norms(results: Sequence[dict], curves: dict | None, out_dir: Path,
     return save_figure(fig, out_dir, "norms", formats)
 
 
-def run_norms(names: Sequence[str] | None, out_dir: Path, *, n: int = 128, gram_iters: int = 10, d_model: int = 64,
-              n_heads: int = 2, seed: int = 0, formats: Sequence[str] = FIGURE_FORMATS, progress=None) -> dict:
+def run_norms(
+    names: Sequence[str] | None,
+    out_dir: Path,
+    *,
+    n: int = 128,
+    gram_iters: int = 10,
+    d_model: int = 64,
+    n_heads: int = 2,
+    seed: int = 0,
+    formats: Sequence[str] = FIGURE_FORMATS,
+    progress=None,
+) -> dict:
     """Norms for each registered mixer (default: all) on a seeded random input; writes norms.json/.md + plot."""
     check_dense_length(n, "operator norms")
     names = list(names) if names else mixer_names()
@@ -338,32 +388,49 @@ def run_norms(names: Sequence[str] | None, out_dir: Path, *, n: int = 128, gram_
     summary = []
     for r in results:
         hs = r["heads"]
-        summary.append({
-            "mixer": r["mixer"], "n": r["n"],
-            "max ||M|| exact": max(h["M exact"] for h in hs), "max ||M|| gram": max(h["M gram"] for h in hs),
-            "worst gram rel gap (M)": max(h["M gram rel gap"] for h in hs),
-            "worst power rel gap (M)": min(h["M power rel gap"] for h in hs),
-            "worst power rel gap, equal FLOPs": min(h["M power (equal FLOPs) rel gap"] for h in hs),
-            "max ||(I-B)^-1|| exact": max(h["inv exact"] for h in hs),
-            "max ||(I-B)^-1|| gram": max(h["inv gram"] for h in hs),
-            "neumann bound": max((h["inv neumann bound"] for h in hs if h["inv neumann bound"] is not None),
-                                 default=None),
-            "toeplitz conv bound": max((h["inv toeplitz conv bound"] for h in hs
-                                        if h["inv toeplitz conv bound"] is not None), default=None),
-            "gram s": r["timing"]["M"]["gram"], "svd s": r["timing"]["M"]["exact"],
-            "power steps @ gram time": r["timing"]["power_iters_M"],
-            "power steps @ gram FLOPs": r["timing"]["power_iters_equal_flops"],
-        })
+        summary.append(
+            {
+                "mixer": r["mixer"],
+                "n": r["n"],
+                "max ||M|| exact": max(h["M exact"] for h in hs),
+                "max ||M|| gram": max(h["M gram"] for h in hs),
+                "worst gram rel gap (M)": max(h["M gram rel gap"] for h in hs),
+                "worst power rel gap (M)": min(h["M power rel gap"] for h in hs),
+                "worst power rel gap, equal FLOPs": min(h["M power (equal FLOPs) rel gap"] for h in hs),
+                "max ||(I-B)^-1|| exact": max(h["inv exact"] for h in hs),
+                "max ||(I-B)^-1|| gram": max(h["inv gram"] for h in hs),
+                "neumann bound": max(
+                    (h["inv neumann bound"] for h in hs if h["inv neumann bound"] is not None), default=None
+                ),
+                "toeplitz conv bound": max(
+                    (h["inv toeplitz conv bound"] for h in hs if h["inv toeplitz conv bound"] is not None), default=None
+                ),
+                "gram s": r["timing"]["M"]["gram"],
+                "svd s": r["timing"]["M"]["exact"],
+                "power steps @ gram time": r["timing"]["power_iters_M"],
+                "power steps @ gram FLOPs": r["timing"]["power_iters_equal_flops"],
+            }
+        )
     figures = plot_norms(results, curves, out_dir, formats)
-    out = {"kind": "norms", "settings": {"n": n, "gram_iters": gram_iters, "d_model": d_model, "n_heads": n_heads,
-                                         "seed": seed},
-           "summary": summary, "mixers": results, "skipped": skipped, "convergence": curves,
-           "figures": [p.name for p in figures]}
+    out = {
+        "kind": "norms",
+        "settings": {"n": n, "gram_iters": gram_iters, "d_model": d_model, "n_heads": n_heads, "seed": seed},
+        "summary": summary,
+        "mixers": results,
+        "skipped": skipped,
+        "convergence": curves,
+        "figures": [p.name for p in figures],
+    }
     write_json(Path(out_dir) / "norms.json", out)
-    md = ["# Operator norms: Gram iteration vs SVD vs power iteration", "",
-          f"Per mixer, worst head, n = {n}, {gram_iters} Gram steps; power iteration gets the Gram iteration's "
-          "wall time, and separately its multiply-adds (a lower estimate either way). Neumann bound where ||B||₁, ||B||∞ < 1; Toeplitz bound where "
-          "(I − B)⁻¹ is a causal convolution (fixed decay).", "", markdown_table(summary)]
+    md = [
+        "# Operator norms: Gram iteration vs SVD vs power iteration",
+        "",
+        f"Per mixer, worst head, n = {n}, {gram_iters} Gram steps; power iteration gets the Gram iteration's "
+        "wall time, and separately its multiply-adds (a lower estimate either way). Neumann bound where ||B||₁, ||B||∞ < 1; Toeplitz bound where "
+        "(I − B)⁻¹ is a causal convolution (fixed decay).",
+        "",
+        markdown_table(summary),
+    ]
     md += [f"- skipped {s['mixer']}: {s['why']}" for s in skipped]
     (Path(out_dir) / "norms.md").write_text("\n".join(md))
     return out

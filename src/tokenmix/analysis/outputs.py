@@ -3,6 +3,7 @@
 Every ``tokenmix analyze`` subcommand writes ``<name>.json`` (the numbers), ``<name>.md`` (the same
 as tables) and figures as PNG and/or SVG into one folder; ``tokenmix report`` reads such folders.
 """
+
 from __future__ import annotations
 
 import json

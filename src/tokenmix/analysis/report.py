@@ -17,6 +17,7 @@ rather than walked file by file: ``analysis/lm_report.py`` (it uses the helpers 
 ``tokenmix report PRESET`` first runs an analysis preset (``study/presets/analysis.py``) into a fresh
 run directory, then reports it (``study/analysis_suite.py``).
 """
+
 from __future__ import annotations
 
 import base64
@@ -36,17 +37,29 @@ from tokenmix.analysis.outputs import fmt_value, markdown_table, prepare_out_dir
 from tokenmix.core.errors import InputError, MissingInput
 from tokenmix.core.files import inside, read_json, read_regular_bytes, read_text_file
 
-MAX_EMBED_BYTES = 8 * 1024 * 1024   # larger files are listed, not embedded
+MAX_EMBED_BYTES = 8 * 1024 * 1024  # larger files are listed, not embedded
 MAX_TABLE_ROWS = 300
 MAX_TEXT_CHARS = 20000
-MAX_CHILD_DIRS = 20                 # a folder with more sub-folders (a sweep's runs) is not expanded
+MAX_CHILD_DIRS = 20  # a folder with more sub-folders (a sweep's runs) is not expanded
 REPORT_DIR_NAME = "report"
 # files only tokenmix writes: a folder holding one of them (or a sub-folder that does, two levels
 # down at most) is a run directory; anything else is refused before the report is written into it
-RUN_MARKERS = ("config.json", "metrics.jsonl", "summary.json", "sweep.json", "results.csv", "results.json",
-               "result.json", "matrix.json", "cost.json", "expressivity.json", "norms.json")
+RUN_MARKERS = (
+    "config.json",
+    "metrics.jsonl",
+    "summary.json",
+    "sweep.json",
+    "results.csv",
+    "results.json",
+    "result.json",
+    "matrix.json",
+    "cost.json",
+    "expressivity.json",
+    "norms.json",
+)
 MARKER_DEPTH = 2
-MARKER_SCAN_FOLDERS = 500   # folders looked at for a marker at most (a home folder is not walked)
+MARKER_SCAN_FOLDERS = 500  # folders looked at for a marker at most (a home folder is not walked)
+
 
 # ----------------------------------------------------------------------------- reading artifacts
 def _esc(text: str) -> str:
@@ -73,6 +86,7 @@ def _flat(v) -> bool:
 
 def json_tables(data) -> list[tuple[str, list[dict]]]:
     """Tables a JSON document holds: a list of flat records, a dict's lists of flat records, or scalars."""
+
     def records(v) -> list[dict] | None:
         if isinstance(v, list) and v and all(isinstance(r, dict) for r in v):
             return [{k: (x if _flat(x) else json.dumps(x)[:80]) for k, x in r.items()} for r in v]
@@ -107,8 +121,14 @@ def html_table(rows: Sequence[dict]) -> str:
     shown = rows[:MAX_TABLE_ROWS]
     body = "".join("<tr>" + "".join(f"<td>{_esc(fmt_value(r.get(c)))}</td>" for c in cols) + "</tr>" for r in shown)
     more = f"<p>({len(rows) - len(shown)} more rows not shown)</p>" if len(rows) > len(shown) else ""
-    return ("<table><thead><tr>" + "".join(f"<th>{_esc(c)}</th>" for c in cols) + "</tr></thead><tbody>" + body +
-            "</tbody></table>" + more)
+    return (
+        "<table><thead><tr>"
+        + "".join(f"<th>{_esc(c)}</th>" for c in cols)
+        + "</tr></thead><tbody>"
+        + body
+        + "</tbody></table>"
+        + more
+    )
 
 
 _ORDER = {".md": 0, ".json": 1, ".csv": 2, ".txt": 3, ".png": 4, ".svg": 5}
@@ -122,8 +142,11 @@ def _leaves(path: Path, root: Path | None) -> bool:
 def _section_files(folder: Path, root: Path | None = None) -> list[Path]:
     """Files of one folder: text first (Markdown, JSON, CSV), then figures, each by name; links out of
     ``root`` and anything but regular files left out."""
-    files = [p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp")
-             and not _leaves(p, root)]
+    files = [
+        p
+        for p in folder.iterdir()
+        if p.is_file() and not p.name.startswith(".") and not p.name.endswith(".tmp") and not _leaves(p, root)
+    ]
     return sorted(files, key=lambda p: (_ORDER.get(p.suffix.lower(), 9), p.name))
 
 
@@ -179,8 +202,10 @@ def check_run_dir(run_dir: Path, hint: str = "") -> None:
     if not run_dir.is_dir():
         raise MissingInput(f"'{run_dir}' is not a run directory (it is a file, not a folder)")
     if not is_run_dir(run_dir):
-        raise InputError(f"'{run_dir}' is not a tokenmix run directory: none of {', '.join(RUN_MARKERS[:6])}, ... "
-                         f"(files tokenmix writes) is in it or in its sub-folders {MARKER_DEPTH} levels down{hint}")
+        raise InputError(
+            f"'{run_dir}' is not a tokenmix run directory: none of {', '.join(RUN_MARKERS[:6])}, ... "
+            f"(files tokenmix writes) is in it or in its sub-folders {MARKER_DEPTH} levels down{hint}"
+        )
 
 
 def collect_sections(run_dir: Path, exclude: Path | None = None) -> tuple[list[tuple[Path, list[Path]]], list[str]]:
@@ -204,8 +229,11 @@ def collect_sections(run_dir: Path, exclude: Path | None = None) -> tuple[list[t
         files = _section_files(folder, run_dir)
         if files:
             sections.append((folder, files))
-        links = sorted(p for p in folder.iterdir() if p.is_symlink() and not p.name.startswith(".")
-                       and (not p.is_file() or _leaves(p, run_dir)))
+        links = sorted(
+            p
+            for p in folder.iterdir()
+            if p.is_symlink() and not p.name.startswith(".") and (not p.is_file() or _leaves(p, run_dir))
+        )
         if links:
             notes.append(f"{', '.join(str(p.relative_to(run_dir)) for p in links)} (symbolic links, not followed)")
         children = _child_dirs(folder)
@@ -239,14 +267,18 @@ def image_uri(path: Path, data: bytes | None = None) -> str:
 
 
 def figure_html(path: Path, caption: str, data: bytes | None = None) -> str:
-    return (f'<figure><img src="{image_uri(path, data)}" alt="{_esc(path.name)}">'
-            f"<figcaption>{_esc(caption)}</figcaption></figure>")
+    return (
+        f'<figure><img src="{image_uri(path, data)}" alt="{_esc(path.name)}">'
+        f"<figcaption>{_esc(caption)}</figcaption></figure>"
+    )
 
 
 def html_page(title: str, body: str) -> str:
     """The one HTML page frame of reports: title, the report CSS, ``body``."""
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
-            f"<title>{_esc(title)}</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n")
+    return (
+        '<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8">'
+        f"<title>{_esc(title)}</title><style>{CSS}</style></head><body>\n{body}\n</body></html>\n"
+    )
 
 
 def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: str | None = None) -> dict:
@@ -262,7 +294,12 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: 
     sections, left_out = collect_sections(run_dir, exclude=out.resolve())
     title = title or f"tokenmix report: {run_dir.resolve().name}"
     html_parts: list[str] = []
-    md_parts: list[str] = [f"# {title}", "", f"Source: `{run_dir}` — generated {time.strftime('%Y-%m-%d %H:%M:%S')}", ""]
+    md_parts: list[str] = [
+        f"# {title}",
+        "",
+        f"Source: `{run_dir}` — generated {time.strftime('%Y-%m-%d %H:%M:%S')}",
+        "",
+    ]
     toc: list[str] = []
     n_figures = 0
     for k, (folder, files) in enumerate(sections):
@@ -339,9 +376,12 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: 
     if left_out:
         html_parts.append(f'<p class="muted">Folders not included: {_esc("; ".join(left_out))}</p>')
         md_parts += ["", f"_Folders not included: {'; '.join(left_out)}_"]
-    page = html_page(title, f"<h1>{_esc(title)}</h1><p class=\"muted\">Source: <code>{_esc(run_dir)}</code> — generated "
-                     f"{_esc(time.strftime('%Y-%m-%d %H:%M:%S'))}; {len(sections)} sections, {n_figures} figures "
-                     "(embedded).</p>\n<nav><ul>" + "".join(toc) + "</ul></nav>\n" + "\n".join(html_parts))
+    page = html_page(
+        title,
+        f'<h1>{_esc(title)}</h1><p class="muted">Source: <code>{_esc(run_dir)}</code> — generated '
+        f"{_esc(time.strftime('%Y-%m-%d %H:%M:%S'))}; {len(sections)} sections, {n_figures} figures "
+        "(embedded).</p>\n<nav><ul>" + "".join(toc) + "</ul></nav>\n" + "\n".join(html_parts),
+    )
     html_path, md_path = out / "report.html", out / "report.md"
     html_path.write_text(page, encoding="utf-8")
     md_path.write_text("\n".join(md_parts) + "\n", encoding="utf-8")

@@ -10,6 +10,7 @@ checkpoint. Any other directory may hold the plain layout:
     tokenizer.json    optional HF tokenizers file; without it the text is encoded as UTF-8 bytes,
                       which needs vocab_size >= 256
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,7 +27,11 @@ from tokenmix.core.files import check_regular_file, read_json
 from tokenmix.data.prepare import DataConfig
 from tokenmix.data.tokenizer import load_tokenizer
 from tokenmix.models.model import MixerModel, ModelConfig
-from tokenmix.runs.lm import LMTrainConfig, check_field_types, load_run  # the LM run layout, with checkpoint verification
+from tokenmix.runs.lm import (
+    LMTrainConfig,
+    check_field_types,
+    load_run,
+)  # the LM run layout, with checkpoint verification
 
 _CONFIG_KEYS = ("model", "model_config")
 _SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": LMTrainConfig}
@@ -59,8 +64,10 @@ def _model_config(raw: dict, path: Path) -> ModelConfig:
     picked = {k: v for k, v in raw.items() if k in fields}
     check_field_types(ModelConfig, picked, "model", path)
     if "layers" not in picked:
-        raise InputError(f"{path} has no model 'layers' field (looked at the top level and under "
-                         f"{', '.join(repr(k) for k in _CONFIG_KEYS)}); is this a tokenmix run directory?")
+        raise InputError(
+            f"{path} has no model 'layers' field (looked at the top level and under "
+            f"{', '.join(repr(k) for k in _CONFIG_KEYS)}); is this a tokenmix run directory?"
+        )
     if isinstance(picked["layers"], list):
         picked["layers"] = tuple(picked["layers"])
     return ModelConfig(**picked)
@@ -70,9 +77,14 @@ def _weights_file(run: Path) -> Path:
     preferred = run / "model.safetensors"
     if preferred.is_file():
         return preferred
-    found = sorted([*run.glob("*.safetensors"), *run.glob("checkpoints/*.safetensors"),
-                    *run.glob("checkpoints/*/model.safetensors")],
-                   key=lambda p: p.stat().st_mtime)
+    found = sorted(
+        [
+            *run.glob("*.safetensors"),
+            *run.glob("checkpoints/*.safetensors"),
+            *run.glob("checkpoints/*/model.safetensors"),
+        ],
+        key=lambda p: p.stat().st_mtime,
+    )
     if not found:
         raise MissingInput(f"run directory '{run}' has no *.safetensors weights")
     return found[-1]
@@ -105,8 +117,9 @@ def load_run_model(run_dir: str | Path) -> tuple[MixerModel, Callable[[str], lis
     missing, unexpected = model.load_state_dict(weights, strict=False)
     missing = [k for k in missing if not (cfg.tie_weights and k == "head.weight")]
     if missing or unexpected:
-        raise InputError(f"weights in '{run}' do not match the model config (missing {missing[:3]}, "
-                         f"unexpected {unexpected[:3]})")
+        raise InputError(
+            f"weights in '{run}' do not match the model config (missing {missing[:3]}, unexpected {unexpected[:3]})"
+        )
     model.eval()
     tok_path = run / "tokenizer.json"
     if tok_path.exists() or tok_path.is_symlink():
@@ -115,8 +128,9 @@ def load_run_model(run_dir: str | Path) -> tuple[MixerModel, Callable[[str], lis
     elif cfg.vocab_size >= 256:
         encode = lambda text: list(text.encode("utf-8"))  # noqa: E731
     else:
-        raise InputError(f"run '{run}' has no tokenizer.json and vocab_size {cfg.vocab_size} < 256 "
-                         "rules out byte encoding")
+        raise InputError(
+            f"run '{run}' has no tokenizer.json and vocab_size {cfg.vocab_size} < 256 rules out byte encoding"
+        )
     return model, encode
 
 
@@ -134,8 +148,9 @@ def check_text(text: str, what: str) -> None:
 def layer_inputs(model: MixerModel, idx: Tensor) -> list[Tensor]:
     """The input x [B, T, D] of every layer's mixer (after its pre-norm) for token ids idx [B, T]."""
     captured: list[Tensor] = []
-    hooks = [blk.mixer.register_forward_pre_hook(lambda mod, args: captured.append(args[0].detach()))
-             for blk in model.blocks]
+    hooks = [
+        blk.mixer.register_forward_pre_hook(lambda mod, args: captured.append(args[0].detach())) for blk in model.blocks
+    ]
     try:
         with torch.no_grad():
             model(idx)

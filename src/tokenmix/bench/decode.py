@@ -10,6 +10,7 @@ caches holding another mixer's weights, which a decode of one model does not). `
 sensitive to other processes on a shared machine). Growth ratios compare the largest n with the
 smallest, for each of the three.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -31,8 +32,15 @@ def decode_strategy(state) -> str:
 
 
 @torch.no_grad()
-def decode_mixers(names: list[str], sizes: list[int], heads: int = 4, head_dim: int = 64, steps: int = 128,
-                  block: int = 8, progress=None) -> list[dict]:
+def decode_mixers(
+    names: list[str],
+    sizes: list[int],
+    heads: int = 4,
+    head_dim: int = 64,
+    steps: int = 128,
+    block: int = 8,
+    progress=None,
+) -> list[dict]:
     """One result per (mixer, n): every mixer prefilled at every n (one mixer's weights for all its
     n), then the ``steps`` decode steps taken in blocks of ``block`` tokens, round-robin over the
     mixers (the first one rotating) and the lengths, so a burst of load from other processes falls
@@ -48,7 +56,7 @@ def decode_mixers(names: list[str], sizes: list[int], heads: int = 4, head_dim: 
     wall: dict[tuple, list[float]] = {key: [] for key in states}
     cpu: dict[tuple, list[float]] = {key: [] for key in states}
     for r, first in enumerate(range(0, steps, block)):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             for n in sizes:
                 for s in range(first, min(steps, first + block)):
                     t, c = time.perf_counter(), time.process_time()
@@ -61,12 +69,20 @@ def decode_mixers(names: list[str], sizes: list[int], heads: int = 4, head_dim: 
         m = models[name]
         for n in sizes:
             key = (name, n)
-            results.append({"mixer": name, "n": n, "latency_ms": 1e3 * statistics.median(wall[key]),
-                            "latency_min_ms": 1e3 * min(wall[key]), "cpu_ms": 1e3 * statistics.median(cpu[key]),
-                            "cached_positions": cached[key], "peak_positions_measured": states[key].peak_positions,
-                            "cache_positions_derived": m.cache_positions(n + steps),
-                            "state_scalars": states[key].numel_per_batch(),
-                            "strategy": decode_strategy(states[key])})
+            results.append(
+                {
+                    "mixer": name,
+                    "n": n,
+                    "latency_ms": 1e3 * statistics.median(wall[key]),
+                    "latency_min_ms": 1e3 * min(wall[key]),
+                    "cpu_ms": 1e3 * statistics.median(cpu[key]),
+                    "cached_positions": cached[key],
+                    "peak_positions_measured": states[key].peak_positions,
+                    "cache_positions_derived": m.cache_positions(n + steps),
+                    "state_scalars": states[key].numel_per_batch(),
+                    "strategy": decode_strategy(states[key]),
+                }
+            )
             if progress:
                 progress(results[-1])
     return results

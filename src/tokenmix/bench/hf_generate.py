@@ -14,6 +14,7 @@ the remaining intervals, over ``repeats`` runs that alternate between the two lo
 load from other processes falls on both alike). Both loops must produce the same tokens
 (``same tokens``), else the comparison would not be of the same work.
 """
+
 from __future__ import annotations
 
 import statistics
@@ -39,9 +40,9 @@ class HFBenchConfig:
     vocab_size: int = 256
     prompt: int = 64
     new_tokens: int = 128
-    warmup: int = 8      # decode steps not timed after the prefill
-    repeats: int = 3     # runs of each loop, alternating
-    threads: int = 0     # torch intra-op threads; 0 = torch's default
+    warmup: int = 8  # decode steps not timed after the prefill
+    repeats: int = 3  # runs of each loop, alternating
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -53,8 +54,10 @@ class HFBenchConfig:
         if self.warmup < 0 or self.threads < 0:
             raise InputError("--warmup and --threads must be >= 0")
         if self.new_tokens < self.warmup + 2:
-            raise InputError(f"--new-tokens must be >= warmup + 2 = {self.warmup + 2} (at least one timed step), "
-                             f"got {self.new_tokens}")
+            raise InputError(
+                f"--new-tokens must be >= warmup + 2 = {self.warmup + 2} (at least one timed step), "
+                f"got {self.new_tokens}"
+            )
 
 
 class _Clock(BaseStreamer):
@@ -85,25 +88,36 @@ def weight_bytes(cfg: HFBenchConfig, d_model: int | None = None) -> float:
 
 def bench_mixer(name: str, cfg: HFBenchConfig) -> dict:
     torch.manual_seed(cfg.seed)
-    model_cfg = ModelConfig(vocab_size=cfg.vocab_size, d_model=cfg.d_model, layers=(name,) * cfg.layers,
-                            n_heads=cfg.n_heads)
+    model_cfg = ModelConfig(
+        vocab_size=cfg.vocab_size, d_model=cfg.d_model, layers=(name,) * cfg.layers, n_heads=cfg.n_heads
+    )
     model = TokenmixForCausalLM(TokenmixConfig.from_model_config(model_cfg)).eval()
     prompt = torch.randint(0, cfg.vocab_size, (1, cfg.prompt), generator=torch.Generator().manual_seed(cfg.seed))
     greedy = SamplingConfig(max_new_tokens=cfg.new_tokens, temperature=0.0)
     hf_ms, tm_ms, same = [], [], True
     for _ in range(cfg.repeats):
         clock = _Clock()
-        hf_out = model.generate(prompt, max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens, do_sample=False,
-                                streamer=clock)
+        hf_out = model.generate(
+            prompt, max_new_tokens=cfg.new_tokens, min_new_tokens=cfg.new_tokens, do_sample=False, streamer=clock
+        )
         # the streamer's first put is the prompt, its second the token the prefill chose
         hf_ms.append(_decode_ms(clock.times[1:], cfg.warmup))
         times: list[float] = []
-        tm_out = generate_batch(model.net, prompt, greedy, on_token=lambda _row, _tok: times.append(time.perf_counter()))
+        tm_out = generate_batch(
+            model.net, prompt, greedy, on_token=lambda _row, _tok: times.append(time.perf_counter())
+        )
         tm_ms.append(_decode_ms(times, cfg.warmup))
-        same &= hf_out[0, cfg.prompt:].tolist() == tm_out[0].tolist()
+        same &= hf_out[0, cfg.prompt :].tolist() == tm_out[0].tolist()
     hf, tm = statistics.median(hf_ms), statistics.median(tm_ms)
-    return {"mixer": name, "hf_ms_per_token": hf, "tokenmix_ms_per_token": tm, "ratio_hf_over_tokenmix": hf / tm,
-            "same_tokens": same, "timed_steps": cfg.new_tokens - 1 - cfg.warmup, "repeats": cfg.repeats}
+    return {
+        "mixer": name,
+        "hf_ms_per_token": hf,
+        "tokenmix_ms_per_token": tm,
+        "ratio_hf_over_tokenmix": hf / tm,
+        "same_tokens": same,
+        "timed_steps": cfg.new_tokens - 1 - cfg.warmup,
+        "repeats": cfg.repeats,
+    }
 
 
 def run(cfg: HFBenchConfig, progress=None) -> dict:
@@ -124,11 +138,15 @@ def run(cfg: HFBenchConfig, progress=None) -> dict:
 def table(result: dict) -> str:
     """The results as a fixed-width text table, with the setting in its title line."""
     c = result["config"]
-    lines = [f"decode ms/token, batch 1, {c['layers']} layers d_model {c['d_model']}, prompt {c['prompt']}, "
-             f"{c['new_tokens']} new tokens greedy (first {c['warmup']} steps untimed, median of "
-             f"{c['repeats']} runs), {result['threads']} thread(s)",
-             f"{'mixer':<12} {'HF generate':>12} {'tokenmix':>10} {'HF/tokenmix':>12} {'same tokens':>12}"]
+    lines = [
+        f"decode ms/token, batch 1, {c['layers']} layers d_model {c['d_model']}, prompt {c['prompt']}, "
+        f"{c['new_tokens']} new tokens greedy (first {c['warmup']} steps untimed, median of "
+        f"{c['repeats']} runs), {result['threads']} thread(s)",
+        f"{'mixer':<12} {'HF generate':>12} {'tokenmix':>10} {'HF/tokenmix':>12} {'same tokens':>12}",
+    ]
     for r in result["results"]:
-        lines.append(f"{r['mixer']:<12} {r['hf_ms_per_token']:>12.3f} {r['tokenmix_ms_per_token']:>10.3f} "
-                     f"{r['ratio_hf_over_tokenmix']:>12.2f} {str(r['same_tokens']).lower():>12}")
+        lines.append(
+            f"{r['mixer']:<12} {r['hf_ms_per_token']:>12.3f} {r['tokenmix_ms_per_token']:>10.3f} "
+            f"{r['ratio_hf_over_tokenmix']:>12.2f} {str(r['same_tokens']).lower():>12}"
+        )
     return "\n".join(lines)

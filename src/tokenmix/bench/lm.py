@@ -20,6 +20,7 @@ medians of individually timed steps keep one preempted step from moving a number
 turns (training step by step, decode in blocks of ``--decode-block`` tokens, the first mixer rotating), so a burst of load
 from other processes falls on all of them alike instead of on whichever mixer was running.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -40,10 +41,10 @@ from tokenmix.mixers.registry import mixer_names
 from tokenmix.models import MixerModel, ModelConfig
 
 DEFAULT_MIXERS = ("attention", "pow2", "mamba2")
-TRAIN_TARGET_AT_LONG = 3.0    # train tokens/s vs attention at the long context (the project's target)
-DECODE_TARGET_AT_LONG = 5.0   # decode speed-up per token vs attention at the long context
-WITHIN_AT_SHORT = 1.5         # at the short context: within this factor of attention
-MAX_D_MODEL = 4096            # size_model searches widths up to this
+TRAIN_TARGET_AT_LONG = 3.0  # train tokens/s vs attention at the long context (the project's target)
+DECODE_TARGET_AT_LONG = 5.0  # decode speed-up per token vs attention at the long context
+WITHIN_AT_SHORT = 1.5  # at the short context: within this factor of attention
+MAX_D_MODEL = 4096  # size_model searches widths up to this
 # memory of a timed training step per token (upper estimate): the logits and their gradient
 # (vocabulary wide, float32, a few copies) and every layer's activations (a few dozen d_model-wide
 # float32 tensors kept for backward); weights + gradients + AdamW moments: 16 bytes a parameter
@@ -58,17 +59,17 @@ class LMBenchConfig:
 
     mixers: str = ",".join(DEFAULT_MIXERS)  # comma list; unregistered defaults are skipped; 'all' = every mixer
     contexts: tuple[int, ...] = (512, 4096)
-    layers: int = 2                 # layers of the one mixer per model
+    layers: int = 2  # layers of the one mixer per model
     n_heads: int = 4
     target_params: int = 1_000_000  # non-embedding parameters every model is sized to
-    vocab_size: int = 512           # small: embedding and head cost the same for every mixer and would dilute
-    batch_tokens: int = 8192        # tokens per training step
-    train_steps: int = 5            # timed training steps (the median is reported)
-    decode_tokens: int = 32         # timed decode steps at the end of the context (the median is reported)
-    decode_block: int = 8           # decode tokens a mixer runs back to back before the next mixer's turn
-    threads: int = 0                # torch threads (0 = default)
+    vocab_size: int = 512  # small: embedding and head cost the same for every mixer and would dilute
+    batch_tokens: int = 8192  # tokens per training step
+    train_steps: int = 5  # timed training steps (the median is reported)
+    decode_tokens: int = 32  # timed decode steps at the end of the context (the median is reported)
+    decode_block: int = 8  # decode tokens a mixer runs back to back before the next mixer's turn
+    threads: int = 0  # torch threads (0 = default)
     seed: int = 0
-    out: str | None = None          # also write the JSON here
+    out: str | None = None  # also write the JSON here
 
 
 def _layers_config(mixer: str, d_model: int, args: LMBenchConfig) -> ModelConfig:
@@ -139,8 +140,9 @@ def _timed(fn: Callable[[], None]) -> tuple[float, float]:
     return time.perf_counter() - t0, time.process_time() - c0
 
 
-def _round_robin(calls: dict[str, Callable[[int], None]], indices: range, block: int = 1
-                 ) -> dict[str, tuple[float, float]]:
+def _round_robin(
+    calls: dict[str, Callable[[int], None]], indices: range, block: int = 1
+) -> dict[str, tuple[float, float]]:
     """Median (wall, CPU) seconds per call of each function, the functions taking turns every
     ``block`` consecutive indices (the first one rotating), so every mixer is timed under the same
     moment-to-moment load. Each call is timed on its own.
@@ -154,7 +156,7 @@ def _round_robin(calls: dict[str, Callable[[int], None]], indices: range, block:
     walls: dict[str, list[float]] = {m: [] for m in names}
     cpus: dict[str, list[float]] = {m: [] for m in names}
     for k, s in enumerate(range(indices.start, indices.stop, block)):
-        for m in names[k % len(names):] + names[: k % len(names)]:
+        for m in names[k % len(names) :] + names[: k % len(names)]:
             for i in range(s, min(s + block, indices.stop)):
                 w, c = _timed(lambda: calls[m](i))
                 walls[m].append(w)
@@ -181,23 +183,32 @@ def _time_context(models: dict[str, MixerModel], t: int, args: LMBenchConfig) ->
         out[m].update({"prefill_tokens": prefill, "prefill_s": prefill_s})
     prefill = next(iter(out.values()))["prefill_tokens"]
     for m, (dt, dc) in _round_robin(decoders, range(prefill, t), args.decode_block).items():
-        out[m].update({"decode_ms_per_token": 1000 * dt, "decode_tokens_per_s": 1 / dt,
-                       "decode_cpu_ms_per_token": 1000 * dc})
+        out[m].update(
+            {"decode_ms_per_token": 1000 * dt, "decode_tokens_per_s": 1 / dt, "decode_cpu_ms_per_token": 1000 * dc}
+        )
     return out
 
 
 def check_settings(args: LMBenchConfig) -> None:
     """Refuse settings that cannot run (InputError naming the flag) before any model is built."""
-    for flag, v, lo in (("--layers", args.layers, 1), ("--n-heads", args.n_heads, 1),
-                        ("--target-params", args.target_params, 1), ("--vocab-size", args.vocab_size, 2),
-                        ("--batch-tokens", args.batch_tokens, 1), ("--train-steps", args.train_steps, 1),
-                        ("--decode-tokens", args.decode_tokens, 1), ("--decode-block", args.decode_block, 1),
-                        ("--threads", args.threads, 0)):
+    for flag, v, lo in (
+        ("--layers", args.layers, 1),
+        ("--n-heads", args.n_heads, 1),
+        ("--target-params", args.target_params, 1),
+        ("--vocab-size", args.vocab_size, 2),
+        ("--batch-tokens", args.batch_tokens, 1),
+        ("--train-steps", args.train_steps, 1),
+        ("--decode-tokens", args.decode_tokens, 1),
+        ("--decode-block", args.decode_block, 1),
+        ("--threads", args.threads, 0),
+    ):
         if v < lo:
             raise InputError(f"{flag} must be >= {lo}, got {v}")
     if 2 * args.n_heads > MAX_D_MODEL:
-        raise InputError(f"--n-heads {args.n_heads} leaves no width: models are sized up to d_model {MAX_D_MODEL} "
-                         f"in steps of 2 x n_heads")
+        raise InputError(
+            f"--n-heads {args.n_heads} leaves no width: models are sized up to d_model {MAX_D_MODEL} "
+            f"in steps of 2 x n_heads"
+        )
     if not args.contexts:
         raise InputError("--contexts needs at least one context length")
     for t in args.contexts:
@@ -213,8 +224,9 @@ def check_settings(args: LMBenchConfig) -> None:
             raise InputError(f"--out '{out}': folder '{out.parent}' does not exist")
 
 
-def check_memory(mixers: list[str], sized: dict[str, tuple[ModelConfig, int]], args: LMBenchConfig,
-                 available: int) -> None:
+def check_memory(
+    mixers: list[str], sized: dict[str, tuple[ModelConfig, int]], args: LMBenchConfig, available: int
+) -> None:
     """Refuse a run whose models and largest training batch do not fit in ``available`` bytes."""
     params = sum(TRAIN_BYTES_PER_PARAM * (n + cfg.vocab_size * cfg.d_model) for cfg, n in sized.values())
     widest = max(cfg.d_model * len(cfg.layers) for cfg, _ in sized.values())
@@ -223,10 +235,12 @@ def check_memory(mixers: list[str], sized: dict[str, tuple[ModelConfig, int]], a
         tokens = max(1, args.batch_tokens // t) * t
         need = params + tokens * per_token
         if need > available:
-            raise InputError(f"bench lm at context {t:,} ({tokens:,} tokens a step, vocabulary {args.vocab_size:,}, "
-                             f"{len(mixers)} models) would need about {need / 2**30:,.1f} GiB, more than the "
-                             f"{available / 2**30:,.1f} GiB of memory available; lower --contexts, --batch-tokens, "
-                             "--vocab-size or --layers")
+            raise InputError(
+                f"bench lm at context {t:,} ({tokens:,} tokens a step, vocabulary {args.vocab_size:,}, "
+                f"{len(mixers)} models) would need about {need / 2**30:,.1f} GiB, more than the "
+                f"{available / 2**30:,.1f} GiB of memory available; lower --contexts, --batch-tokens, "
+                "--vocab-size or --layers"
+            )
 
 
 def _layer_budget(args: LMBenchConfig, available: int) -> None:
@@ -237,9 +251,11 @@ def _layer_budget(args: LMBenchConfig, available: int) -> None:
         one = MixerModel(cfg).num_params(exclude_embedding=True)
     per_layer = TRAIN_BYTES_PER_PARAM * one + 64 * 2**10  # + Python objects of a block
     if args.layers * per_layer > available:
-        raise InputError(f"--layers {args.layers:,} would need about {args.layers * per_layer / 2**30:,.1f} GiB even at "
-                         f"the narrowest width, more than the {available / 2**30:,.1f} GiB of memory available; "
-                         f"the largest --layers that fits is {available // per_layer:,}")
+        raise InputError(
+            f"--layers {args.layers:,} would need about {args.layers * per_layer / 2**30:,.1f} GiB even at "
+            f"the narrowest width, more than the {available / 2**30:,.1f} GiB of memory available; "
+            f"the largest --layers that fits is {available // per_layer:,}"
+        )
 
 
 def run(args: LMBenchConfig, available_memory: int | None = None) -> dict:
@@ -272,13 +288,26 @@ def run(args: LMBenchConfig, available_memory: int | None = None) -> dict:
         timings = _time_context(models, t, args)
         for m in mixers:
             cfg, n_params = sized[m]
-            results.append({"mixer": m, "context": t, "d_model": cfg.d_model, "layers": args.layers,
-                            "params_non_embedding": n_params, **timings[m]})
+            results.append(
+                {
+                    "mixer": m,
+                    "context": t,
+                    "d_model": cfg.d_model,
+                    "layers": args.layers,
+                    "params_non_embedding": n_params,
+                    **timings[m],
+                }
+            )
     results.sort(key=lambda r: (mixers.index(r["mixer"]), r["context"]))
-    report = {"benchmark": "lm", "torch": torch.__version__, "threads": torch.get_num_threads(),
-              "machine": platform.processor() or platform.machine(),
-              "config": dataclasses.asdict(args),
-              "results": results, "ratios": _ratios(results, args.contexts)}
+    report = {
+        "benchmark": "lm",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "machine": platform.processor() or platform.machine(),
+        "config": dataclasses.asdict(args),
+        "results": results,
+        "ratios": _ratios(results, args.contexts),
+    }
     if args.out:
         atomic_write_text(args.out, json.dumps(report, indent=2) + "\n")
     return report
@@ -298,19 +327,26 @@ def _ratios(results: list[dict], contexts: list[int]) -> dict:
                 continue
             train = r["train_tokens_per_s"] / base["train_tokens_per_s"]
             decode = base["decode_ms_per_token"] / r["decode_ms_per_token"]
-            entry = {"train_vs_attention": round(train, 3), "decode_speedup_vs_attention": round(decode, 3),
-                     # the same ratios in process CPU time: steadier than wall clock on a shared machine
-                     "train_vs_attention_cpu": round(r["train_tokens_per_cpu_s"] / base["train_tokens_per_cpu_s"], 3),
-                     "decode_speedup_vs_attention_cpu": round(base["decode_cpu_ms_per_token"]
-                                                              / r["decode_cpu_ms_per_token"], 3)}
+            entry = {
+                "train_vs_attention": round(train, 3),
+                "decode_speedup_vs_attention": round(decode, 3),
+                # the same ratios in process CPU time: steadier than wall clock on a shared machine
+                "train_vs_attention_cpu": round(r["train_tokens_per_cpu_s"] / base["train_tokens_per_cpu_s"], 3),
+                "decode_speedup_vs_attention_cpu": round(
+                    base["decode_cpu_ms_per_token"] / r["decode_cpu_ms_per_token"], 3
+                ),
+            }
             train_cpu, decode_cpu = entry["train_vs_attention_cpu"], entry["decode_speedup_vs_attention_cpu"]
             if t == long_t and long_t != short_t:
                 entry["meets_long_context_targets"] = train >= TRAIN_TARGET_AT_LONG and decode >= DECODE_TARGET_AT_LONG
-                entry["meets_long_context_targets_cpu"] = (train_cpu >= TRAIN_TARGET_AT_LONG
-                                                           and decode_cpu >= DECODE_TARGET_AT_LONG)
+                entry["meets_long_context_targets_cpu"] = (
+                    train_cpu >= TRAIN_TARGET_AT_LONG and decode_cpu >= DECODE_TARGET_AT_LONG
+                )
             if t == short_t:
                 entry["within_1.5x_of_attention"] = 1 / WITHIN_AT_SHORT <= train and 1 / WITHIN_AT_SHORT <= decode
-                entry["within_1.5x_of_attention_cpu"] = 1 / WITHIN_AT_SHORT <= train_cpu and 1 / WITHIN_AT_SHORT <= decode_cpu
+                entry["within_1.5x_of_attention_cpu"] = (
+                    1 / WITHIN_AT_SHORT <= train_cpu and 1 / WITHIN_AT_SHORT <= decode_cpu
+                )
             per[r["mixer"]] = entry
         out[str(t)] = per
     return out

@@ -27,6 +27,7 @@ the case's own process, like the matmul rate) + projection_flops / ``case_matmul
 (2 on this machine when both work). ``busy`` > 0 starts that many single-threaded matmul loops for
 the whole run, to measure the mixers under contention (the shared machine's usual state).
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -38,8 +39,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from tokenmix.bench.worker import case_main, run_in_subprocess
-from tokenmix.runs.clocks import time_call
 from tokenmix.mixers.registry import build_mixer, mixer_names
+from tokenmix.runs.clocks import time_call
 
 SIZES = [512, 2048, 8192]
 MAX_QUADRATIC_N = 8192  # O(n^2)-memory mixers beyond this are skipped
@@ -63,6 +64,7 @@ def prepare_mixer_case(case: dict):
         def fn():
             _clear_grads((q, k, v))
             F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
         return fn, {"model_flops": 3 * 2 * b * h * hd * n * (n + 1), **rate}
     m = build_mixer(case["mixer"], h * hd, n_heads=h)
     x = torch.randn(b, n, h * hd, requires_grad=True)
@@ -71,6 +73,7 @@ def prepare_mixer_case(case: dict):
         _clear_grads((x, *m.parameters()))
         y, _ = m(x)
         y.sum().backward()
+
     flops = 3 * 2 * b * sum(m.flops_per_token(t) for t in range(1, n + 1, max(1, n // 256))) * max(1, n // 256)
     extra = {"model_flops": flops, "projection_flops": projection_flops(m, b * n), **rate}
     if hasattr(m, "moved_values"):
@@ -82,6 +85,7 @@ def prepare_mixer_case(case: dict):
             _clear_grads(z for z in inputs if z is not None)
             o, _ = core(*inputs)
             o.sum().backward()
+
         extra["core_time_s"] = time_call(core_fn, case.get("repeats", 2))
     return fn, extra
 
@@ -163,13 +167,16 @@ def _run(sizes: list[int] | None, mixers: list[str] | None, progress) -> dict:
                 r["gflops"] = r["model_flops"] / r["time_s"] / 1e9
                 r["fraction_of_matmul_peak"] = r["gflops"] / case_peak
                 if "projection_flops" in r:
-                    r["mfu_with_projections"] = (r["model_flops"] + r["projection_flops"]) / r["time_s"] / 1e9 / case_peak
+                    r["mfu_with_projections"] = (
+                        (r["model_flops"] + r["projection_flops"]) / r["time_s"] / 1e9 / case_peak
+                    )
                 if "core_time_s" in r:
                     r["core_gflops"] = r["model_flops"] / r["core_time_s"] / 1e9
                     r["core_fraction_of_matmul_peak"] = r["core_gflops"] / case_peak
                 if "moved_bytes" in r:
-                    r["roofline_s"] = (r["moved_bytes"] / (r["case_stream_gbs"] * 1e9)
-                                       + r["projection_flops"] / (case_peak * 1e9))
+                    r["roofline_s"] = r["moved_bytes"] / (r["case_stream_gbs"] * 1e9) + r["projection_flops"] / (
+                        case_peak * 1e9
+                    )
                     r["over_roofline"] = r["time_s"] / r["roofline_s"]
                 r["cpu_per_wall"] = r["cpu_s"] / r["time_s"]
             if progress:
@@ -190,8 +197,13 @@ def _run(sizes: list[int] | None, mixers: list[str] | None, progress) -> dict:
             if "core_time_s" in r:
                 row[f"core_speedup_vs_sdpa@{r['n']}"] = round(sdpa[r["n"]] / r["core_time_s"], 2)
                 row[f"core_matmul_peak_fraction@{r['n']}"] = round(r["core_fraction_of_matmul_peak"], 3)
-    return {"benchmark": "mixers", "matmul_fp32_gflops": peak, "chunk_matmul_fp32_gflops": chunk_rate,
-            "results": results, "summary": summary}
+    return {
+        "benchmark": "mixers",
+        "matmul_fp32_gflops": peak,
+        "chunk_matmul_fp32_gflops": chunk_rate,
+        "results": results,
+        "summary": summary,
+    }
 
 
 if __name__ == "__main__":

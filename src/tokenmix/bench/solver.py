@@ -12,6 +12,7 @@ best process CPU time of a call (all threads; on a shared machine it is the stea
 since time-slicing by other processes inflates wall time), ``peak_mb`` the RSS growth of the
 case's process during the timed calls (activations kept for backward included).
 """
+
 from __future__ import annotations
 
 import time
@@ -37,6 +38,7 @@ def _with_cpu_time(work, extra: dict):
         c = time.process_time()
         work()
         extra["cpu_s"] = min(extra.get("cpu_s", float("inf")), time.process_time() - c)
+
     return fn, extra
 
 
@@ -47,6 +49,7 @@ def prepare_solver_case(case: dict):
 
         def work():
             F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
+
         return _with_cpu_time(work, {})
     m = build_mixer(case["mixer"], h * hd, n_heads=h, chunk_size=case.get("chunk_size", 64))
     x = torch.randn(1, n, h * hd, requires_grad=True)
@@ -54,6 +57,7 @@ def prepare_solver_case(case: dict):
     def work():
         y, _ = m(x, mode=case["mode"])
         y.sum().backward()
+
     return _with_cpu_time(work, {})
 
 

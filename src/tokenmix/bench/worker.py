@@ -8,6 +8,7 @@ Each benchmark module times its cases in child processes (a fresh allocator and 
 case) and is itself the child's entry point, so this module knows no benchmark (clocks:
 ``runs/clocks.py``).
 """
+
 from __future__ import annotations
 
 import json
@@ -37,8 +38,13 @@ def run_case(case: dict, prepare: Callable[[dict], tuple[Callable[[], None], dic
     base = _rss_mb()
     times = time_repeats(fn, case.get("repeats", 2))
     # a case that measures its own CPU time (around its core work only) keeps it
-    return {"cpu_s": min(times["cpu"]), **case, **extra, "time_s": min(times["wall"]),
-            "peak_mb": max(0.0, _peak_mb() - base)}
+    return {
+        "cpu_s": min(times["cpu"]),
+        **case,
+        **extra,
+        "time_s": min(times["wall"]),
+        "peak_mb": max(0.0, _peak_mb() - base),
+    }
 
 
 def run_in_subprocess(case: dict, module: str, timeout: float = 600, env: dict[str, str] | None = None) -> dict:
@@ -46,12 +52,13 @@ def run_in_subprocess(case: dict, module: str, timeout: float = 600, env: dict[s
     calls ``case_main`` with its prepare function) in ``env`` (None: this process's environment);
     failures come back as {"error": ...}."""
     try:
-        out = subprocess.run([sys.executable, "-m", module, json.dumps(case)],
-                             capture_output=True, text=True, timeout=timeout, env=env)
+        out = subprocess.run(
+            [sys.executable, "-m", module, json.dumps(case)], capture_output=True, text=True, timeout=timeout, env=env
+        )
     except subprocess.TimeoutExpired:
         return {**case, "error": f"timed out after {timeout:.0f} s"}
     if out.returncode != 0:
-        lines = (out.stderr.strip().splitlines() or ["(no output)"])
+        lines = out.stderr.strip().splitlines() or ["(no output)"]
         return {**case, "error": lines[-1][:300]}
     return json.loads(out.stdout.strip().splitlines()[-1])
 

@@ -10,6 +10,7 @@ family module needs no list entry; ``family_modules()`` maps each family to its 
 Shared helpers: ``checks/common.py``; every tolerance: ``checks/tolerances.py``;
 ``fla_naive(name)`` loads fla-core's pure-PyTorch reference by file path.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -66,16 +67,36 @@ class CrossCheck:
 CROSSCHECKS: dict[str, list[CrossCheck]] = {}
 
 
-def register_crosscheck(mixer: str, reference: str, metric: str, tolerance: float, *, ops: tuple[str, ...] = (),
-                        op_states: bool = False, per_mode: tuple[str, ...] = (".output",),
-                        compares_modes: bool = True):
+def register_crosscheck(
+    mixer: str,
+    reference: str,
+    metric: str,
+    tolerance: float,
+    *,
+    ops: tuple[str, ...] = (),
+    op_states: bool = False,
+    per_mode: tuple[str, ...] = (".output",),
+    compares_modes: bool = True,
+):
     """Decorator: ``fn() -> {quantity: error}``, each error compared with ``tolerance`` (``CrossCheck``)."""
 
     def deco(fn):
         if any(c.reference == reference for c in CROSSCHECKS.get(mixer, [])):
             raise InputError(f"mixer '{mixer}': a cross-check against '{reference}' is registered twice")
-        CROSSCHECKS.setdefault(mixer, []).append(CrossCheck(mixer, reference, metric, tolerance, fn, fn.__module__,
-                                                            tuple(ops), op_states, tuple(per_mode), compares_modes))
+        CROSSCHECKS.setdefault(mixer, []).append(
+            CrossCheck(
+                mixer,
+                reference,
+                metric,
+                tolerance,
+                fn,
+                fn.__module__,
+                tuple(ops),
+                op_states,
+                tuple(per_mode),
+                compares_modes,
+            )
+        )
         return fn
 
     return deco

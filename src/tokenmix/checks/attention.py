@@ -17,6 +17,7 @@ the 1/sqrt(K) scaling (its effective gate is g / sqrt(K)), while ``path_attentio
 (log f added after scaling), so fla gets g = sqrt(K) log f; without the forget gate fla gets g = 0.
 fla's stick-breaking ``attend_current`` is the mixer's config field of the same name.
 """
+
 from __future__ import annotations
 
 import math
@@ -74,8 +75,9 @@ def attention_vs_sdpa() -> dict[str, float]:
 LOCAL_WINDOWS = (1, 4, 16, 50)  # 50 > T: the window covers the whole sequence
 
 
-@register_crosscheck("local_attention", "fla naive_parallel_attn window_size", "float32 max abs", FLOAT32_ABS_TOL,
-                     per_mode=PER_MODE)
+@register_crosscheck(
+    "local_attention", "fla naive_parallel_attn window_size", "float32 max abs", FLOAT32_ABS_TOL, per_mode=PER_MODE
+)
 def local_attention_vs_fla(windows: Sequence[int] = LOCAL_WINDOWS) -> dict[str, float]:
     """Every mode, whole and in pieces, against fla's windowed naive attention.
 
@@ -92,8 +94,9 @@ def local_attention_vs_fla(windows: Sequence[int] = LOCAL_WINDOWS) -> dict[str, 
 
 
 # ---------------------------------------------------------------- FoX
-@register_crosscheck("forgetting_attention", "fla naive_forgetting_attn", "float32 max rel", FLOAT32_REL_TOL,
-                     per_mode=PER_MODE)
+@register_crosscheck(
+    "forgetting_attention", "fla naive_forgetting_attn", "float32 max rel", FLOAT32_REL_TOL, per_mode=PER_MODE
+)
 def forgetting_attention_vs_fla() -> dict[str, float]:
     """Every mode against ``naive_forgetting_attn(q, k, v, g = log f)``; the forget-gate bias is
     scaled up (x4) so the gates are far from 1 and the decay matters."""
@@ -107,15 +110,15 @@ def forgetting_attention_vs_fla() -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- stick-breaking
-@register_crosscheck("stickbreaking_attention", "fla naive_stickbreaking_attn", "float32 max rel", FLOAT32_REL_TOL,
-                     per_mode=PER_MODE)
+@register_crosscheck(
+    "stickbreaking_attention", "fla naive_stickbreaking_attn", "float32 max rel", FLOAT32_REL_TOL, per_mode=PER_MODE
+)
 def stickbreaking_attention_vs_fla(attend_current: Sequence[bool] = (False, True)) -> dict[str, float]:
     """Every mode against ``naive_stickbreaking_attn``, with and without ``attend_current``."""
     out = {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for i, current in enumerate(attend_current):
-            m, x = mixer_case("stickbreaking_attention", i, head_dim=HEAD_DIM, chunk_size=CHUNK,
-                              attend_current=current)
+            m, x = mixer_case("stickbreaking_attention", i, head_dim=HEAD_DIM, chunk_size=CHUNK, attend_current=current)
             q, k, v = m._project(x)
             ref = fla_naive("stickbreaking_attn").naive_stickbreaking_attn(q, k, v, attend_current=current)[0]
             out.update(outputs_in_pieces(m, x, ref.flatten(2), prefix=f"attend_current={current} "))
@@ -134,8 +137,9 @@ def path_attention_vs_fla(cases: Sequence[tuple[bool, bool]] = PATH_CASES) -> di
     out = {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         for i, (gate, neg) in enumerate(cases):
-            m, x = mixer_case("path_attention", i, head_dim=HEAD_DIM, chunk_size=CHUNK, use_forget_gate=gate,
-                              allow_neg_eigval=neg)
+            m, x = mixer_case(
+                "path_attention", i, head_dim=HEAD_DIM, chunk_size=CHUNK, use_forget_gate=gate, allow_neg_eigval=neg
+            )
             m.beta_proj.weight.mul_(4.0)
             q, k, v = m._project(x)
             w, beta, logf = m.transforms(x)

@@ -6,6 +6,7 @@ Key names of the returned error dicts, which the tests read (``CrossCheck.per_mo
 state passed along), ``<mode>.continued.output`` (a second segment from the first's state),
 ``<mode>.state`` (final state), ``op.<impl>...`` (an op, outside the mixer).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -29,8 +30,15 @@ def identity_readout(m: Mixer) -> None:
         m.out.weight.copy_(torch.eye(m.out.weight.shape[0], dtype=m.out.weight.dtype))
 
 
-def mixer_case(name: str, seed: int, heads: int = 3, head_dim: int = 8, t: int = 37, dtype: torch.dtype = torch.float32,
-               **overrides) -> tuple[Mixer, Tensor]:
+def mixer_case(
+    name: str,
+    seed: int,
+    heads: int = 3,
+    head_dim: int = 8,
+    t: int = 37,
+    dtype: torch.dtype = torch.float32,
+    **overrides,
+) -> tuple[Mixer, Tensor]:
     """The registered mixer (``heads`` x ``head_dim``, config ``overrides``) with an identity readout, and
     an input x [2, t, D]; seeded."""
     torch.manual_seed(seed)
@@ -55,8 +63,14 @@ def run_in_pieces(m: Mixer, x: Tensor, mode: str, sizes: Sequence[int]):
     return torch.cat(ys, 1), state
 
 
-def outputs_in_pieces(m: Mixer, x: Tensor, ref: Tensor, pieces: Sequence[int] = PIECES,
-                      metric: Callable[[Tensor, Tensor], float] = max_rel_err, prefix: str = "") -> dict[str, float]:
+def outputs_in_pieces(
+    m: Mixer,
+    x: Tensor,
+    ref: Tensor,
+    pieces: Sequence[int] = PIECES,
+    metric: Callable[[Tensor, Tensor], float] = max_rel_err,
+    prefix: str = "",
+) -> dict[str, float]:
     """``metric`` of every mode of m against ref [B, T, D]: ``{"<prefix><mode>.output": e,
     "<prefix><mode>.pieces": e}`` (whole, and in ``pieces`` with the state passed along)."""
     out = {}
@@ -66,8 +80,9 @@ def outputs_in_pieces(m: Mixer, x: Tensor, ref: Tensor, pieces: Sequence[int] = 
     return out
 
 
-def outputs_and_states_in_pieces(m: Mixer, x: Tensor, o_ref: Tensor, s_ref: Tensor | None = None,
-                                 pieces: Sequence[int] = PIECES, prefix: str = "") -> dict[str, float]:
+def outputs_and_states_in_pieces(
+    m: Mixer, x: Tensor, o_ref: Tensor, s_ref: Tensor | None = None, pieces: Sequence[int] = PIECES, prefix: str = ""
+) -> dict[str, float]:
     """Max relative error of every mode of m, whole and in ``pieces``, against o_ref [B, T, H, V] (or
     [B, T, D]) and, when given, the final state ``state.memory`` against s_ref: keys
     ``<prefix><mode>[.pieces].output`` and ``<prefix><mode>[.pieces].state``."""
@@ -108,12 +123,24 @@ def modes_over_segments(m: Mixer, xs: Sequence[Tensor], reference) -> dict[str, 
     return out
 
 
-def gla_ops_against(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None, scale: float, s0: Tensor | None,
-                    o_ref: Tensor, s_ref: Tensor | None, chunk_size: int, prefix: str = "op.") -> dict[str, float]:
+def gla_ops_against(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None,
+    scale: float,
+    s0: Tensor | None,
+    o_ref: Tensor,
+    s_ref: Tensor | None,
+    chunk_size: int,
+    prefix: str = "op.",
+) -> dict[str, float]:
     """Both GLA op implementations (ops/chunked_gla.py at ``chunk_size``, ops/recurrent_gla.py) against
     o_ref and, when given, s_ref: keys ``<prefix>chunked_gla(C=<c>).output``, ``<prefix>recurrent_gla.state``, ..."""
-    runs = {f"chunked_gla(C={chunk_size})": chunked_gla(q, k, v, g, scale, s0, chunk_size),
-            "recurrent_gla": recurrent_gla(q, k, v, g, scale, s0)}
+    runs = {
+        f"chunked_gla(C={chunk_size})": chunked_gla(q, k, v, g, scale, s0, chunk_size),
+        "recurrent_gla": recurrent_gla(q, k, v, g, scale, s0),
+    }
     out = {}
     for impl, (o, s) in runs.items():
         out[f"{prefix}{impl}.output"] = max_rel_err(o, o_ref)

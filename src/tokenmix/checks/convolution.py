@@ -14,6 +14,7 @@ reference runs on the whole sequence at once. Keys: ``k=<k> <mode>.output`` (the
 ``k=<k> <mode>.continued.output`` (the rest) and ``k=<k> <mode>.state`` (the cached inputs against the
 last min(k - 1, T) inputs u).
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -53,8 +54,11 @@ def conv_mamba_layout(w: Tensor, u: Tensor) -> Tensor:
     return layer(u.transpose(1, 2))[..., : u.shape[1]].transpose(1, 2)
 
 
-def _against(reference: Callable[[Tensor, Tensor], Tensor], kernel_sizes: Sequence[int] = KERNEL_SIZES,
-             segments: Sequence[int] = SEGMENTS) -> dict[str, float]:
+def _against(
+    reference: Callable[[Tensor, Tensor], Tensor],
+    kernel_sizes: Sequence[int] = KERNEL_SIZES,
+    segments: Sequence[int] = SEGMENTS,
+) -> dict[str, float]:
     """Every mode of short_conv, for each kernel size, against ``reference(w, u) -> v`` on the whole sequence."""
     out = {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -65,7 +69,7 @@ def _against(reference: Callable[[Tensor, Tensor], Tensor], kernel_sizes: Sequen
             x = torch.randn(2, sum(segments), D_MODEL, dtype=torch.float64)
             u = x @ m.in_proj.weight.T
             y_ref = reference(m.weight, u) @ m.out.weight.T
-            state_ref = u[:, u.shape[1] - min(k - 1, u.shape[1]):]
+            state_ref = u[:, u.shape[1] - min(k - 1, u.shape[1]) :]
             first = segments[0]
             for mode in m.modes:
                 ys, state, t0 = [], None, 0
@@ -76,18 +80,29 @@ def _against(reference: Callable[[Tensor, Tensor], Tensor], kernel_sizes: Sequen
                 y = torch.cat(ys, 1)
                 out[f"k={k} {mode}.output"] = max_rel_err(y[:, :first], y_ref[:, :first])
                 out[f"k={k} {mode}.continued.output"] = max_rel_err(y[:, first:], y_ref[:, first:])
-                out[f"k={k} {mode}.state"] = (max_rel_err(state.inputs, state_ref) if k > 1
-                                              else float(state.inputs.numel() != 0))
+                out[f"k={k} {mode}.state"] = (
+                    max_rel_err(state.inputs, state_ref) if k > 1 else float(state.inputs.numel() != 0)
+                )
     return out
 
 
-@register_crosscheck("short_conv", "explicit loop v_t = sum_j w[c, j] u_{t-j}", "float64 max rel", FLOAT64_CONV_REL_TOL,
-                     per_mode=PER_MODE)
+@register_crosscheck(
+    "short_conv",
+    "explicit loop v_t = sum_j w[c, j] u_{t-j}",
+    "float64 max rel",
+    FLOAT64_CONV_REL_TOL,
+    per_mode=PER_MODE,
+)
 def short_conv_vs_loop() -> dict[str, float]:
     return _against(conv_loop)
 
 
-@register_crosscheck("short_conv", "nn.Conv1d(padding=k-1) in Mamba's reversed layout", "float64 max rel",
-                     FLOAT64_CONV_REL_TOL, per_mode=PER_MODE)
+@register_crosscheck(
+    "short_conv",
+    "nn.Conv1d(padding=k-1) in Mamba's reversed layout",
+    "float64 max rel",
+    FLOAT64_CONV_REL_TOL,
+    per_mode=PER_MODE,
+)
 def short_conv_vs_mamba_conv1d() -> dict[str, float]:
     return _against(conv_mamba_layout)

@@ -17,6 +17,7 @@ on a [B, T·n_h, ...] axis, the query and the decay per token, and ``g`` before 
 naive_chunk_kda needs T % chunk_size == 0; gdn2's refs take (g, b, w) with b the erase and w the
 write gate. Our own float64 mode equivalences are ``checks.equivalence.mode_errors``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -69,8 +70,15 @@ def _op_runs(out: dict[str, float], runs: dict, o_ref: Tensor, s_ref: Tensor | N
 
 
 # ---------------------------------------------------------------- DeltaNet
-@register_crosscheck("deltanet", "fla delta_rule_recurrence", "float32 max rel", FLOAT32_REL_TOL,
-                     ops=DELTA_OPS, op_states=True, per_mode=PER_MODE)
+@register_crosscheck(
+    "deltanet",
+    "fla delta_rule_recurrence",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=DELTA_OPS,
+    op_states=True,
+    per_mode=PER_MODE,
+)
 def deltanet_vs_fla() -> dict[str, float]:
     """The delta-rule ops (chunked at two chunk sizes, recurrent; initial state s0) and the DeltaNet
     mixer in every mode (beta in (0, 1) and, with allow_neg_eigval, in (0, 2)) against fla."""
@@ -78,8 +86,14 @@ def deltanet_vs_fla() -> dict[str, float]:
     out: dict[str, float] = {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         q, k, v, beta, _, s0 = _delta_inputs()
-        o_ref, s_ref = ref.delta_rule_recurrence(_head_first(q), _head_first(k), _head_first(v), _head_first(beta),
-                                                 initial_state=s0.clone(), output_final_state=True)
+        o_ref, s_ref = ref.delta_rule_recurrence(
+            _head_first(q),
+            _head_first(k),
+            _head_first(v),
+            _head_first(beta),
+            initial_state=s0.clone(),
+            output_final_state=True,
+        )
         o_ref = _head_first(o_ref)  # back to [B, T, H, V]
         runs = {f"op.chunked(C={c})": chunked_delta_rule(q, k, v, beta, None, None, s0, c) for c in DELTA_CHUNKS}
         runs["op.recurrent"] = recurrent_delta_rule(q, k, v, beta, None, None, s0)
@@ -87,10 +101,12 @@ def deltanet_vs_fla() -> dict[str, float]:
         for neg in (False, True):
             m, x = _mixer_case("deltanet", seed=int(neg), allow_neg_eigval=neg)
             qm, km, vm, bm, _ = m._project(x)
-            o_ref, s_ref = ref.delta_rule_recurrence(_head_first(qm), _head_first(km), _head_first(vm),
-                                                     _head_first(bm), output_final_state=True)
-            out.update(outputs_and_states_in_pieces(m, x, _head_first(o_ref), s_ref,
-                                                    prefix="beta<2 " if neg else "beta<1 "))
+            o_ref, s_ref = ref.delta_rule_recurrence(
+                _head_first(qm), _head_first(km), _head_first(vm), _head_first(bm), output_final_state=True
+            )
+            out.update(
+                outputs_and_states_in_pieces(m, x, _head_first(o_ref), s_ref, prefix="beta<2 " if neg else "beta<1 ")
+            )
     return out
 
 
@@ -101,10 +117,20 @@ def _gated_delta_vs(reference: str) -> dict[str, float]:
 
     def fla_ref(q, k, v, beta, g, scale, s0):
         if reference == "recurrent":  # (beta, g)
-            return ref.naive_recurrent_gated_delta_rule(q, k, v, beta, g, scale=scale, initial_state=s0,
-                                                        output_final_state=True)
-        return ref.naive_chunk_gated_delta_rule(q, k, v, g, beta, chunk_size=16, scale=scale,  # (g, beta)
-                                                initial_state=s0, output_final_state=True)
+            return ref.naive_recurrent_gated_delta_rule(
+                q, k, v, beta, g, scale=scale, initial_state=s0, output_final_state=True
+            )
+        return ref.naive_chunk_gated_delta_rule(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            chunk_size=16,
+            scale=scale,  # (g, beta)
+            initial_state=s0,
+            output_final_state=True,
+        )
 
     out: dict[str, float] = {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -121,21 +147,42 @@ def _gated_delta_vs(reference: str) -> dict[str, float]:
     return out
 
 
-@register_crosscheck("gated_deltanet", "fla naive_recurrent_gated_delta_rule", "float32 max rel", FLOAT32_REL_TOL,
-                     ops=DELTA_OPS, op_states=True, per_mode=PER_MODE)
+@register_crosscheck(
+    "gated_deltanet",
+    "fla naive_recurrent_gated_delta_rule",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=DELTA_OPS,
+    op_states=True,
+    per_mode=PER_MODE,
+)
 def gated_deltanet_vs_fla_recurrent() -> dict[str, float]:
     return _gated_delta_vs("recurrent")
 
 
-@register_crosscheck("gated_deltanet", "fla naive_chunk_gated_delta_rule C=16", "float32 max rel", FLOAT32_REL_TOL,
-                     ops=DELTA_OPS, op_states=True, per_mode=PER_MODE)
+@register_crosscheck(
+    "gated_deltanet",
+    "fla naive_chunk_gated_delta_rule C=16",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=DELTA_OPS,
+    op_states=True,
+    per_mode=PER_MODE,
+)
 def gated_deltanet_vs_fla_chunk() -> dict[str, float]:
     return _gated_delta_vs("chunk")
 
 
 # ---------------------------------------------------------------- Gated DeltaProduct
-@register_crosscheck("gated_delta_product", "fla naive_recurrent_gated_delta_product", "float32 max rel",
-                     FLOAT32_REL_TOL, ops=DELTA_OPS, op_states=True, per_mode=PER_MODE)
+@register_crosscheck(
+    "gated_delta_product",
+    "fla naive_recurrent_gated_delta_product",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=DELTA_OPS,
+    op_states=True,
+    per_mode=PER_MODE,
+)
 def gated_delta_product_vs_fla() -> dict[str, float]:
     """The delta-rule ops on the sub-step clock (n_h = 2, 3) and the mixer (n_h = 1, 2, 3; beta < 1 and < 2)
     against fla's naive_recurrent_gated_delta_product."""
@@ -146,16 +193,18 @@ def gated_delta_product_vs_fla() -> dict[str, float]:
             q, k, v, beta, g, s0 = _delta_inputs(t=50 * nh)  # one key, value and beta per sub-step
             q_tok, g_tok = q[:, nh - 1 :: nh].contiguous(), g[:, ::nh].contiguous()
             scale = q.shape[-1] ** -0.5
-            o_ref, s_ref = ref.naive_recurrent_gated_delta_product(q_tok, k, v, g_tok, beta, scale,
-                                                                   initial_state=s0.clone(),
-                                                                   output_final_state=True, num_householder=nh)
+            o_ref, s_ref = ref.naive_recurrent_gated_delta_product(
+                q_tok, k, v, g_tok, beta, scale, initial_state=s0.clone(), output_final_state=True, num_householder=nh
+            )
             # our clock: q on the last sub-step (0 elsewhere), g on the first (0 elsewhere)
             q_sub = torch.zeros_like(q)
             q_sub[:, nh - 1 :: nh] = q_tok
             g_sub = torch.zeros_like(g)
             g_sub[:, ::nh] = g_tok
-            runs = {f"n_h={nh} op.chunked(C={c})": chunked_delta_rule(q_sub, k, v, beta, g_sub, scale, s0, c)
-                    for c in DELTA_CHUNKS}
+            runs = {
+                f"n_h={nh} op.chunked(C={c})": chunked_delta_rule(q_sub, k, v, beta, g_sub, scale, s0, c)
+                for c in DELTA_CHUNKS
+            }
             runs[f"n_h={nh} op.recurrent"] = recurrent_delta_rule(q_sub, k, v, beta, g_sub, scale, s0)
             _op_runs(out, {w: (o[:, nh - 1 :: nh], s) for w, (o, s) in runs.items()}, o_ref, s_ref)
         for nh in (1, 2, 3):
@@ -163,10 +212,13 @@ def gated_delta_product_vs_fla() -> dict[str, float]:
                 m, x = _mixer_case("gated_delta_product", seed=10 * nh + neg, n_h=nh, allow_neg_eigval=neg)
                 qm, km, vm, bm, gm = m._project(x)
                 o_ref, s_ref = ref.naive_recurrent_gated_delta_product(
-                    qm[:, nh - 1 :: nh], km, vm, gm[:, ::nh], bm, m.scale, output_final_state=True,
-                    num_householder=nh)
-                out.update(outputs_and_states_in_pieces(m, x, o_ref, s_ref,
-                                                        prefix=f"n_h={nh} {'beta<2' if neg else 'beta<1'} "))
+                    qm[:, nh - 1 :: nh], km, vm, gm[:, ::nh], bm, m.scale, output_final_state=True, num_householder=nh
+                )
+                out.update(
+                    outputs_and_states_in_pieces(
+                        m, x, o_ref, s_ref, prefix=f"n_h={nh} {'beta<2' if neg else 'beta<1'} "
+                    )
+                )
     return out
 
 
@@ -208,15 +260,29 @@ def _kda_vs(reference: str) -> dict[str, float]:
     return out
 
 
-@register_crosscheck("kda", "fla naive_recurrent_kda", "float32 max rel", FLOAT32_REL_TOL,
-                     ops=DELTA_OPS, op_states=True, per_mode=PER_MODE)
+@register_crosscheck(
+    "kda",
+    "fla naive_recurrent_kda",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=DELTA_OPS,
+    op_states=True,
+    per_mode=PER_MODE,
+)
 def kda_vs_fla_recurrent() -> dict[str, float]:
     """The channel-wise delta ops and the KDA mixer (beta < 1 and < 2) against fla's naive_recurrent_kda."""
     return _kda_vs("recurrent")
 
 
-@register_crosscheck("kda", "fla naive_chunk_kda C=16", "float32 max rel", FLOAT32_REL_TOL,
-                     ops=DELTA_OPS, op_states=True, per_mode=PER_MODE)
+@register_crosscheck(
+    "kda",
+    "fla naive_chunk_kda C=16",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=DELTA_OPS,
+    op_states=True,
+    per_mode=PER_MODE,
+)
 def kda_vs_fla_chunk() -> dict[str, float]:
     """The same against fla's naive_chunk_kda (T = 64 and 48, multiples of its chunk size 16)."""
     return _kda_vs("chunk")
@@ -229,8 +295,9 @@ def _gdn2_vs(reference: str) -> dict[str, float]:
     def fla_ref(q, k, v, g, b, w, scale, s0):
         if reference == "recurrent":
             return ref.naive_recurrent_gdn2(q, k, v, g, b, w, scale=scale, initial_state=s0, output_final_state=True)
-        return ref.naive_chunk_gdn2(q, k, v, g, b, w, scale=scale, initial_state=s0, output_final_state=True,
-                                    chunk_size=FLA_CHUNK)
+        return ref.naive_chunk_gdn2(
+            q, k, v, g, b, w, scale=scale, initial_state=s0, output_final_state=True, chunk_size=FLA_CHUNK
+        )
 
     out: dict[str, float] = {}
     with torch.random.fork_rng(devices=[]), torch.no_grad():
@@ -250,15 +317,29 @@ def _gdn2_vs(reference: str) -> dict[str, float]:
     return out
 
 
-@register_crosscheck("gdn2", "fla naive_recurrent_gdn2", "float32 max rel", FLOAT32_REL_TOL,
-                     ops=DELTA_OPS, op_states=True, per_mode=PER_MODE)
+@register_crosscheck(
+    "gdn2",
+    "fla naive_recurrent_gdn2",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=DELTA_OPS,
+    op_states=True,
+    per_mode=PER_MODE,
+)
 def gdn2_vs_fla_recurrent() -> dict[str, float]:
     """The channel-wise delta ops and the GDN-2 mixer (b < 1 and < 2) against fla's naive_recurrent_gdn2."""
     return _gdn2_vs("recurrent")
 
 
-@register_crosscheck("gdn2", "fla naive_chunk_gdn2 C=16", "float32 max rel", FLOAT32_REL_TOL,
-                     ops=DELTA_OPS, op_states=True, per_mode=PER_MODE)
+@register_crosscheck(
+    "gdn2",
+    "fla naive_chunk_gdn2 C=16",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=DELTA_OPS,
+    op_states=True,
+    per_mode=PER_MODE,
+)
 def gdn2_vs_fla_chunk() -> dict[str, float]:
     """The same against fla's naive_chunk_gdn2."""
     return _gdn2_vs("chunk")

@@ -5,6 +5,7 @@ matrix): ``chacal_dense_inverse`` writes that formula with an explicit dense inv
 the mixer's chunked solve. In float64; metric, stated in the label: max abs error. Every mode runs
 whole and in uneven pieces with the state passed along, through an identity output projection.
 """
+
 from __future__ import annotations
 
 import math
@@ -41,8 +42,13 @@ def chacal_dense_inverse(m: Mixer, x: Tensor) -> Tensor:
     return y.transpose(1, 2).flatten(2)
 
 
-@register_crosscheck("chacal", "dense-inverse formula (1-g) P (I-gP)^-1 V", "float64 max abs", FLOAT64_ABS_TOL,
-                     per_mode=(".output", ".pieces"))
+@register_crosscheck(
+    "chacal",
+    "dense-inverse formula (1-g) P (I-gP)^-1 V",
+    "float64 max abs",
+    FLOAT64_ABS_TOL,
+    per_mode=(".output", ".pieces"),
+)
 def chacal_vs_dense_inverse() -> dict[str, float]:
     """Every mode, whole and in pieces (chunk size 5), against ``chacal_dense_inverse``."""
     with torch.random.fork_rng(devices=[]), torch.no_grad():

@@ -1,4 +1,5 @@
 """Mode equivalence of a registered mixer, measured (used by ``tokenmix check``)."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -19,6 +19,7 @@ The HGRN-2 and RG-LRU checks have two levels: the ops on random inputs with an i
 papers' formulas, through the mixer's own output projection; every mode, on two segments with the
 state carried: ``<mode>.output``, ``<mode>.continued.output``, ``<mode>.state``).
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,7 @@ from tokenmix.mixers.registry import build_mixer
 FAMILY = "gated linear recurrence"
 OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = 2, 50, 3, 8, 6, 16  # T = 50: chunks of 16 do not divide it
 MIXER_D, MIXER_HEADS, MIXER_CHUNK = 24, 3, 8
-MIXER_SEGMENTS = (21, 13)         # two calls, the second starting from the first's final state
+MIXER_SEGMENTS = (21, 13)  # two calls, the second starting from the first's final state
 SEGMENT_QUANTITIES = (".output", ".continued.output", ".state")
 
 
@@ -101,8 +102,11 @@ def hlru_vs_per_channel_loop(cases: Sequence[tuple[int, str]] = HLRU_CASES) -> d
             m.gates.weight.mul_(4.0)
             m.gates.bias.normal_(0.0, 1.0)
             x = torch.randn(2, 11, 6, dtype=torch.float64)
-            out.update(outputs_in_pieces(m, x, hlru_per_channel_loop(m, x), (2, 1, 5, 3), max_abs_err,
-                                         prefix=f"m={order} {normalization} "))
+            out.update(
+                outputs_in_pieces(
+                    m, x, hlru_per_channel_loop(m, x), (2, 1, 5, 3), max_abs_err, prefix=f"m={order} {normalization} "
+                )
+            )
     return out
 
 
@@ -115,8 +119,8 @@ def _hgrn_expanded(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor, s0: Tensor | 
     b, t, h, dk = q.shape
     dv = v.shape[-1]
     hgrn = fla_naive("hgrn")
-    x = (k[..., :, None] * v[..., None, :]).reshape(b, t, h * dk * dv)               # (1 - f_c) i_v
-    g = log_f[..., None].expand(b, t, h, dk, dv).reshape(b, t, h * dk * dv)        # log f_c, shared along v
+    x = (k[..., :, None] * v[..., None, :]).reshape(b, t, h * dk * dv)  # (1 - f_c) i_v
+    g = log_f[..., None].expand(b, t, h, dk, dv).reshape(b, t, h * dk * dv)  # log f_c, shared along v
     init = None if s0 is None else s0.reshape(b, h * dk * dv)
     states, final = hgrn.naive_recurrent_hgrn(x, g, initial_state=init, output_final_state=True)
     states = states.view(b, t, h, dk, dv)
@@ -124,9 +128,15 @@ def _hgrn_expanded(q: Tensor, k: Tensor, v: Tensor, log_f: Tensor, s0: Tensor | 
     return o, final.view(b, h, dk, dv)
 
 
-@register_crosscheck("hgrn2", "fla naive_recurrent_hgrn on the expanded channels + naive_recurrent_gla",
-                     "float32 max rel", FLOAT32_REL_TOL, ops=("chunked_gla", "recurrent_gla"), op_states=True,
-                     per_mode=SEGMENT_QUANTITIES)
+@register_crosscheck(
+    "hgrn2",
+    "fla naive_recurrent_hgrn on the expanded channels + naive_recurrent_gla",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=("chunked_gla", "recurrent_gla"),
+    op_states=True,
+    per_mode=SEGMENT_QUANTITIES,
+)
 def hgrn2_vs_fla() -> dict[str, float]:
     """The GLA ops with k = 1 - f, v = i, gk = log f (initial state s0) against fla's HGRN-1 loop on the
     expanded channels (and fla's GLA reference); the mixer in every mode against the HGRN-1 loop."""
@@ -140,18 +150,20 @@ def hgrn2_vs_fla() -> dict[str, float]:
         s0 = torch.randn(OP_B, OP_H, OP_K, OP_V)
         o_ref, s_ref = _hgrn_expanded(q, k, v, log_f, s0)
         o_gla, s_gla = gla.naive_recurrent_gla(q, k, v, log_f, initial_state=s0, output_final_state=True)
-        out = {"op ref.naive_recurrent_gla_vs_hgrn.output": max_rel_err(o_gla, o_ref),
-               "op ref.naive_recurrent_gla_vs_hgrn.state": max_rel_err(s_gla, s_ref)}
-        out.update(gla_ops_against(q, k, v, log_f, OP_K ** -0.5, s0, o_ref, s_ref, OP_CHUNK))
+        out = {
+            "op ref.naive_recurrent_gla_vs_hgrn.output": max_rel_err(o_gla, o_ref),
+            "op ref.naive_recurrent_gla_vs_hgrn.state": max_rel_err(s_gla, s_ref),
+        }
+        out.update(gla_ops_against(q, k, v, log_f, OP_K**-0.5, s0, o_ref, s_ref, OP_CHUNK))
 
         m, xs = _segments_case("hgrn2")
         h, hd = m.n_heads, m.head_dim
 
         def reference(x, s):
             b, t, _ = x.shape
-            wq, wf, wi = m.qfi.weight.view(3, h * hd, MIXER_D)                     # the paper's three maps
+            wq, wf, wi = m.qfi.weight.view(3, h * hd, MIXER_D)  # the paper's three maps
             q = F.silu(x @ wq.T).view(b, t, h, hd)
-            f = torch.sigmoid(x @ wf.T).view(b, t, h, hd)                          # forget gate (lower bound 0)
+            f = torch.sigmoid(x @ wf.T).view(b, t, h, hd)  # forget gate (lower bound 0)
             o, s = _hgrn_expanded(q, 1 - f, (x @ wi.T).view(b, t, h, hd), f.log(), s)
             return m.out(o.flatten(2)), s, {"state": (lambda st: st.memory, s)}, {}
 
@@ -164,24 +176,29 @@ def rg_lru_paper_loop(m: Mixer, x: Tensor, h0: Tensor | None = None) -> tuple[Te
     """Griffin §2.4 token by token, from the mixer's parameters: x [B, T, D] -> (y [B, T, D], h_T [B, D_in])."""
     b, t, _ = x.shape
     n_heads, hd, c = m.n_heads, m.head_dim, m.config.c
-    u = x @ m.in_proj.weight.T                                                     # the RG-LRU input x_t
-    w_a, w_x = m.gate_weight[..., :hd], m.gate_weight[..., hd:]                    # blocks [H, hd, hd]
-    a = 1.0 / (1.0 + torch.exp(-m.Lambda))                                         # a = sigmoid(Lambda)
+    u = x @ m.in_proj.weight.T  # the RG-LRU input x_t
+    w_a, w_x = m.gate_weight[..., :hd], m.gate_weight[..., hd:]  # blocks [H, hd, hd]
+    a = 1.0 / (1.0 + torch.exp(-m.Lambda))  # a = sigmoid(Lambda)
     h = u.new_zeros(b, n_heads * hd) if h0 is None else h0
     ys = []
     for s in range(t):
         u_t = u[:, s]
-        blocks = [u_t[:, j * hd:(j + 1) * hd] for j in range(n_heads)]
+        blocks = [u_t[:, j * hd : (j + 1) * hd] for j in range(n_heads)]
         r = torch.sigmoid(torch.cat([blk @ w_a[j] for j, blk in enumerate(blocks)], -1) + m.gate_bias[0])
         i = torch.sigmoid(torch.cat([blk @ w_x[j] for j, blk in enumerate(blocks)], -1) + m.gate_bias[1])
         a_t = a ** (c * r)
-        h = a_t * h + torch.sqrt(1 - a_t ** 2) * (i * u_t)
+        h = a_t * h + torch.sqrt(1 - a_t**2) * (i * u_t)
         ys.append(h @ m.out.weight.T)
     return torch.stack(ys, 1), h
 
 
-@register_crosscheck("rg_lru", "plain loop of the Griffin paper's equations", "float64 max rel", FLOAT64_REL_TOL,
-                     per_mode=SEGMENT_QUANTITIES)
+@register_crosscheck(
+    "rg_lru",
+    "plain loop of the Griffin paper's equations",
+    "float64 max rel",
+    FLOAT64_REL_TOL,
+    per_mode=SEGMENT_QUANTITIES,
+)
 def rg_lru_vs_paper_loop() -> dict[str, float]:
     """The mixer in every mode (two segments, state carried) against ``rg_lru_paper_loop``; also the
     initialisation: a^c = sigmoid(Lambda)^c within [a_min, a_max] (key ``init.a^c outside``, 0 or 1)."""

@@ -20,6 +20,7 @@ that the state carried between calls is checked too: keys ``<mode>.output`` for 
 ``<mode>.continued.output`` for the second, and ``<mode>.state`` for the final state). Our own
 float64 mode equivalences are ``checks.equivalence.mode_errors``.
 """
+
 from __future__ import annotations
 
 import torch
@@ -33,8 +34,13 @@ from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Mixer
 from tokenmix.mixers.registry import build_mixer
 from tokenmix.ops.chunked_gla import chunked_gla
-from tokenmix.ops.chunked_mesa import (chunked_key_covariance, dense_key_covariance, mesa_solve,
-                                       mesa_solve_reference, recurrent_key_covariance)
+from tokenmix.ops.chunked_mesa import (
+    chunked_key_covariance,
+    dense_key_covariance,
+    mesa_solve,
+    mesa_solve_reference,
+    recurrent_key_covariance,
+)
 
 FAMILY = "linear attention"
 OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = 2, 50, 3, 8, 6, 16  # T = 50: chunks of 16 do not divide it
@@ -51,7 +57,7 @@ def _op_qkv(t: int = OP_T) -> tuple[Tensor, Tensor, Tensor]:
 
 def _retention_log_decay(h: int) -> Tensor:
     """log gamma_h = log(1 - 2^(-5-h)), RetNet's fixed per-head decays [H]."""
-    return torch.log1p(-2.0 ** (-5.0 - torch.arange(h, dtype=torch.float32)))
+    return torch.log1p(-(2.0 ** (-5.0 - torch.arange(h, dtype=torch.float32))))
 
 
 def _naive_retention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
@@ -93,8 +99,15 @@ def _mixer_against(name: str, fla_run) -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- linear attention
-@register_crosscheck("linear_attention", "fla naive_recurrent_linear_attn", "float32 max rel", FLOAT32_REL_TOL,
-                     ops=GLA_OPS, op_states=True, per_mode=SEGMENT_QUANTITIES)
+@register_crosscheck(
+    "linear_attention",
+    "fla naive_recurrent_linear_attn",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=GLA_OPS,
+    op_states=True,
+    per_mode=SEGMENT_QUANTITIES,
+)
 def linear_attention_vs_fla_recurrent() -> dict[str, float]:
     """The ops (initial state s0) and the mixer in every mode against fla's naive_recurrent_linear_attn."""
     ref = fla_naive("linear_attn")
@@ -102,13 +115,14 @@ def linear_attention_vs_fla_recurrent() -> dict[str, float]:
         torch.manual_seed(0)
         q, k, v = _op_qkv()
         s0 = torch.randn(OP_B, OP_H, OP_K, OP_V)
-        scale = OP_K ** -0.5
+        scale = OP_K**-0.5
         o_ref, s_ref = ref.naive_recurrent_linear_attn(q, k, v, scale, s0, output_final_state=True)
         out = gla_ops_against(q, k, v, None, scale, s0, o_ref, s_ref, OP_CHUNK)
 
         def fla_run(f, s0):
-            o, s = ref.naive_recurrent_linear_attn(f["q"], f["k"], f["v"], f["q"].shape[-1] ** -0.5, s0,
-                                                   output_final_state=True)
+            o, s = ref.naive_recurrent_linear_attn(
+                f["q"], f["k"], f["v"], f["q"].shape[-1] ** -0.5, s0, output_final_state=True
+            )
             return o, s, {}
 
         out.update(_mixer_against("linear_attention", fla_run))
@@ -118,8 +132,14 @@ def linear_attention_vs_fla_recurrent() -> dict[str, float]:
 LINEAR_ATTN_CHUNK_T, LINEAR_ATTN_CHUNK_PIECES = 128, (5, 1, 70, 52)  # fla's chunk form needs T % 64 == 0
 
 
-@register_crosscheck("linear_attention", "fla naive_chunk_linear_attn C=64", "float32 max rel", FLOAT32_REL_TOL,
-                     ops=GLA_OPS, per_mode=(".output", ".pieces.output"))
+@register_crosscheck(
+    "linear_attention",
+    "fla naive_chunk_linear_attn C=64",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=GLA_OPS,
+    per_mode=(".output", ".pieces.output"),
+)
 def linear_attention_vs_fla_chunk() -> dict[str, float]:
     """The ops and the mixer in every mode (whole and in uneven pieces) against fla's own chunk form
     (chunk 64, T = 128, no state, so outputs only)."""
@@ -127,7 +147,7 @@ def linear_attention_vs_fla_chunk() -> dict[str, float]:
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(0)
         q, k, v = _op_qkv(t=LINEAR_ATTN_CHUNK_T)
-        scale = OP_K ** -0.5
+        scale = OP_K**-0.5
         out = gla_ops_against(q, k, v, None, scale, None, ref.naive_chunk_linear_attn(q, k, v, scale), None, OP_CHUNK)
         m = _small_mixer("linear_attention")
         x = torch.randn(2, LINEAR_ATTN_CHUNK_T, MIXER_D)
@@ -140,8 +160,15 @@ def linear_attention_vs_fla_chunk() -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- RetNet
-@register_crosscheck("retnet", "fla naive_retention head-first + simple_gla states", "float32 max rel",
-                     FLOAT32_REL_TOL, ops=GLA_OPS, op_states=True, per_mode=SEGMENT_QUANTITIES)
+@register_crosscheck(
+    "retnet",
+    "fla naive_retention head-first + simple_gla states",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=GLA_OPS,
+    op_states=True,
+    per_mode=SEGMENT_QUANTITIES,
+)
 def retnet_vs_fla() -> dict[str, float]:
     """Outputs against fla's naive_retention (which has no state and builds the decays from the head
     index), final states and state-carrying segments against naive_recurrent_simple_gla with
@@ -152,18 +179,24 @@ def retnet_vs_fla() -> dict[str, float]:
         q, k, v = _op_qkv()
         o_ref = _naive_retention(q, k, v)
         g = _retention_log_decay(OP_H).expand(OP_B, OP_T, OP_H)
-        o_sgla, s_ref = sgla.naive_recurrent_simple_gla(q, k, v, g, scale=OP_K ** -0.5, output_final_state=True)
+        o_sgla, s_ref = sgla.naive_recurrent_simple_gla(q, k, v, g, scale=OP_K**-0.5, output_final_state=True)
         out = {"op ref.simple_gla_vs_naive_retention.output": max_rel_err(o_sgla, o_ref)}
-        out.update(gla_ops_against(q, k, v, g, OP_K ** -0.5, None, o_ref, s_ref, OP_CHUNK))
+        out.update(gla_ops_against(q, k, v, g, OP_K**-0.5, None, o_ref, s_ref, OP_CHUNK))
 
         def fla_run(f, s0):
             h, hd = f["q"].shape[2], f["q"].shape[-1]
             g = _retention_log_decay(h).expand(*f["q"].shape[:3])
-            o, s = sgla.naive_recurrent_simple_gla(f["q"], f["k"], f["v"], g, scale=hd ** -0.5, initial_state=s0,
-                                                   output_final_state=True)
+            o, s = sgla.naive_recurrent_simple_gla(
+                f["q"], f["k"], f["v"], g, scale=hd**-0.5, initial_state=s0, output_final_state=True
+            )
             # naive_retention has no state: on the first segment it is the output reference as well
-            extra = {} if s0 is not None else {
-                "ref.simple_gla_vs_naive_retention.output": max_rel_err(o, _naive_retention(f["q"], f["k"], f["v"]))}
+            extra = (
+                {}
+                if s0 is not None
+                else {
+                    "ref.simple_gla_vs_naive_retention.output": max_rel_err(o, _naive_retention(f["q"], f["k"], f["v"]))
+                }
+            )
             return o, s, extra
 
         out.update(_mixer_against("retnet", fla_run))
@@ -171,8 +204,15 @@ def retnet_vs_fla() -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- GLA
-@register_crosscheck("gla", "fla naive_recurrent_gla", "float32 max rel", FLOAT32_REL_TOL, ops=GLA_OPS,
-                     op_states=True, per_mode=SEGMENT_QUANTITIES)
+@register_crosscheck(
+    "gla",
+    "fla naive_recurrent_gla",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=GLA_OPS,
+    op_states=True,
+    per_mode=SEGMENT_QUANTITIES,
+)
 def gla_vs_fla() -> dict[str, float]:
     """The ops (per-key decays spread over (0, 1), initial state s0) and the mixer in every mode
     against fla's naive_recurrent_gla (fixed K^-1/2 scale)."""
@@ -183,7 +223,7 @@ def gla_vs_fla() -> dict[str, float]:
         gk = F.logsigmoid(torch.randn(OP_B, OP_T, OP_H, OP_K) * 3)
         s0 = torch.randn(OP_B, OP_H, OP_K, OP_V)
         o_ref, s_ref = ref.naive_recurrent_gla(q, k, v, gk, initial_state=s0, output_final_state=True)
-        out = gla_ops_against(q, k, v, gk, OP_K ** -0.5, s0, o_ref, s_ref, OP_CHUNK)
+        out = gla_ops_against(q, k, v, gk, OP_K**-0.5, s0, o_ref, s_ref, OP_CHUNK)
 
         def fla_run(f, s0):
             o, s = ref.naive_recurrent_gla(f["q"], f["k"], f["v"], f["gk"], initial_state=s0, output_final_state=True)
@@ -194,12 +234,23 @@ def gla_vs_fla() -> dict[str, float]:
 
 
 # ---------------------------------------------------------------- MesaNet
-MESA_OPS = ("chunked+cholesky+chunked_gla", "chunked+lu+chunked_gla", "dense+lu+chunked_gla",
-            "recurrent+lu+chunked_gla")
+MESA_OPS = (
+    "chunked+cholesky+chunked_gla",
+    "chunked+lu+chunked_gla",
+    "dense+lu+chunked_gla",
+    "recurrent+lu+chunked_gla",
+)
 
 
-@register_crosscheck("mesa_net", "fla naive_mesa_net_exact", "float32 max rel", FLOAT32_REL_TOL, ops=MESA_OPS,
-                     op_states=True, per_mode=(".output", ".continued.output", ".state_kk", ".state_kv"))
+@register_crosscheck(
+    "mesa_net",
+    "fla naive_mesa_net_exact",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=MESA_OPS,
+    op_states=True,
+    per_mode=(".output", ".continued.output", ".state_kk", ".state_kv"),
+)
 def mesa_net_vs_fla() -> dict[str, float]:
     """The ops (every H_t chunked / dense / token loop, the Cholesky and LU solves, chunked_gla with
     q*; initial h_kk, h_kv) and the mixer in every mode against fla's naive_mesa_net_exact (V = K)."""
@@ -212,12 +263,15 @@ def mesa_net_vs_fla() -> dict[str, float]:
         beta, g = torch.sigmoid(torch.randn(b, t, h)), F.logsigmoid(torch.randn(b, t, h) + 2)
         lam = 0.25 + torch.rand(h, dk)
         kk0 = torch.randn(b, h, dk, 4)
-        kk0 = kk0 @ kk0.transpose(-1, -2) / 4                                          # an SPD covariance
+        kk0 = kk0 @ kk0.transpose(-1, -2) / 4  # an SPD covariance
         kv0 = torch.randn(b, h, dk, dk)
         o_ref, kk_ref, kv_ref = ref.naive_mesa_net_exact(q, k, v, g, lam, beta, h_kk_init=kk0, h_kv_init=kv0)
         out = {}
-        for cov_name, cov_fn in (("chunked", lambda *a: chunked_key_covariance(*a, chunk_size=OP_CHUNK)),
-                                 ("dense", dense_key_covariance), ("recurrent", recurrent_key_covariance)):
+        for cov_name, cov_fn in (
+            ("chunked", lambda *a: chunked_key_covariance(*a, chunk_size=OP_CHUNK)),
+            ("dense", dense_key_covariance),
+            ("recurrent", recurrent_key_covariance),
+        ):
             every, last = cov_fn(k, beta, g, kk0)
             out[f"op.{cov_name}_key_covariance.state_kk"] = max_rel_err(last, kk_ref)
             for solve_name, solve in (("cholesky", mesa_solve), ("lu", mesa_solve_reference)):
@@ -243,8 +297,12 @@ def mesa_net_vs_fla() -> dict[str, float]:
             lamb = F.softplus(m.lambda_param) + m.config.lambda_lower_bound
             kk0, kv0 = (None, None) if s is None else s
             o, kk_t, kv_t = ref.naive_mesa_net_exact(qq, kk, vv, gt, lamb, bt, h_kk_init=kk0, h_kv_init=kv0)
-            return m.out(o.flatten(2)), (kk_t, kv_t), {"state_kk": (lambda st: st.covariance, kk_t),
-                                                       "state_kv": (lambda st: st.memory, kv_t)}, {}
+            return (
+                m.out(o.flatten(2)),
+                (kk_t, kv_t),
+                {"state_kk": (lambda st: st.covariance, kk_t), "state_kv": (lambda st: st.memory, kv_t)},
+                {},
+            )
 
         out.update(modes_over_segments(m, xs, reference))
     return out

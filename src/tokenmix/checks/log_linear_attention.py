@@ -20,6 +20,7 @@ with the state passed along, on the mixer's own projections.
   sizes, recurrent, the G-axis (A, B, R) solve) from unaligned starts with the Fenwick state passed
   on, and the mixer. Separately, with every level scale 1 the mixer is fla's gated delta rule.
 """
+
 from __future__ import annotations
 
 import math
@@ -33,10 +34,19 @@ from tokenmix.checks import fla_naive, register_crosscheck
 from tokenmix.checks.common import mixer_case, outputs_and_states_in_pieces
 from tokenmix.checks.tolerances import FLOAT32_REL_TOL, FLOAT64_REL_TOL, MISMATCHES_ALLOWED, max_rel_err
 from tokenmix.core.operator import solve_dense
-from tokenmix.ops.chunked_log_linear import (chunked_log_linear_attention, fenwick_level_matrix, n_levels,
-                                             recurrent_log_linear_attention)
-from tokenmix.ops.chunked_log_linear_delta import (chunked_log_linear_delta, final_levels, initial_levels_readout,
-                                                   log_linear_delta_operator, recurrent_log_linear_delta)
+from tokenmix.ops.chunked_log_linear import (
+    chunked_log_linear_attention,
+    fenwick_level_matrix,
+    n_levels,
+    recurrent_log_linear_attention,
+)
+from tokenmix.ops.chunked_log_linear_delta import (
+    chunked_log_linear_delta,
+    final_levels,
+    initial_levels_readout,
+    log_linear_delta_operator,
+    recurrent_log_linear_delta,
+)
 from tokenmix.patterns import fenwick_level
 
 FAMILY = "log-linear attention"
@@ -56,8 +66,14 @@ LOG_LINEAR_LENGTHS = (37, 64, 100)
 LOG_LINEAR_CHUNKS = (8, 64)
 
 
-@register_crosscheck("log_linear", "fla naive_log_linear_attn", "float32 max rel", FLOAT32_REL_TOL,
-                     ops=("recurrent", *(f"chunked(C={c})" for c in LOG_LINEAR_CHUNKS)), per_mode=PER_MODE)
+@register_crosscheck(
+    "log_linear",
+    "fla naive_log_linear_attn",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=("recurrent", *(f"chunked(C={c})" for c in LOG_LINEAR_CHUNKS)),
+    per_mode=PER_MODE,
+)
 def log_linear_vs_fla(lengths: Sequence[int] = LOG_LINEAR_LENGTHS) -> dict[str, float]:
     """The log-linear ops (recurrent; chunked at two chunk sizes) at several T, and the mixer in every
     mode, against fla's naive_log_linear_attn. fla's reference has no state, so the chunked final
@@ -72,7 +88,7 @@ def log_linear_vs_fla(lengths: Sequence[int] = LOG_LINEAR_LENGTHS) -> dict[str, 
             v = torch.randn(b, t, h, dv)
             g = F.logsigmoid(torch.randn(b, t, h) + 3)
             lam = F.softplus(torch.randn(b, t, h, _fla_level_count(t)))
-            scale = dk ** -0.5  # fla's default is 1.0: pass it explicitly
+            scale = dk**-0.5  # fla's default is 1.0: pass it explicitly
             o_ref = ref.naive_log_linear_attn(q, k, v, g, lam, scale=scale)
             o_rec, s_rec = recurrent_log_linear_attention(q, k, v, g, lam, scale)
             out[f"T={t} op.recurrent.output"] = max_rel_err(o_rec, o_ref)
@@ -90,8 +106,14 @@ def log_linear_vs_fla(lengths: Sequence[int] = LOG_LINEAR_LENGTHS) -> dict[str, 
 FENWICK_LENGTHS = (1, 2, 5, 8, 13, 37, 64)
 
 
-@register_crosscheck("log_linear", "fla construct_level_mask", "mismatched entries", MISMATCHES_ALLOWED,
-                     per_mode=(), compares_modes=False)
+@register_crosscheck(
+    "log_linear",
+    "fla construct_level_mask",
+    "mismatched entries",
+    MISMATCHES_ALLOWED,
+    per_mode=(),
+    compares_modes=False,
+)
 def fenwick_level_vs_fla(lengths: Sequence[int] = FENWICK_LENGTHS) -> dict[str, float]:
     """``patterns.fenwick_level`` (per entry) and ``ops.chunked_log_linear.fenwick_level_matrix``
     (vectorised) against the level of every (i, j <= i) in fla's construct_level_mask: the number of
@@ -119,24 +141,36 @@ def _mismatches(ours: Tensor, expected: Tensor) -> float:
 
 
 # ---------------------------------------------------------------- log-linear Mamba-2
-@register_crosscheck("log_linear_mamba2", "fla naive_log_linear_attn, one key group", "float32 max rel",
-                     FLOAT32_REL_TOL, per_mode=PER_MODE)
+@register_crosscheck(
+    "log_linear_mamba2",
+    "fla naive_log_linear_attn, one key group",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    per_mode=PER_MODE,
+)
 def log_linear_mamba2_vs_fla() -> dict[str, float]:
     ref = fla_naive("log_linear_attn")
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         m, x = mixer_case("log_linear_mamba2", 4, state_dim=16, chunk_size=8)
         t = x.shape[1]
         q, k, v, g, lam = m._project(x, 0)
-        o_ref = ref.naive_log_linear_attn(q[:, :, :1].contiguous(), k[:, :, :1].contiguous(), v, g,
-                                          lam[..., : math.ceil(math.log2(t)) + 1].contiguous(), scale=1.0)
+        o_ref = ref.naive_log_linear_attn(
+            q[:, :, :1].contiguous(),
+            k[:, :, :1].contiguous(),
+            v,
+            g,
+            lam[..., : math.ceil(math.log2(t)) + 1].contiguous(),
+            scale=1.0,
+        )
         xs, _, _, _ = m._split(x)
         y_ref = (o_ref + m.D[:, None] * xs).flatten(2)
         return outputs_and_states_in_pieces(m, x, y_ref, prefix=f"T={t} ")
 
 
 # ---------------------------------------------------------------- log-linear Gated DeltaNet
-def explicit_log_linear_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor,
-                              scale: float) -> Tensor:
+def explicit_log_linear_delta(
+    q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor, scale: float
+) -> Tensor:
     """The definition, entry by entry: o [B, T, H, V] from q, k [B, T, H, K], v, beta, g, level_scales
     (absolute positions from 0). O(T² K²) with explicit transition products; for checks only."""
     b, t, h, dk = q.shape
@@ -165,9 +199,14 @@ def _formula_inputs(t: int, seed: int, b: int = 2, h: int = 2, dk: int = 5, dv: 
     return q, k, v, beta, g, lam
 
 
-@register_crosscheck("log_linear_gated_deltanet", "explicit λ-weighted gated-delta formula", "float64 max rel",
-                     FLOAT64_REL_TOL, ops=("recurrent", "dense(A_l,B_l,R_l)", "chunked(C=4)", "chunked(C=16)"),
-                     per_mode=PER_MODE)
+@register_crosscheck(
+    "log_linear_gated_deltanet",
+    "explicit λ-weighted gated-delta formula",
+    "float64 max rel",
+    FLOAT64_REL_TOL,
+    ops=("recurrent", "dense(A_l,B_l,R_l)", "chunked(C=4)", "chunked(C=16)"),
+    per_mode=PER_MODE,
+)
 def log_linear_gated_deltanet_vs_formula() -> dict[str, float]:
     out = {}
     scale = 0.6
@@ -176,8 +215,9 @@ def log_linear_gated_deltanet_vs_formula() -> dict[str, float]:
         o_ref = explicit_log_linear_delta(q, k, v, beta, g, lam, scale)
         o, s_rec = recurrent_log_linear_delta(q, k, v, beta, g, lam, scale)
         out["op.recurrent.output"] = max_rel_err(o, o_ref)
-        out["op.dense(A_l,B_l,R_l).output"] = max_rel_err(solve_dense(log_linear_delta_operator(q, k, beta, g, lam,
-                                                                                             scale), v), o_ref)
+        out["op.dense(A_l,B_l,R_l).output"] = max_rel_err(
+            solve_dense(log_linear_delta_operator(q, k, beta, g, lam, scale), v), o_ref
+        )
         for c in (4, 16):
             o, s = chunked_log_linear_delta(q, k, v, beta, g, lam, scale, chunk_size=c)
             out[f"op.chunked(C={c}).output"] = max_rel_err(o, o_ref)
@@ -189,22 +229,30 @@ def log_linear_gated_deltanet_vs_formula() -> dict[str, float]:
             o, _ = chunked_log_linear_delta(*args(tail), scale, s0, start, 8)
             out[f"op.chunked(C=8) from {start}.output"] = max_rel_err(o, o_ref[:, tail])
             qt, kt, vt, bt, gt, lt = args(tail)
-            o = (solve_dense(log_linear_delta_operator(qt, kt, bt, gt, lt, scale, start), vt)
-                 + initial_levels_readout(qt, kt, bt, gt, lt, scale, start, s0))
+            o = solve_dense(log_linear_delta_operator(qt, kt, bt, gt, lt, scale, start), vt) + initial_levels_readout(
+                qt, kt, bt, gt, lt, scale, start, s0
+            )
             out[f"op.dense from {start}.output"] = max_rel_err(o, o_ref[:, tail])
-            out[f"op.dense from {start}.state_vs_recurrent"] = max_rel_err(final_levels(kt, vt, bt, gt, start, s0),
-                                                                           s_rec)
+            out[f"op.dense from {start}.state_vs_recurrent"] = max_rel_err(
+                final_levels(kt, vt, bt, gt, start, s0), s_rec
+            )
         for neg in (False, True):
-            m, x = mixer_case("log_linear_gated_deltanet", 6 + neg, dtype=torch.float64, chunk_size=8,
-                              allow_neg_eigval=neg)
+            m, x = mixer_case(
+                "log_linear_gated_deltanet", 6 + neg, dtype=torch.float64, chunk_size=8, allow_neg_eigval=neg
+            )
             qm, km, vm, bm, gm, lm = m._levels_project(x, 0)
             y_ref = explicit_log_linear_delta(qm, km, vm, bm, gm, lm, m.scale).flatten(2)
             out.update(outputs_and_states_in_pieces(m, x, y_ref, prefix="beta<2 " if neg else "beta<1 "))
     return out
 
 
-@register_crosscheck("log_linear_gated_deltanet", "level scales 1 vs fla naive_recurrent_gated_delta_rule",
-                     "float32 max rel", FLOAT32_REL_TOL, per_mode=PER_MODE)
+@register_crosscheck(
+    "log_linear_gated_deltanet",
+    "level scales 1 vs fla naive_recurrent_gated_delta_rule",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    per_mode=PER_MODE,
+)
 def log_linear_gated_deltanet_flat_vs_fla() -> dict[str, float]:
     ref = fla_naive("gated_delta_rule")
     with torch.random.fork_rng(devices=[]), torch.no_grad():

@@ -15,6 +15,7 @@ mixer's parameters by the papers' formulas, the D skip added, passed through the
 projection; every mode, on two segments: ``<mode>.output``, ``<mode>.continued.output``,
 ``<mode>.state``).
 """
+
 from __future__ import annotations
 
 import math
@@ -47,18 +48,28 @@ def reference_features(name: str, m: Mixer, x: Tensor) -> dict:
         h, p, n = m.n_heads, m.head_dim, m.config.state_dim
         xs, bs, cs, dt = m.in_proj(x).split([h * p, n, n, h], -1)
         dt = F.softplus(dt + m.dt_bias)
-        log_a = -dt * m.A_log.exp()                                  # a_t = exp(-softplus(dt) exp(A_log))
+        log_a = -dt * m.A_log.exp()  # a_t = exp(-softplus(dt) exp(A_log))
         xs = xs.view(b, t, h, p)
-        return dict(q=cs[:, :, None].expand(b, t, h, n), k=bs[:, :, None].expand(b, t, h, n),
-                    v=xs * dt[..., None], g=log_a, skip=m.D[:, None] * xs)
+        return dict(
+            q=cs[:, :, None].expand(b, t, h, n),
+            k=bs[:, :, None].expand(b, t, h, n),
+            v=xs * dt[..., None],
+            g=log_a,
+            skip=m.D[:, None] * xs,
+        )
     if name == "diag_ssm":
         d, n = m.n_heads * m.head_dim, m.config.state_dim
         u = m.in_proj(x)
         delta = F.softplus(m.dt_proj(x) + m.dt_bias)
         bs, cs = m.bc_proj(x).chunk(2, -1)
         a = -m.A_log.exp()
-        return dict(q=cs[:, :, None].expand(b, t, d, n) * math.sqrt(n), k=bs[:, :, None].expand(b, t, d, n),
-                    v=(delta * u)[..., None], gk=delta[..., None] * a, skip=(m.D * u)[..., None])
+        return dict(
+            q=cs[:, :, None].expand(b, t, d, n) * math.sqrt(n),
+            k=bs[:, :, None].expand(b, t, d, n),
+            v=(delta * u)[..., None],
+            gk=delta[..., None] * a,
+            skip=(m.D * u)[..., None],
+        )
     raise InputError(f"no fla reference features for {name!r}")
 
 
@@ -86,13 +97,14 @@ def _mamba2_vs(reference: str) -> dict[str, float]:
     def fla_ref(q, k, v, g, s0):
         if reference == "recurrent":
             return sgla.naive_recurrent_simple_gla(q, k, v, g, scale=1.0, initial_state=s0, output_final_state=True)
-        return sgla.naive_chunk_simple_gla(q, k, v, g, initial_state=s0, output_final_state=True, chunk_size=16,
-                                           scale=1.0)
+        return sgla.naive_chunk_simple_gla(
+            q, k, v, g, initial_state=s0, output_final_state=True, chunk_size=16, scale=1.0
+        )
 
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(0)
         c, b_in = torch.randn(OP_B, OP_T, OP_H, OP_K), torch.randn(OP_B, OP_T, OP_H, OP_K)  # N = OP_K states
-        x = torch.randn(OP_B, OP_T, OP_H, OP_V)                                          # P = OP_V channels per head
+        x = torch.randn(OP_B, OP_T, OP_H, OP_V)  # P = OP_V channels per head
         g = -F.softplus(torch.randn(OP_B, OP_T, OP_H)) * torch.tensor([0.5, 2.0, 8.0])  # log a per head
         s0 = torch.randn(OP_B, OP_H, OP_K, OP_V)
         o_ref, s_ref = fla_ref(c, b_in, x, g, s0)
@@ -101,37 +113,70 @@ def _mamba2_vs(reference: str) -> dict[str, float]:
     return out
 
 
-@register_crosscheck("mamba2", "fla naive_recurrent_simple_gla", "float32 max rel", FLOAT32_REL_TOL, ops=GLA_OPS,
-                     op_states=True, per_mode=SEGMENT_QUANTITIES)
+@register_crosscheck(
+    "mamba2",
+    "fla naive_recurrent_simple_gla",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=GLA_OPS,
+    op_states=True,
+    per_mode=SEGMENT_QUANTITIES,
+)
 def mamba2_vs_fla_recurrent() -> dict[str, float]:
     return _mamba2_vs("recurrent")
 
 
-@register_crosscheck("mamba2", "fla naive_chunk_simple_gla C=16", "float32 max rel", FLOAT32_REL_TOL, ops=GLA_OPS,
-                     op_states=True, per_mode=SEGMENT_QUANTITIES)
+@register_crosscheck(
+    "mamba2",
+    "fla naive_chunk_simple_gla C=16",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=GLA_OPS,
+    op_states=True,
+    per_mode=SEGMENT_QUANTITIES,
+)
 def mamba2_vs_fla_chunk() -> dict[str, float]:
     return _mamba2_vs("chunk")
 
 
 # ---------------------------------------------------------------- diagonal SSM
-@register_crosscheck("diag_ssm", "fla naive_recurrent_gla one head per channel", "float32 max rel", FLOAT32_REL_TOL,
-                     ops=GLA_OPS, op_states=True, per_mode=SEGMENT_QUANTITIES)
+@register_crosscheck(
+    "diag_ssm",
+    "fla naive_recurrent_gla one head per channel",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=GLA_OPS,
+    op_states=True,
+    per_mode=SEGMENT_QUANTITIES,
+)
 def diag_ssm_vs_fla() -> dict[str, float]:
     """The ops (D = 5 channels as heads, N = 4 states, K = N, V = 1, initial state s0) and the mixer
     in every mode against fla's naive_recurrent_gla with q = C·sqrt(N) (undoing its fixed scale)."""
     ref = fla_naive("gla")
     with torch.random.fork_rng(devices=[]), torch.no_grad():
         torch.manual_seed(0)
-        b, t, d, n = OP_B, OP_T, 5, 4                       # channels, states per channel
+        b, t, d, n = OP_B, OP_T, 5, 4  # channels, states per channel
         u, delta = torch.randn(b, t, d), F.softplus(torch.randn(b, t, d))
-        a = -torch.rand(d, n) * 4                           # A = -exp(A_log) < 0
+        a = -torch.rand(d, n) * 4  # A = -exp(A_log) < 0
         b_in, c = torch.randn(b, t, n), torch.randn(b, t, n)
-        gk = delta[..., None] * a                           # [B, T, D, N]
+        gk = delta[..., None] * a  # [B, T, D, N]
         expand = lambda z: z[:, :, None, :].expand(b, t, d, n)  # noqa: E731  shared by all channels
         s0 = torch.randn(b, d, n, 1)
-        o_ref, s_ref = ref.naive_recurrent_gla(expand(c) * math.sqrt(n), expand(b_in), (delta * u)[..., None], gk,
-                                               initial_state=s0, output_final_state=True)
+        o_ref, s_ref = ref.naive_recurrent_gla(
+            expand(c) * math.sqrt(n),
+            expand(b_in),
+            (delta * u)[..., None],
+            gk,
+            initial_state=s0,
+            output_final_state=True,
+        )
         out = gla_ops_against(expand(c), expand(b_in), (delta * u)[..., None], gk, 1.0, s0, o_ref, s_ref, OP_CHUNK)
-        out.update(_mixer_against("diag_ssm", lambda f, s0: ref.naive_recurrent_gla(
-            f["q"], f["k"], f["v"], f["gk"], initial_state=s0, output_final_state=True)))
+        out.update(
+            _mixer_against(
+                "diag_ssm",
+                lambda f, s0: ref.naive_recurrent_gla(
+                    f["q"], f["k"], f["v"], f["gk"], initial_state=s0, output_final_state=True
+                ),
+            )
+        )
     return out

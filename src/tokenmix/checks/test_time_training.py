@@ -8,6 +8,7 @@ an identity output projection in every mode, whole and in uneven pieces with the
 along, at mini-batch sizes 1 and 16. Metric, stated in the label: max relative error
 max|ours - ref| / max|ref|, at 1e-5.
 """
+
 from __future__ import annotations
 
 import torch
@@ -22,13 +23,31 @@ FAMILY = "test-time training"
 
 def _fla_ttt(ref, q, k, v, eta, ln_w, ln_b, scale, eps, mbs, w0=None, c0=None):
     """fla's chunk_ttt_linear_ref on clones (it scales q in place); eta [B, T, H]; c0 [B, H, D]."""
-    return ref.chunk_ttt_linear_ref(q.clone(), k.clone(), v.clone(), ln_w, ln_b, eta[..., None].clone(), scale, eps,
-                                    mbs, None if w0 is None else w0.clone(),
-                                    None if c0 is None else c0[:, :, None].clone(), True)
+    return ref.chunk_ttt_linear_ref(
+        q.clone(),
+        k.clone(),
+        v.clone(),
+        ln_w,
+        ln_b,
+        eta[..., None].clone(),
+        scale,
+        eps,
+        mbs,
+        None if w0 is None else w0.clone(),
+        None if c0 is None else c0[:, :, None].clone(),
+        True,
+    )
 
 
-@register_crosscheck("ttt_linear", "fla chunk_ttt_linear_ref", "float32 max rel", FLOAT32_REL_TOL,
-                     ops=("chunked", "recurrent", "dense"), op_states=True, per_mode=(".output", ".pieces.output"))
+@register_crosscheck(
+    "ttt_linear",
+    "fla chunk_ttt_linear_ref",
+    "float32 max rel",
+    FLOAT32_REL_TOL,
+    ops=("chunked", "recurrent", "dense"),
+    op_states=True,
+    per_mode=(".output", ".pieces.output"),
+)
 def ttt_linear_vs_fla() -> dict[str, float]:
     ref = fla_naive("ttt")
     out = {}
@@ -41,11 +60,14 @@ def ttt_linear_vs_fla() -> dict[str, float]:
             eta = 0.1 * torch.rand(b, t, h)
             ln_w, ln_b = 1 + 0.1 * torch.randn(h, d), 0.1 * torch.randn(h, d)
             w0, c0 = 0.3 * torch.randn(b, h, d, d), 0.3 * torch.randn(b, h, d)
-            scale = d ** -0.5
+            scale = d**-0.5
             o_ref, w_ref, c_ref = _fla_ttt(ref, q, k, v, eta, ln_w, ln_b, scale, eps, mbs, w0, c0)
             s0 = TTTWeights(w0, c0, torch.zeros_like(w0), torch.zeros_like(c0))
-            for name, fn in (("chunked", chunked_ttt_linear), ("recurrent", recurrent_ttt_linear),
-                             ("dense", dense_ttt_linear)):
+            for name, fn in (
+                ("chunked", chunked_ttt_linear),
+                ("recurrent", recurrent_ttt_linear),
+                ("dense", dense_ttt_linear),
+            ):
                 o, s = fn(q, k, v, eta, ln_w, ln_b, scale, eps, mbs, s0)
                 out[f"T={t} op.{name}.output"] = max_rel_err(post_norm(o, ln_w, ln_b, eps), o_ref)
                 if t % mbs == 0:

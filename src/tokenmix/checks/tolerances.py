@@ -5,33 +5,48 @@ a mixer's own modes against each other (keyed by dtype and by whether the fast p
 exponentials), and a mixer against an independent implementation (keyed by the reference's dtype
 and the metric each cross-check's label states).
 """
+
 from __future__ import annotations
 
-import torch
 from torch import Tensor
 
 from tokenmix.core.errors import InputError
 
-__all__ = ["FLOAT64_EXACT", "FLOAT64_REASSOCIATED", "GRADIENT_FACTOR", "FLOAT32_REL_RMS", "FLOAT32_REL_TOL",
-           "FLOAT32_ABS_TOL", "FLOAT32_LONG_REL_TOL", "FLOAT64_ABS_TOL", "FLOAT64_REL_TOL", "FLOAT64_CONV_REL_TOL",
-           "MISMATCHES_ALLOWED", "CROSSCHECK_CEILING", "mode_tolerance", "max_abs_err", "max_rel_err", "rel_rms",
-           "assert_close"]
+__all__ = [
+    "FLOAT64_EXACT",
+    "FLOAT64_REASSOCIATED",
+    "GRADIENT_FACTOR",
+    "FLOAT32_REL_RMS",
+    "FLOAT32_REL_TOL",
+    "FLOAT32_ABS_TOL",
+    "FLOAT32_LONG_REL_TOL",
+    "FLOAT64_ABS_TOL",
+    "FLOAT64_REL_TOL",
+    "FLOAT64_CONV_REL_TOL",
+    "MISMATCHES_ALLOWED",
+    "CROSSCHECK_CEILING",
+    "mode_tolerance",
+    "max_abs_err",
+    "max_rel_err",
+    "rel_rms",
+    "assert_close",
+]
 
 # ---------------------------------------------------------------- a mixer's modes against each other
-FLOAT64_EXACT = 1e-10          # max abs, modes that are the same arithmetic up to rounding
-FLOAT64_REASSOCIATED = 1e-8    # max abs, chunked forms that factor exp(G_i - G_j) through chunk boundaries
-GRADIENT_FACTOR = 10           # gradients are compared at this multiple of the output tolerance
-FLOAT32_REL_RMS = 1e-5         # relative RMS, float32 modes against the fast mode
+FLOAT64_EXACT = 1e-10  # max abs, modes that are the same arithmetic up to rounding
+FLOAT64_REASSOCIATED = 1e-8  # max abs, chunked forms that factor exp(G_i - G_j) through chunk boundaries
+GRADIENT_FACTOR = 10  # gradients are compared at this multiple of the output tolerance
+FLOAT32_REL_RMS = 1e-5  # relative RMS, float32 modes against the fast mode
 
 # ---------------------------------------------------------------- against independent implementations
-FLOAT32_REL_TOL = 1e-5         # max rel, float32 references (fla-core's naive.py files compute in float32)
-FLOAT32_ABS_TOL = 1e-5         # max abs, float32 attention outputs against float32 references
-FLOAT32_LONG_REL_TOL = 1e-4    # max rel, float32 chunked forms against the token loop at 16k tokens, extreme gates
-FLOAT64_ABS_TOL = 1e-10        # max abs, float64 formulas: ChaCAL's dense inverse (I - gamma P stays well
-                               # conditioned, |inverse| <= 1 / (1 - gamma) = 1000), H-LRU's per-channel loop
-FLOAT64_REL_TOL = 1e-10        # max rel, float64 formulas and loops written from a paper's equations
-FLOAT64_CONV_REL_TOL = 1e-12   # max rel, the short convolution (sums of k products) against float64 formulas
-MISMATCHES_ALLOWED = 0.0       # integer patterns (Fenwick levels): no entry may differ
+FLOAT32_REL_TOL = 1e-5  # max rel, float32 references (fla-core's naive.py files compute in float32)
+FLOAT32_ABS_TOL = 1e-5  # max abs, float32 attention outputs against float32 references
+FLOAT32_LONG_REL_TOL = 1e-4  # max rel, float32 chunked forms against the token loop at 16k tokens, extreme gates
+FLOAT64_ABS_TOL = 1e-10  # max abs, float64 formulas: ChaCAL's dense inverse (I - gamma P stays well
+# conditioned, |inverse| <= 1 / (1 - gamma) = 1000), H-LRU's per-channel loop
+FLOAT64_REL_TOL = 1e-10  # max rel, float64 formulas and loops written from a paper's equations
+FLOAT64_CONV_REL_TOL = 1e-12  # max rel, the short convolution (sums of k products) against float64 formulas
+MISMATCHES_ALLOWED = 0.0  # integer patterns (Fenwick levels): no entry may differ
 
 #: the loosest tolerance a cross-check may declare, by the dtype its metric names
 CROSSCHECK_CEILING = {"float32": FLOAT32_REL_TOL, "float64": FLOAT64_REL_TOL}

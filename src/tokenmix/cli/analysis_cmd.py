@@ -3,6 +3,7 @@
 Each analysis writes JSON, a Markdown table and figures into an output folder (default
 runs/analyze-<what>-<time>), prints the table (or JSON with --json) and the folder.
 """
+
 from __future__ import annotations
 
 import sys
@@ -51,16 +52,20 @@ TRAIN_BYTES_PER_POSITION_AND_WIDTH = 256
 # graph distances of lattice/Fenwick patterns and materialised operators, per pair (up to --path-limit)
 EXPRESSIVITY_BYTES_PER_POSITION = 96
 EXPRESSIVITY_BYTES_PER_PAIR = 64
-MAX_LAYERS = 1000      # expressivity: the reach is reported layer by layer
-MAX_GRAM_ITERS = 100   # norms: Gram iteration squares the matrix each step (converged long before)
+MAX_LAYERS = 1000  # expressivity: the reach is reported layer by layer
+MAX_GRAM_ITERS = 100  # norms: Gram iteration squares the matrix each step (converged long before)
 
 
 def _check_width(args) -> None:
     """--d-model and --heads: positive, and a mixer of that width fits in memory."""
     _positive([args.d_model], "--d-model")
     _positive([args.heads], "--heads")
-    check_size("--d-model", args.d_model, lambda d: WIDTH_BYTES_PER_D2 * float(d) ** 2,
-               "a mixer of this width (its d_model x d_model projections)")
+    check_size(
+        "--d-model",
+        args.d_model,
+        lambda d: WIDTH_BYTES_PER_D2 * float(d) ** 2,
+        "a mixer of this width (its d_model x d_model projections)",
+    )
 
 
 def _check_mixers_build(names, d_model: int, heads: int) -> None:
@@ -118,45 +123,82 @@ def register(sub) -> None:
     p = asub.add_parser("cost", help="derived vs measured decode cache and training time, flagged table")
     add_mixers_option(p, "all")
     p.add_argument("--cache-n", type=int, nargs="+", default=[16, 64, 256], help="decode lengths for the cache")
-    p.add_argument("--time-n", type=int, nargs="*", default=[1024, 2048, 4096, 8192, 16384],
-                   help="sequence lengths timed (forward + backward); none to skip timing")
+    p.add_argument(
+        "--time-n",
+        type=int,
+        nargs="*",
+        default=[1024, 2048, 4096, 8192, 16384],
+        help="sequence lengths timed (forward + backward); none to skip timing",
+    )
     p.add_argument("--d-model", type=int, default=256, help="model width of the timed mixers")
     p.add_argument("--heads", type=int, default=4, help="heads (head dim = d_model / heads)")
     p.add_argument("--batch", type=int, default=1, help="batch size of the timed forward+backward")
-    p.add_argument("--repeats", type=int, default=3,
-                   help="timed repeats per n at least (the fastest counts), after one warm-up")
-    p.add_argument("--min-time", type=float, default=2.0,
-                   help="repeat a length (up to 25 times) until its timed calls add up to this many seconds")
-    p.add_argument("--time-budget", type=float, default=60.0,
-                   help="seconds (on --clock) one forward+backward may take, predicted from the previous n via "
-                        "the derived FLOPs; longer lengths are skipped and listed")
-    p.add_argument("--decode-budget", type=float, default=30.0,
-                   help="seconds one n-token decode may take (predicted likewise); longer ones are skipped")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads for the timing (with --clock cpu, more threads also count their "
-                        "spin-waits)")
+    p.add_argument(
+        "--repeats", type=int, default=3, help="timed repeats per n at least (the fastest counts), after one warm-up"
+    )
+    p.add_argument(
+        "--min-time",
+        type=float,
+        default=2.0,
+        help="repeat a length (up to 25 times) until its timed calls add up to this many seconds",
+    )
+    p.add_argument(
+        "--time-budget",
+        type=float,
+        default=60.0,
+        help="seconds (on --clock) one forward+backward may take, predicted from the previous n via "
+        "the derived FLOPs; longer lengths are skipped and listed",
+    )
+    p.add_argument(
+        "--decode-budget",
+        type=float,
+        default=30.0,
+        help="seconds one n-token decode may take (predicted likewise); longer ones are skipped",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads for the timing (with --clock cpu, more threads also count their spin-waits)",
+    )
     # validated in run_cost rather than by argparse choices: bad input prints one line
-    p.add_argument("--clock", default="cpu",
-                   help="cpu: process CPU time (user + system; steady on a shared machine), user: its user "
-                        "part, wall: wall time")
-    p.add_argument("--return-memory", action="store_true",
-                   help="time with the allocator's defaults (large buffers returned to the OS on free and "
-                        "faulted in again on the next call) instead of keeping freed memory in the process")
+    p.add_argument(
+        "--clock",
+        default="cpu",
+        help="cpu: process CPU time (user + system; steady on a shared machine), user: its user part, wall: wall time",
+    )
+    p.add_argument(
+        "--return-memory",
+        action="store_true",
+        help="time with the allocator's defaults (large buffers returned to the OS on free and "
+        "faulted in again on the next call) instead of keeping freed memory in the process",
+    )
     p.add_argument("--seed", type=int, default=0)
     _common(p, "png")
     p.set_defaults(func=run_cost)
 
     p = asub.add_parser("expressivity", help="shortest path, congestion, reach: the §4.2–4.3 table from code")
-    p.add_argument("--patterns", default=None,
-                   help="pattern specs, comma-separated (default: the paper's rows); 'none' for no pattern row")
+    p.add_argument(
+        "--patterns",
+        default=None,
+        help="pattern specs, comma-separated (default: the paper's rows); 'none' for no pattern row",
+    )
     add_mixers_option(p, "attention,local_attention", allow_none=True)
     p.add_argument("--n", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
     p.add_argument("--offset", type=int, default=None, help="copy offset L (default n/2)")
     p.add_argument("--layers", type=int, default=4, help="stacked layers for the reach")
-    p.add_argument("--path-limit", type=int, default=None,
-                   help=f"largest n for graph distances of lattice/Fenwick (default {ex.GRAPH_PATH_LIMIT})")
-    p.add_argument("--operator-limit", type=int, default=None,
-                   help=f"largest n for materialised-operator graphs (default {ex.OPERATOR_GRAPH_LIMIT})")
+    p.add_argument(
+        "--path-limit",
+        type=int,
+        default=None,
+        help=f"largest n for graph distances of lattice/Fenwick (default {ex.GRAPH_PATH_LIMIT})",
+    )
+    p.add_argument(
+        "--operator-limit",
+        type=int,
+        default=None,
+        help=f"largest n for materialised-operator graphs (default {ex.OPERATOR_GRAPH_LIMIT})",
+    )
     _common(p, "png")
     p.set_defaults(func=run_expressivity_cmd)
 
@@ -171,8 +213,11 @@ def register(sub) -> None:
     p.set_defaults(func=run_norms_cmd)
 
     p = sub.add_parser("report", help="one self-contained HTML page + Markdown from a run directory or a preset")
-    p.add_argument("source", metavar="RUN_DIR_OR_PRESET",
-                   help="a run directory, or an analysis preset: " + ", ".join(pr.name for pr in presets("analysis")))
+    p.add_argument(
+        "source",
+        metavar="RUN_DIR_OR_PRESET",
+        help="a run directory, or an analysis preset: " + ", ".join(pr.name for pr in presets("analysis")),
+    )
     p.add_argument("--out", default=None, help="report folder (default <run dir>/report)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=run_report)
@@ -234,16 +279,29 @@ def run_matrix(args) -> int:
     if heads is not None and isinstance(n_heads, int):
         bad = [h for h in heads if not 0 <= h < n_heads]
         if bad:
-            raise InputError(f"--show-heads {','.join(map(str, bad))} out of range: the mixer has heads 0..{n_heads - 1}")
+            raise InputError(
+                f"--show-heads {','.join(map(str, bad))} out of range: the mixer has heads 0..{n_heads - 1}"
+            )
     if args.position is not None and not 0 <= args.position < x.shape[1]:
         raise InputError(f"--position {args.position} out of range [0, {x.shape[1]})")
     with _out_dir(args.out, "matrix") as out_dir, torch.no_grad():
-        res = analyze_matrix(mixer, x, out_dir, name=name, position=args.position, heads=heads,
-                             channel=args.channel, formats=formats, input_note=note)
+        res = analyze_matrix(
+            mixer,
+            x,
+            out_dir,
+            name=name,
+            position=args.position,
+            heads=heads,
+            channel=args.channel,
+            formats=formats,
+            input_note=note,
+        )
     rows = [{"field": k, "value": v} for k, v in res["summary"].items()]
-    rows += [{"field": "dependency reached", "value": res["dependency"]["reached"]},
-             {"field": "dependency max hops", "value": res["dependency"]["max_hops"]},
-             {"field": "figures", "value": ", ".join(res["figures"])}]
+    rows += [
+        {"field": "dependency reached", "value": res["dependency"]["reached"]},
+        {"field": "dependency max hops", "value": res["dependency"]["max_hops"]},
+        {"field": "figures", "value": ", ".join(res["figures"])},
+    ]
     payload = {k: v for k, v in res.items() if k != "decay_profile"}
     return _finish(args, out_dir, rows, payload)
 
@@ -256,8 +314,13 @@ def run_cost(args) -> int:
     if not args.min_time >= 0:
         raise InputError(f"--min-time must be >= 0, got {args.min_time}")
     _positive(args.time_n, "--time-n", 2)
-    for flag, v in (("--d-model", args.d_model), ("--heads", args.heads), ("--batch", args.batch),
-                    ("--repeats", args.repeats), ("--threads", args.threads)):
+    for flag, v in (
+        ("--d-model", args.d_model),
+        ("--heads", args.heads),
+        ("--batch", args.batch),
+        ("--repeats", args.repeats),
+        ("--threads", args.threads),
+    ):
         _positive([v], flag)
     for flag, v in (("--time-budget", args.time_budget), ("--decode-budget", args.decode_budget)):
         if not v > 0 or v == float("inf"):
@@ -265,20 +328,42 @@ def run_cost(args) -> int:
     _check_width(args)
     width = float(args.batch) * args.d_model
     for n in args.cache_n:
-        check_size("--cache-n", n, lambda m: DECODE_BYTES_PER_POSITION_AND_WIDTH * width * m,
-                   f"an n-token decode at batch {args.batch} and d_model {args.d_model}")
+        check_size(
+            "--cache-n",
+            n,
+            lambda m: DECODE_BYTES_PER_POSITION_AND_WIDTH * width * m,
+            f"an n-token decode at batch {args.batch} and d_model {args.d_model}",
+        )
     for n in args.time_n:
-        check_size("--time-n", n, lambda m: TRAIN_BYTES_PER_POSITION_AND_WIDTH * width * m,
-                   f"a forward+backward over n tokens at batch {args.batch} and d_model {args.d_model}")
+        check_size(
+            "--time-n",
+            n,
+            lambda m: TRAIN_BYTES_PER_POSITION_AND_WIDTH * width * m,
+            f"a forward+backward over n tokens at batch {args.batch} and d_model {args.d_model}",
+        )
     names = mixer_list(args.mixers)
     check_out_dir(args.out)
     _check_mixers_build(names, args.d_model, args.heads)
     with _out_dir(args.out, "cost") as out_dir:
-        res = run_accounting(names, out_dir, formats=formats, progress=_progress(args), cache_ns=args.cache_n,
-                             time_ns=args.time_n, d_model=args.d_model, n_heads=args.heads, batch=args.batch,
-                             repeats=args.repeats, time_budget_s=args.time_budget,
-                             decode_budget_s=args.decode_budget, threads=args.threads, clock=args.clock,
-                             min_time_s=args.min_time, keep_memory=not args.return_memory, seed=args.seed)
+        res = run_accounting(
+            names,
+            out_dir,
+            formats=formats,
+            progress=_progress(args),
+            cache_ns=args.cache_n,
+            time_ns=args.time_n,
+            d_model=args.d_model,
+            n_heads=args.heads,
+            batch=args.batch,
+            repeats=args.repeats,
+            time_budget_s=args.time_budget,
+            decode_budget_s=args.decode_budget,
+            threads=args.threads,
+            clock=args.clock,
+            min_time_s=args.min_time,
+            keep_memory=not args.return_memory,
+            seed=args.seed,
+        )
     return _finish(args, out_dir, res["summary"], {"summary": res["summary"], "threads": res["threads"]})
 
 
@@ -295,10 +380,17 @@ def run_expressivity_cmd(args) -> int:
     operator_limit = ex.OPERATOR_GRAPH_LIMIT if args.operator_limit is None else args.operator_limit
     pair_limit = max(path_limit, operator_limit)
     for n in args.n:
-        check_size("--n", n, lambda m: EXPRESSIVITY_BYTES_PER_POSITION * float(m)
-                   + (EXPRESSIVITY_BYTES_PER_PAIR * float(m) ** 2 if m <= pair_limit else 0.0),
-                   "the per-position arrays of the path metrics" + (" and the [n, n] graph distances"
-                                                                     if n <= pair_limit else ""), lo=2)
+        check_size(
+            "--n",
+            n,
+            lambda m: (
+                EXPRESSIVITY_BYTES_PER_POSITION * float(m)
+                + (EXPRESSIVITY_BYTES_PER_PAIR * float(m) ** 2 if m <= pair_limit else 0.0)
+            ),
+            "the per-position arrays of the path metrics"
+            + (" and the [n, n] graph distances" if n <= pair_limit else ""),
+            lo=2,
+        )
     if args.patterns is None:
         patterns = list(PAPER_PATTERNS)
     elif args.patterns.strip() == "none":
@@ -321,8 +413,17 @@ def run_expressivity_cmd(args) -> int:
     if args.operator_limit is not None:
         kwargs["operator_limit"] = args.operator_limit
     with _out_dir(args.out, "expressivity") as out_dir:
-        res = ex.run_expressivity(out_dir, formats=formats, patterns=patterns, mixers=mixers, ns=args.n,
-                                  offset=args.offset, layers=args.layers, progress=_progress(args), **kwargs)
+        res = ex.run_expressivity(
+            out_dir,
+            formats=formats,
+            patterns=patterns,
+            mixers=mixers,
+            ns=args.n,
+            offset=args.offset,
+            layers=args.layers,
+            progress=_progress(args),
+            **kwargs,
+        )
     return _finish(args, out_dir, res["summary"], {"summary": res["summary"]})
 
 
@@ -331,15 +432,26 @@ def run_norms_cmd(args) -> int:
     check_dense_length(args.n, "operator norms")
     _positive([args.gram_iters], "--gram-iters", 0)
     if args.gram_iters > MAX_GRAM_ITERS:
-        raise InputError(f"--gram-iters must be <= {MAX_GRAM_ITERS} (each squares the matrix; the bound has "
-                         f"converged long before), got {args.gram_iters}")
+        raise InputError(
+            f"--gram-iters must be <= {MAX_GRAM_ITERS} (each squares the matrix; the bound has "
+            f"converged long before), got {args.gram_iters}"
+        )
     _check_width(args)
     names = mixer_list(args.mixers)
     check_out_dir(args.out)
     _check_mixers_build(names or mixer_names(), args.d_model, args.heads)
     with _out_dir(args.out, "norms") as out_dir:
-        res = run_norms(names, out_dir, n=args.n, gram_iters=args.gram_iters, d_model=args.d_model,
-                        n_heads=args.heads, seed=args.seed, formats=formats, progress=_progress(args))
+        res = run_norms(
+            names,
+            out_dir,
+            n=args.n,
+            gram_iters=args.gram_iters,
+            d_model=args.d_model,
+            n_heads=args.heads,
+            seed=args.seed,
+            formats=formats,
+            progress=_progress(args),
+        )
     return _finish(args, out_dir, res["summary"], {"summary": res["summary"]})
 
 
@@ -357,8 +469,11 @@ def run_report(args) -> int:
         return 0
     if Path(args.source).exists():  # a folder that is no run is refused before a report is written into it
         check_run_dir(Path(args.source), f"; give a run directory or an analysis preset: {', '.join(names)}")
-    res = report(args.source, args.out, progress=None if args.quiet else
-                 (lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)))
+    res = report(
+        args.source,
+        args.out,
+        progress=None if args.quiet else (lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)),
+    )
     print(f"report: {res['html']}")
     print(f"markdown: {res['markdown']}")
     print(f"run directory: {res['run_dir']} ({res['sections']} sections, {res['figures']} figures)")

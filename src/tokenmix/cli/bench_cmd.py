@@ -1,5 +1,6 @@
 """tokenmix bench solver|decode|mixers|lm -- JSON on stdout (progress on stderr); tokenmix bench hf -- a
 table on stdout (``--out`` also writes the JSON)."""
+
 from __future__ import annotations
 
 import json
@@ -27,10 +28,12 @@ SOLVER_MODES = ("compiled", "chunked", "dense")
 
 
 def _progress(r: dict) -> None:
-    keys = ("mixer", "label", "environment", "mode", "n", "time_s", "latency_ms", "cpu_ms_per_step", "peak_mb",
-            "error")
-    print("  " + " ".join(f"{k}={r[k]:.4g}" if isinstance(r.get(k), float) else f"{k}={r[k]}"
-                          for k in keys if k in r), file=sys.stderr, flush=True)
+    keys = ("mixer", "label", "environment", "mode", "n", "time_s", "latency_ms", "cpu_ms_per_step", "peak_mb", "error")
+    print(
+        "  " + " ".join(f"{k}={r[k]:.4g}" if isinstance(r.get(k), float) else f"{k}={r[k]}" for k in keys if k in r),
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def register(sub) -> None:
@@ -47,8 +50,9 @@ def register(sub) -> None:
     m = bsub.add_parser("mixers", help="fwd+bwd time of every registered mixer vs SDPA, with achieved GFLOP/s")
     m.add_argument("--n", type=int, nargs="+", default=None, help="sequence lengths (default 512 2048 8192)")
     add_mixers_option(m, "every registered mixer")
-    m.add_argument("--busy", type=int, default=0,
-                   help="single-threaded matmul loops kept running during the run (contention test)")
+    m.add_argument(
+        "--busy", type=int, default=0, help="single-threaded matmul loops kept running during the run (contention test)"
+    )
     m.set_defaults(func=_run_mixers)
     lm = bsub.add_parser("lm", help="LM training and decode tokens/s per mixer at equal parameter count")
     d = LMBenchConfig()
@@ -56,35 +60,59 @@ def register(sub) -> None:
     lm.add_argument("--contexts", type=int, nargs="+", default=list(d.contexts))
     lm.add_argument("--layers", type=int, default=d.layers, help="layers of the one mixer per model")
     lm.add_argument("--n-heads", type=int, default=d.n_heads)
-    lm.add_argument("--target-params", type=int, default=d.target_params,
-                    help="non-embedding parameters every model is sized to")
-    lm.add_argument("--vocab-size", type=int, default=d.vocab_size,
-                    help="small by default: the embedding and head cost the same for every mixer and "
-                         "would only dilute the differences between mixers")
+    lm.add_argument(
+        "--target-params", type=int, default=d.target_params, help="non-embedding parameters every model is sized to"
+    )
+    lm.add_argument(
+        "--vocab-size",
+        type=int,
+        default=d.vocab_size,
+        help="small by default: the embedding and head cost the same for every mixer and "
+        "would only dilute the differences between mixers",
+    )
     lm.add_argument("--batch-tokens", type=int, default=d.batch_tokens, help="tokens per training step")
-    lm.add_argument("--train-steps", type=int, default=d.train_steps,
-                    help="timed training steps (the median is reported)")
-    lm.add_argument("--decode-tokens", type=int, default=d.decode_tokens,
-                    help="timed decode steps at the end of the context (the median is reported)")
-    lm.add_argument("--decode-block", type=int, default=d.decode_block,
-                    help="decode tokens a mixer runs back to back before the next mixer's turn")
+    lm.add_argument(
+        "--train-steps", type=int, default=d.train_steps, help="timed training steps (the median is reported)"
+    )
+    lm.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=d.decode_tokens,
+        help="timed decode steps at the end of the context (the median is reported)",
+    )
+    lm.add_argument(
+        "--decode-block",
+        type=int,
+        default=d.decode_block,
+        help="decode tokens a mixer runs back to back before the next mixer's turn",
+    )
     lm.add_argument("--threads", type=int, default=d.threads, help="torch threads (0 = default)")
     lm.add_argument("--seed", type=int, default=d.seed)
     lm.add_argument("--out", default=None, help="also write the JSON here")
     lm.set_defaults(func=_run_lm)
-    st = bsub.add_parser("step", help="CPU ms per training step of a compare preset's runs, under the CLI's "
-                                      "settings and in a plain python process (~1 min at the defaults)")
-    st.add_argument("--preset", default="frontier", help="compare preset whose run configs are timed (default frontier)")
+    st = bsub.add_parser(
+        "step",
+        help="CPU ms per training step of a compare preset's runs, under the CLI's "
+        "settings and in a plain python process (~1 min at the defaults)",
+    )
+    st.add_argument(
+        "--preset", default="frontier", help="compare preset whose run configs are timed (default frontier)"
+    )
     add_mixers_option(st, "attention, mamba2, pow2, sq1_ce")
     st.add_argument("--steps", type=int, default=20, help="timed steps per block")
     st.add_argument("--repeats", type=int, default=3, help="timed blocks (the best is reported)")
-    st.add_argument("--busy", type=int, default=0,
-                    help="single-threaded matmul loops kept running during the run (contention test)")
-    st.add_argument("--environments", default="cli,python",
-                    help="cli (the compare worker's settings), python (a plain process), or both")
+    st.add_argument(
+        "--busy", type=int, default=0, help="single-threaded matmul loops kept running during the run (contention test)"
+    )
+    st.add_argument(
+        "--environments",
+        default="cli,python",
+        help="cli (the compare worker's settings), python (a plain process), or both",
+    )
     st.set_defaults(func=_run_step)
-    hf = bsub.add_parser("hf", help="decode ms/token through transformers' generate() vs tokenmix's own loop "
-                                    "(needs tokenmix[hf])")
+    hf = bsub.add_parser(
+        "hf", help="decode ms/token through transformers' generate() vs tokenmix's own loop (needs tokenmix[hf])"
+    )
     add_mixers_option(hf, "attention,pow2_ce,mamba2")
     hf.add_argument("--layers", type=int, default=4)
     hf.add_argument("--d-model", type=int, default=256)
@@ -116,18 +144,35 @@ def _run_step(args) -> int:
         if cfg is None:
             raise InputError(f"preset '{args.preset}' has no run of row '{name}'")
         configs.append(cfg)
-    print(json.dumps(step_bench.run(configs, args.steps, repeats=args.repeats, environments=envs,
-                                        busy=args.busy, progress=_progress), indent=1))
+    print(
+        json.dumps(
+            step_bench.run(
+                configs, args.steps, repeats=args.repeats, environments=envs, busy=args.busy, progress=_progress
+            ),
+            indent=1,
+        )
+    )
     return 0
 
 
 def lm_bench_config(args) -> LMBenchConfig:
     """The ``bench lm`` flags as the benchmark's config."""
     mixers = LMBenchConfig().mixers if args.mixers is None else ",".join(mixer_list(args.mixers))
-    return LMBenchConfig(mixers=mixers, contexts=tuple(args.contexts), layers=args.layers, n_heads=args.n_heads,
-                         target_params=args.target_params, vocab_size=args.vocab_size, batch_tokens=args.batch_tokens,
-                         train_steps=args.train_steps, decode_tokens=args.decode_tokens,
-                         decode_block=args.decode_block, threads=args.threads, seed=args.seed, out=args.out)
+    return LMBenchConfig(
+        mixers=mixers,
+        contexts=tuple(args.contexts),
+        layers=args.layers,
+        n_heads=args.n_heads,
+        target_params=args.target_params,
+        vocab_size=args.vocab_size,
+        batch_tokens=args.batch_tokens,
+        train_steps=args.train_steps,
+        decode_tokens=args.decode_tokens,
+        decode_block=args.decode_block,
+        threads=args.threads,
+        seed=args.seed,
+        out=args.out,
+    )
 
 
 def _run_lm(args) -> int:
@@ -145,9 +190,17 @@ def _run_hf(args) -> int:
             raise MissingDependency("transformers", "tokenmix bench hf", "hf") from None
         raise
     names = mixer_list(args.mixers, default=["attention", "pow2_ce", "mamba2"])
-    cfg = hf_generate.HFBenchConfig(mixers=tuple(names), layers=args.layers, d_model=args.d_model,
-                                    n_heads=args.n_heads, prompt=args.prompt, new_tokens=args.new_tokens,
-                                    warmup=args.warmup, repeats=args.repeats, threads=args.threads)
+    cfg = hf_generate.HFBenchConfig(
+        mixers=tuple(names),
+        layers=args.layers,
+        d_model=args.d_model,
+        n_heads=args.n_heads,
+        prompt=args.prompt,
+        new_tokens=args.new_tokens,
+        warmup=args.warmup,
+        repeats=args.repeats,
+        threads=args.threads,
+    )
     if args.out is not None:  # checked now, not after the timing
         out = Path(args.out)
         if out.is_dir():
@@ -156,12 +209,27 @@ def _run_hf(args) -> int:
             raise InputError(f"--out '{out}': folder '{out.parent}' does not exist")
     check_size("--d-model", cfg.d_model, lambda d: hf_generate.weight_bytes(cfg, d), "the models' weights")
     # the prompt alone first, so that a huge --prompt is named as the cause
-    check_size("--prompt", cfg.prompt, lambda n: DECODE_BYTES_PER_POSITION * float(cfg.layers)
-               * (n + 1) * cfg.d_model / 256, "the prompt's decode caches")
-    check_size("--new-tokens", cfg.new_tokens, lambda n: DECODE_BYTES_PER_POSITION * float(cfg.layers)
-               * (cfg.prompt + n) * cfg.d_model / 256, "the decode caches")
-    result = hf_generate.run(cfg, lambda r: print(f"  {r['mixer']}: HF generate {r['hf_ms_per_token']:.3f} ms/token, "
-                                                   f"tokenmix {r['tokenmix_ms_per_token']:.3f}", file=sys.stderr, flush=True))
+    check_size(
+        "--prompt",
+        cfg.prompt,
+        lambda n: DECODE_BYTES_PER_POSITION * float(cfg.layers) * (n + 1) * cfg.d_model / 256,
+        "the prompt's decode caches",
+    )
+    check_size(
+        "--new-tokens",
+        cfg.new_tokens,
+        lambda n: DECODE_BYTES_PER_POSITION * float(cfg.layers) * (cfg.prompt + n) * cfg.d_model / 256,
+        "the decode caches",
+    )
+    result = hf_generate.run(
+        cfg,
+        lambda r: print(
+            f"  {r['mixer']}: HF generate {r['hf_ms_per_token']:.3f} ms/token, "
+            f"tokenmix {r['tokenmix_ms_per_token']:.3f}",
+            file=sys.stderr,
+            flush=True,
+        ),
+    )
     if args.out:
         atomic_write_text(args.out, json.dumps(result, indent=1) + "\n")
     print(hf_generate.table(result))
@@ -184,23 +252,33 @@ def _check_mixers(names, flag: str, modes: tuple[str, ...] = ()) -> None:
         spec = get_mixer_spec(name)  # InputError naming the known mixers
         missing = [m for m in modes if m not in spec.cls.modes]
         if missing:
-            raise InputError(f"{flag}: '{name}' has no {'/'.join(missing)} mode (modes: {', '.join(spec.cls.modes)}); "
-                             f"this benchmark times the structured mixers' {'/'.join(modes)} modes")
+            raise InputError(
+                f"{flag}: '{name}' has no {'/'.join(missing)} mode (modes: {', '.join(spec.cls.modes)}); "
+                f"this benchmark times the structured mixers' {'/'.join(modes)} modes"
+            )
 
 
 def _run_solver(args) -> int:
     _check_mixers(args.patterns, "--patterns", SOLVER_MODES)
-    _check_sizes(args.n, lambda n: TRAIN_BYTES_PER_POSITION * float(n)
-                 + (DENSE_MODE_BYTES_PER_PAIR * float(n) ** 2 if n <= solver.MAX_DENSE_N else 0.0),
-                 "a forward+backward over n tokens")
+    _check_sizes(
+        args.n,
+        lambda n: (
+            TRAIN_BYTES_PER_POSITION * float(n)
+            + (DENSE_MODE_BYTES_PER_PAIR * float(n) ** 2 if n <= solver.MAX_DENSE_N else 0.0)
+        ),
+        "a forward+backward over n tokens",
+    )
     print(json.dumps(solver.run(args.n, args.patterns, _progress), indent=1))
     return 0
 
 
 def _run_decode(args) -> int:
     args.mixers = None if args.mixers is None else mixer_list(args.mixers)  # None: the benchmark's own list
-    _check_sizes(args.n, lambda n: DECODE_BYTES_PER_POSITION * float(n + sum(args.n) - max(args.n)),
-                 f"the prefilled contexts of every --n (about {fmt_bytes(DECODE_BYTES_PER_POSITION)} a position)")
+    _check_sizes(
+        args.n,
+        lambda n: DECODE_BYTES_PER_POSITION * float(n + sum(args.n) - max(args.n)),
+        f"the prefilled contexts of every --n (about {fmt_bytes(DECODE_BYTES_PER_POSITION)} a position)",
+    )
     print(json.dumps(decode.run(args.n, args.mixers, _progress), indent=1))
     return 0
 
@@ -209,7 +287,8 @@ def _run_mixers(args) -> int:
     if not 0 <= args.busy <= 64:
         raise InputError(f"--busy must be in 0..64, got {args.busy}")
     args.mixers = None if args.mixers is None else mixer_list(args.mixers)  # None: every registered mixer
-    _check_sizes(args.n, lambda n: 2 * TRAIN_BYTES_PER_POSITION * float(n),
-                 "a forward+backward over n tokens at batch 2")
+    _check_sizes(
+        args.n, lambda n: 2 * TRAIN_BYTES_PER_POSITION * float(n), "a forward+backward over n tokens at batch 2"
+    )
     print(json.dumps(mixers.run(args.n, args.mixers, _progress, busy=args.busy), indent=1))
     return 0

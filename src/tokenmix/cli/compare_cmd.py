@@ -1,5 +1,6 @@
 """tokenmix compare [--preset NAME|FILE.py] [--mixers NAME,NAME...] [--out DIR] [--workers N] [--list-presets]
 and tokenmix presets [--kind compare|lm|analysis]: parse, call ``study.compare.run_compare``, print."""
+
 from __future__ import annotations
 
 import signal
@@ -17,20 +18,36 @@ from tokenmix.study.table import RISING, RISING_NOTE
 
 
 def register(sub) -> None:
-    p = sub.add_parser("compare", help="train each mixer structure on the synthetic tasks and print the "
-                                       "cost / cache / shortest path / accuracy table")
-    p.add_argument("--preset", default="quick",
-                   help="a compare preset (`tokenmix presets --kind compare` lists them; default quick, "
-                        "≤ 10 min on 2 CPU cores) or a path to a preset .py file")
+    p = sub.add_parser(
+        "compare",
+        help="train each mixer structure on the synthetic tasks and print the "
+        "cost / cache / shortest path / accuracy table",
+    )
+    p.add_argument(
+        "--preset",
+        default="quick",
+        help="a compare preset (`tokenmix presets --kind compare` lists them; default quick, "
+        "≤ 10 min on 2 CPU cores) or a path to a preset .py file",
+    )
     p.add_argument("--list-presets", action="store_true", help="list the compare presets and exit")
     add_mixers_option(p, "none", allow_none=True, prefix="extra rows: ")
-    p.add_argument("--out", default=None, help="run directory (default runs/compare-<preset>); rerunning "
-                                                 "with the same directory skips finished runs")
-    p.add_argument("--workers", type=int, default=None,
-                   help="parallel worker processes (default: 2 if the machine has 2+ cores, else 1)")
-    p.add_argument("--threads", type=int, default=1,
-                   help="torch threads per worker (default 1: the models are small, one thread per "
-                        "process is fastest)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="run directory (default runs/compare-<preset>); rerunning with the same directory skips finished runs",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="parallel worker processes (default: 2 if the machine has 2+ cores, else 1)",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads per worker (default 1: the models are small, one thread per process is fastest)",
+    )
     p.add_argument("--device", default="cpu", help="torch device for training, e.g. cuda (default cpu)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
@@ -71,9 +88,16 @@ def run(args) -> int:
         args.kind = "compare"
         return run_list(args)
     console = Console() if sys.stdout.isatty() else Console(width=200)
-    req = CompareRequest(preset=args.preset, extra_mixers=tuple(mixer_list(args.mixers, default=[], allow_none=True)), out=args.out,
-                         workers=args.workers, threads=args.threads, device=args.device,
-                         progress=not args.no_progress, plots=not args.no_plots)
+    req = CompareRequest(
+        preset=args.preset,
+        extra_mixers=tuple(mixer_list(args.mixers, default=[], allow_none=True)),
+        out=args.out,
+        workers=args.workers,
+        threads=args.threads,
+        device=args.device,
+        progress=not args.no_progress,
+        plots=not args.no_plots,
+    )
     in_main = threading.current_thread() is threading.main_thread()
     previous = signal.signal(signal.SIGTERM, _on_sigterm) if in_main else None
     try:
@@ -83,20 +107,34 @@ def run(args) -> int:
             signal.signal(signal.SIGTERM, previous if previous is not None else signal.SIG_DFL)
     if res.missing_rows:
         print(f"note: rows without a registered mixer are not run: {', '.join(res.missing_rows)}", file=sys.stderr)
-    console.print(_rich_table(f"tokenmix compare — preset {res.preset.name} (n = {res.n}; accuracy % mean ± std "
-                              "over seeds)", res.header, res.rows))
+    console.print(
+        _rich_table(
+            f"tokenmix compare — preset {res.preset.name} (n = {res.n}; accuracy % mean ± std over seeds)",
+            res.header,
+            res.rows,
+        )
+    )
     if res.paper_header:
-        console.print(_rich_table("next to the paper's Table 1 (study/paper.py; its sizes and steps are unknown)",
-                                  res.paper_header, res.paper_rows))
+        console.print(
+            _rich_table(
+                "next to the paper's Table 1 (study/paper.py; its sizes and steps are unknown)",
+                res.paper_header,
+                res.paper_rows,
+            )
+        )
     if any(RISING in cell for row in res.rows for cell in row):
         console.print(RISING_NOTE, highlight=False)
     for f in res.findings:  # the claims, each with the facts from its runs that explain the verdict
         mark = f" {RISING}" if f.get("still_rising") else ""
-        console.print(f"- {escape(f['claim'])}: [bold]{escape(f['verdict'])}{mark}[/bold] ({escape(f['measured'])})",
-                      highlight=False)
+        console.print(
+            f"- {escape(f['claim'])}: [bold]{escape(f['verdict'])}{mark}[/bold] ({escape(f['measured'])})",
+            highlight=False,
+        )
         for w in f["why"]:
             console.print(f"    {w}", markup=False, highlight=False)
     console.print(f"{res.stats.trained} runs trained, {res.stats.skipped} already finished; {res.stats.describe()}")
-    console.print(f"report: {res.out / 'report.md'}  plots: {', '.join(str(p) for p in res.plots) or '(none)'}  "
-                  f"runs: {res.out / 'results.csv'}")
+    console.print(
+        f"report: {res.out / 'report.md'}  plots: {', '.join(str(p) for p in res.plots) or '(none)'}  "
+        f"runs: {res.out / 'results.csv'}"
+    )
     return 0

@@ -1,4 +1,5 @@
 """tokenmix demo -- a short built-in tour: pattern facts, mode equivalence and a small decode/solver timing."""
+
 from __future__ import annotations
 
 import time
@@ -27,8 +28,13 @@ def run(args) -> int:
     if args.n < 2:
         raise InputError(f"--n must be >= 2, got {args.n}")
     pats, budget = [get_pattern(spec) for spec in DEMO_PATTERNS], memory_budget()
-    check_size("--n", args.n, lambda n: max(report_bytes(p, n, PATH_LIMIT, budget) for p in pats),
-               "the demo's pattern tables (dense: [n, n - 1])", lo=2)
+    check_size(
+        "--n",
+        args.n,
+        lambda n: max(report_bytes(p, n, PATH_LIMIT, budget) for p in pats),
+        "the demo's pattern tables (dense: [n, n - 1])",
+        lo=2,
+    )
     console = Console()
     n = args.n
     table = Table(title=f"Patterns at n = {n} (derived)")
@@ -36,8 +42,14 @@ def run(args) -> int:
         table.add_column(col, justify="right")
     for spec, pat in zip(DEMO_PATTERNS, pats):
         r = pattern_report(pat, n, path_limit=PATH_LIMIT)
-        table.add_row(spec, str(r["neighbors_last_token"]), str(r["nnz_B"]), str(r["cache_size"]),
-                      f"{r.get('shortest_path_max', float('nan')):.0f}", f"{r.get('shortest_path_mean', float('nan')):.2f}")
+        table.add_row(
+            spec,
+            str(r["neighbors_last_token"]),
+            str(r["nnz_B"]),
+            str(r["cache_size"]),
+            f"{r.get('shortest_path_max', float('nan')):.0f}",
+            f"{r.get('shortest_path_mean', float('nan')):.2f}",
+        )
     console.print(table)
 
     torch.manual_seed(0)
@@ -49,13 +61,27 @@ def run(args) -> int:
         m = build_mixer(name, 64, n_heads=4, chunk_size=32).double()
         x = torch.randn(1, t, 64, dtype=torch.float64)
         with torch.no_grad():
-            t0 = time.perf_counter(); y_c, _ = m(x, mode="chunked"); tc = time.perf_counter() - t0
-            t0 = time.perf_counter(); y_d, _ = m(x, mode="dense"); td = time.perf_counter() - t0
-            t0 = time.perf_counter(); y_r, st = m(x, mode="recurrent"); tr = time.perf_counter() - t0
-        eq.add_row(name, f"{(y_d - y_c).abs().max().item():.1e}", f"{(y_r - y_c).abs().max().item():.1e}",
-                   f"{1e3 * tc:.1f}", f"{1e3 * td:.1f}", f"{1e3 * tr / t:.2f}",
-                   f"{st.peak_positions}/{m.cache_positions(t)}")
+            t0 = time.perf_counter()
+            y_c, _ = m(x, mode="chunked")
+            tc = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            y_d, _ = m(x, mode="dense")
+            td = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            y_r, st = m(x, mode="recurrent")
+            tr = time.perf_counter() - t0
+        eq.add_row(
+            name,
+            f"{(y_d - y_c).abs().max().item():.1e}",
+            f"{(y_r - y_c).abs().max().item():.1e}",
+            f"{1e3 * tc:.1f}",
+            f"{1e3 * td:.1f}",
+            f"{1e3 * tr / t:.2f}",
+            f"{st.peak_positions}/{m.cache_positions(t)}",
+        )
     console.print(eq)
-    console.print("Next: [bold]tokenmix bench solver[/], [bold]tokenmix bench decode[/], "
-                  "[bold]tokenmix patterns --pattern sq1_ce --n 2048 --json[/]")
+    console.print(
+        "Next: [bold]tokenmix bench solver[/], [bold]tokenmix bench decode[/], "
+        "[bold]tokenmix patterns --pattern sq1_ce --n 2048 --json[/]"
+    )
     return 0

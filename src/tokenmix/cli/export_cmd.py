@@ -1,12 +1,15 @@
 """tokenmix export --run DIR --hf OUT -- a trained LM run as a Hugging Face model folder (hf/export.py)."""
+
 from __future__ import annotations
 
 from tokenmix.core.errors import MissingDependency
 
 
 def register(sub) -> None:
-    p = sub.add_parser("export", help="write an LM run as a Hugging Face model folder (AutoModelForCausalLM, "
-                                      "AutoTokenizer; needs tokenmix[hf])")
+    p = sub.add_parser(
+        "export",
+        help="write an LM run as a Hugging Face model folder (AutoModelForCausalLM, AutoTokenizer; needs tokenmix[hf])",
+    )
     p.add_argument("--run", required=True, help="run folder written by 'tokenmix train lm'")
     p.add_argument("--hf", required=True, metavar="OUT", help="new (or empty) folder to write")
     p.set_defaults(func=run_export)

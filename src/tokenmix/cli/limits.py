@@ -6,6 +6,7 @@ size is one line naming the largest size that fits instead of an allocation fail
 kernel, or minutes of work before either. The models are upper estimates (measured peaks rounded
 up); the memory is what the kernel reports available now (MemAvailable), capped by a cgroup limit.
 """
+
 from __future__ import annotations
 
 import math
@@ -54,10 +55,13 @@ def check_size(flag: str, value: int, need: Callable[[int], float], what: str, l
         return
     amount = f"about {fmt_bytes(bytes_needed)}, more than" if math.isfinite(bytes_needed) else "more than"
     best = largest_fitting(need, budget, value - 1, lo) if value - 1 >= lo else None
-    limit = (f"the largest {flag} that fits is {best:,}" if best is not None
-             else f"no {flag} fits with the other settings")
-    raise InputError(f"{flag} {value:,} is too large: {what} would need {amount} "
-                     f"the {fmt_bytes(budget)} of memory available; {limit}")
+    limit = (
+        f"the largest {flag} that fits is {best:,}" if best is not None else f"no {flag} fits with the other settings"
+    )
+    raise InputError(
+        f"{flag} {value:,} is too large: {what} would need {amount} "
+        f"the {fmt_bytes(budget)} of memory available; {limit}"
+    )
 
 
 def check_range(flag: str, value: float, lo: float | None = None, hi: float | None = None) -> None:

@@ -15,6 +15,7 @@ vocabulary) and exits.
 
 The same ``train lm`` command runs data-parallel under ``torchrun --nproc_per_node=N``.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,8 +31,17 @@ from tokenmix.core.files import check_output_dir
 from tokenmix.data.prepare import prepare_data
 from tokenmix.data.tokenizer import check_vocab_size, separator_id
 from tokenmix.generation import SamplingConfig, generate, position_limit
-from tokenmix.runs.lm import (DEVICES, LMRunConfig, apply_overrides, bigram_verdict, load_run, merge_config,
-                              read_config_file, read_run_config, resolve_device)
+from tokenmix.runs.lm import (
+    DEVICES,
+    LMRunConfig,
+    apply_overrides,
+    bigram_verdict,
+    load_run,
+    merge_config,
+    read_config_file,
+    read_run_config,
+    resolve_device,
+)
 from tokenmix.study.presets import presets
 from tokenmix.study.presets.lm import build_run_config
 from tokenmix.training.lm import RESUME_KEYS, check_init_from, evaluate_run, train_lm
@@ -42,12 +52,22 @@ def register(sub) -> None:
     p_data = sub.add_parser("data", help="prepare text corpora for language modelling")
     data_sub = p_data.add_subparsers(dest="data_command", required=True)
     p = data_sub.add_parser("prepare", help="split a corpus by document, train a BPE tokenizer, write token arrays")
-    p.add_argument("--corpus", default="excerpt",
-                   help="excerpt | shakespeare | kjv | pydocs | PATH (a text, JSONL, JSON, Parquet or CSV file, or a folder)")
-    p.add_argument("--text-field", default=None, metavar="NAME",
-                   help='column holding the text in JSONL/JSON/Parquet/CSV records (default: data.text_field, "text")')
-    p.add_argument("--install-missing", action="store_true",
-                   help="run apt-get to install a missing Debian package (kjv: bible-kjv, pydocs: python3-doc)")
+    p.add_argument(
+        "--corpus",
+        default="excerpt",
+        help="excerpt | shakespeare | kjv | pydocs | PATH (a text, JSONL, JSON, Parquet or CSV file, or a folder)",
+    )
+    p.add_argument(
+        "--text-field",
+        default=None,
+        metavar="NAME",
+        help='column holding the text in JSONL/JSON/Parquet/CSV records (default: data.text_field, "text")',
+    )
+    p.add_argument(
+        "--install-missing",
+        action="store_true",
+        help="run apt-get to install a missing Debian package (kjv: bible-kjv, pydocs: python3-doc)",
+    )
     p.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (default: data.vocab_size)")
     p.add_argument("--out", default=None, help="directory for the prepared data (default: a cache entry)")
     p.add_argument("--set", nargs="*", default=[], metavar="data.KEY=VALUE", help="data config overrides")
@@ -62,31 +82,58 @@ def register(sub) -> None:
     # ---- tokenmix generate
     p = sub.add_parser("generate", help="generate text from a trained LM run (prefill + per-mixer decode cache)")
     p.add_argument("--run", required=True, help="run directory written by `tokenmix train lm`")
-    p.add_argument("--prompt", action="append", default=None,
-                   help="prompt text (repeat for a batch; prompts of different lengths are grouped exactly)")
+    p.add_argument(
+        "--prompt",
+        action="append",
+        default=None,
+        help="prompt text (repeat for a batch; prompts of different lengths are grouped exactly)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=200)
     p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
     p.add_argument("--top-k", type=int, default=0, help="0 = no top-k filter")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus size; 1 = no filter")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--max-context", type=int, default=None,
-                   help="longest prompt + continuation in tokens (default: the training context train.seq_len)")
+    p.add_argument(
+        "--max-context",
+        type=int,
+        default=None,
+        help="longest prompt + continuation in tokens (default: the training context train.seq_len)",
+    )
     p.add_argument("--json", action="store_true", help="print the generations as JSON instead of streaming")
-    p.add_argument("--device", default="cpu", choices=DEVICES,
-                   help="where the model runs (default cpu; auto = cuda when available)")
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=DEVICES,
+        help="where the model runs (default cpu; auto = cuda when available)",
+    )
     p.set_defaults(func=run_generate)
 
     # ---- tokenmix eval
     p = sub.add_parser("eval", help="perplexity and per-position loss of a trained LM run")
     p.add_argument("--run", required=True, help="run directory written by `tokenmix train lm`")
-    p.add_argument("--split", default=None, choices=["train", "val", "test"], help="a split of the run's data (default test)")
-    p.add_argument("--text", default=None, metavar="FILE",
-                   help="score this text file (or folder) instead of a split, tokenized with the run's tokenizer")
-    p.add_argument("--context", type=int, default=None, metavar="N",
-                   help="window length in tokens (default: the training length train.seq_len); longer measures "
-                        "length extrapolation (refused past learned positions)")
-    p.add_argument("--device", default="cpu", choices=DEVICES,
-                   help="where the model runs (default cpu; auto = cuda when available)")
+    p.add_argument(
+        "--split", default=None, choices=["train", "val", "test"], help="a split of the run's data (default test)"
+    )
+    p.add_argument(
+        "--text",
+        default=None,
+        metavar="FILE",
+        help="score this text file (or folder) instead of a split, tokenized with the run's tokenizer",
+    )
+    p.add_argument(
+        "--context",
+        type=int,
+        default=None,
+        metavar="N",
+        help="window length in tokens (default: the training length train.seq_len); longer measures "
+        "length extrapolation (refused past learned positions)",
+    )
+    p.add_argument(
+        "--device",
+        default="cpu",
+        choices=DEVICES,
+        help="where the model runs (default cpu; auto = cuda when available)",
+    )
     p.add_argument("--max-windows", type=int, default=0, help="evaluate only N windows, spread evenly (0 = all)")
     p.add_argument("--json", action="store_true", help="print the result (with the full per-position loss) as JSON")
     p.set_defaults(func=run_eval)
@@ -96,24 +143,46 @@ def add_train_lm_parser(train_sub) -> None:
     """``tokenmix train lm``; separate so that another ``train`` front end can host it."""
     p = train_sub.add_parser("lm", help="train a language model on real text")
     p.add_argument("--corpus", default=None, help="excerpt (default) | shakespeare | kjv | pydocs | PATH")
-    p.add_argument("--preset", default=None,
-                   help="an lm preset: " + " | ".join(pr.name for pr in presets("lm")) + " (`tokenmix presets`; "
-                        "default: default)")
-    p.add_argument("--config", default=None, metavar="FILE",
-                   help="a JSON config in the shape of a run's config.json; fields it leaves out keep the preset's "
-                        "values, --corpus/--layers/--set apply on top")
-    p.add_argument("--layers", default=None, help='layer pattern, e.g. "pow2,pow2,attention,pow2" or "pow2*3,attention"')
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="an lm preset: " + " | ".join(pr.name for pr in presets("lm")) + " (`tokenmix presets`; default: default)",
+    )
+    p.add_argument(
+        "--config",
+        default=None,
+        metavar="FILE",
+        help="a JSON config in the shape of a run's config.json; fields it leaves out keep the preset's "
+        "values, --corpus/--layers/--set apply on top",
+    )
+    p.add_argument(
+        "--layers", default=None, help='layer pattern, e.g. "pow2,pow2,attention,pow2" or "pow2*3,attention"'
+    )
     p.add_argument("--out", default=None, help="run directory (default: runs/lm-<corpus>-<time>)")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR",
-                   help="continue the run in RUN_DIR from its last checkpoint (takes only --set train.max_steps=N, "
-                        "to extend its schedule)")
-    p.add_argument("--init-from", default=None, metavar="RUN_DIR",
-                   help="start a new run from the weights of RUN_DIR's newest valid checkpoint (same model "
-                        "settings; the optimizer and schedule start fresh)")
-    p.add_argument("--print-config", action="store_true",
-                   help="print the resolved config as JSON and exit without training")
-    p.add_argument("--set", nargs="*", default=[], metavar="SECTION.KEY=VALUE",
-                   help="config overrides, e.g. train.lr=3e-4 model.d_model=256 train.parallel=fsdp")
+    p.add_argument(
+        "--resume",
+        default=None,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from its last checkpoint (takes only --set train.max_steps=N, "
+        "to extend its schedule)",
+    )
+    p.add_argument(
+        "--init-from",
+        default=None,
+        metavar="RUN_DIR",
+        help="start a new run from the weights of RUN_DIR's newest valid checkpoint (same model "
+        "settings; the optimizer and schedule start fresh)",
+    )
+    p.add_argument(
+        "--print-config", action="store_true", help="print the resolved config as JSON and exit without training"
+    )
+    p.add_argument(
+        "--set",
+        nargs="*",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="config overrides, e.g. train.lr=3e-4 model.d_model=256 train.parallel=fsdp",
+    )
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
     p.set_defaults(func=run_train_lm)
@@ -141,10 +210,12 @@ def run_data_prepare(args) -> int:
         print(json.dumps(summary, indent=2))
     else:
         s = summary["splits"]
-        print(f"prepared {summary['corpus']} in {summary['dir']}: vocab {summary['vocab_size']}, "
-              f"{summary['chars_per_token']} chars/token; tokens train {s['train']['tokens']:,} "
-              f"({s['train']['documents']} docs), val {s['val']['tokens']:,} ({s['val']['documents']}), "
-              f"test {s['test']['tokens']:,} ({s['test']['documents']})")
+        print(
+            f"prepared {summary['corpus']} in {summary['dir']}: vocab {summary['vocab_size']}, "
+            f"{summary['chars_per_token']} chars/token; tokens train {s['train']['tokens']:,} "
+            f"({s['train']['documents']} docs), val {s['val']['tokens']:,} ({s['val']['documents']}), "
+            f"test {s['test']['tokens']:,} ({s['test']['documents']})"
+        )
     return 0
 
 
@@ -160,8 +231,10 @@ def _resume_overrides(items: list[str]) -> list[str]:
     since the resumed steps must be the ones the saved config describes."""
     for item in items:
         if item.partition("=")[0].strip() not in RESUME_KEYS:
-            raise InputError(f"--resume continues a run with its saved config; of --set it takes only "
-                             f"{', '.join(k + '=N' for k in RESUME_KEYS)} (to extend the schedule), got '{item}'")
+            raise InputError(
+                f"--resume continues a run with its saved config; of --set it takes only "
+                f"{', '.join(k + '=N' for k in RESUME_KEYS)} (to extend the schedule), got '{item}'"
+            )
     return list(items)
 
 
@@ -170,11 +243,22 @@ def resolved_train_config(args) -> tuple[LMRunConfig, Path | None]:
     precision is resolved) and the run folder; the one function behind training and --print-config."""
     for opt in ("resume", "out", "init_from", "config"):
         if getattr(args, opt) is not None and not getattr(args, opt).strip():
-            raise InputError(f"--{opt.replace('_', '-')} is empty; give a {'file' if opt == 'config' else 'run folder'}")
+            raise InputError(
+                f"--{opt.replace('_', '-')} is empty; give a {'file' if opt == 'config' else 'run folder'}"
+            )
     if args.resume is not None:
-        given = [f for f, v in (("--corpus", args.corpus), ("--layers", args.layers), ("--preset", args.preset),
-                               ("--out", args.out), ("--config", args.config), ("--init-from", args.init_from))
-                 if v is not None]
+        given = [
+            f
+            for f, v in (
+                ("--corpus", args.corpus),
+                ("--layers", args.layers),
+                ("--preset", args.preset),
+                ("--out", args.out),
+                ("--config", args.config),
+                ("--init-from", args.init_from),
+            )
+            if v is not None
+        ]
         if given:
             raise InputError(f"--resume continues a run with its saved config; it takes no {', '.join(given)}")
         run_dir = Path(args.resume)
@@ -188,7 +272,7 @@ def resolved_train_config(args) -> tuple[LMRunConfig, Path | None]:
         overrides.append(f"data.corpus={args.corpus}")
     if args.layers is not None:
         if not args.layers.strip():
-            raise InputError("--layers is empty; give a layer pattern, e.g. \"pow2,attention\" or \"pow2*3\"")
+            raise InputError('--layers is empty; give a layer pattern, e.g. "pow2,attention" or "pow2*3"')
         overrides.append(f"model.layers={args.layers}")
     cfg = apply_overrides(cfg, overrides + list(args.set))  # also refuses a model too large for memory
     return cfg, Path(args.out) if args.out is not None else None
@@ -206,8 +290,9 @@ def run_train_lm(args) -> int:
         print(cfg.to_json())
         return 0
     progress = False if args.no_progress else None
-    train_lm(cfg, run_dir, resume=args.resume is not None, progress=progress, quiet=args.quiet,
-             init_from=args.init_from)
+    train_lm(
+        cfg, run_dir, resume=args.resume is not None, progress=progress, quiet=args.quiet, init_from=args.init_from
+    )
     return 0
 
 
@@ -222,22 +307,30 @@ def run_eval(args) -> int:
         raise InputError(f"--context must be >= 1, got {args.context}")
     resolve_device(args.device)  # a missing CUDA is refused before the run is read
     check_run_config(args.run)
-    res = evaluate_run(args.run, args.split or "test", args.max_windows, text=args.text, context=args.context,
-                       device=args.device)
+    res = evaluate_run(
+        args.run, args.split or "test", args.max_windows, text=args.text, context=args.context, device=args.device
+    )
     if args.json:
         print(json.dumps(res, indent=2))
         return 0
     what = res["split"] if args.text is None else f"'{args.text}'"
-    longer = (f", context {res['context']} (trained at {res['train_seq_len']})"
-              if res["context"] != res["train_seq_len"] else "")
-    print(f"{what} loss {res['loss']:.4f}  perplexity {res['ppl']:.2f}  over {res['tokens']:,} tokens{longer} "
-          f"(checkpoint step {res['step']}): {bigram_verdict(res['ppl'], res['bigram_ppl'])}; "
-          f"unigram {res['unigram_ppl']:.2f}")
+    longer = (
+        f", context {res['context']} (trained at {res['train_seq_len']})"
+        if res["context"] != res["train_seq_len"]
+        else ""
+    )
+    print(
+        f"{what} loss {res['loss']:.4f}  perplexity {res['ppl']:.2f}  over {res['tokens']:,} tokens{longer} "
+        f"(checkpoint step {res['step']}): {bigram_verdict(res['ppl'], res['bigram_ppl'])}; "
+        f"unigram {res['unigram_ppl']:.2f}"
+    )
     per = res["per_position_loss"]
     buckets, lo = [], 0
     while lo < len(per):
         hi = min(2 * lo + 1, len(per))  # positions 1, 2-3, 4-7, ... (1-based)
-        buckets.append(f"{lo + 1}-{hi}: {sum(per[lo:hi]) / (hi - lo):.3f}" if hi - lo > 1 else f"{lo + 1}: {per[lo]:.3f}")
+        buckets.append(
+            f"{lo + 1}-{hi}: {sum(per[lo:hi]) / (hi - lo):.3f}" if hi - lo > 1 else f"{lo + 1}: {per[lo]:.3f}"
+        )
         lo = hi
     print("per-position loss (positions in the window): " + ", ".join(buckets))
     return 0
@@ -245,8 +338,13 @@ def run_eval(args) -> int:
 
 def run_generate(args) -> int:
     # the sampling settings and prompts are checked before the run is loaded
-    SamplingConfig(max_new_tokens=args.max_new_tokens, temperature=args.temperature, top_k=args.top_k,
-                   top_p=args.top_p, seed=args.seed)
+    SamplingConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
     for text in args.prompt or []:
         check_text(text, "--prompt")
     device = resolve_device(args.device)
@@ -264,22 +362,30 @@ def run_generate(args) -> int:
     for text in texts:
         ids = tok.encode(text, add_special_tokens=False).ids if text else [separator_id(tok)]
         if len(ids) >= max_context:
-            why = (f"the model's learned positions stop at max_seq_len={limit}" if limit is not None and max_context == limit
-                   else f"context {max_context}: the training length train.seq_len, or --max-context")
-            raise InputError(f"prompt is {len(ids)} tokens; this model allows prompts of at most {max_context - 1} "
-                             f"tokens ({why})")
+            why = (
+                f"the model's learned positions stop at max_seq_len={limit}"
+                if limit is not None and max_context == limit
+                else f"context {max_context}: the training length train.seq_len, or --max-context"
+            )
+            raise InputError(
+                f"prompt is {len(ids)} tokens; this model allows prompts of at most {max_context - 1} tokens ({why})"
+            )
         prompts.append(ids)
     room = max_context - max(len(p) for p in prompts)
     n_new = min(args.max_new_tokens, room)
     if n_new < args.max_new_tokens:
-        print(f"tokenmix generate: continuation capped at {n_new} tokens by the context of {max_context}",
-              file=sys.stderr)
-    cfg = SamplingConfig(max_new_tokens=n_new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                         seed=args.seed)
+        print(
+            f"tokenmix generate: continuation capped at {n_new} tokens by the context of {max_context}", file=sys.stderr
+        )
+    cfg = SamplingConfig(
+        max_new_tokens=n_new, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+    )
     if args.json or len(prompts) > 1:
         outs = generate(run.model, prompts, cfg, device=device)
-        items = [{"prompt": t, "completion": tok.decode(o), "prompt_tokens": len(p), "new_tokens": len(o)}
-                 for t, p, o in zip(texts, prompts, outs)]
+        items = [
+            {"prompt": t, "completion": tok.decode(o), "prompt_tokens": len(p), "new_tokens": len(o)}
+            for t, p, o in zip(texts, prompts, outs)
+        ]
         if args.json:
             print(json.dumps(items, indent=2))
         else:

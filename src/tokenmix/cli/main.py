@@ -8,6 +8,7 @@ library; it ends here as one line on stderr and exit status 2. A command line ar
 line ``tokenmix <command>: error: ...`` and exit status 2, no usage block (``--help`` shows it).
 Any other exception is a bug and keeps its traceback.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,14 +23,32 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 import argparse  # noqa: E402 -- below the OpenMP setting on purpose
 import sys  # noqa: E402
 
-from tokenmix.cli import (analysis_cmd, bench_cmd, compare_cmd, demo_cmd, design_cmd, export_cmd, lm_cmd,
-                          patterns_cmd, registry_cmd)
+from tokenmix.cli import (
+    analysis_cmd,
+    bench_cmd,
+    compare_cmd,
+    demo_cmd,
+    design_cmd,
+    export_cmd,
+    lm_cmd,
+    patterns_cmd,
+    registry_cmd,
+)
 from tokenmix.core.errors import InputError
 
 # Subcommand modules, one each: patterns; bench solver|decode|mixers|lm; demo; list / check;
 # compare / presets; data prepare / train lm / generate / eval; analyze / report.
-COMMAND_MODULES = (patterns_cmd, bench_cmd, demo_cmd, registry_cmd, compare_cmd, lm_cmd, analysis_cmd, export_cmd,
-                   design_cmd)
+COMMAND_MODULES = (
+    patterns_cmd,
+    bench_cmd,
+    demo_cmd,
+    registry_cmd,
+    compare_cmd,
+    lm_cmd,
+    analysis_cmd,
+    export_cmd,
+    design_cmd,
+)
 
 
 class OneLineParser(argparse.ArgumentParser):

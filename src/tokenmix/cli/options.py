@@ -9,6 +9,7 @@ skipped unknown names; each had its own message for an empty list. Every ``--mix
 ``add_mixers_option`` (``nargs="+"``) read by ``mixer_list``, so commas and spaces both work
 everywhere (the commands documented with either keep working).
 """
+
 from __future__ import annotations
 
 from typing import Sequence
@@ -26,12 +27,18 @@ def mixers_help(default: str, allow_none: bool = False) -> str:
 
 def add_mixers_option(parser, default_text: str, allow_none: bool = False, prefix: str = "") -> None:
     """The one ``--mixers`` option (read it with ``mixer_list``)."""
-    parser.add_argument("--mixers", nargs="+", default=None, metavar="NAME",
-                        help=prefix + mixers_help(default_text, allow_none))
+    parser.add_argument(
+        "--mixers", nargs="+", default=None, metavar="NAME", help=prefix + mixers_help(default_text, allow_none)
+    )
 
 
-def mixer_list(text: str | Sequence[str] | None, flag: str = "--mixers", *, default: Sequence[str] | None = None,
-               allow_none: bool = False) -> list[str]:
+def mixer_list(
+    text: str | Sequence[str] | None,
+    flag: str = "--mixers",
+    *,
+    default: Sequence[str] | None = None,
+    allow_none: bool = False,
+) -> list[str]:
     """The mixers a ``--mixers`` value names, each checked against the registry, in the order given
     and without repeats. ``all``: every registered mixer; ``none``: no mixer (only where the command
     can do without, ``allow_none``); the option absent (None): ``default``, or every registered mixer."""

@@ -1,4 +1,5 @@
 """tokenmix patterns --pattern NAME [--cache-efficient] --n N [--json]"""
+
 from __future__ import annotations
 
 import json
@@ -17,11 +18,16 @@ PATH_BYTES_PER_PAIR = 24
 
 def register(sub) -> None:
     p = sub.add_parser("patterns", help="derived facts of a sparsity pattern")
-    p.add_argument("--pattern", required=True, help="pow2, sq1, dense, first_order, window:M, fenwick, f:EXPR (suffix _ce = cache-efficient)")
+    p.add_argument(
+        "--pattern",
+        required=True,
+        help="pow2, sq1, dense, first_order, window:M, fenwick, f:EXPR (suffix _ce = cache-efficient)",
+    )
     p.add_argument("--cache-efficient", action="store_true", help="use the lattice variant (Prop. 4.12)")
     p.add_argument("--n", type=int, nargs="+", default=[1024], help="sequence length(s)")
-    p.add_argument("--path-limit", type=int, default=4096,
-                   help="largest n for which shortest paths are computed (0 = none)")
+    p.add_argument(
+        "--path-limit", type=int, default=4096, help="largest n for which shortest paths are computed (0 = none)"
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=run)
 
@@ -67,9 +73,13 @@ def run(args) -> int:
             raise InputError(f"--n must be >= 1, got {n}")
     budget = memory_budget()
     for n in args.n:
-        check_size("--n", n, lambda m: report_bytes(pat, m, args.path_limit, budget),
-                   f"pattern '{pat.name}' (its [n, levels] neighbour table"
-                   + (" and [n, n] shortest-path distances)" if n <= args.path_limit else ")"))
+        check_size(
+            "--n",
+            n,
+            lambda m: report_bytes(pat, m, args.path_limit, budget),
+            f"pattern '{pat.name}' (its [n, levels] neighbour table"
+            + (" and [n, n] shortest-path distances)" if n <= args.path_limit else ")"),
+        )
     reports = [pattern_report(pat, n, args.path_limit) for n in args.n]
     if args.json:
         print(json.dumps(reports if len(reports) > 1 else reports[0], indent=2))

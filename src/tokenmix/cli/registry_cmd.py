@@ -5,6 +5,7 @@
 where given, else the comment on the field's line in the config dataclass (how the mixer configs
 document their fields), so the text is written once, next to the field.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,10 +27,14 @@ from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
 
 
 def register(sub) -> None:
-    p = sub.add_parser("list", help="every registered mixer: family, modes, per-token time and cache "
-                                    "(--json: also its config fields, defaults and help)")
-    p.add_argument("--json", action="store_true",
-                   help="print JSON, with each mixer's config fields (name, type, default, help)")
+    p = sub.add_parser(
+        "list",
+        help="every registered mixer: family, modes, per-token time and cache "
+        "(--json: also its config fields, defaults and help)",
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print JSON, with each mixer's config fields (name, type, default, help)"
+    )
     p.set_defaults(func=run_list)
     c = sub.add_parser("check", help="mode equivalence and independent cross-checks, with max errors")
     c.add_argument("--mixer", nargs="+", default=None, help="mixer name(s)")
@@ -53,9 +58,13 @@ def _line_comments(cls: type) -> dict[str, str]:
     for i, tok in enumerate(tokens):
         if tok.type == tokenize.INDENT and body_col is None:
             body_col = len(tok.string)
-        if (tok.type == tokenize.NAME and tok.start[1] == body_col and i + 1 < len(tokens)
-                and tokens[i + 1].string == ":" and (i == 0 or tokens[i - 1].type in (tokenize.NEWLINE, tokenize.NL,
-                                                                                        tokenize.INDENT, tokenize.COMMENT))):
+        if (
+            tok.type == tokenize.NAME
+            and tok.start[1] == body_col
+            and i + 1 < len(tokens)
+            and tokens[i + 1].string == ":"
+            and (i == 0 or tokens[i - 1].type in (tokenize.NEWLINE, tokenize.NL, tokenize.INDENT, tokenize.COMMENT))
+        ):
             field_line[tok.start[0]] = (tok.string, tok.start[1])
         if tok.type == tokenize.COMMENT:
             text = tok.string.lstrip("#").strip()
@@ -82,19 +91,31 @@ def field_docs(config_cls: type, defaults: dict | None = None) -> list[dict]:
     out = []
     for f in dataclasses.fields(config_cls):
         value = getattr(instance, f.name)
-        out.append({"name": f.name, "type": f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type)),
-                    "default": list(value) if isinstance(value, tuple) else value,
-                    "help": f.metadata.get("help") or helps.get(f.name, "")})
+        out.append(
+            {
+                "name": f.name,
+                "type": f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type)),
+                "default": list(value) if isinstance(value, tuple) else value,
+                "help": f.metadata.get("help") or helps.get(f.name, ""),
+            }
+        )
     return out
 
 
 def describe(name: str) -> dict:
     spec = get_mixer_spec(name)
     m = build_mixer(name, 16, n_heads=2)
-    return {"name": name, "family": spec.family, "ab_form": spec.ab_form, "modes": list(m.modes),
-            "time_per_token": m.time_complexity, "cache": m.cache_complexity,
-            "cache_positions@1024": m.cache_positions(1024), "state_scalars@1024(d=16)": m.state_size(1024),
-            "config": field_docs(spec.config_cls, spec.defaults)}
+    return {
+        "name": name,
+        "family": spec.family,
+        "ab_form": spec.ab_form,
+        "modes": list(m.modes),
+        "time_per_token": m.time_complexity,
+        "cache": m.cache_complexity,
+        "cache_positions@1024": m.cache_positions(1024),
+        "state_scalars@1024(d=16)": m.state_size(1024),
+        "config": field_docs(spec.config_cls, spec.defaults),
+    }
 
 
 def run_list(args) -> int:
@@ -106,7 +127,9 @@ def run_list(args) -> int:
     for col in ("name", "family", "modes", "time/token", "cache", "(A, B) form"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["name"], r["family"], ",".join(r["modes"]), r["time_per_token"], r["cache"], escape(r["ab_form"]))
+        table.add_row(
+            r["name"], r["family"], ",".join(r["modes"]), r["time_per_token"], r["cache"], escape(r["ab_form"])
+        )
     Console(width=200).print(table)
     return 0
 
@@ -122,8 +145,12 @@ def run_check(args) -> int:
     for name in names:
         tol = mode_tolerance(get_mixer_spec(name).cls)
         errs = mode_errors(name)
-        entry = {"modes": {k: {"max_abs": v, "tolerance": tol * (GRADIENT_FACTOR if k.endswith("grad") else 1)}
-                           for k, v in errs.items()}}
+        entry = {
+            "modes": {
+                k: {"max_abs": v, "tolerance": tol * (GRADIENT_FACTOR if k.endswith("grad") else 1)}
+                for k, v in errs.items()
+            }
+        }
         for check in CROSSCHECKS.get(name, []):
             try:
                 res = check.fn()
@@ -134,7 +161,8 @@ def run_check(args) -> int:
                 entry.setdefault("crosschecks", {})[check.label] = {"error": f"{type(e).__name__}: {e}"}
         ok = all(v["max_abs"] <= v["tolerance"] for v in entry["modes"].values()) and all(
             "error" not in c and all(e <= c["tolerance"] for e in c["errors"].values())
-            for c in entry.get("crosschecks", {}).values())
+            for c in entry.get("crosschecks", {}).values()
+        )
         entry["ok"] = ok
         if not ok:
             failed.append(name)
@@ -142,18 +170,35 @@ def run_check(args) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
     else:
-        table = Table(title="tokenmix check: float64 max abs error of every mode vs the fast mode; "
-                            "independent cross-checks: worst error (metric in each label) / tolerance")
+        table = Table(
+            title="tokenmix check: float64 max abs error of every mode vs the fast mode; "
+            "independent cross-checks: worst error (metric in each label) / tolerance"
+        )
         for col in ("mixer", "output", "state", "grad", "continuation", "cross-checks", "ok"):
             table.add_column(col)
         for name, e in report.items():
-            worst = {q: max([v["max_abs"] for k, v in e["modes"].items() if k.endswith(q)] + [0.0])
-                     for q in ("output", "state", "grad")}
-            xc = "\n".join(
-                (f"{lab}: {max(c['errors'].values(), default=0.0):.1e} / {c['tolerance']:.0e}") if "errors" in c
-                else f"{lab}: {c['error']}" for lab, c in e.get("crosschecks", {}).items()) or "-"
-            table.add_row(name, f"{worst['output']:.1e}", f"{worst['state']:.1e}", f"{worst['grad']:.1e}",
-                          f"{e['modes']['continuation.output']['max_abs']:.1e}", escape(xc), "yes" if e["ok"] else "[red]NO[/]")
+            worst = {
+                q: max([v["max_abs"] for k, v in e["modes"].items() if k.endswith(q)] + [0.0])
+                for q in ("output", "state", "grad")
+            }
+            xc = (
+                "\n".join(
+                    (f"{lab}: {max(c['errors'].values(), default=0.0):.1e} / {c['tolerance']:.0e}")
+                    if "errors" in c
+                    else f"{lab}: {c['error']}"
+                    for lab, c in e.get("crosschecks", {}).items()
+                )
+                or "-"
+            )
+            table.add_row(
+                name,
+                f"{worst['output']:.1e}",
+                f"{worst['state']:.1e}",
+                f"{worst['grad']:.1e}",
+                f"{e['modes']['continuation.output']['max_abs']:.1e}",
+                escape(xc),
+                "yes" if e["ok"] else "[red]NO[/]",
+            )
         Console(width=160).print(table)
     if failed:
         print(f"check failed for: {', '.join(failed)}")

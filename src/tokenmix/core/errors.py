@@ -6,6 +6,7 @@ exist. Raising ``InputError`` says "the caller asked for something impossible"; 
 is a bug in tokenmix and shows its traceback. It subclasses ``ValueError`` so that library callers
 catching ``ValueError`` keep working.
 """
+
 from __future__ import annotations
 
 

@@ -26,6 +26,7 @@ JSON that nests deeper than ``MAX_JSON_DEPTH`` or holds an integer longer than
 ValueError). ``check_output_dir`` says whether a folder can be made and written before any work
 is done, creating nothing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -173,13 +174,18 @@ def prepare_output_dir(path: str | Path) -> Path:
 
 
 # --------------------------------------------------------------------------------------- reading
-MAX_JSON_BYTES = 256 * 2**20   # the largest JSON file read (run records are kilobytes, analysis results megabytes)
-MAX_JSON_DEPTH = 64            # nesting of arrays and objects (tokenmix writes at most a handful of levels)
-MAX_JSON_INT_DIGITS = 1000     # digits of one integer (every integer field is far below; Python's own limit is 4300)
-MAX_TEXT_BYTES = 64 * 2**20    # a text file shown or parsed whole (metrics, notes, Markdown)
+MAX_JSON_BYTES = 256 * 2**20  # the largest JSON file read (run records are kilobytes, analysis results megabytes)
+MAX_JSON_DEPTH = 64  # nesting of arrays and objects (tokenmix writes at most a handful of levels)
+MAX_JSON_INT_DIGITS = 1000  # digits of one integer (every integer field is far below; Python's own limit is 4300)
+MAX_TEXT_BYTES = 64 * 2**20  # a text file shown or parsed whole (metrics, notes, Markdown)
 
-_FILE_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_FILE_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 _JSON_STRING = re.compile(r'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
 _JSON_BRACKET = re.compile(r"[\[\]{}]")
 
@@ -201,12 +207,15 @@ def inside(path: str | os.PathLike, root: str | os.PathLike) -> bool:
 def check_inside(path: str | os.PathLike, root: str | os.PathLike, what: str) -> None:
     """Refuse (InputError) a path that a symbolic link takes out of the folder ``root``."""
     if not inside(path, root):
-        raise InputError(f"{what} '{path}' is a symbolic link out of '{root}' (to '{Path(path).resolve()}'); "
-                         "files of another folder are not read")
+        raise InputError(
+            f"{what} '{path}' is a symbolic link out of '{root}' (to '{Path(path).resolve()}'); "
+            "files of another folder are not read"
+        )
 
 
-def check_regular_file(path: str | os.PathLike, what: str, *, within: str | os.PathLike | None = None,
-                       max_bytes: int | None = None) -> os.stat_result:
+def check_regular_file(
+    path: str | os.PathLike, what: str, *, within: str | os.PathLike | None = None, max_bytes: int | None = None
+) -> os.stat_result:
     """The ``stat`` of ``path`` after refusing (InputError) a path that does not exist (``MissingInput``),
     is no regular file, leaves the folder ``within`` or is larger than ``max_bytes``; opens nothing."""
     path = Path(path)
@@ -214,8 +223,9 @@ def check_regular_file(path: str | os.PathLike, what: str, *, within: str | os.P
         st = path.stat()
     except FileNotFoundError:
         if path.is_symlink():
-            raise MissingInput(f"{what} '{path}' is a symbolic link to '{os.readlink(path)}', "
-                               "which does not exist") from None
+            raise MissingInput(
+                f"{what} '{path}' is a symbolic link to '{os.readlink(path)}', which does not exist"
+            ) from None
         raise MissingInput(f"{what} '{path}' does not exist") from None
     except OSError as e:
         raise InputError(f"{what} '{path}' cannot be read: {e.strerror or e}") from None
@@ -228,8 +238,9 @@ def check_regular_file(path: str | os.PathLike, what: str, *, within: str | os.P
     return st
 
 
-def read_regular_bytes(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_TEXT_BYTES,
-                       within: str | os.PathLike | None = None) -> bytes:
+def read_regular_bytes(
+    path: str | os.PathLike, what: str, *, max_bytes: int = MAX_TEXT_BYTES, within: str | os.PathLike | None = None
+) -> bytes:
     """The content of a regular file (``check_regular_file``); the file opened is checked again
     (``fstat``), so that one swapped for a FIFO between the check and the open is refused too."""
     checked = check_regular_file(path, what, within=within, max_bytes=max_bytes)
@@ -253,15 +264,22 @@ def read_regular_bytes(path: str | os.PathLike, what: str, *, max_bytes: int = M
     return data
 
 
-def read_text_file(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_TEXT_BYTES,
-                   within: str | os.PathLike | None = None, errors: str = "strict") -> str:
+def read_text_file(
+    path: str | os.PathLike,
+    what: str,
+    *,
+    max_bytes: int = MAX_TEXT_BYTES,
+    within: str | os.PathLike | None = None,
+    errors: str = "strict",
+) -> str:
     """A regular file as UTF-8 text (``read_regular_bytes``); ``errors="replace"`` shows bad bytes as U+FFFD."""
     data = read_regular_bytes(path, what, max_bytes=max_bytes, within=within)
     try:
         return data.decode("utf-8", errors=errors)
     except UnicodeDecodeError as e:
-        raise InputError(f"{what} '{path}' is not UTF-8 text "
-                         f"(byte 0x{data[e.start]:02x} at offset {e.start})") from None
+        raise InputError(
+            f"{what} '{path}' is not UTF-8 text (byte 0x{data[e.start]:02x} at offset {e.start})"
+        ) from None
 
 
 class _TooManyDigits(ValueError):
@@ -297,8 +315,9 @@ def parse_json(text: str, what: str) -> Any:
         raise InputError(f"{what} is not valid JSON ({type(e).__name__}: {why})") from None
 
 
-def read_json(path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_BYTES,
-              within: str | os.PathLike | None = None) -> Any:
+def read_json(
+    path: str | os.PathLike, what: str, *, max_bytes: int = MAX_JSON_BYTES, within: str | os.PathLike | None = None
+) -> Any:
     """The one JSON reader: the document in the regular file ``path``, read as ``read_text_file`` reads
     and parsed as ``parse_json`` parses; anything wrong is one InputError line naming ``what`` and the file."""
     text = read_text_file(path, what, max_bytes=max_bytes, within=within)
@@ -324,8 +343,10 @@ def check_output_dir(path: str | os.PathLike, what: str = "output directory") ->
         for p in [path, *path.parents]:
             where = p
             if p.is_symlink() and not p.exists():
-                raise InputError(f"cannot write to {what} '{path}': '{p}' is a symbolic link to "
-                                 f"'{os.readlink(p)}', which does not exist")
+                raise InputError(
+                    f"cannot write to {what} '{path}': '{p}' is a symbolic link to "
+                    f"'{os.readlink(p)}', which does not exist"
+                )
             if p.exists():
                 if not p.is_dir():
                     raise InputError(f"cannot write to {what} '{path}': '{p}' exists and is not a {noun}")

@@ -17,6 +17,7 @@ inside takes it again). Where ``fcntl`` is missing (Windows) the lock file is cr
 ``wait=True`` blocks until the holder is done instead of refusing (a second preparation of the same
 data waits for the first and then reuses what it wrote).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -55,8 +56,10 @@ def _holder(path: Path) -> str:
 
 
 def _refusal(folder: Path, path: Path, what: str) -> FolderLocked:
-    return FolderLocked(f"cannot {what} into '{folder}': it is in use by {_holder(path)}, which is writing there; "
-                        "wait for it to finish or use another folder")
+    return FolderLocked(
+        f"cannot {what} into '{folder}': it is in use by {_holder(path)}, which is writing there; "
+        "wait for it to finish or use another folder"
+    )
 
 
 def _acquire_flock(path: Path, folder: Path, what: str, wait: bool) -> int:
@@ -117,8 +120,9 @@ def holds_lock(folder: str | os.PathLike, lock_file: str | os.PathLike | None = 
 
 
 @contextlib.contextmanager
-def folder_lock(folder: str | os.PathLike, what: str, *, lock_file: str | os.PathLike | None = None,
-                wait: bool = False) -> Iterator[Path]:
+def folder_lock(
+    folder: str | os.PathLike, what: str, *, lock_file: str | os.PathLike | None = None, wait: bool = False
+) -> Iterator[Path]:
     """Hold the exclusive lock of ``folder`` for the ``with`` block.
 
     Args:

@@ -1,5 +1,6 @@
 """How much memory this process can still fill: the one place the size limits of bad-input checks
 (absurd model widths, sequence lengths, vocabularies) ask."""
+
 from __future__ import annotations
 
 import os

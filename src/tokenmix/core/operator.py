@@ -12,6 +12,7 @@ and state-expanded ones run one recurrence per state channel g and sum the read-
 
 I - B is unit lower triangular, hence always invertible; computing a layer is a triangular solve.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,8 +55,10 @@ def check_lower(name: str, m: Tensor, strict: bool, atol: float = 0.0) -> None:
     bad = upper.abs().max().item() if upper.numel() else 0.0
     if bad > atol:
         what = "strictly lower triangular" if strict else "lower triangular"
-        raise InputError(f"{name} must be {what} (causal); found |entry| = {bad:.3g} at or above the "
-                         f"{'diagonal' if strict else 'super-diagonal'}")
+        raise InputError(
+            f"{name} must be {what} (causal); found |entry| = {bad:.3g} at or above the "
+            f"{'diagonal' if strict else 'super-diagonal'}"
+        )
 
 
 @dataclass
@@ -79,8 +82,10 @@ class MixOperator:
         if self.A.shape != self.B.shape:
             raise InputError(f"A and B shapes differ: {tuple(self.A.shape)} vs {tuple(self.B.shape)}")
         if self.A.dtype != self.B.dtype or self.A.device != self.B.device:
-            raise WrongInputType(f"A and B must share dtype/device, got {self.A.dtype}/{self.A.device} "
-                            f"and {self.B.dtype}/{self.B.device}")
+            raise WrongInputType(
+                f"A and B must share dtype/device, got {self.A.dtype}/{self.A.device} "
+                f"and {self.B.dtype}/{self.B.device}"
+            )
         if self.R is not None:
             _check_square_last2("R", self.R)
             if self.R.shape != self.A.shape:
@@ -88,8 +93,9 @@ class MixOperator:
         if self.A.dim() not in (4, 5):
             raise InputError(f"A must be [B, H, T, T] or [B, H, G, T, T], got {tuple(self.A.shape)}")
         if t > MAX_DENSE_T:
-            raise InputError(f"T = {t} is too long to materialise densely (limit {MAX_DENSE_T}); "
-                             "use the chunked or recurrent mode")
+            raise InputError(
+                f"T = {t} is too long to materialise densely (limit {MAX_DENSE_T}); use the chunked or recurrent mode"
+            )
 
     def validate(self, atol: float = 0.0) -> "MixOperator":
         check_lower("A", self.A, strict=False, atol=atol)
@@ -130,8 +136,10 @@ def solve_dense(op: MixOperator, x: Tensor, offset: Tensor | None = None) -> Ten
         raise InputError(f"x must be [B, T, H, V], got {tuple(x.shape)}")
     b, t, h, _ = x.shape
     if (op.A.shape[0], op.A.shape[1], op.A.shape[-1]) != (b, h, t):
-        raise InputError(f"operator [B, H, T] = {(op.A.shape[0], op.A.shape[1], op.A.shape[-1])} does not "
-                         f"match x [B, T, H, V] = {tuple(x.shape)}")
+        raise InputError(
+            f"operator [B, H, T] = {(op.A.shape[0], op.A.shape[1], op.A.shape[-1])} does not "
+            f"match x [B, T, H, V] = {tuple(x.shape)}"
+        )
     if x.dtype != op.A.dtype or x.device != op.A.device:
         raise WrongInputType(f"x is {x.dtype}/{x.device} but the operator is {op.A.dtype}/{op.A.device}")
     xh = x.transpose(1, 2)  # [B, H, T, V]

@@ -21,6 +21,7 @@ The conventions of other libraries convert at the edges:
 Bad boundaries (not increasing, not covering the row, a shape that does not match the batch) are an
 ``InputError`` naming what is wrong.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
@@ -45,9 +46,11 @@ class Packing:
     def __post_init__(self) -> None:
         s = self.starts
         if not isinstance(s, Tensor) or s.dim() != 2 or s.dtype != torch.long:
-            raise InputError(f"packing starts must be a [B, T] long tensor, got "
-                             f"{tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__}"
-                             f"{'' if not isinstance(s, Tensor) else f' {s.dtype}'}")
+            raise InputError(
+                f"packing starts must be a [B, T] long tensor, got "
+                f"{tuple(s.shape) if isinstance(s, Tensor) else type(s).__name__}"
+                f"{'' if not isinstance(s, Tensor) else f' {s.dtype}'}"
+            )
         t = torch.arange(s.shape[1], device=s.device)
         if bool((s > t).any()) or bool((s < 0).any()):
             raise InputError("packing starts must lie in [0, t] at every position t")
@@ -149,8 +152,10 @@ class Packing:
         cu = torch.as_tensor(cu_seqlens, dtype=torch.long).flatten()
         n = batch_size * length
         if cu.numel() < 2 or int(cu[0]) != 0 or int(cu[-1]) != n:
-            raise InputError(f"cu_seqlens must start at 0 and end at B x T = {n}, got "
-                             f"{cu.tolist() if cu.numel() <= 8 else cu[:4].tolist() + ['...']}")
+            raise InputError(
+                f"cu_seqlens must start at 0 and end at B x T = {n}, got "
+                f"{cu.tolist() if cu.numel() <= 8 else cu[:4].tolist() + ['...']}"
+            )
         if bool((cu[1:] <= cu[:-1]).any()):
             raise InputError("cu_seqlens must be strictly increasing (documents of at least one token)")
         row_ends = torch.arange(1, batch_size + 1) * length

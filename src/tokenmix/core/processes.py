@@ -9,6 +9,7 @@ reaches them. On Linux the kernel sends the child SIGKILL when its parent dies (
 strictly, when the thread that started the child ends); everywhere a watcher thread ends the child
 once its parent is gone (the child is then reparented, so ``os.getppid()`` changes).
 """
+
 from __future__ import annotations
 
 import ctypes

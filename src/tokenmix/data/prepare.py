@@ -13,6 +13,7 @@ validation until it holds ``val_fraction`` of the characters, the next ones to t
 train. Preparation is written to a temporary directory and renamed into place, so an interrupted
 run never leaves a half-prepared directory that looks finished.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -44,8 +45,8 @@ class DataConfig:
     vocab_size: int = 2048
     val_fraction: float = 0.05
     test_fraction: float = 0.05
-    doc_chars: int = 4000   # a single-file corpus is cut at blank lines into documents of about this size
-    dir: str = ""           # prepared-data directory; "" = a cache entry keyed by the fields above
+    doc_chars: int = 4000  # a single-file corpus is cut at blank lines into documents of about this size
+    dir: str = ""  # prepared-data directory; "" = a cache entry keyed by the fields above
     text_field: str = "text"  # the column of record files (JSONL, JSON, Parquet, CSV) that holds the text
 
     def __post_init__(self) -> None:
@@ -64,8 +65,14 @@ class DataConfig:
     def key(self) -> dict:
         """Everything the prepared arrays depend on (the text field is part of the corpus identity
         when the corpus has record files)."""
-        return {"format": FORMAT_VERSION, "corpus": corpus_identity(self.corpus, self.text_field), "vocab_size": self.vocab_size,
-                "val_fraction": self.val_fraction, "test_fraction": self.test_fraction, "doc_chars": self.doc_chars}
+        return {
+            "format": FORMAT_VERSION,
+            "corpus": corpus_identity(self.corpus, self.text_field),
+            "vocab_size": self.vocab_size,
+            "val_fraction": self.val_fraction,
+            "test_fraction": self.test_fraction,
+            "doc_chars": self.doc_chars,
+        }
 
 
 class PreparedData:
@@ -75,8 +82,9 @@ class PreparedData:
         self.dir = Path(directory)
         meta_path = self.dir / "meta.json"
         if not (meta_path.exists() or meta_path.is_symlink()):
-            raise MissingInput(f"'{self.dir}' is not a prepared data directory (no meta.json); "
-                                    "run `tokenmix data prepare` first")
+            raise MissingInput(
+                f"'{self.dir}' is not a prepared data directory (no meta.json); run `tokenmix data prepare` first"
+            )
         self.meta = read_json(meta_path, "prepared data description", within=self.dir)
         try:
             if not isinstance(self.meta, dict) or not isinstance(self.meta.get("splits"), dict):
@@ -106,10 +114,17 @@ class PreparedData:
         return np.memmap(path, dtype=self.dtype, mode="r")
 
     def summary(self) -> dict:
-        s = {name: {k: v for k, v in info.items() if k != "documents"} | {"documents": len(info["documents"])}
-             for name, info in self.meta["splits"].items()}
-        return {"dir": str(self.dir), "corpus": self.meta["corpus"], "vocab_size": self.vocab_size, "splits": s,
-                "chars_per_token": self.meta.get("chars_per_token")}
+        s = {
+            name: {k: v for k, v in info.items() if k != "documents"} | {"documents": len(info["documents"])}
+            for name, info in self.meta["splits"].items()
+        }
+        return {
+            "dir": str(self.dir),
+            "corpus": self.meta["corpus"],
+            "vocab_size": self.vocab_size,
+            "splits": s,
+            "chars_per_token": self.meta.get("chars_per_token"),
+        }
 
 
 def split_documents(docs: list[Document], val_fraction: float, test_fraction: float) -> dict[str, list[Document]]:
@@ -134,8 +149,9 @@ def split_documents(docs: list[Document], val_fraction: float, test_fraction: fl
     return out
 
 
-def prepare_data(cfg: DataConfig, verbose: bool = False, wait: bool = False,
-                 install_missing: bool | None = None) -> PreparedData:
+def prepare_data(
+    cfg: DataConfig, verbose: bool = False, wait: bool = False, install_missing: bool | None = None
+) -> PreparedData:
     """Prepare (or reuse) the data of ``cfg``; returns the prepared directory.
 
     ``install_missing``: may a missing Debian package of a built-in corpus be installed with apt-get
@@ -157,8 +173,9 @@ def prepare_data(cfg: DataConfig, verbose: bool = False, wait: bool = False,
     if prepared is not None:
         return prepared
     check_output_dir(target, "data folder")  # before the corpus is read and the tokenizer trained
-    docs = load_corpus(cfg.corpus, cfg.doc_chars, text_field=cfg.text_field,
-                       install_missing=install_missing)  # bad input is refused before anything is written
+    docs = load_corpus(
+        cfg.corpus, cfg.doc_chars, text_field=cfg.text_field, install_missing=install_missing
+    )  # bad input is refused before anything is written
     splits = split_documents(docs, cfg.val_fraction, cfg.test_fraction)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -176,19 +193,25 @@ def _reuse(target: Path, key: dict) -> PreparedData | None:
     if (target / "meta.json").exists() or (target / "meta.json").is_symlink():
         data = PreparedData(target)
         if data.meta.get("key") != key:
-            raise InputError(f"'{target}' holds data prepared with different settings ({_describe(data.meta.get('key'))}); "
-                             f"requested {_describe(key)}: use another directory")
+            raise InputError(
+                f"'{target}' holds data prepared with different settings ({_describe(data.meta.get('key'))}); "
+                f"requested {_describe(key)}: use another directory"
+            )
         return data
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise InputError(f"'{target}' exists and is not a prepared data directory; choose an empty or new directory")
     return None
 
 
-def _prepare_locked(cfg: DataConfig, key: dict, target: Path, docs: list[Document],
-                    splits: dict[str, list[Document]], verbose: bool) -> PreparedData:
+def _prepare_locked(
+    cfg: DataConfig, key: dict, target: Path, docs: list[Document], splits: dict[str, list[Document]], verbose: bool
+) -> PreparedData:
     if verbose:
-        print(f"corpus {cfg.corpus}: {len(docs)} documents, {sum(len(d.text) for d in docs):,} characters; "
-              f"training a {cfg.vocab_size}-token byte-level BPE ...", flush=True)
+        print(
+            f"corpus {cfg.corpus}: {len(docs)} documents, {sum(len(d.text) for d in docs):,} characters; "
+            f"training a {cfg.vocab_size}-token byte-level BPE ...",
+            flush=True,
+        )
     # progress bars when someone reads (verbose) and stderr is a terminal; never for --json or a log
     tok = train_bpe((d.text for d in splits["train"]), cfg.vocab_size, show_progress=None if verbose else False)
     sep = separator_id(tok)
@@ -207,9 +230,20 @@ def _prepare_locked(cfg: DataConfig, key: dict, target: Path, docs: list[Documen
             stream.tofile(tmp / f"{name}.bin")
             chars = sum(len(d.text) for d in splits[name])
             n_chars, n_tokens = n_chars + chars, n_tokens + len(stream) - len(ids_per_doc)
-            meta_splits[name] = {"tokens": int(len(stream)), "chars": chars, "documents": [d.name for d in splits[name]]}
-        meta = {"key": key, "corpus": cfg.corpus, "vocab_size": tok.get_vocab_size(), "dtype": np.dtype(dtype).name,
-                "separator_id": sep, "chars_per_token": round(n_chars / max(n_tokens, 1), 3), "splits": meta_splits}
+            meta_splits[name] = {
+                "tokens": int(len(stream)),
+                "chars": chars,
+                "documents": [d.name for d in splits[name]],
+            }
+        meta = {
+            "key": key,
+            "corpus": cfg.corpus,
+            "vocab_size": tok.get_vocab_size(),
+            "dtype": np.dtype(dtype).name,
+            "separator_id": sep,
+            "chars_per_token": round(n_chars / max(n_tokens, 1), 3),
+            "splits": meta_splits,
+        }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
         if target.exists():
             target.rmdir()  # empty (checked above)
@@ -229,4 +263,3 @@ def _describe(key: dict | None) -> str:
     if not key:
         return "unknown settings"
     return ", ".join(f"{k}={v}" for k, v in key.items() if k != "format")
-

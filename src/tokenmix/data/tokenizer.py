@@ -3,6 +3,7 @@
 Byte-level means every string round-trips: the 256 byte symbols are in the initial alphabet, so
 no text is ever unknown. One special token separates documents in the packed id stream.
 """
+
 from __future__ import annotations
 
 import sys
@@ -31,12 +32,15 @@ def check_vocab_size(vocab_size: int, name: str = "vocab_size") -> None:
     if vocab_size < MIN_VOCAB:
         raise InputError(f"{name} must be >= {MIN_VOCAB} (256 bytes + separator), got {vocab_size}")
     if vocab_size > MAX_VOCAB:
-        raise InputError(f"{name} must be <= {MAX_VOCAB:,} (2^24; the BPE trainer reserves about 72 bytes an entry "
-                         f"up front), got {vocab_size:,}")
+        raise InputError(
+            f"{name} must be <= {MAX_VOCAB:,} (2^24; the BPE trainer reserves about 72 bytes an entry "
+            f"up front), got {vocab_size:,}"
+        )
 
 
-def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
-              show_progress: bool | None = None) -> Tokenizer:
+def train_bpe(
+    texts: Iterable[str], vocab_size: int, min_frequency: int = 2, show_progress: bool | None = None
+) -> Tokenizer:
     """Train a byte-level BPE tokenizer of ``vocab_size`` entries (including the separator).
 
     ``show_progress``: the trainer's own progress bars on stderr (a large corpus takes minutes
@@ -48,8 +52,13 @@ def train_bpe(texts: Iterable[str], vocab_size: int, min_frequency: int = 2,
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=vocab_size, min_frequency=min_frequency, special_tokens=[DOC_SEPARATOR],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=show_progress)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=min_frequency,
+        special_tokens=[DOC_SEPARATOR],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=show_progress,
+    )
     tok.train_from_iterator(texts, trainer=trainer)
     return tok
 

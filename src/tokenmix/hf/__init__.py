@@ -15,6 +15,7 @@ paying for transformers.
 This floor sits beside training / analysis / bench: it uses core, mixers, models, generation,
 runs and data; only cli (and bench) use it.
 """
+
 from __future__ import annotations
 
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM

@@ -23,6 +23,7 @@ once the cache is filled, and the model steps every layer's state on it (``Token
 Created empty by the model at the prefill (``use_cache``), or by the caller (``TokenmixCache()``,
 passed as ``cache=``) to keep it after ``generate`` returns.
 """
+
 from __future__ import annotations
 
 from transformers.cache_utils import Cache
@@ -88,12 +89,16 @@ class TokenmixCache(Cache):
 
     def crop(self, tokens_to_remove: int) -> None:
         if tokens_to_remove:
-            raise InputError("TokenmixCache cannot drop tokens (assisted / speculative decoding): tokenmix mixer "
-                             "states have no rollback")
+            raise InputError(
+                "TokenmixCache cannot drop tokens (assisted / speculative decoding): tokenmix mixer "
+                "states have no rollback"
+            )
 
     def _no_reordering(self, what: str):
-        raise InputError(f"TokenmixCache cannot {what} (beam, contrastive or group search): tokenmix mixer states "
-                         "have no generic batch reordering; use greedy or sampled decoding with num_beams=1")
+        raise InputError(
+            f"TokenmixCache cannot {what} (beam, contrastive or group search): tokenmix mixer states "
+            "have no generic batch reordering; use greedy or sampled decoding with num_beams=1"
+        )
 
     def reorder_cache(self, beam_idx) -> None:
         self._no_reordering("reorder its rows")
@@ -105,5 +110,4 @@ class TokenmixCache(Cache):
         self._no_reordering("select rows")
 
     def early_initialization(self, *args, **kwargs) -> None:
-        raise InputError("TokenmixCache is filled by the model's first forward; it has no static layout to "
-                         "initialize")
+        raise InputError("TokenmixCache is filled by the model's first forward; it has no static layout to initialize")

@@ -13,6 +13,7 @@ Standard names that other code reads are aliases (``hidden_size`` = d_model, ``n
 number of layers). ``config.json`` always holds every tokenmix field, defaults included
 (``to_diff_dict``), so an exported model does not change if tokenmix's defaults do.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,9 @@ from tokenmix.runs.lm import check_mixer_overrides
 
 _DEFAULT = ModelConfig()
 # ModelConfig field -> TokenmixConfig field (the same name but for the tying flag)
-_FIELD_NAMES = {f.name: ("tie_word_embeddings" if f.name == "tie_weights" else f.name)
-                for f in dataclasses.fields(ModelConfig)}
+_FIELD_NAMES = {
+    f.name: ("tie_word_embeddings" if f.name == "tie_weights" else f.name) for f in dataclasses.fields(ModelConfig)
+}
 
 
 class TokenmixConfig(PretrainedConfig):
@@ -38,12 +40,15 @@ class TokenmixConfig(PretrainedConfig):
     """
 
     model_type = "tokenmix"
-    attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_heads",
-                     "max_position_embeddings": "max_seq_len"}
+    attribute_map = {
+        "hidden_size": "d_model",
+        "num_attention_heads": "n_heads",
+        "max_position_embeddings": "max_seq_len",
+    }
 
     vocab_size: int = _DEFAULT.vocab_size
     d_model: int = _DEFAULT.d_model
-    layers: list[str] | None = None           # None: ModelConfig's default layer list
+    layers: list[str] | None = None  # None: ModelConfig's default layer list
     n_heads: int = _DEFAULT.n_heads
     mlp: bool = _DEFAULT.mlp
     mlp_ratio: int = _DEFAULT.mlp_ratio
@@ -74,9 +79,15 @@ class TokenmixConfig(PretrainedConfig):
 
     def to_model_config(self) -> ModelConfig:
         """The tokenmix ``ModelConfig`` these fields describe (validated: ``InputError`` on bad values)."""
-        cfg = ModelConfig(**{name: getattr(self, hf_name) for name, hf_name in _FIELD_NAMES.items()
-                             if name not in ("layers", "mixer_overrides")},
-                          layers=tuple(self.layers), mixer_overrides={k: dict(v) for k, v in self.mixer_overrides.items()})
+        cfg = ModelConfig(
+            **{
+                name: getattr(self, hf_name)
+                for name, hf_name in _FIELD_NAMES.items()
+                if name not in ("layers", "mixer_overrides")
+            },
+            layers=tuple(self.layers),
+            mixer_overrides={k: dict(v) for k, v in self.mixer_overrides.items()},
+        )
         check_mixer_overrides(cfg)
         return cfg
 

@@ -21,6 +21,7 @@ and mixers, training data, results, how to load it, the tokenmix version).
 The folder is written whole or not at all (``atomic_path``); an existing file, or a folder that is
 not empty, is refused rather than overwritten.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,16 +40,17 @@ from tokenmix.hf.model_card import model_card
 from tokenmix.hf.modeling import TokenmixForCausalLM
 from tokenmix.runs.lm import load_run, read_run_config
 
-
 # auto_map of config.json -> the shim module files written beside it (their whole text)
-AUTO_MAP = {"AutoConfig": "configuration_tokenmix.TokenmixConfig",
-            "AutoModel": "modeling_tokenmix.TokenmixModel",
-            "AutoModelForCausalLM": "modeling_tokenmix.TokenmixForCausalLM"}
+AUTO_MAP = {
+    "AutoConfig": "configuration_tokenmix.TokenmixConfig",
+    "AutoModel": "modeling_tokenmix.TokenmixModel",
+    "AutoModelForCausalLM": "modeling_tokenmix.TokenmixForCausalLM",
+}
 SHIMS = {
     "configuration_tokenmix.py": '"""The installed tokenmix\'s config class (``pip install tokenmix``)."""\n'
-                                 "from tokenmix.hf.configuration import TokenmixConfig  # noqa: F401\n",
+    "from tokenmix.hf.configuration import TokenmixConfig  # noqa: F401\n",
     "modeling_tokenmix.py": '"""The installed tokenmix\'s model classes (``pip install tokenmix``)."""\n'
-                            "from tokenmix.hf.modeling import TokenmixForCausalLM, TokenmixModel  # noqa: F401\n",
+    "from tokenmix.hf.modeling import TokenmixForCausalLM, TokenmixModel  # noqa: F401\n",
 }
 
 
@@ -64,8 +66,9 @@ def check_out_dir(out_dir: Path) -> None:
     """Refuse an output that exists as a file, a symbolic link or a folder with something in it, or
     whose parent folder is missing or takes no new entries (``core.files.check_output_dir``)."""
     if out_dir.is_symlink():
-        raise InputError(f"--hf '{out_dir}' is a symbolic link (to '{os.readlink(out_dir)}'); "
-                         "give a new or empty folder")
+        raise InputError(
+            f"--hf '{out_dir}' is a symbolic link (to '{os.readlink(out_dir)}'); give a new or empty folder"
+        )
     if out_dir.is_file() or (out_dir.exists() and not out_dir.is_dir()):
         raise InputError(f"--hf '{out_dir}' is a file; give a new or empty folder")
     if out_dir.is_dir() and any(out_dir.iterdir()):
@@ -80,8 +83,14 @@ def fast_tokenizer(tok, max_length: int | None = None) -> PreTrainedTokenizerFas
     ``max_length``: the longest input the model places (learned positions), None when unbounded."""
     separator_id(tok)  # InputError when the run's tokenizer has no separator
     extra = {} if max_length is None else {"model_max_length": max_length}
-    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token=DOC_SEPARATOR, eos_token=DOC_SEPARATOR,
-                                   pad_token=DOC_SEPARATOR, padding_side="left", **extra)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=DOC_SEPARATOR,
+        eos_token=DOC_SEPARATOR,
+        pad_token=DOC_SEPARATOR,
+        padding_side="left",
+        **extra,
+    )
 
 
 def export_run(run_dir: str | Path, out_dir: str | Path) -> ExportResult:

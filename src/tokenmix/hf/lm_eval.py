@@ -18,6 +18,7 @@ Run them (the export also writes ``trust_remote_code`` shims, so plain ``lm_eval
     lm_eval --model hf --model_args pretrained=OUT,trust_remote_code=True \\
         --include_path OUT/lm_eval_tasks --tasks tokenmix_heldout,tokenmix_continuation
 """
+
 from __future__ import annotations
 
 import json
@@ -31,7 +32,7 @@ TASKS = ("tokenmix_heldout", "tokenmix_continuation")
 CONTEXT_CHARS = 400
 CHOICE_CHARS = 80
 N_CHOICES = 4
-MAX_DOCUMENTS = 200   # documents of each task (the held-out split may be longer)
+MAX_DOCUMENTS = 200  # documents of each task (the held-out split may be longer)
 SEED = 0
 
 HELDOUT_YAML = """\
@@ -112,7 +113,7 @@ def continuation_items(docs: list[str], seed: int = SEED) -> list[dict]:
         wrong = []
         for other in rng.sample(others, N_CHOICES - 1):
             start = rng.randrange(0, len(other) - CHOICE_CHARS + 1)
-            wrong.append(other[start:start + CHOICE_CHARS])
+            wrong.append(other[start : start + CHOICE_CHARS])
         label = rng.randrange(N_CHOICES)
         choices = wrong[:label] + [true] + wrong[label:]
         items.append({"context": doc[:CONTEXT_CHARS], "choices": choices, "label": label})
@@ -131,13 +132,16 @@ def write_lm_eval_tasks(run, folder: str | Path, final: str | Path | None = None
     written = []
     if docs:
         _write_jsonl(folder / "heldout.jsonl", [{"text": d} for d in docs])
-        (folder / "tokenmix_heldout.yaml").write_text(HELDOUT_YAML.format(data=json.dumps(str(where / "heldout.jsonl"))))
+        (folder / "tokenmix_heldout.yaml").write_text(
+            HELDOUT_YAML.format(data=json.dumps(str(where / "heldout.jsonl")))
+        )
         written.append("tokenmix_heldout")
     items = continuation_items(docs)
     if items:
         _write_jsonl(folder / "continuation.jsonl", items)
         (folder / "tokenmix_continuation.yaml").write_text(
-            CONTINUATION_YAML.format(data=json.dumps(str(where / "continuation.jsonl"))))
+            CONTINUATION_YAML.format(data=json.dumps(str(where / "continuation.jsonl")))
+        )
         written.append("tokenmix_continuation")
     return written
 

@@ -5,6 +5,7 @@ Everything comes from the run folder (its config, ``summary.json`` when training
 checkpoint) and the mixer registry; nothing is estimated. Hugging Face shows this file as the
 model's page.
 """
+
 from __future__ import annotations
 
 from importlib import metadata
@@ -44,19 +45,25 @@ def model_card(run: LoadedRun, run_dir: Path, parameters: int, lm_eval_tasks: tu
         spec = get_mixer_spec(name)
         overrides = mc.mixer_overrides.get(name, {})
         ab = spec.ab_form.replace("|", "\\|")  # a Markdown table cell
-        rows.append(f"| {i} | `{name}` | {spec.family} | {ab}"
-                    + (f" | {', '.join(f'{k}={v}' for k, v in overrides.items())}" if overrides else " | —") + " |")
+        rows.append(
+            f"| {i} | `{name}` | {spec.family} | {ab}"
+            + (f" | {', '.join(f'{k}={v}' for k, v in overrides.items())}" if overrides else " | —")
+            + " |"
+        )
     results = []
     if summary:
-        results.append(f"- validation perplexity **{summary.get('val_ppl', float('nan')):.2f}** after "
-                       f"{summary.get('steps', '?')} steps ({summary.get('val_tokens', '?')} tokens), against "
-                       f"{summary.get('bigram_ppl', float('nan')):.2f} for a bigram model and "
-                       f"{summary.get('unigram_ppl', float('nan')):.2f} for a unigram model of the same training split")
+        results.append(
+            f"- validation perplexity **{summary.get('val_ppl', float('nan')):.2f}** after "
+            f"{summary.get('steps', '?')} steps ({summary.get('val_tokens', '?')} tokens), against "
+            f"{summary.get('bigram_ppl', float('nan')):.2f} for a bigram model and "
+            f"{summary.get('unigram_ppl', float('nan')):.2f} for a unigram model of the same training split"
+        )
         if summary.get("val_bits_per_char"):
             results.append(f"- {summary['val_bits_per_char']:.3f} bits per character on the validation split")
     else:
-        results.append("- the run had not finished training when it was exported (no summary.json): see the "
-                       "run's metrics.jsonl")
+        results.append(
+            "- the run had not finished training when it was exported (no summary.json): see the run's metrics.jsonl"
+        )
     data = cfg.data
     lines = [
         "---",
@@ -105,12 +112,17 @@ def model_card(run: LoadedRun, run_dir: Path, parameters: int, lm_eval_tasks: tu
         "",
     ]
     if lm_eval_tasks:
-        lines += ["## Evaluating it with lm-eval", "",
-                  f"Local tasks on the run's held-out documents ({', '.join(lm_eval_tasks)}):", "",
-                  "```bash",
-                  "lm_eval --model hf --model_args pretrained=PATH,trust_remote_code=True "
-                  f"--include_path PATH/lm_eval_tasks --tasks {','.join(lm_eval_tasks)}",
-                  "```", ""]
+        lines += [
+            "## Evaluating it with lm-eval",
+            "",
+            f"Local tasks on the run's held-out documents ({', '.join(lm_eval_tasks)}):",
+            "",
+            "```bash",
+            "lm_eval --model hf --model_args pretrained=PATH,trust_remote_code=True "
+            f"--include_path PATH/lm_eval_tasks --tasks {','.join(lm_eval_tasks)}",
+            "```",
+            "",
+        ]
     lines += [f"Written by tokenmix {version} (`tokenmix export --run RUN --hf OUT`).", ""]
     return "\n".join(lines)
 

@@ -36,6 +36,7 @@ Hugging Face calling convention:
   ``tie_word_embeddings`` (``ModelConfig.tie_weights``): the head shares the embedding and
   ``save_pretrained`` stores it once.
 """
+
 from __future__ import annotations
 
 import torch
@@ -60,8 +61,10 @@ def left_padding(attention_mask: Tensor | None, batch: int, length: int) -> Tens
     if attention_mask is None:
         return None
     if tuple(attention_mask.shape) != (batch, length):
-        raise InputError(f"attention_mask must have the shape of input_ids {(batch, length)} at the first call, "
-                         f"got {tuple(attention_mask.shape)}")
+        raise InputError(
+            f"attention_mask must have the shape of input_ids {(batch, length)} at the first call, "
+            f"got {tuple(attention_mask.shape)}"
+        )
     m = attention_mask
     if bool(((m != 0) & (m != 1)).any()):
         raise InputError("attention_mask must hold only 0 (padding) and 1 (token)")
@@ -69,8 +72,10 @@ def left_padding(attention_mask: Tensor | None, batch: int, length: int) -> Tens
     bad = (m[:, 1:] < m[:, :-1]).any(1)  # a 0 after a 1: a hole or right padding
     if bool(bad.any()):
         row = int(torch.nonzero(bad)[0, 0])
-        raise InputError(f"attention_mask row {row} has a 0 after a 1: tokenmix models take left padding only "
-                         "(each row zeros, then ones; tokenizer.padding_side = 'left')")
+        raise InputError(
+            f"attention_mask row {row} has a 0 after a 1: tokenmix models take left padding only "
+            "(each row zeros, then ones; tokenizer.padding_side = 'left')"
+        )
     start = length - m.sum(1, dtype=torch.long)
     if bool((start == length).any()):
         row = int(torch.nonzero(start == length)[0, 0])
@@ -83,16 +88,25 @@ def _check_later_mask(attention_mask: Tensor | None, seen: int, batch: int, leng
     if attention_mask is None:
         return
     if attention_mask.dim() != 2 or tuple(attention_mask.shape) != (batch, seen + length):
-        raise InputError(f"attention_mask must cover the {seen} cached and {length} new columns "
-                         f"({(batch, seen + length)}), got {tuple(attention_mask.shape)}")
+        raise InputError(
+            f"attention_mask must cover the {seen} cached and {length} new columns "
+            f"({(batch, seen + length)}), got {tuple(attention_mask.shape)}"
+        )
     if length > 1 and not bool((attention_mask[:, seen:] == 1).all()):  # one token a step: no check, no sync
-        raise InputError("attention_mask: the columns after the cached prefix must all be 1 (padding goes only "
-                         "in front of the first call's tokens)")
+        raise InputError(
+            "attention_mask: the columns after the cached prefix must all be 1 (padding goes only "
+            "in front of the first call's tokens)"
+        )
 
 
-def run_mixer_model(net: MixerModel, input_ids: Tensor | None, attention_mask: Tensor | None,
-                    cache: TokenmixCache | None, use_cache: bool, head: bool = True
-                    ) -> tuple[Tensor, TokenmixCache | None]:
+def run_mixer_model(
+    net: MixerModel,
+    input_ids: Tensor | None,
+    attention_mask: Tensor | None,
+    cache: TokenmixCache | None,
+    use_cache: bool,
+    head: bool = True,
+) -> tuple[Tensor, TokenmixCache | None]:
     """The one forward both classes share: ids [B, T] -> (logits [B, T, V], or with ``head=False``
     the final-norm hidden states [B, T, D] (``MixerModel.features``); the cache holding the new states).
 
@@ -111,8 +125,9 @@ def run_mixer_model(net: MixerModel, input_ids: Tensor | None, attention_mask: T
     if input_ids.dim() != 2:
         raise InputError(f"input_ids must be [batch, length], got {tuple(input_ids.shape)}")
     if cache is not None and not isinstance(cache, TokenmixCache):
-        raise InputError(f"tokenmix models decode with a TokenmixCache (their mixers' own states), got "
-                         f"{type(cache).__name__}")
+        raise InputError(
+            f"tokenmix models decode with a TokenmixCache (their mixers' own states), got {type(cache).__name__}"
+        )
     b, t = input_ids.shape
     states: list[MixerState] | None
     if cache is None or cache.states is None:
@@ -134,7 +149,9 @@ def lm_loss(logits: Tensor, labels: Tensor, num_items_in_batch: int | Tensor | N
     """Next-token loss of logits [B, T, V] against labels [B, T] (the input ids, -100 where not counted):
     position t predicts labels[t + 1]. In float32, like tokenmix training."""
     if labels.shape != logits.shape[:2]:
-        raise InputError(f"labels must have the shape of input_ids {tuple(logits.shape[:2])}, got {tuple(labels.shape)}")
+        raise InputError(
+            f"labels must have the shape of input_ids {tuple(logits.shape[:2])}, got {tuple(labels.shape)}"
+        )
     pred = logits[:, :-1].float().flatten(0, 1)
     target = labels[:, 1:].to(logits.device).flatten()
     if num_items_in_batch is None:
@@ -182,8 +199,11 @@ class TokenmixPreTrainedModel(PreTrainedModel):
     @classmethod
     def get_init_context(cls, *args, **kwargs):
         """transformers' construction contexts without its meta device (module docstring: Weights)."""
-        return [c for c in super().get_init_context(*args, **kwargs)
-                if not (isinstance(c, torch.device) and c.type == "meta")]
+        return [
+            c
+            for c in super().get_init_context(*args, **kwargs)
+            if not (isinstance(c, torch.device) and c.type == "meta")
+        ]
 
 
 class TokenmixModel(TokenmixPreTrainedModel):
@@ -204,11 +224,19 @@ class TokenmixModel(TokenmixPreTrainedModel):
     def get_input_embeddings(self):
         return self.net.embed
 
-    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
-                past_key_values: TokenmixCache | None = None, use_cache: bool | None = None,
-                return_dict: bool | None = None, cache: TokenmixCache | None = None,
-                inputs_embeds: Tensor | None = None, output_attentions: bool | None = None,
-                output_hidden_states: bool | None = None, **kwargs) -> BaseModelOutputWithPast | tuple:
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        past_key_values: TokenmixCache | None = None,
+        use_cache: bool | None = None,
+        return_dict: bool | None = None,
+        cache: TokenmixCache | None = None,
+        inputs_embeds: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast | tuple:
         _refuse_unsupported(inputs_embeds, output_attentions, output_hidden_states)
         cache = cache if cache is not None else past_key_values
         use_cache = self.config.use_cache if use_cache is None else use_cache
@@ -244,12 +272,21 @@ class TokenmixForCausalLM(TokenmixPreTrainedModel, GenerationMixin):
         """No ``DynamicCache``: the forward makes its ``TokenmixCache`` at the prefill."""
         return False
 
-    def forward(self, input_ids: Tensor | None = None, attention_mask: Tensor | None = None,
-                labels: Tensor | None = None, past_key_values: TokenmixCache | None = None,
-                use_cache: bool | None = None, return_dict: bool | None = None, cache: TokenmixCache | None = None,
-                inputs_embeds: Tensor | None = None, output_attentions: bool | None = None,
-                output_hidden_states: bool | None = None, num_items_in_batch: int | Tensor | None = None,
-                **kwargs) -> CausalLMOutputWithPast | tuple:
+    def forward(
+        self,
+        input_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        labels: Tensor | None = None,
+        past_key_values: TokenmixCache | None = None,
+        use_cache: bool | None = None,
+        return_dict: bool | None = None,
+        cache: TokenmixCache | None = None,
+        inputs_embeds: Tensor | None = None,
+        output_attentions: bool | None = None,
+        output_hidden_states: bool | None = None,
+        num_items_in_batch: int | Tensor | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast | tuple:
         """``cache`` is transformers 5's name for ``past_key_values`` (``generate`` passes ``cache``);
         either is taken. Other keyword arguments transformers may pass (``cache_position``, ...) are
         not needed and are ignored."""

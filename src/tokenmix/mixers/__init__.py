@@ -1,5 +1,6 @@
 """Every mixer module, imported explicitly (one line each) so the registry is readable; importing
 this package (or any module in it) registers them all before a name is looked up."""
+
 from tokenmix.mixers import structured  # noqa: F401  pow2, sq1, pow2_ce, sq1_ce, kth_order, dense_recurrence, first_order
 from tokenmix.mixers import attention  # noqa: F401
 from tokenmix.mixers import local_attention  # noqa: F401

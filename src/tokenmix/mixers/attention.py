@@ -27,6 +27,7 @@ whose autograd backward reads the saved probabilities (never above 1) and stays 
 
 The KV cache and the shared pieces here are reused by local (sliding-window) attention.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,12 +35,12 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig
 from tokenmix.mixers.pattern_cache import PatternCache
+from tokenmix.mixers.registry import register_mixer
 
 
 @dataclass(frozen=True)
@@ -68,8 +69,9 @@ class KVCache(PatternCache):
         return self.extend(self.keys[:, :0], self.values[:, :0], self.position, keep_from=self.position - keep)
 
 
-def allowed_keys(p: int, t: int, window: int | None, device: torch.device | str = "cpu",
-                 key_start: Tensor | None = None) -> Tensor:
+def allowed_keys(
+    p: int, t: int, window: int | None, device: torch.device | str = "cpu", key_start: Tensor | None = None
+) -> Tensor:
     """Boolean mask: query i of the segment (buffer position P + i) may read buffer key j.
 
     Causal (j <= P + i) and, with a window w, within the last w positions (P + i - j < w). With
@@ -133,8 +135,10 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
     """
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
     if needs_grad and q.shape[-2] and k.shape[-2]:
-        qn, kn = (torch.linalg.vector_norm(z.detach().float() if z.dtype != torch.float64 else z.detach(),
-                                           dim=-1).amax() for z in (q, k))
+        qn, kn = (
+            torch.linalg.vector_norm(z.detach().float() if z.dtype != torch.float64 else z.detach(), dim=-1).amax()
+            for z in (q, k)
+        )
         bound = qn * kn / math.sqrt(q.shape[-1])
         if bool(bound > fused_score_limit(q.shape[-1], q.dtype)):
             if mask is None:
@@ -146,8 +150,7 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
-def attention_probs(q: Tensor, kbuf: Tensor, p: int, window: int | None, key_start: Tensor | None = None
-                    ) -> Tensor:
+def attention_probs(q: Tensor, kbuf: Tensor, p: int, window: int | None, key_start: Tensor | None = None) -> Tensor:
     """Softmax weights of the segment queries over the buffer keys.
 
     Args:
@@ -273,5 +276,6 @@ class SoftmaxAttention(Mixer):
         return self.n_heads * read * 2 * self.head_dim  # scores q.k_j + weighted sum of v_j
 
 
-register_mixer("attention", AttentionConfig, family="attention",
-               ab_form="A = causal softmax(QK^T / sqrt(K)), B = 0")(SoftmaxAttention)
+register_mixer("attention", AttentionConfig, family="attention", ab_form="A = causal softmax(QK^T / sqrt(K)), B = 0")(
+    SoftmaxAttention
+)

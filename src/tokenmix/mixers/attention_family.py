@@ -17,6 +17,7 @@ Also the forget-gate pieces FoX and PaTH-FoX share: ``gate_bias`` (G_i - G_j fro
 log gates of a segment) and ``exclusive_reverse_cumsum`` (the same bias for one decoded query over
 the cached gates; stick-breaking uses it for the remaining stick).
 """
+
 from __future__ import annotations
 
 from abc import abstractmethod

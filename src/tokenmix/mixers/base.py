@@ -32,6 +32,7 @@ Two mechanisms, chosen by the mixer (``pads_by_row_groups``):
                a group; a batch with G distinct starts costs G calls per segment.
 A state with ``start`` None (or all zeros) is the ordinary unpadded state: that path is unchanged.
 """
+
 from __future__ import annotations
 
 import functools
@@ -65,8 +66,10 @@ class MixerConfig:
         if self.head_dim is not None:
             return self.head_dim
         if d_model % self.n_heads:
-            raise InputError(f"head_dim mismatch: d_model={d_model} is not divisible by n_heads={self.n_heads}; "
-                             "set head_dim explicitly")
+            raise InputError(
+                f"head_dim mismatch: d_model={d_model} is not divisible by n_heads={self.n_heads}; "
+                "set head_dim explicitly"
+            )
         return d_model // self.n_heads
 
     def to_dict(self) -> dict:
@@ -88,8 +91,8 @@ class MixerState(ABC):
     peak_positions: int = 0
     peak_numel: int = 0
     start: Tensor | None = None  # [B] long on the state's device: leading padding positions per row
-    max_start: int = 0           # max(start) as a Python int: the checks below need no device sync
-    min_start: int = 0           # min(start) as a Python int (the model's position-range check)
+    max_start: int = 0  # max(start) as a Python int: the checks below need no device sync
+    min_start: int = 0  # min(start) as a Python int (the model's position-range check)
 
     def observe(self) -> None:
         self.peak_positions = max(self.peak_positions, self.cached_positions())
@@ -132,8 +135,9 @@ class MixerState(ABC):
 
     def check(self, owner: str, batch_size: int) -> None:
         if self.owner != owner:
-            raise InputError(f"state was produced by a different mixer configuration ({self.owner}), "
-                             f"cannot be used with {owner}")
+            raise InputError(
+                f"state was produced by a different mixer configuration ({self.owner}), cannot be used with {owner}"
+            )
         if self.batch_size != batch_size:
             raise InputError(f"state batch size {self.batch_size} does not match input batch size {batch_size}")
 
@@ -169,8 +173,9 @@ class Linear(nn.Linear):
 
     def forward(self, x: Tensor) -> Tensor:
         w, bias = self.weight, self.bias
-        if (torch.is_grad_enabled() or x.numel() > self.rows_transposed * self.in_features
-                or w.is_inference()):  # (an inference tensor's in-place updates cannot be seen)
+        if (
+            torch.is_grad_enabled() or x.numel() > self.rows_transposed * self.in_features or w.is_inference()
+        ):  # (an inference tensor's in-place updates cannot be seen)
             return F.linear(x, w, bias)
         wt = kept_derived(self, "_kept_transpose", w, lambda w: w.detach().t().contiguous())  # [in, out]
         if bias is None:
@@ -178,8 +183,9 @@ class Linear(nn.Linear):
         return torch.addmm(bias, x.reshape(-1, self.in_features), wt).view(*x.shape[:-1], self.out_features)
 
 
-def padding_start(start: Tensor | Sequence[int] | None, batch_size: int, device: torch.device | str = "cpu"
-                  ) -> Tensor | None:
+def padding_start(
+    start: Tensor | Sequence[int] | None, batch_size: int, device: torch.device | str = "cpu"
+) -> Tensor | None:
     """Validate a left-padding ``start`` (leading padding positions per row, [B] integers).
 
     Returns it as a long tensor on ``device``, or None when no row is padded (start None or all 0),
@@ -191,12 +197,13 @@ def padding_start(start: Tensor | Sequence[int] | None, batch_size: int, device:
     if start.dtype == torch.bool or start.is_floating_point() or start.is_complex():
         raise InputError(f"start (leading padding positions per row) must be integers, got dtype {start.dtype}")
     if tuple(start.shape) != (batch_size,):
-        raise InputError(f"start (leading padding positions per row) must have shape [batch_size] = "
-                         f"[{batch_size}], got {tuple(start.shape)}")
+        raise InputError(
+            f"start (leading padding positions per row) must have shape [batch_size] = "
+            f"[{batch_size}], got {tuple(start.shape)}"
+        )
     if batch_size and bool((start < 0).any()):
         row = int(torch.nonzero(start < 0)[0, 0])
-        raise InputError(f"start (leading padding positions per row) must be >= 0, got {int(start[row])} "
-                         f"for row {row}")
+        raise InputError(f"start (leading padding positions per row) must be >= 0, got {int(start[row])} for row {row}")
     if batch_size == 0 or not bool(start.any()):
         return None
     return start.to(device=device, dtype=torch.long)
@@ -214,8 +221,16 @@ class RowGroupState(MixerState):
         position: tokens seen by the padded batch (padding included); start: [B] long.
     """
 
-    def __init__(self, owner: str, batch_size: int, position: int, start: Tensor, max_start: int,
-                 groups: list[tuple[int, Tensor, MixerState | None]], inverse: Tensor) -> None:
+    def __init__(
+        self,
+        owner: str,
+        batch_size: int,
+        position: int,
+        start: Tensor,
+        max_start: int,
+        groups: list[tuple[int, Tensor, MixerState | None]],
+        inverse: Tensor,
+    ) -> None:
         self.owner, self.batch_size, self.position = owner, batch_size, position
         self.start, self.max_start, self.min_start = start, max_start, groups[0][0]
         self.groups, self._inverse = groups, inverse  # inverse: rows in group order -> batch order
@@ -242,8 +257,9 @@ class RowGroupState(MixerState):
         """Nothing to do: each group's own state is observed by the mode that updates it."""
 
     def tensors(self) -> dict[str, Tensor]:
-        return {f"{name}@start={s}": t for s, _, sub in self.groups if sub is not None
-                for name, t in sub.tensors().items()}
+        return {
+            f"{name}@start={s}": t for s, _, sub in self.groups if sub is not None for name, t in sub.tensors().items()
+        }
 
     def numel_per_batch(self) -> int:
         return max((sub.numel_per_batch() for sub in self._subs()), default=0)
@@ -267,8 +283,9 @@ class RowGroupState(MixerState):
             outs.append(y)
             groups.append((s, rows, sub))
         y = outs[0] if len(outs) == 1 else torch.cat(outs).index_select(0, self._inverse)
-        return y, RowGroupState(self.owner, self.batch_size, self.position + t, self.start, self.max_start, groups,
-                                self._inverse)
+        return y, RowGroupState(
+            self.owner, self.batch_size, self.position + t, self.start, self.max_start, groups, self._inverse
+        )
 
 
 class Mixer(nn.Module, metaclass=ABCMeta):
@@ -297,8 +314,7 @@ class Mixer(nn.Module, metaclass=ABCMeta):
         return f"{type(self).__name__}({self.config})"
 
     # -- the uniform surface
-    def forward(self, x: Tensor, state: MixerState | None = None, mode: str | None = None
-                ) -> tuple[Tensor, MixerState]:
+    def forward(self, x: Tensor, state: MixerState | None = None, mode: str | None = None) -> tuple[Tensor, MixerState]:
         mode = self.modes[0] if mode is None else mode
         if mode not in self.modes:
             raise InputError(f"mixer {type(self).__name__} has no mode '{mode}'; modes: {self.modes}")
@@ -307,9 +323,11 @@ class Mixer(nn.Module, metaclass=ABCMeta):
             state.check(self.owner, x.shape[0])
             if state.position == 0 and state.max_start > x.shape[1]:
                 row = int(torch.argmax(state.start))
-                raise InputError(f"start (leading padding positions per row) is {state.max_start} for row {row} "
-                                 f"but the first segment has only {x.shape[1]} positions: the prefill must "
-                                 "contain every row's whole padding")
+                raise InputError(
+                    f"start (leading padding positions per row) is {state.max_start} for row {row} "
+                    f"but the first segment has only {x.shape[1]} positions: the prefill must "
+                    "contain every row's whole padding"
+                )
             if isinstance(state, RowGroupState):
                 return state.run(self, x, mode)
         return getattr(self, f"forward_{mode}")(x, state)
@@ -328,13 +346,19 @@ class Mixer(nn.Module, metaclass=ABCMeta):
             raise InputError("empty sequence (T = 0)")
         p = next(self.parameters(), None)
         if p is not None and (x.dtype != p.dtype or x.device != p.device):
-            raise WrongInputType(f"input is {x.dtype} on {x.device} but the mixer's parameters are "
-                            f"{p.dtype} on {p.device}")
+            raise WrongInputType(
+                f"input is {x.dtype} on {x.device} but the mixer's parameters are {p.dtype} on {p.device}"
+            )
 
     # Each mode m in ``modes`` is a method ``forward_m(x, state) -> (y, state)`` of the subclass.
 
-    def init_state(self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32,
-                   start: Tensor | Sequence[int] | None = None) -> MixerState:
+    def init_state(
+        self,
+        batch_size: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        start: Tensor | Sequence[int] | None = None,
+    ) -> MixerState:
         """The decode state before the first token of ``batch_size`` sequences.
 
         Args:
@@ -351,8 +375,9 @@ class Mixer(nn.Module, metaclass=ABCMeta):
         return state
 
     @abstractmethod
-    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32) -> MixerState:
+    def empty_state(
+        self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> MixerState:
         """The empty unpadded decode state for ``batch_size`` sequences (what ``init_state`` builds on)."""
 
     @abstractmethod

@@ -34,6 +34,7 @@ Left padding (mixers/base.py), masked: padding keys are masked out of P, which r
 and from B = gamma P alike (no real output reads a padding value or output); a padding query reads
 only itself (p_ii = 1, y_i = v_i: finite).
 """
+
 from __future__ import annotations
 
 import math
@@ -44,9 +45,9 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.attention import attention_probs, mask_padding_keys
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.chunked_chacal import chunked_chacal
 
 _GAMMA_FLOOR = 1e-9  # gamma = 0 would put theta at -inf, where sigmoid has zero gradient
@@ -62,14 +63,16 @@ def gamma_margin(dtype: torch.dtype) -> float:
 
 @dataclass(frozen=True)
 class ChacalConfig(MixerConfig):
-    gamma: float = 0.5     # initial path discount of every head, in [0, GAMMA_MAX)
-    chunk_size: int = 64   # C of the chunked forward substitution
+    gamma: float = 0.5  # initial path discount of every head, in [0, GAMMA_MAX)
+    chunk_size: int = 64  # C of the chunked forward substitution
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if not 0.0 <= self.gamma < GAMMA_MAX:
-            raise InputError(f"gamma must be in [0, {GAMMA_MAX}) (the learned discount is kept at least "
-                             f"{GAMMA_MARGIN} below 1), got {self.gamma}")
+            raise InputError(
+                f"gamma must be in [0, {GAMMA_MAX}) (the learned discount is kept at least "
+                f"{GAMMA_MARGIN} below 1), got {self.gamma}"
+            )
         if self.chunk_size <= 0:
             raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
 
@@ -81,8 +84,9 @@ class ChainCache(MixerState):
         keys: [B, P, H, K]; values: [B, P, H, V]; outputs: [B, P, H, V]; position: tokens seen.
     """
 
-    def __init__(self, owner: str, batch_size: int, position: int, keys: Tensor, values: Tensor,
-                 outputs: Tensor) -> None:
+    def __init__(
+        self, owner: str, batch_size: int, position: int, keys: Tensor, values: Tensor, outputs: Tensor
+    ) -> None:
         self.owner, self.batch_size, self.position = owner, batch_size, position
         self.keys, self.values, self.outputs = keys, values, outputs
 
@@ -123,8 +127,9 @@ class ChainCausalAttention(Mixer):
         return state, q, torch.cat([state.keys, k], 1), torch.cat([state.values, v], 1)
 
     def _finish(self, state: ChainCache, kbuf: Tensor, vbuf: Tensor, y: Tensor) -> tuple[Tensor, ChainCache]:
-        new = ChainCache(state.owner, state.batch_size, state.position + y.shape[1], kbuf, vbuf,
-                         torch.cat([state.outputs, y], 1)).carry_over(state)
+        new = ChainCache(
+            state.owner, state.batch_size, state.position + y.shape[1], kbuf, vbuf, torch.cat([state.outputs, y], 1)
+        ).carry_over(state)
         return self.out(y.flatten(2)), new
 
     def _dense_ab(self, probs: Tensor, p: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -138,8 +143,15 @@ class ChainCausalAttention(Mixer):
     def forward_chunked(self, x: Tensor, state: ChainCache | None) -> tuple[Tensor, ChainCache]:
         state, q, kbuf, vbuf = self._start(x, state)
         qh, kh, vh = (z.transpose(1, 2) for z in (q, kbuf, vbuf))  # [B, H, ., K]
-        y = chunked_chacal(qh / math.sqrt(self.head_dim), kh, vh, state.outputs.transpose(1, 2), self.gamma,
-                           self.config.chunk_size, state.padded_keys(state.cached_positions()))
+        y = chunked_chacal(
+            qh / math.sqrt(self.head_dim),
+            kh,
+            vh,
+            state.outputs.transpose(1, 2),
+            self.gamma,
+            self.config.chunk_size,
+            state.padded_keys(state.cached_positions()),
+        )
         return self._finish(state, kbuf, vbuf, y.transpose(1, 2))
 
     def forward_dense(self, x: Tensor, state: ChainCache | None) -> tuple[Tensor, ChainCache]:
@@ -152,8 +164,9 @@ class ChainCausalAttention(Mixer):
             # cached positions enter as a known right-hand side: A on their values, B on their outputs
             g = self.gamma[:, None, None]
             prefix = d * probs[..., :p]
-            offset = torch.einsum("bhts,bshv->bthv", (1.0 - g) * prefix, vbuf[:, :p]) + \
-                torch.einsum("bhts,bshv->bthv", g * prefix, state.outputs)
+            offset = torch.einsum("bhts,bshv->bthv", (1.0 - g) * prefix, vbuf[:, :p]) + torch.einsum(
+                "bhts,bshv->bthv", g * prefix, state.outputs
+            )
         y = solve_dense(MixOperator(mix_a, mix_b), vbuf[:, p:], offset=offset)
         return self._finish(state, kbuf, vbuf, y)
 
@@ -173,11 +186,19 @@ class ChainCausalAttention(Mixer):
             scores = mask_padding_keys(scores, state.padded_keys(keys.shape[1] - 1))
             probs = torch.softmax(scores, -1)  # [B, H, P + 1]
             d = 1.0 / (1.0 - g * probs[..., -1:])
-            y_t = d * ((1.0 - g) * torch.einsum("bhs,bshv->bhv", probs, values)
-                       + g * torch.einsum("bhs,bshv->bhv", probs[..., :-1], state.outputs))
+            y_t = d * (
+                (1.0 - g) * torch.einsum("bhs,bshv->bhv", probs, values)
+                + g * torch.einsum("bhs,bshv->bhv", probs[..., :-1], state.outputs)
+            )
             ys.append(y_t)
-            state = ChainCache(state.owner, state.batch_size, state.position + 1, keys, values,
-                               torch.cat([state.outputs, y_t[:, None]], 1)).carry_over(state)
+            state = ChainCache(
+                state.owner,
+                state.batch_size,
+                state.position + 1,
+                keys,
+                values,
+                torch.cat([state.outputs, y_t[:, None]], 1),
+            ).carry_over(state)
         return self.out(torch.stack(ys, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
@@ -207,6 +228,9 @@ class ChainCausalAttention(Mixer):
         return self.n_heads * self.head_dim * (3 * n - 1)
 
 
-register_mixer("chacal", ChacalConfig, family="dense recurrence",
-               ab_form="A = diag(d)(1 - gamma)P, B = diag(d) gamma strict_lower(P), d = 1/(1 - gamma p_ii)"
-               )(ChainCausalAttention)
+register_mixer(
+    "chacal",
+    ChacalConfig,
+    family="dense recurrence",
+    ab_form="A = diag(d)(1 - gamma)P, B = diag(d) gamma strict_lower(P), d = 1/(1 - gamma p_ii)",
+)(ChainCausalAttention)

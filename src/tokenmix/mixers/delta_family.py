@@ -59,6 +59,7 @@ channel-wise form: no write, and the transition I - k eᵀ is the identity) and 
 also keeps padding decays out of the cumulative G), so the state is exactly untouched and the first
 real token meets the zero state of a solo run.
 """
+
 from __future__ import annotations
 
 import math
@@ -96,7 +97,7 @@ class DeltaRuleMixer(Mixer):
     """
 
     modes = ("chunked", "dense", "recurrent")
-    time_complexity = "O(1)"   # per token: K x V work, independent of n
+    time_complexity = "O(1)"  # per token: K x V work, independent of n
     cache_complexity = "O(1)"  # one K x V matrix per head
     #: the decay gate: None (no decay), one log decay per "head" or per key "channel"
     decay_gate: ClassVar[Literal["head", "channel"] | None] = None
@@ -109,7 +110,7 @@ class DeltaRuleMixer(Mixer):
         self.qkv = Linear(d_model, 3 * h * k, bias=False)
         self.beta_proj = Linear(d_model, h)
         self.out = Linear(h * k, d_model, bias=False)
-        self.scale = k ** -0.5
+        self.scale = k**-0.5
         if self.decay_gate is not None:
             width = h if self.decay_gate == "head" else h * k
             self.a_proj = Linear(d_model, width, bias=False)
@@ -138,8 +139,7 @@ class DeltaRuleMixer(Mixer):
             beta = 2 * beta
         return F.normalize(q, dim=-1), F.normalize(k, dim=-1), v, beta, self._log_decay(x)
 
-    def _segment(self, x: Tensor, state: DeltaState | None
-                 ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
+    def _segment(self, x: Tensor, state: DeltaState | None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor | None]:
         """``_project`` of a segment, every sub-step of its padding tokens (if any) inert: beta = 0, g = 0."""
         q, k, v, beta, g = self._project(x)
         pad = None if state is None else state.padding(x.shape[1])  # [B, T]
@@ -159,8 +159,7 @@ class DeltaRuleMixer(Mixer):
         q, k, v, beta, g = self._segment(x, state)
         s0 = None if state is None else state.memory
         # on a sub-step clock only each token's last sub-step is read out: the other rows are never formed
-        o, s = chunked_delta_rule(q, k, v, beta, g, self.scale, s0, self.config.chunk_size,
-                                  read_every=self.substeps)
+        o, s = chunked_delta_rule(q, k, v, beta, g, self.scale, s0, self.config.chunk_size, read_every=self.substeps)
         return self.out(o.flatten(2)), self._next_state(state, s, x.shape[1], x.shape[0])
 
     def forward_dense(self, x: Tensor, state: DeltaState | None) -> tuple[Tensor, DeltaState]:
@@ -199,15 +198,17 @@ class DeltaRuleMixer(Mixer):
             state.observe()
             s = state.memory
             for p in range(i * n, (i + 1) * n):  # a token's steps; a decay rides on its first
-                o_t, s = delta_rule_step(s, q[:, p], k[:, p], v[:, p], beta[:, p],
-                                         None if g is None else g[:, p], self.scale)
+                o_t, s = delta_rule_step(
+                    s, q[:, p], k[:, p], v[:, p], beta[:, p], None if g is None else g[:, p], self.scale
+                )
             outs.append(o_t)  # the read-out after the last step
             state = self._next_state(state, s, 1, b)
         return self.out(torch.stack(outs, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32) -> DeltaState:
+    def empty_state(
+        self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> DeltaState:
         memory = torch.zeros(batch_size, self.n_heads, self.head_dim, self.head_dim, device=device, dtype=dtype)
         return DeltaState(self.owner, batch_size, 0, memory)
 

@@ -25,6 +25,7 @@ Symbols: q, k, v, beta as in the papers; S is fla's ``h`` / ``initial_state`` ([
 Projections, modes (chunked UT transform, dense, recurrent), decode state and left padding are the
 family's (``DeltaRuleMixer``, mixers/delta_family.py) without a decay gate.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from tokenmix.mixers.registry import register_mixer
 
 @dataclass(frozen=True)
 class DeltaNetConfig(MixerConfig):
-    chunk_size: int = 64            # C of the chunkwise UT-transform form
+    chunk_size: int = 64  # C of the chunkwise UT-transform form
     allow_neg_eigval: bool = False  # beta = 2·sigmoid in (0, 2) instead of sigmoid in (0, 1)
 
     def __post_init__(self) -> None:
@@ -46,7 +47,11 @@ class DeltaNetConfig(MixerConfig):
             raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
 
 
-@register_mixer("deltanet", DeltaNetConfig, family="delta rule",
-                ab_form="A = diag(beta), B[t,j] = -beta_t k_t·k_j (dense), R = (Q Kᵀ ⊙ L)·scale")
+@register_mixer(
+    "deltanet",
+    DeltaNetConfig,
+    family="delta rule",
+    ab_form="A = diag(beta), B[t,j] = -beta_t k_t·k_j (dense), R = (Q Kᵀ ⊙ L)·scale",
+)
 class DeltaNet(DeltaRuleMixer):
     config_cls = DeltaNetConfig

@@ -22,6 +22,7 @@ form would spend O(C N) per token and channel on V = 1 "matmuls" and hold [B, T,
     first-order view:  A_n = diag(B_{·,n}), B_n[t, t-1] = exp(Delta_t A_{d,n}), R_n = diag(C_{·,n});
     token view:        B = 0, A[t, j] = sum_n C_tn B_jn exp(A_{d,n} sum_{s=j+1..t} Delta_s).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,21 +31,25 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tokenmix.mixers.registry import register_mixer
+from tokenmix.mixers.base import Linear
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
 from tokenmix.mixers.mamba2 import SelectiveSSMConfig, inverse_softplus_dt
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.selective_scan import selective_scan
-from tokenmix.mixers.base import Linear
 
 
 @dataclass(frozen=True)
 class DiagSSMConfig(SelectiveSSMConfig):
-    chunk_size: int = 64   # tokens per block of the selective scan (its [B, L, D_in, N] working set)
+    chunk_size: int = 64  # tokens per block of the selective scan (its [B, L, D_in, N] working set)
 
 
-@register_mixer("diag_ssm", DiagSSMConfig, family="state space model",
-                ab_form="first-order state view per channel and state n: A_n = diag(B_n), "
-                        "B_n = exp(Delta A_n) shift, R_n = diag(C_n) / B = 0 token view: A = sum_n C_n B_n decay_n")
+@register_mixer(
+    "diag_ssm",
+    DiagSSMConfig,
+    family="state space model",
+    ab_form="first-order state view per channel and state n: A_n = diag(B_n), "
+    "B_n = exp(Delta A_n) shift, R_n = diag(C_n) / B = 0 token view: A = sum_n C_n B_n decay_n",
+)
 class DiagSSM(GatedLinearMixer):
     config_cls = DiagSSMConfig
     test_overrides = {"state_dim": 4}  # the chunked scan is the recurrence's own arithmetic: exact tolerance
@@ -53,9 +58,9 @@ class DiagSSM(GatedLinearMixer):
         super().__init__(config, d_model)
         d_in, n = self.n_heads * self.head_dim, config.state_dim
         self.state_heads, self.key_dim, self.value_dim, self.has_decay = d_in, n, 1, True
-        self.in_proj = Linear(d_model, d_in, bias=False)       # u
-        self.dt_proj = Linear(d_model, d_in, bias=False)       # Delta (before softplus)
-        self.bc_proj = Linear(d_model, 2 * n, bias=False)      # B_t, C_t
+        self.in_proj = Linear(d_model, d_in, bias=False)  # u
+        self.dt_proj = Linear(d_model, d_in, bias=False)  # Delta (before softplus)
+        self.bc_proj = Linear(d_model, 2 * n, bias=False)  # B_t, C_t
         self.dt_bias = nn.Parameter(inverse_softplus_dt(d_in, config.dt_min, config.dt_max))
         self.A_log = nn.Parameter(torch.log(torch.arange(1, n + 1, dtype=torch.float32)).repeat(d_in, 1))
         self.D = nn.Parameter(torch.ones(d_in)) if config.d_skip else None
@@ -75,7 +80,7 @@ class DiagSSM(GatedLinearMixer):
             # Delta = 0 is the inert token of the scan (decay exp(0 A) = 1, input Delta u B = 0), the
             # same as the family's v = 0, g = 0 (both are Delta times something)
             delta = delta.masked_fill(pad[..., None], 0.0)
-        s0 = None if state is None else state.memory[..., 0]            # [B, D_in, N]
+        s0 = None if state is None else state.memory[..., 0]  # [B, D_in, N]
         y, h = selective_scan(delta * u, delta, a, bs, cs, s0, self.config.chunk_size)
         if self.D is not None:
             y = y + self.D * u
@@ -92,10 +97,10 @@ class DiagSSM(GatedLinearMixer):
         """One head per channel: q = C, k = B [B, T, D_in, N], v = Delta·u [B, T, D_in, 1], gk [B, T, D_in, N]."""
         b, t, _ = x.shape
         d_in, n = self.state_heads, self.config.state_dim
-        u = self.in_proj(x)                                       # [B, T, D_in]
-        delta = F.softplus(self.dt_proj(x) + self.dt_bias)        # [B, T, D_in] > 0
-        bs, cs = self.bc_proj(x).chunk(2, dim=-1)                 # [B, T, N] each
-        gk = -delta[..., None] * self.A_log.exp()                 # Delta_t A_d <= 0, [B, T, D_in, N]
+        u = self.in_proj(x)  # [B, T, D_in]
+        delta = F.softplus(self.dt_proj(x) + self.dt_bias)  # [B, T, D_in] > 0
+        bs, cs = self.bc_proj(x).chunk(2, dim=-1)  # [B, T, N] each
+        gk = -delta[..., None] * self.A_log.exp()  # Delta_t A_d <= 0, [B, T, D_in, N]
         q, k = cs[:, :, None, :].expand(b, t, d_in, n), bs[:, :, None, :].expand(b, t, d_in, n)
         skip = None if self.D is None else (self.D * u)[..., None]
         return LinearFeatures(q, k, (delta * u)[..., None], gk, 1.0, skip)

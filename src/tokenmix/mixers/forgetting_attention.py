@@ -30,6 +30,7 @@ nothing to any G_i - G_j (and no real pair spans a padding position anyway).
 The modes other than the decode (rows by query blocks, the dense mode through the reference
 solver, the materialised A) come from the family base, mixers/attention_family.py.
 """
+
 from __future__ import annotations
 
 import math
@@ -124,5 +125,9 @@ class ForgettingAttention(RowAttention):
         return self.n_heads * read * (2 * self.head_dim + 1)  # q.k_j, the gate cumsum, the sum of v_j
 
 
-register_mixer("forgetting_attention", ForgettingAttentionConfig, family="attention",
-               ab_form="A = causal softmax(QK^T / sqrt(K) + G_i - G_j), G = cumsum log f; B = 0")(ForgettingAttention)
+register_mixer(
+    "forgetting_attention",
+    ForgettingAttentionConfig,
+    family="attention",
+    ab_form="A = causal softmax(QK^T / sqrt(K) + G_i - G_j), G = cumsum log f; B = 0",
+)(ForgettingAttention)

@@ -37,6 +37,7 @@ multiple of n_h; ``read_every = n_h`` forms only the last sub-step's read-out ro
 state: S [K, V] per head, whatever n and n_h. Left padding is masked as in DeltaNet: every sub-step
 of a padding token gets beta = 0 and g = 0.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -56,7 +57,7 @@ from tokenmix.mixers.registry import register_mixer
 class GatedDeltaProductConfig(GatedDeltaNetConfig):
     n_h: int = 2  # Householder (delta) steps per token: fla's num_householder
     chunk_size: int = 32  # C in sub-steps: the n_h T sub-steps make C = 64 chunks twice as many C x C blocks
-                          # as Gated DeltaNet's (docs/notes/design-measurements.md)
+    # as Gated DeltaNet's (docs/notes/design-measurements.md)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -64,9 +65,13 @@ class GatedDeltaProductConfig(GatedDeltaNetConfig):
             raise InputError(f"n_h must be > 0, got {self.n_h}")
 
 
-@register_mixer("gated_delta_product", GatedDeltaProductConfig, family="delta rule",
-                ab_form="sub-step clock p=(t,i), N=n_h·T: A = diag(beta_p), B[p,p'] = -beta_p exp(G_p-G_p') k_p·k_p', "
-                        "R = (Q Kᵀ ⊙ M^S)·scale on the last sub-step rows only")
+@register_mixer(
+    "gated_delta_product",
+    GatedDeltaProductConfig,
+    family="delta rule",
+    ab_form="sub-step clock p=(t,i), N=n_h·T: A = diag(beta_p), B[p,p'] = -beta_p exp(G_p-G_p') k_p·k_p', "
+    "R = (Q Kᵀ ⊙ M^S)·scale on the last sub-step rows only",
+)
 class GatedDeltaProduct(DeltaRuleMixer):
     config_cls = GatedDeltaProductConfig
     decay_gate = "head"
@@ -89,7 +94,7 @@ class GatedDeltaProduct(DeltaRuleMixer):
         h, dk, nh = self.n_heads, self.head_dim, self.substeps
         qkv = self.qkv(x)
         q = F.normalize(qkv[..., : h * dk].view(b, t, 1, h, dk), dim=-1)
-        k, v = qkv[..., h * dk:].view(b, t, 2, nh, h, dk).unbind(2)  # [B, T, n_h, H, K]
+        k, v = qkv[..., h * dk :].view(b, t, 2, nh, h, dk).unbind(2)  # [B, T, n_h, H, K]
         beta = torch.sigmoid(self.beta_proj(x)).view(b, t, nh, h)
         if self.config.allow_neg_eigval:
             beta = 2 * beta

@@ -23,6 +23,7 @@ with j <= t, hence <= 0: the materialised matrices never overflow.
 Projections, modes (chunked UT transform with decays inside chunks, dense, recurrent), decode state
 and left padding are the family's (``DeltaRuleMixer``) with a decay gate per head.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,8 +45,12 @@ class GatedDeltaNetConfig(DeltaNetConfig):
             raise InputError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
 
 
-@register_mixer("gated_deltanet", GatedDeltaNetConfig, family="delta rule",
-                ab_form="A = diag(beta), B[t,j] = -beta_t exp(G_t-G_j) k_t·k_j, R = (Q Kᵀ ⊙ M^S)·scale")
+@register_mixer(
+    "gated_deltanet",
+    GatedDeltaNetConfig,
+    family="delta rule",
+    ab_form="A = diag(beta), B[t,j] = -beta_t exp(G_t-G_j) k_t·k_j, R = (Q Kᵀ ⊙ M^S)·scale",
+)
 class GatedDeltaNet(DeltaRuleMixer):
     config_cls = GatedDeltaNetConfig
     decay_gate = "head"

@@ -22,6 +22,7 @@ The erase gate b only enters B (the solve), the write gate only X, the decay B a
 Modes, chunked form and decode state are the family's channel-wise ones (``ChannelDelta``): chunked
 (UT transform), dense, recurrent with S [K, V] per head. The config is KDA's.
 """
+
 from __future__ import annotations
 
 import torch.nn.functional as F
@@ -33,9 +34,13 @@ from tokenmix.mixers.kda import KDAConfig
 from tokenmix.mixers.registry import register_mixer
 
 
-@register_mixer("gdn2", KDAConfig, family="delta rule",
-                ab_form="X = w ⊙ v, A = I, B[t,j] = -sum_d b_td k_td k_jd exp(G_td-G_jd), "
-                        "R[t,j] = scale sum_d q_td k_jd exp(G_td-G_jd)")
+@register_mixer(
+    "gdn2",
+    KDAConfig,
+    family="delta rule",
+    ab_form="X = w ⊙ v, A = I, B[t,j] = -sum_d b_td k_td k_jd exp(G_td-G_jd), "
+    "R[t,j] = scale sum_d q_td k_jd exp(G_td-G_jd)",
+)
 class GDN2(ChannelDelta):
     config_cls = KDAConfig
 

@@ -17,23 +17,24 @@ fla's GLA layer adds an output gate and a group norm; those are left to other la
 Chunked form: ops/chunked_gla.py with a per-key-channel decay (its intra-chunk scores use only
 exp of differences G_i - G_j, j <= i, so strong gates cannot overflow).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+from tokenmix.mixers.registry import register_mixer
 
 
 @dataclass(frozen=True)
 class GLAConfig(MixerConfig):
-    chunk_size: int = 64                 # C of the chunked form
-    gate_low_rank_dim: int = 16          # rank of the gate projection W_g2 W_g1
+    chunk_size: int = 64  # C of the chunked form
+    gate_low_rank_dim: int = 16  # rank of the gate projection W_g2 W_g1
     gate_logit_normalizer: float = 16.0  # gk = logsigmoid(.) / normaliser
 
     def __post_init__(self) -> None:
@@ -46,9 +47,13 @@ class GLAConfig(MixerConfig):
             raise InputError(f"gate_logit_normalizer must be > 0, got {self.gate_logit_normalizer}")
 
 
-@register_mixer("gla", GLAConfig, family="linear attention",
-                ab_form="B = 0 token view: A = scale sum_c q_c k_c exp(G_c(t) - G_c(j)) / first-order state view: "
-                        "A_c = diag(k_c), B_c = exp(gk_c) shift, R_c = diag(q_c)·scale")
+@register_mixer(
+    "gla",
+    GLAConfig,
+    family="linear attention",
+    ab_form="B = 0 token view: A = scale sum_c q_c k_c exp(G_c(t) - G_c(j)) / first-order state view: "
+    "A_c = diag(k_c), B_c = exp(gk_c) shift, R_c = diag(q_c)·scale",
+)
 class GLA(GatedLinearMixer):
     config_cls = GLAConfig
     reassociates = True  # the chunked form factors the decay products as exp(G_i - G_j)
@@ -68,4 +73,4 @@ class GLA(GatedLinearMixer):
         h, k = self.n_heads, self.head_dim
         q, kk, v = self.qkv(x).view(b, t, 3, h, k).unbind(2)
         gk = F.logsigmoid(self.gate_up(self.gate_down(x))).view(b, t, h, k) / self.config.gate_logit_normalizer
-        return LinearFeatures(q, kk, v, gk, k ** -0.5)
+        return LinearFeatures(q, kk, v, gk, k**-0.5)

@@ -29,6 +29,7 @@ leading padding, so v = 0 alone would do; g = 0 keeps arbitrary padding decays o
 forms' cumulative log decays, where they would cancel in G_t - G_j only up to rounding. The
 diagonal SSM's own chunked scan does both with Delta = 0.)
 """
+
 from __future__ import annotations
 
 import math
@@ -81,13 +82,13 @@ def state_view_operator(f: LinearFeatures) -> MixOperator:
     Returns a MixOperator with a G = K axis: A, B, R [B, H, K, T, T].
     """
     b, t, h, dk = f.q.shape
-    mix_a = torch.diag_embed(f.k.permute(0, 2, 3, 1))              # [B, H, K, T, T]
+    mix_a = torch.diag_embed(f.k.permute(0, 2, 3, 1))  # [B, H, K, T, T]
     readout = torch.diag_embed(f.q.permute(0, 2, 3, 1) * f.scale)
     if f.g is None:
         decay = f.q.new_ones(b, h, dk, max(t - 1, 0))
     else:
         g = f.g if f.g.dim() == 4 else f.g[..., None].expand(b, t, h, dk)
-        decay = g.permute(0, 2, 3, 1)[..., 1:].exp()                # [B, H, K, T-1]: exp(g_t), t >= 1
+        decay = g.permute(0, 2, 3, 1)[..., 1:].exp()  # [B, H, K, T-1]: exp(g_t), t >= 1
     mix_b = torch.diag_embed(decay, offset=-1)
     return MixOperator(mix_a, mix_b, readout)
 
@@ -97,7 +98,7 @@ class GatedLinearMixer(Mixer):
     in ``__init__``, own an output projection ``out`` and implement ``_features``."""
 
     modes = ("chunked", "dense", "recurrent")
-    time_complexity = "O(1)"   # per token: O(H K V) work on the state, independent of n
+    time_complexity = "O(1)"  # per token: O(H K V) work on the state, independent of n
     cache_complexity = "O(1)"  # one K x V matrix per head, independent of n
     state_heads: int
     key_dim: int
@@ -146,6 +147,7 @@ class GatedLinearMixer(Mixer):
 
         def fn(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None) -> tuple[Tensor, Tensor]:
             return self._mix_chunked(LinearFeatures(q, k, v, g, scale), None)
+
         return fn, leaves
 
     # ---------------------------------------------------------------- modes
@@ -172,18 +174,18 @@ class GatedLinearMixer(Mixer):
         b, t = f.v.shape[:2]
         op = state_view_operator(f)
         h, dk, dv = self.state_heads, self.key_dim, self.value_dim
-        folded = MixOperator(op.A.flatten(1, 2), op.B.flatten(1, 2))       # [B, H*K, T, T]
+        folded = MixOperator(op.A.flatten(1, 2), op.B.flatten(1, 2))  # [B, H*K, T, T]
         values = f.v.unsqueeze(3).expand(b, t, h, dk, dv).reshape(b, t, h * dk, dv)
         offset = None
         if memory is not None:
             carried = memory
             if f.g is not None:
                 g0 = f.g[:, 0] if f.g.dim() == 4 else f.g[:, 0, :, None]
-                carried = g0.exp()[..., None] * carried                       # S_0 decayed by token 0
+                carried = g0.exp()[..., None] * carried  # S_0 decayed by token 0
             offset = torch.cat([carried.reshape(b, 1, h * dk, dv), values.new_zeros(b, t - 1, h * dk, dv)], 1)
-        z = solve_dense(folded, values, offset=offset)                        # [B, T, H*K, V]
-        z = z.reshape(b, t, h, dk, dv).permute(0, 2, 3, 1, 4)                # [B, H, K, T, V]
-        o = (op.R @ z).sum(2).transpose(1, 2)                                 # [B, T, H, V]
+        z = solve_dense(folded, values, offset=offset)  # [B, T, H*K, V]
+        z = z.reshape(b, t, h, dk, dv).permute(0, 2, 3, 1, 4)  # [B, H, K, T, V]
+        o = (op.R @ z).sum(2).transpose(1, 2)  # [B, T, H, V]
         return o, z[..., -1, :]
 
     def forward_recurrent(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
@@ -200,8 +202,9 @@ class GatedLinearMixer(Mixer):
         return self._output(torch.stack(outs, 1), f), state
 
     # ---------------------------------------------------------------- surface
-    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32) -> MatrixState:
+    def empty_state(
+        self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> MatrixState:
         memory = torch.zeros(batch_size, self.state_heads, self.key_dim, self.value_dim, device=device, dtype=dtype)
         return MatrixState(self.owner, batch_size, 0, memory)
 

@@ -26,24 +26,25 @@ Modes (the family's, gla_family.py): ``chunked`` (ops/chunked_gla.py, per-key-ch
 training default), ``dense`` (state view through the reference solver), ``recurrent`` (token by
 token). Decode state: S, H·K·V scalars per batch element, whatever n.
 """
+
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
 
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+from tokenmix.mixers.registry import register_mixer
 
 
 @dataclass(frozen=True)
 class HGRN2Config(MixerConfig):
-    chunk_size: int = 64              # C of the chunked form
-    forget_lower_bound: float = 0.0   # gamma: f_t = gamma + (1 - gamma) sigmoid(.), in [0, 1)
+    chunk_size: int = 64  # C of the chunked form
+    forget_lower_bound: float = 0.0  # gamma: f_t = gamma + (1 - gamma) sigmoid(.), in [0, 1)
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -65,9 +66,13 @@ def hgrn2_gates(f_logits: Tensor, lower_bound: float) -> tuple[Tensor, Tensor]:
     return (1.0 - lower_bound) * k, (lower_bound + (1.0 - lower_bound) * F.sigmoid(f_logits)).log()
 
 
-@register_mixer("hgrn2", HGRN2Config, family="gated linear recurrence",
-                ab_form="B = 0 token view: A = scale sum_c q_c (1 - f_c) prod f_c / first-order state view: "
-                        "A_c = diag(1 - f_c), B_c = f_c shift (HGRN-1 per key channel), R_c = diag(q_c)·scale")
+@register_mixer(
+    "hgrn2",
+    HGRN2Config,
+    family="gated linear recurrence",
+    ab_form="B = 0 token view: A = scale sum_c q_c (1 - f_c) prod f_c / first-order state view: "
+    "A_c = diag(1 - f_c), B_c = f_c shift (HGRN-1 per key channel), R_c = diag(q_c)·scale",
+)
 class HGRN2(GatedLinearMixer):
     config_cls = HGRN2Config
     reassociates = True  # the chunked form factors the forget-gate products as exp(G_i - G_j)
@@ -76,7 +81,7 @@ class HGRN2(GatedLinearMixer):
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
         self.state_heads, self.key_dim, self.value_dim, self.has_decay = h, k, k, True
-        self.qfi = Linear(d_model, 3 * h * k, bias=False)   # W_q, W_f, W_i
+        self.qfi = Linear(d_model, 3 * h * k, bias=False)  # W_q, W_f, W_i
         self.out = Linear(h * k, d_model, bias=False)
 
     def _features(self, x: Tensor) -> LinearFeatures:

@@ -25,6 +25,7 @@ as the padding leads, a padding state reads only earlier padding states, so ever
 exactly z = 0: a real token reads the very same zeros as a solo run, and the cached lags hold what
 a solo run's zero padding holds.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -34,8 +35,8 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.pattern_solve import chunked_pattern_solve
 from tokenmix.patterns import get_pattern
 
@@ -45,7 +46,7 @@ _L1_EPS = 1e-6  # keeps the L1 normalisation finite when every tanh gate is 0
 
 @dataclass(frozen=True)
 class HLRUConfig(MixerConfig):
-    order: int = 2                 # m, the number of past states each state reads
+    order: int = 2  # m, the number of past states each state reads
     normalization: str = "softmax"  # softmax | l1 (tanh then L1) over the m + 1 gates
     # C of the chunked pattern solve. Small because every channel is its own head with one value:
     # the solve's [C, 2C] band and C x C chunk inverse per channel cost O(T C) each against O(T m)
@@ -154,8 +155,9 @@ class HigherOrderLRU(Mixer):
         # states are exactly the P positions before t0, so the shift is uniform)
         table = self.pattern.neighbor_table(t0, t0 + t).to(x.device)  # [T, W], W = min(m, t0 + T - 1)
         idx = torch.where(table >= 0, table - t0 + p, table)
-        z = chunked_pattern_solve(alpha, beta[..., : table.shape[1]], idx, v[..., None],
-                                  state.outputs[..., None], self.config.chunk_size)
+        z = chunked_pattern_solve(
+            alpha, beta[..., : table.shape[1]], idx, v[..., None], state.outputs[..., None], self.config.chunk_size
+        )
         return self._finish(state, z[..., 0])
 
     def forward_dense(self, x: Tensor, state: LagState | None) -> tuple[Tensor, LagState]:
@@ -188,14 +190,16 @@ class HigherOrderLRU(Mixer):
             outs.append(self.out(feats.flatten(1)))
             keep = min(state.position + 1, m)
             window = torch.cat([lags, z_t[:, None]], 1)
-            state = LagState(state.owner, state.batch_size, state.position + 1,
-                             window[:, window.shape[1] - keep :]).carry_over(state)
+            state = LagState(
+                state.owner, state.batch_size, state.position + 1, window[:, window.shape[1] - keep :]
+            ).carry_over(state)
         return torch.stack(outs, 1), state
 
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> LagState:
-        return LagState(self.owner, batch_size, 0, torch.zeros(batch_size, 0, self.channels, device=device,
-                                                               dtype=dtype))
+        return LagState(
+            self.owner, batch_size, 0, torch.zeros(batch_size, 0, self.channels, device=device, dtype=dtype)
+        )
 
     def materialize(self, x: Tensor) -> MixOperator:
         _, beta, alpha = self._gates(x)
@@ -215,5 +219,9 @@ class HigherOrderLRU(Mixer):
         return self.channels * (self.cache_positions(n) + 1)  # m lag gates and one input gate per channel
 
 
-register_mixer("hlru", HLRUConfig, family="gated linear recurrence",
-               ab_form="A = diag(g_{t,m+1}), B = m sub-diagonals g_{t,k} (per channel)")(HigherOrderLRU)
+register_mixer(
+    "hlru",
+    HLRUConfig,
+    family="gated linear recurrence",
+    ab_form="A = diag(g_{t,m+1}), B = m sub-diagonals g_{t,k} (per channel)",
+)(HigherOrderLRU)

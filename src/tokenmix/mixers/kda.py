@@ -26,6 +26,7 @@ Modes, decode state and left padding are the family's channel-wise ones (``Chann
 mixers/delta_family.py): ``chunked`` (UT transform with per-channel decays inside chunks,
 ops/chunked_channel_delta.py), ``dense``, ``recurrent``; S [K, V] per head, whatever n.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,9 +43,13 @@ class KDAConfig(GatedDeltaNetConfig):
     chunk_size: int = 32  # C of the channel-wise chunked form (why 32: docs/notes/design-measurements.md)
 
 
-@register_mixer("kda", KDAConfig, family="delta rule",
-                ab_form="A = diag(beta), B[t,j] = -beta_t sum_d k_td k_jd exp(G_td-G_jd), "
-                        "R[t,j] = scale sum_d q_td k_jd exp(G_td-G_jd)")
+@register_mixer(
+    "kda",
+    KDAConfig,
+    family="delta rule",
+    ab_form="A = diag(beta), B[t,j] = -beta_t sum_d k_td k_jd exp(G_td-G_jd), "
+    "R[t,j] = scale sum_d q_td k_jd exp(G_td-G_jd)",
+)
 class KDA(ChannelDelta):
     config_cls = KDAConfig
 

@@ -13,17 +13,18 @@ Per head, with phi the feature map applied to queries and keys (identity by defa
 It is the gated linear attention recurrence with g = 0, computed by ops/chunked_gla.py (chunked),
 the state view and core.operator.solve_dense (dense), and ops/recurrent_gla.py (recurrent).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+from tokenmix.mixers.registry import register_mixer
 
 FEATURE_MAPS = {
     "identity": lambda x: x,
@@ -34,8 +35,8 @@ FEATURE_MAPS = {
 
 @dataclass(frozen=True)
 class LinearAttentionConfig(MixerConfig):
-    chunk_size: int = 64            # C of the chunked form
-    feature_map: str = "identity"   # phi on q and k: identity | elu_plus_one | relu
+    chunk_size: int = 64  # C of the chunked form
+    feature_map: str = "identity"  # phi on q and k: identity | elu_plus_one | relu
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -45,9 +46,13 @@ class LinearAttentionConfig(MixerConfig):
             raise InputError(f"feature_map must be one of {sorted(FEATURE_MAPS)}, got '{self.feature_map}'")
 
 
-@register_mixer("linear_attention", LinearAttentionConfig, family="linear attention",
-                ab_form="B = 0 token view: A = (Q Kᵀ ⊙ L)·scale / first-order state view: A_c = diag(k_c), "
-                        "B_c = shift, R_c = diag(q_c)·scale")
+@register_mixer(
+    "linear_attention",
+    LinearAttentionConfig,
+    family="linear attention",
+    ab_form="B = 0 token view: A = (Q Kᵀ ⊙ L)·scale / first-order state view: A_c = diag(k_c), "
+    "B_c = shift, R_c = diag(q_c)·scale",
+)
 class LinearAttention(GatedLinearMixer):
     config_cls = LinearAttentionConfig
 
@@ -63,4 +68,4 @@ class LinearAttention(GatedLinearMixer):
         """q, k, v [B, T, H, K]; no decay."""
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
-        return LinearFeatures(self.feature_map(q), self.feature_map(k), v, None, self.head_dim ** -0.5)
+        return LinearFeatures(self.feature_map(q), self.feature_map(k), v, None, self.head_dim**-0.5)

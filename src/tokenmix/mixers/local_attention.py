@@ -15,6 +15,7 @@ memory O(T w), never O(T^2)), ``dense`` (reference solver on the materialised ba
 Left padding (mixers/base.py), masked as in full attention (mixers/attention.py): padding keys are
 masked out of the band until they leave the window; a padding query reads only its own key.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -24,9 +25,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.attention import KVCache, SoftmaxAttention, allowed_keys, fused_attention
 from tokenmix.mixers.base import MixerConfig
+from tokenmix.mixers.registry import register_mixer
 
 
 @dataclass(frozen=True)
@@ -39,8 +40,7 @@ class LocalAttentionConfig(MixerConfig):
             raise InputError(f"window must be > 0, got {self.window}")
 
 
-def banded_attention(q: Tensor, kbuf: Tensor, vbuf: Tensor, window: int, key_start: Tensor | None = None
-                     ) -> Tensor:
+def banded_attention(q: Tensor, kbuf: Tensor, vbuf: Tensor, window: int, key_start: Tensor | None = None) -> Tensor:
     """Sliding-window attention of the segment queries, by blocks of w queries.
 
     Args:
@@ -110,5 +110,6 @@ class LocalAttention(SoftmaxAttention):
         return self._finish(grown, banded_attention(q, grown.keys, grown.values, self.window, key_start))
 
 
-register_mixer("local_attention", LocalAttentionConfig, family="attention",
-               ab_form="A = banded causal softmax (window w), B = 0")(LocalAttention)
+register_mixer(
+    "local_attention", LocalAttentionConfig, family="attention", ab_form="A = banded causal softmax (window w), B = 0"
+)(LocalAttention)

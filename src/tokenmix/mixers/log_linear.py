@@ -26,6 +26,7 @@ core.operator.solve_dense), ``recurrent`` (token by token on the Fenwick states)
 Left padding (mixers/base.py) by row groups: the level map l(t, s) is not translation invariant, so
 each row needs its own clock; rows with equal padding run together, unpadded, on their own states.
 """
+
 from __future__ import annotations
 
 import math
@@ -37,17 +38,23 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
-from tokenmix.ops.chunked_log_linear import (chunked_log_linear_attention, final_levels, initial_levels_readout,
-                                             log_linear_operator, log_linear_step, n_levels)
+from tokenmix.mixers.registry import register_mixer
+from tokenmix.ops.chunked_log_linear import (
+    chunked_log_linear_attention,
+    final_levels,
+    initial_levels_readout,
+    log_linear_operator,
+    log_linear_step,
+    n_levels,
+)
 
 
 @dataclass(frozen=True)
 class LogLinearConfig(MixerConfig):
-    chunk_size: int = 64   # C of the level-wise chunked form, a power of two
-    max_levels: int = 24   # lambda levels; sequences up to 2^(max_levels - 1) tokens
-    dt_min: float = 1e-3   # initial softplus(dt_bias) range (Mamba-2 init)
+    chunk_size: int = 64  # C of the level-wise chunked form, a power of two
+    max_levels: int = 24  # lambda levels; sequences up to 2^(max_levels - 1) tokens
+    dt_min: float = 1e-3  # initial softplus(dt_bias) range (Mamba-2 init)
     dt_max: float = 1e-1
 
     def __post_init__(self) -> None:
@@ -77,21 +84,26 @@ class FenwickState(MixerState):
         return state.position, state.levels
 
     @classmethod
-    def after(cls, state: "FenwickState | None", owner: str, levels: Tensor, position: int, batch: int
-              ) -> "FenwickState":
+    def after(
+        cls, state: "FenwickState | None", owner: str, levels: Tensor, position: int, batch: int
+    ) -> "FenwickState":
         """The state holding ``levels`` at ``position``, carrying ``state``'s bookkeeping over."""
         new = cls(owner, batch, position, levels)
         return new.carry_over(state) if state is not None else new
 
 
-@register_mixer("log_linear", LogLinearConfig, family="log-linear attention",
-                ab_form="A = (Q Kᵀ ⊙ M^S ⊙ M^H)·scale (Fenwick level scales), B = 0")
+@register_mixer(
+    "log_linear",
+    LogLinearConfig,
+    family="log-linear attention",
+    ab_form="A = (Q Kᵀ ⊙ M^S ⊙ M^H)·scale (Fenwick level scales), B = 0",
+)
 class LogLinearAttention(Mixer):
     config_cls = LogLinearConfig
     modes = ("chunked", "dense", "recurrent")
-    time_complexity = "O(log n)"   # per token: one K x V read per Fenwick level
+    time_complexity = "O(log n)"  # per token: one K x V read per Fenwick level
     cache_complexity = "O(log n)"  # bit_length(n) bucket states
-    pads_by_row_groups = True      # the Fenwick levels follow each row's own clock t - start
+    pads_by_row_groups = True  # the Fenwick levels follow each row's own clock t - start
 
     def __init__(self, config: LogLinearConfig, d_model: int) -> None:
         super().__init__(config, d_model)
@@ -104,7 +116,7 @@ class LogLinearAttention(Mixer):
         self.level_proj = Linear(d_model, h * config.max_levels)
         nn.init.constant_(self.level_proj.bias, math.log(math.e - 1))  # softplus(b) = 1: start as Mamba-2
         self.out = Linear(h * k, d_model, bias=False)
-        self.scale = k ** -0.5
+        self.scale = k**-0.5
 
     # ---------------------------------------------------------------- shared pieces
     def _project(self, x: Tensor, start: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -112,8 +124,10 @@ class LogLinearAttention(Mixer):
         b, t, _ = x.shape
         need = n_levels(start + t)
         if need > self.config.max_levels:
-            raise InputError(f"position {start + t - 1} needs {need} Fenwick levels but max_levels="
-                             f"{self.config.max_levels}; raise max_levels")
+            raise InputError(
+                f"position {start + t - 1} needs {need} Fenwick levels but max_levels="
+                f"{self.config.max_levels}; raise max_levels"
+            )
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
         g = -self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)
         lam = F.softplus(self.level_proj(x)).view(b, t, self.n_heads, self.config.max_levels)
@@ -143,15 +157,17 @@ class LogLinearAttention(Mixer):
         outs = []
         for i in range(t):
             state.observe()
-            o_t, levels = log_linear_step(state.levels, state.position, q[:, i], k[:, i], v[:, i], g[:, i],
-                                          lam[:, i], self.scale)
+            o_t, levels = log_linear_step(
+                state.levels, state.position, q[:, i], k[:, i], v[:, i], g[:, i], lam[:, i], self.scale
+            )
             outs.append(o_t)
             state = FenwickState.after(state, self.owner, levels, state.position + 1, b)
         return self.out(torch.stack(outs, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32) -> FenwickState:
+    def empty_state(
+        self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> FenwickState:
         levels = torch.zeros(batch_size, self.n_heads, 0, self.head_dim, self.head_dim, device=device, dtype=dtype)
         return FenwickState(self.owner, batch_size, 0, levels)
 

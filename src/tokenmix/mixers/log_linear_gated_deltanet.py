@@ -34,6 +34,7 @@ the modes and the state are this file's.
 No fla reference: checks/log_linear_attention.py checks it against the explicit formula above
 (products of the transition matrices, lambda-weighted by tokenmix.patterns.fenwick_level).
 """
+
 from __future__ import annotations
 
 import math
@@ -51,8 +52,13 @@ from tokenmix.mixers.gated_deltanet import GatedDeltaNetConfig
 from tokenmix.mixers.log_linear import FenwickState
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.chunked_log_linear import n_levels
-from tokenmix.ops.chunked_log_linear_delta import (chunked_log_linear_delta, final_levels, initial_levels_readout,
-                                                   log_linear_delta_operator, log_linear_delta_step)
+from tokenmix.ops.chunked_log_linear_delta import (
+    chunked_log_linear_delta,
+    final_levels,
+    initial_levels_readout,
+    log_linear_delta_operator,
+    log_linear_delta_step,
+)
 
 
 @dataclass(frozen=True)
@@ -67,17 +73,21 @@ class LogLinearGatedDeltaNetConfig(GatedDeltaNetConfig):
             raise InputError(f"max_levels must be > 0, got {self.max_levels}")
 
 
-@register_mixer("log_linear_gated_deltanet", LogLinearGatedDeltaNetConfig, family="log-linear attention",
-                ab_form="G = Fenwick levels: A_l = diag(beta ⊙ [bit l-1 of s = 0]), B_l = B_gdn ⊙ blocks_l, "
-                        "R_l = diag(lambda^(l) ⊙ [bit l-1 of t = 1]) (R_gdn ⊙ blocks_l)")
+@register_mixer(
+    "log_linear_gated_deltanet",
+    LogLinearGatedDeltaNetConfig,
+    family="log-linear attention",
+    ab_form="G = Fenwick levels: A_l = diag(beta ⊙ [bit l-1 of s = 0]), B_l = B_gdn ⊙ blocks_l, "
+    "R_l = diag(lambda^(l) ⊙ [bit l-1 of t = 1]) (R_gdn ⊙ blocks_l)",
+)
 class LogLinearGatedDeltaNet(DeltaRuleMixer):
     """gated_deltanet's projections with per-level scales; Fenwick states instead of one matrix."""
 
     config_cls = LogLinearGatedDeltaNetConfig
     decay_gate = "head"
-    time_complexity = "O(log n)"   # per token: the delta update and a read on each Fenwick level
+    time_complexity = "O(log n)"  # per token: the delta update and a read on each Fenwick level
     cache_complexity = "O(log n)"  # bit_length(n) bucket states [K, V]
-    pads_by_row_groups = True      # the Fenwick levels follow each row's own clock t - start
+    pads_by_row_groups = True  # the Fenwick levels follow each row's own clock t - start
 
     def __init__(self, config: LogLinearGatedDeltaNetConfig, d_model: int) -> None:
         super().__init__(config, d_model)
@@ -90,8 +100,10 @@ class LogLinearGatedDeltaNet(DeltaRuleMixer):
         b, t, _ = x.shape
         need = n_levels(start + t)
         if need > self.config.max_levels:
-            raise InputError(f"position {start + t - 1} needs {need} Fenwick levels but max_levels="
-                             f"{self.config.max_levels}; raise max_levels")
+            raise InputError(
+                f"position {start + t - 1} needs {need} Fenwick levels but max_levels="
+                f"{self.config.max_levels}; raise max_levels"
+            )
         q, k, v, beta, g = self._project(x)
         lam = F.softplus(self.level_proj(x)).view(b, t, self.n_heads, self.config.max_levels)
         return q, k, v, beta, g, lam
@@ -120,15 +132,17 @@ class LogLinearGatedDeltaNet(DeltaRuleMixer):
         outs = []
         for i in range(t):
             state.observe()
-            o_t, levels = log_linear_delta_step(state.levels, state.position, q[:, i], k[:, i], v[:, i], beta[:, i],
-                                                g[:, i], lam[:, i], self.scale)
+            o_t, levels = log_linear_delta_step(
+                state.levels, state.position, q[:, i], k[:, i], v[:, i], beta[:, i], g[:, i], lam[:, i], self.scale
+            )
             outs.append(o_t)
             state = FenwickState.after(state, self.owner, levels, state.position + 1, b)
         return self.out(torch.stack(outs, 1).flatten(2)), state
 
     # ---------------------------------------------------------------- surface
-    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32) -> FenwickState:
+    def empty_state(
+        self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> FenwickState:
         levels = torch.zeros(batch_size, self.n_heads, 0, self.head_dim, self.head_dim, device=device, dtype=dtype)
         return FenwickState(self.owner, batch_size, 0, levels)
 

@@ -29,6 +29,7 @@ follows each row's own clock), as log_linear.
 fla reference: ``naive_log_linear_attn(q=C, k=B, v=x·dt, g, level_scales=lambda, scale=1.0)`` with
 one key group (checks/log_linear_attention.py).
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,8 @@ from tokenmix.ops.chunked_log_linear import n_levels
 
 @dataclass(frozen=True)
 class LogLinearMamba2Config(LogLinearConfig):
-    state_dim: int = 64   # N, Mamba-2's state expansion (d_state), as mamba2's default
-    d_skip: bool = True   # add D_h x_t to the output
+    state_dim: int = 64  # N, Mamba-2's state expansion (d_state), as mamba2's default
+    d_skip: bool = True  # add D_h x_t to the output
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -57,9 +58,12 @@ class LogLinearMamba2Config(LogLinearConfig):
             raise InputError(f"state_dim must be > 0, got {self.state_dim}")
 
 
-@register_mixer("log_linear_mamba2", LogLinearMamba2Config, family="log-linear attention",
-                ab_form="B = 0 token view: A = C Bᵀ ⊙ exp(G_t - G_s) ⊙ lambda_t^(l(t,s)) (Fenwick level scales "
-                        "on Mamba-2's mask)")
+@register_mixer(
+    "log_linear_mamba2",
+    LogLinearMamba2Config,
+    family="log-linear attention",
+    ab_form="B = 0 token view: A = C Bᵀ ⊙ exp(G_t - G_s) ⊙ lambda_t^(l(t,s)) (Fenwick level scales on Mamba-2's mask)",
+)
 class LogLinearMamba2(LogLinearAttention):
     """log_linear's modes and Fenwick state on Mamba-2's projections (q = C, k = B, v = x·dt)."""
 
@@ -90,8 +94,10 @@ class LogLinearMamba2(LogLinearAttention):
         b, t, _ = x.shape
         need = n_levels(start + t)
         if need > self.config.max_levels:
-            raise InputError(f"position {start + t - 1} needs {need} Fenwick levels but max_levels="
-                             f"{self.config.max_levels}; raise max_levels")
+            raise InputError(
+                f"position {start + t - 1} needs {need} Fenwick levels but max_levels="
+                f"{self.config.max_levels}; raise max_levels"
+            )
         h, n = self.n_heads, self.config.state_dim
         xs, bs, cs, dt = self._split(x)
         q, k = cs[:, :, None, :].expand(b, t, h, n), bs[:, :, None, :].expand(b, t, h, n)
@@ -121,8 +127,9 @@ class LogLinearMamba2(LogLinearAttention):
         return self._skip(x, y), state
 
     # ---------------------------------------------------------------- surface
-    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32) -> FenwickState:
+    def empty_state(
+        self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> FenwickState:
         levels = torch.zeros(batch_size, self.n_heads, 0, self.key_dim, self.head_dim, device=device, dtype=dtype)
         return FenwickState(self.owner, batch_size, 0, levels)
 

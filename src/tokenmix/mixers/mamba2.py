@@ -19,6 +19,7 @@ Chunked form: ops/chunked_ssd.py, the SSD kernel with B_t, C_t shared by the hea
 score matrix C Bᵀ per chunk for all heads, with the per-head decays factored out as row scalings
 (it hands chunks whose decay span would over/underflow to ops/chunked_gla.py's exact safe form).
 """
+
 from __future__ import annotations
 
 import math
@@ -29,9 +30,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.registry import register_mixer
-from tokenmix.mixers.base import kept_derived, Linear, MixerConfig
+from tokenmix.mixers.base import Linear, MixerConfig, kept_derived
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.chunked_ssd import chunked_ssd
 
 
@@ -39,10 +40,10 @@ from tokenmix.ops.chunked_ssd import chunked_ssd
 class SelectiveSSMConfig(MixerConfig):
     """Fields shared by the selective SSMs (mamba2, diag_ssm)."""
 
-    state_dim: int = 16    # N, the state expansion (d_state)
-    chunk_size: int = 64   # C of the chunked form
-    d_skip: bool = True    # add D_h x_t to the output
-    dt_min: float = 1e-3   # initial softplus(dt_bias) range (log-uniform, as in Mamba-2)
+    state_dim: int = 16  # N, the state expansion (d_state)
+    chunk_size: int = 64  # C of the chunked form
+    d_skip: bool = True  # add D_h x_t to the output
+    dt_min: float = 1e-3  # initial softplus(dt_bias) range (log-uniform, as in Mamba-2)
     dt_max: float = 1e-1
 
     def __post_init__(self) -> None:
@@ -75,9 +76,13 @@ def inverse_softplus_dt(n: int, dt_min: float, dt_max: float) -> Tensor:
     return dt + torch.log(-torch.expm1(-dt))
 
 
-@register_mixer("mamba2", Mamba2Config, family="state space model",
-                ab_form="B = 0 token view: A = C Bᵀ ⊙ exp(G_t - G_j) / first-order state view: "
-                        "A_n = diag(B_n), B_n = a_t shift (shared), R_n = diag(C_n)")
+@register_mixer(
+    "mamba2",
+    Mamba2Config,
+    family="state space model",
+    ab_form="B = 0 token view: A = C Bᵀ ⊙ exp(G_t - G_j) / first-order state view: "
+    "A_n = diag(B_n), B_n = a_t shift (shared), R_n = diag(C_n)",
+)
 class Mamba2(GatedLinearMixer):
     config_cls = Mamba2Config
     reassociates = True  # the chunked form factors prod a_s as exp(G_i - G_j)
@@ -118,9 +123,9 @@ class Mamba2(GatedLinearMixer):
         h, p, n = self.n_heads, self.head_dim, self.config.state_dim
         xs, bs, cs, dt = self.in_proj(x).split([h * p, n, n, h], dim=-1)
         xs = xs.view(b, t, h, p)
-        dt = F.softplus(dt + self.dt_bias)                 # [B, T, H]
-        decay = torch.mul(dt, self._minus_a()).exp_()      # a_t = exp(-dt_t exp(A_log)) [B, T, H]
-        v = xs * dt.unsqueeze(-1)                          # x·dt [B, T, H, P]
+        dt = F.softplus(dt + self.dt_bias)  # [B, T, H]
+        decay = torch.mul(dt, self._minus_a()).exp_()  # a_t = exp(-dt_t exp(A_log)) [B, T, H]
+        v = xs * dt.unsqueeze(-1)  # x·dt [B, T, H, P]
         # per token, shaped to broadcast against S [B, H, N, P]: a_t [B, H, 1, 1], B_t and C_t
         # [B, 1, N, 1], v_t [B, H, 1, P]; unbound once (as recurrent_gla: indexing token i would make
         # autograd scatter each token's gradient into a full-size zero tensor), a view for one token
@@ -133,11 +138,11 @@ class Mamba2(GatedLinearMixer):
         for a_t, b_t, c_t, v_t in tokens:
             state.observe()
             memory = torch.addcmul(state.memory * a_t, b_t, v_t)  # S_t = a_t S_{t-1} + B_t (dt_t x_t)ᵀ
-            outs.append((memory * c_t).sum(2))             # o_t = S_tᵀ C_t [B, H, P]
+            outs.append((memory * c_t).sum(2))  # o_t = S_tᵀ C_t [B, H, P]
             state = MatrixState(state.owner, b, state.position + 1, memory).carry_over(state)
         o = outs[0].unsqueeze(1) if t == 1 else torch.stack(outs, 1)  # [B, T, H, P]
         if self.D is not None:
-            o = torch.addcmul(o, self.D.view(h, 1), xs)    # + D_h x_t
+            o = torch.addcmul(o, self.D.view(h, 1), xs)  # + D_h x_t
         return self.out(o.flatten(2)), state
 
     def _minus_a(self) -> Tensor:
@@ -155,8 +160,8 @@ class Mamba2(GatedLinearMixer):
         h, p, n = self.n_heads, self.head_dim, self.config.state_dim
         xs, bs, cs, dt = self.in_proj(x).split([h * p, n, n, h], dim=-1)
         xs = xs.view(b, t, h, p)
-        dt = F.softplus(dt + self.dt_bias)                 # [B, T, H] > 0
-        g = -dt * self.A_log.exp()                         # log a_t <= 0
+        dt = F.softplus(dt + self.dt_bias)  # [B, T, H] > 0
+        g = -dt * self.A_log.exp()  # log a_t <= 0
         q, k = cs[:, :, None, :].expand(b, t, h, n), bs[:, :, None, :].expand(b, t, h, n)
         skip = None if self.D is None else self.D[:, None] * xs
         return LinearFeatures(q, k, xs * dt[..., None], g, 1.0, skip)

@@ -37,6 +37,7 @@ solver), ``recurrent`` (token by token: H and S updated, one solve). Decode stat
 Left padding (mixers/base.py), masked: padding tokens get beta = 0 and g = 0 -- no write to H or S
 and an identity transition -- so both states meet the first real token exactly as a solo run does.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,9 +48,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.chunked_gla import chunked_gla
 from tokenmix.ops.chunked_mesa import dense_key_covariance, key_covariance_step, mesa_queries, mesa_solve_reference
 from tokenmix.ops.recurrent_gla import gla_step
@@ -57,10 +58,10 @@ from tokenmix.ops.recurrent_gla import gla_step
 
 @dataclass(frozen=True)
 class MesaNetConfig(MixerConfig):
-    chunk_size: int = 64              # C of the chunked forms
+    chunk_size: int = 64  # C of the chunked forms
     lambda_lower_bound: float = 0.25  # lambda = softplus(lambda_param) + bound > 0 (keeps the solve well posed)
-    lambda_init: float = 1.0          # initial lambda (every channel)
-    decay_bias_init: float = 3.0      # b_a at initialisation: exp(g) = sigmoid(3) ~ 0.95
+    lambda_init: float = 1.0  # initial lambda (every channel)
+    decay_bias_init: float = 3.0  # b_a at initialisation: exp(g) = sigmoid(3) ~ 0.95
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -69,8 +70,9 @@ class MesaNetConfig(MixerConfig):
         if not self.lambda_lower_bound > 0:
             raise InputError(f"lambda_lower_bound must be > 0, got {self.lambda_lower_bound}")
         if not self.lambda_init > self.lambda_lower_bound:
-            raise InputError(f"lambda_init must be > lambda_lower_bound, got {self.lambda_init} <= "
-                             f"{self.lambda_lower_bound}")
+            raise InputError(
+                f"lambda_init must be > lambda_lower_bound, got {self.lambda_init} <= {self.lambda_lower_bound}"
+            )
 
 
 class MesaState(MatrixState):
@@ -87,9 +89,13 @@ class MesaState(MatrixState):
         return math.prod(self.memory.shape[1:]) + math.prod(self.covariance.shape[1:])
 
 
-@register_mixer("mesa_net", MesaNetConfig, family="linear attention",
-                ab_form="B = 0 token view: A = exp(G_t - G_j) beta_j (q*_t·k_j), q*_t = (H_t + Lambda)^-1 q_t / "
-                        "state view: A_c = diag(beta k_c), B_c = exp(g) shift, R_c = diag(q*_c)")
+@register_mixer(
+    "mesa_net",
+    MesaNetConfig,
+    family="linear attention",
+    ab_form="B = 0 token view: A = exp(G_t - G_j) beta_j (q*_t·k_j), q*_t = (H_t + Lambda)^-1 q_t / "
+    "state view: A_c = diag(beta k_c), B_c = exp(g) shift, R_c = diag(q*_c)",
+)
 class MesaNet(GatedLinearMixer):
     config_cls = MesaNetConfig
     reassociates = True  # the chunked forms factor the decay products as exp(G_i - G_j)
@@ -112,8 +118,7 @@ class MesaNet(GatedLinearMixer):
         """lambda [H, K] > 0."""
         return F.softplus(self.lambda_param) + self.config.lambda_lower_bound
 
-    def projections(self, x: Tensor, state: MatrixState | None = None
-                    ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    def projections(self, x: Tensor, state: MatrixState | None = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """q, k (L2-normalised) [B, T, H, K], v [B, T, H, V], beta, g [B, T, H]; padding tokens inert."""
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
@@ -170,8 +175,8 @@ class MesaNet(GatedLinearMixer):
         outs = []
         for q_t, k_t, v_t, b_t, g_t in zip(q.unbind(1), k.unbind(1), v.unbind(1), beta.unbind(1), g.unbind(1)):
             state.observe()
-            cov = key_covariance_step(state.covariance, k_t, b_t, g_t)              # H_t
-            q_star = mesa_solve_reference(cov, lam, q_t)                            # (H_t + Lambda)^-1 q_t
+            cov = key_covariance_step(state.covariance, k_t, b_t, g_t)  # H_t
+            q_star = mesa_solve_reference(cov, lam, q_t)  # (H_t + Lambda)^-1 q_t
             o_t, s = gla_step(state.memory, q_star, k_t * b_t[..., None], v_t, g_t, 1.0)
             outs.append(o_t)
             state = self._next_mesa(state, s, cov, 1, b)
@@ -185,14 +190,21 @@ class MesaNet(GatedLinearMixer):
         def fn(q, k, v, beta, g):
             q_star, _ = mesa_queries(q, k, beta, g, None, lam, chunk)
             return chunked_gla(q_star, k * beta[..., None], v, g, 1.0, None, chunk)
+
         return fn, (q, k, v, beta, g)
 
     # ---------------------------------------------------------------- surface
-    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32) -> MesaState:
+    def empty_state(
+        self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> MesaState:
         h, dk, dv = self.state_heads, self.key_dim, self.value_dim
-        return MesaState(self.owner, batch_size, 0, torch.zeros(batch_size, h, dk, dv, device=device, dtype=dtype),
-                         torch.zeros(batch_size, h, dk, dk, device=device, dtype=dtype))
+        return MesaState(
+            self.owner,
+            batch_size,
+            0,
+            torch.zeros(batch_size, h, dk, dv, device=device, dtype=dtype),
+            torch.zeros(batch_size, h, dk, dk, device=device, dtype=dtype),
+        )
 
     def state_size(self, n: int) -> int:
         h, dk, dv = self.state_heads, self.key_dim, self.value_dim
@@ -203,4 +215,4 @@ class MesaNet(GatedLinearMixer):
         # (K³/3 for the factorisation, K² for the two triangular solves), and the GLA part on S
         # (decay KV/2, write KV, read KV)
         dk, dv = self.key_dim, self.value_dim
-        return self.state_heads * (dk ** 3 // 3 + dk * dk + (3 * dk * dk) // 2 + 2 * dk * dv + (dk * dv) // 2)
+        return self.state_heads * (dk**3 // 3 + dk * dk + (3 * dk * dk) // 2 + 2 * dk * dv + (dk * dv) // 2)

@@ -43,6 +43,7 @@ Left padding (mixers/base.py), masked as in attention: padding keys are masked o
 a padding query reads only its own key; padding tokens are inert (beta = 0: H = I, log f = 0), so
 no real logit sees a padding transform (no real pair spans one anyway).
 """
+
 from __future__ import annotations
 
 import math
@@ -63,7 +64,7 @@ from tokenmix.ops.query_blocks import by_query_blocks
 
 @dataclass(frozen=True)
 class PathAttentionConfig(MixerConfig):
-    chunk_size: int = 64           # C, tokens per block of the chunked mode
+    chunk_size: int = 64  # C, tokens per block of the chunked mode
     allow_neg_eigval: bool = True  # beta in (0, 2) (the paper's choice) instead of (0, 1)
     use_forget_gate: bool = False  # PaTH-FoX: add FoX's G_i - G_j to the logits
 
@@ -83,8 +84,9 @@ class PathCache(MixerState):
         position: tokens seen.
     """
 
-    def __init__(self, owner: str, batch_size: int, position: int, keys: Tensor, values: Tensor,
-                 gates: Tensor | None) -> None:
+    def __init__(
+        self, owner: str, batch_size: int, position: int, keys: Tensor, values: Tensor, gates: Tensor | None
+    ) -> None:
         self.owner, self.batch_size, self.position = owner, batch_size, position
         self.keys, self.values, self.gates = keys, values, gates
 
@@ -117,13 +119,12 @@ class PathAttention(RowAttention):
         h, k = self.n_heads, self.head_dim
         self.qkv = Linear(d_model, 3 * h * k, bias=False)
         self.w_proj = Linear(d_model, h * k, bias=False)  # w_t = normalize(w_proj(x_t)) per head
-        self.beta_proj = Linear(d_model, h, bias=True)    # beta_t = (2) sigmoid(beta_proj(x_t))
+        self.beta_proj = Linear(d_model, h, bias=True)  # beta_t = (2) sigmoid(beta_proj(x_t))
         self.fgate = Linear(d_model, h, bias=True) if config.use_forget_gate else None
         self.out = Linear(h * k, d_model, bias=False)
 
     # ---------------------------------------------------------------- shared pieces
-    def transforms(self, x: Tensor, state: MixerState | None = None
-                   ) -> tuple[Tensor, Tensor, Tensor | None]:
+    def transforms(self, x: Tensor, state: MixerState | None = None) -> tuple[Tensor, Tensor, Tensor | None]:
         """w [B, T, H, K] (unit), beta [B, T, H] and log f [B, T, H] (None without the gate) of a
         segment; padding positions of ``state`` get beta = 0 and log f = 0 (inert)."""
         b, t, _ = x.shape
@@ -144,8 +145,9 @@ class PathAttention(RowAttention):
         gbuf = torch.cat([state.gates, logf], 1) if logf is not None else None  # [B, P + T, H]
         return state, q, k, v, w, beta, logf, gbuf
 
-    def _logits_to_probs(self, scores: Tensor, gsum: Tensor | None, p: int, i0: int, i1: int,
-                         key_start: Tensor | None) -> Tensor:
+    def _logits_to_probs(
+        self, scores: Tensor, gsum: Tensor | None, p: int, i0: int, i1: int, key_start: Tensor | None
+    ) -> Tensor:
         """Softmax rows of queries i0 .. i1 - 1 from scores [B, H, i1 - i0, P + i1] (unscaled)."""
         scores = scores / math.sqrt(self.head_dim)
         if gsum is not None:
@@ -194,8 +196,13 @@ class PathAttention(RowAttention):
         vbuf = torch.cat([state.values, v], 1)
         scores, keys = sequential_path_scores(q, k, w, beta, state.keys)
         probs = self._logits_to_probs(scores, gsum, p, 0, t, key_start)
-        return Segment(p, t, lambda i0, i1: probs[:, :, i0:i1, : p + i1], vbuf,
-                       lambda: state.after(keys, vbuf, gbuf, state.position + t))
+        return Segment(
+            p,
+            t,
+            lambda i0, i1: probs[:, :, i0:i1, : p + i1],
+            vbuf,
+            lambda: state.after(keys, vbuf, gbuf, state.position + t),
+        )
 
     # ---------------------------------------------------------------- decode
     def forward_recurrent(self, x: Tensor, state: PathCache | None) -> tuple[Tensor, PathCache]:
@@ -220,8 +227,14 @@ class PathAttention(RowAttention):
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PathCache:
         h, k = self.n_heads, self.head_dim
         gates = torch.zeros(batch_size, 0, h, device=device, dtype=dtype) if self.fgate is not None else None
-        return PathCache(self.owner, batch_size, 0, torch.zeros(batch_size, 0, h, k, device=device, dtype=dtype),
-                         torch.zeros(batch_size, 0, h, k, device=device, dtype=dtype), gates)
+        return PathCache(
+            self.owner,
+            batch_size,
+            0,
+            torch.zeros(batch_size, 0, h, k, device=device, dtype=dtype),
+            torch.zeros(batch_size, 0, h, k, device=device, dtype=dtype),
+            gates,
+        )
 
     def state_size(self, n: int) -> int:
         per = 2 * self.head_dim + (1 if self.fgate is not None else 0)  # transformed key, value (, log f)
@@ -234,6 +247,9 @@ class PathAttention(RowAttention):
         return self.n_heads * (cached * 2 * self.head_dim + (cached + 1) * 2 * self.head_dim + gate)
 
 
-register_mixer("path_attention", PathAttentionConfig, family="attention",
-               ab_form="A = causal softmax(q_i^T H_i..H_{j+1} k_j / sqrt(K) [+ G_i - G_j]), "
-                       "H_t = I - beta_t w_t w_t^T; B = 0")(PathAttention)
+register_mixer(
+    "path_attention",
+    PathAttentionConfig,
+    family="attention",
+    ab_form="A = causal softmax(q_i^T H_i..H_{j+1} k_j / sqrt(K) [+ G_i - G_j]), H_t = I - beta_t w_t w_t^T; B = 0",
+)(PathAttention)

@@ -24,6 +24,7 @@ moves; when the storage is full, or an older cache is stepped again, the live en
 into fresh storage of twice their number first. The general paths read such a cache through
 ``keys`` / ``values`` gathered in position order.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -61,8 +62,9 @@ class _Storage:
     ``positions`` is read only by caches that are not ``contiguous`` (a contiguous cache's positions
     follow from its position and size; ``advanced`` does not write them)."""
 
-    def __init__(self, keys: Tensor, values: Tensor, positions: Tensor | None, end: int,
-                 kv: Tensor | None = None) -> None:
+    def __init__(
+        self, keys: Tensor, values: Tensor, positions: Tensor | None, end: int, kv: Tensor | None = None
+    ) -> None:
         self.keys, self.values, self.positions, self.end = keys, values, positions, end
         # slot-stable storage of the lattice decode: keys and values are kv[0] and kv[1] of one
         # [2, B, cap, H, K] tensor (with its numpy view, what the compiled step reads); its slots
@@ -79,8 +81,12 @@ class _Storage:
         """New storage of ``capacity`` slots whose first entries are the (keys, values, positions) parts."""
         keys, values, _ = parts[0]
         b, _, h, k = keys.shape
-        store = cls(keys.new_empty(b, capacity, h, k), values.new_empty(b, capacity, h, values.shape[-1]),
-                    torch.empty(capacity, dtype=torch.long), 0)
+        store = cls(
+            keys.new_empty(b, capacity, h, k),
+            values.new_empty(b, capacity, h, values.shape[-1]),
+            torch.empty(capacity, dtype=torch.long),
+            0,
+        )
         for part in parts:
             store.write(store.end, *part)
         return store
@@ -103,10 +109,19 @@ class PatternCache(MixerState):
         position: number of tokens seen so far.
     """
 
-    strategy: str = "general"   # one of STRATEGIES: how a decode step reads this cache
+    strategy: str = "general"  # one of STRATEGIES: how a decode step reads this cache
 
-    def __init__(self, owner: str, batch_size: int, position: int, store: _Storage, start: int, size: int,
-                 contiguous: bool = True, slotted: tuple[np.ndarray, np.ndarray, int] | None = None) -> None:
+    def __init__(
+        self,
+        owner: str,
+        batch_size: int,
+        position: int,
+        store: _Storage,
+        start: int,
+        size: int,
+        contiguous: bool = True,
+        slotted: tuple[np.ndarray, np.ndarray, int] | None = None,
+    ) -> None:
         self.owner, self.batch_size, self.position = owner, batch_size, position
         self._store, self._start, self._size = store, start, size
         # True when the held positions are exactly position - size .. position - 1 (every cache
@@ -117,13 +132,25 @@ class PatternCache(MixerState):
         self._slotted = slotted
 
     @classmethod
-    def empty(cls, owner: str, batch_size: int, heads: int, key_dim: int, value_dim: int, device, dtype,
-              strategy: str = "general") -> "PatternCache":
+    def empty(
+        cls,
+        owner: str,
+        batch_size: int,
+        heads: int,
+        key_dim: int,
+        value_dim: int,
+        device,
+        dtype,
+        strategy: str = "general",
+    ) -> "PatternCache":
         if strategy not in STRATEGIES:
             raise InputError(f"unknown decode strategy '{strategy}'; known: {', '.join(STRATEGIES)}")
-        store = _Storage(torch.zeros(batch_size, _MIN_CAPACITY, heads, key_dim, device=device, dtype=dtype),
-                         torch.zeros(batch_size, _MIN_CAPACITY, heads, value_dim, device=device, dtype=dtype),
-                         torch.zeros(_MIN_CAPACITY, dtype=torch.long), 0)
+        store = _Storage(
+            torch.zeros(batch_size, _MIN_CAPACITY, heads, key_dim, device=device, dtype=dtype),
+            torch.zeros(batch_size, _MIN_CAPACITY, heads, value_dim, device=device, dtype=dtype),
+            torch.zeros(_MIN_CAPACITY, dtype=torch.long),
+            0,
+        )
         cache = cls(owner, batch_size, 0, store, 0, 0)
         cache.strategy = strategy
         return cache
@@ -135,8 +162,10 @@ class PatternCache(MixerState):
         return self
 
     def __repr__(self) -> str:
-        return (f"PatternCache(strategy={self.strategy}, position={self.position}, cached={self._size}, "
-                f"batch={self.batch_size})")
+        return (
+            f"PatternCache(strategy={self.strategy}, position={self.position}, cached={self._size}, "
+            f"batch={self.batch_size})"
+        )
 
     @property
     def positions(self) -> Tensor:
@@ -206,8 +235,9 @@ class PatternCache(MixerState):
         store = self._store
         store.end = at + 1
         drop = self._contiguous_drop(keep_from, self._size + 1)
-        return type(self)(self.owner, self.batch_size, self.position + 1, store, self._start + drop,
-                          self._size + 1 - drop).carry_over(self)
+        return type(self)(
+            self.owner, self.batch_size, self.position + 1, store, self._start + drop, self._size + 1 - drop
+        ).carry_over(self)
 
     def lattice_storage(self) -> tuple["PatternCache", Tensor, np.ndarray | None, np.ndarray, np.ndarray, int]:
         """Where a lattice decode step may write its token: (cache, kv, kv_np, held, slots, end).
@@ -221,21 +251,35 @@ class PatternCache(MixerState):
         must have one width (one kv tensor holds both).
         """
         store = self._store
-        if self._slotted is not None and store.kv is not None and store.end == self._slotted[2] \
-                and store.end < store.capacity and not _records_grad(store):
+        if (
+            self._slotted is not None
+            and store.kv is not None
+            and store.end == self._slotted[2]
+            and store.end < store.capacity
+            and not _records_grad(store)
+        ):
             held, slots, end = self._slotted
             return self, store.kv, store.kv_np, held, slots, end
         keys, values = self.keys, self.values
         if keys.shape[-1] != values.shape[-1]:
-            raise InputError(f"slot-stable storage holds keys and values of one width, got {keys.shape[-1]} and "
-                             f"{values.shape[-1]}")
+            raise InputError(
+                f"slot-stable storage holds keys and values of one width, got {keys.shape[-1]} and {values.shape[-1]}"
+            )
         held, m = self.held_positions().copy(), self._size
         b, _, h, k = keys.shape
         kv = keys.new_empty(2, b, max(_MIN_CAPACITY, 2 * (m + 1)), h, k)
         kv[0, :, :m], kv[1, :, :m] = keys, values
         fresh = _Storage(kv[0], kv[1], None, m, kv=kv)
-        cache = type(self)(self.owner, self.batch_size, self.position, fresh, 0, m, contiguous=False,
-                           slotted=(held, np.arange(m, dtype=np.int64), m)).carry_over(self)
+        cache = type(self)(
+            self.owner,
+            self.batch_size,
+            self.position,
+            fresh,
+            0,
+            m,
+            contiguous=False,
+            slotted=(held, np.arange(m, dtype=np.int64), m),
+        ).carry_over(self)
         return cache, kv, fresh.kv_np, held, cache._slotted[1], m
 
     def lattice_appended(self, held: np.ndarray, slots: np.ndarray, new_position: int) -> "PatternCache":
@@ -244,8 +288,16 @@ class PatternCache(MixerState):
         storage ``slots``."""
         store = self._store
         store.end = self._slotted[2] + 1
-        return type(self)(self.owner, self.batch_size, new_position, store, 0, len(held), contiguous=False,
-                          slotted=(held, slots, store.end)).carry_over(self)
+        return type(self)(
+            self.owner,
+            self.batch_size,
+            new_position,
+            store,
+            0,
+            len(held),
+            contiguous=False,
+            slotted=(held, slots, store.end),
+        ).carry_over(self)
 
     def _contiguous_drop(self, keep_from: int, at_most: int) -> int:
         """Entries of a contiguous cache (positions position - size ..) before ``keep_from``, <= at_most."""
@@ -260,12 +312,20 @@ class PatternCache(MixerState):
         found = ok & (held[slot] == wanted) if self._size else torch.zeros_like(ok)
         if (ok & ~found).any():
             missing = wanted[ok & ~found][0].item()
-            raise InputError(f"cache does not hold position {missing} that the pattern reads; was the "
-                             "state produced with another pattern or sequence?")
+            raise InputError(
+                f"cache does not hold position {missing} that the pattern reads; was the "
+                "state produced with another pattern or sequence?"
+            )
         return torch.where(ok, slot, torch.full_like(slot, -1))
 
-    def extend(self, keys: Tensor, values: Tensor, new_position: int, keep_from: int | None = None,
-               keep: list[int] | None = None) -> "PatternCache":
+    def extend(
+        self,
+        keys: Tensor,
+        values: Tensor,
+        new_position: int,
+        keep_from: int | None = None,
+        keep: list[int] | None = None,
+    ) -> "PatternCache":
         """The cache after the tokens self.position .. new_position - 1 (keys [B, n, H, K], values
         [B, n, H, V]) were produced, holding the positions >= ``keep_from`` (a contiguous suffix) or
         exactly the sorted positions ``keep``."""
@@ -288,24 +348,36 @@ class PatternCache(MixerState):
             # a first segment (a training forward, a prefill): its tensors become the storage as they
             # are, no copy; the first append after it finds the storage full and doubles it
             store, start = _Storage(keys, values, new_pos, n), 0
-        elif self._slotted is None and store.end == at and at + n <= store.capacity \
-                and not _records_grad(store, keys, values):
+        elif (
+            self._slotted is None
+            and store.end == at
+            and at + n <= store.capacity
+            and not _records_grad(store, keys, values)
+        ):
             store.write(at, keys, values, new_pos)  # the latest cache on this storage: append in place
             start = self._start + drop
         else:  # full, or an older cache being extended (a branch): fresh storage, doubled
             hold = slice(min(drop, self._size), self._size)
             new = slice(max(0, drop - self._size), n)
-            store = _Storage.holding([(self.keys[:, hold], self.values[:, hold], self.positions[hold]),
-                                      (keys[:, new], values[:, new], new_pos[new])], max(_MIN_CAPACITY, 2 * size))
+            store = _Storage.holding(
+                [
+                    (self.keys[:, hold], self.values[:, hold], self.positions[hold]),
+                    (keys[:, new], values[:, new], new_pos[new]),
+                ],
+                max(_MIN_CAPACITY, 2 * size),
+            )
             start = 0
-        return type(self)(self.owner, self.batch_size, new_position, store, start, size,
-                          contiguous=self.contiguous or self._size == 0).carry_over(self)
+        return type(self)(
+            self.owner, self.batch_size, new_position, store, start, size, contiguous=self.contiguous or self._size == 0
+        ).carry_over(self)
 
-    def _select(self, keys: Tensor, values: Tensor, new_pos: Tensor, new_position: int, keep: list[int]
-                ) -> "PatternCache":
+    def _select(
+        self, keys: Tensor, values: Tensor, new_pos: Tensor, new_position: int, keep: list[int]
+    ) -> "PatternCache":
         all_pos = torch.cat([self.positions, new_pos])
         slot = torch.searchsorted(all_pos, torch.as_tensor(keep, dtype=torch.long))
         kept = (torch.cat([self.keys, keys], 1)[:, slot], torch.cat([self.values, values], 1)[:, slot], all_pos[slot])
         store = _Storage.holding([kept], max(_MIN_CAPACITY, len(keep)))
-        return type(self)(self.owner, self.batch_size, new_position, store, 0, len(keep),
-                          contiguous=False).carry_over(self)
+        return type(self)(self.owner, self.batch_size, new_position, store, 0, len(keep), contiguous=False).carry_over(
+            self
+        )

@@ -4,6 +4,7 @@ Several names may share one class with different presets (``pow2`` and ``sq1`` a
 structured mixer). Registering is all a new mixer needs to join the test matrix, ``tokenmix list``
 and ``tokenmix check``.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -13,6 +13,7 @@ RetNet's xPos rotation, group norm and output gate are left to other layers.
     first-order view:  per key channel c, A_c = diag(k_{·,c}), B_c[t, t-1] = gamma_h, R_c = diag(q_{·,c}) · scale.
 Computed as gated linear attention with the per-head log decay g = log gamma_h (ops/chunked_gla.py).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -21,9 +22,9 @@ import torch
 from torch import Tensor
 
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+from tokenmix.mixers.registry import register_mixer
 
 
 def retention_log_decay(n_heads: int, dtype: torch.dtype = torch.float64, device=None) -> Tensor:
@@ -42,9 +43,13 @@ class RetNetConfig(MixerConfig):
             raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
 
 
-@register_mixer("retnet", RetNetConfig, family="linear attention",
-                ab_form="B = 0 token view: A = (Q Kᵀ ⊙ gamma_h^(t-j))·scale / first-order state view: "
-                        "A_c = diag(k_c), B_c = gamma_h shift, R_c = diag(q_c)·scale")
+@register_mixer(
+    "retnet",
+    RetNetConfig,
+    family="linear attention",
+    ab_form="B = 0 token view: A = (Q Kᵀ ⊙ gamma_h^(t-j))·scale / first-order state view: "
+    "A_c = diag(k_c), B_c = gamma_h shift, R_c = diag(q_c)·scale",
+)
 class RetNet(GatedLinearMixer):
     config_cls = RetNetConfig
     reassociates = True  # the chunked form factors gamma^(t-j) as exp(G_t - G_j)
@@ -61,4 +66,4 @@ class RetNet(GatedLinearMixer):
         b, t, _ = x.shape
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
         g = retention_log_decay(self.n_heads, x.dtype, x.device).expand(b, t, self.n_heads)
-        return LinearFeatures(q, k, v, g, self.head_dim ** -0.5)
+        return LinearFeatures(q, k, v, g, self.head_dim**-0.5)

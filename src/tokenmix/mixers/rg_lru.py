@@ -24,6 +24,7 @@ B_t = C_t = 1 and inputs sqrt(1 - a_t²) i_t u_t -- the recurrence's own arithme
 linear in T), ``dense`` (the state view through the reference solver) and ``recurrent`` (token by
 token), both the family's. Decode state: h, D_in scalars per batch element, whatever n.
 """
+
 from __future__ import annotations
 
 import math
@@ -34,17 +35,17 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
+from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.selective_scan import selective_scan
 
 
 @dataclass(frozen=True)
 class RGLRUConfig(MixerConfig):
-    chunk_size: int = 64        # tokens per block of the selective scan
-    c: float = 8.0              # the paper's fixed exponent scale: a_t = a^(c r_t)
-    a_min: float = 0.9          # a^c is initialised uniform in [a_min, a_max]
+    chunk_size: int = 64  # tokens per block of the selective scan
+    c: float = 8.0  # the paper's fixed exponent scale: a_t = a^(c r_t)
+    a_min: float = 0.9  # a^c is initialised uniform in [a_min, a_max]
     a_max: float = 0.999
 
     def __post_init__(self) -> None:
@@ -63,8 +64,12 @@ def rg_lru_log_a_init(channels: int, c: float, a_min: float, a_max: float) -> Te
     return torch.log(a / (1.0 - a)).float()
 
 
-@register_mixer("rg_lru", RGLRUConfig, family="gated linear recurrence",
-                ab_form="A = diag(sqrt(1 - a_t²) i_t), B = a_t shift, a_t = sigmoid(Lambda)^(c r_t) (per channel)")
+@register_mixer(
+    "rg_lru",
+    RGLRUConfig,
+    family="gated linear recurrence",
+    ab_form="A = diag(sqrt(1 - a_t²) i_t), B = a_t shift, a_t = sigmoid(Lambda)^(c r_t) (per channel)",
+)
 class RGLRU(GatedLinearMixer):
     config_cls = RGLRUConfig
 
@@ -73,10 +78,10 @@ class RGLRU(GatedLinearMixer):
         h, hd = self.n_heads, self.head_dim
         d_in = h * hd
         self.state_heads, self.key_dim, self.value_dim, self.has_decay = d_in, 1, 1, True
-        self.in_proj = Linear(d_model, d_in, bias=False)                        # u = W_u x
+        self.in_proj = Linear(d_model, d_in, bias=False)  # u = W_u x
         bound = 1.0 / math.sqrt(hd)
         self.gate_weight = nn.Parameter(torch.empty(h, hd, 2 * hd).uniform_(-bound, bound))  # blocks of W_a | W_x
-        self.gate_bias = nn.Parameter(torch.zeros(2, d_in))                         # b_a, b_x
+        self.gate_bias = nn.Parameter(torch.zeros(2, d_in))  # b_a, b_x
         self.Lambda = nn.Parameter(rg_lru_log_a_init(d_in, config.c, config.a_min, config.a_max))
         self.out = Linear(d_in, d_model, bias=False)
 
@@ -85,11 +90,11 @@ class RGLRU(GatedLinearMixer):
         b, t, _ = x.shape
         h, hd = self.n_heads, self.head_dim
         u = self.in_proj(x)
-        logits = torch.einsum("bthi,hio->btho", u.view(b, t, h, hd), self.gate_weight)   # [B, T, H, 2 hd]
+        logits = torch.einsum("bthi,hio->btho", u.view(b, t, h, hd), self.gate_weight)  # [B, T, H, 2 hd]
         r_logit, i_logit = logits.view(b, t, h, 2, hd).unbind(3)
         r = torch.sigmoid(r_logit.reshape(b, t, -1) + self.gate_bias[0])
         i = torch.sigmoid(i_logit.reshape(b, t, -1) + self.gate_bias[1])
-        c_log_a = self.config.c * F.logsigmoid(self.Lambda)                             # [D_in], < 0
+        c_log_a = self.config.c * F.logsigmoid(self.Lambda)  # [D_in], < 0
         log_a_t = r * c_log_a
         # clamped at the smallest normal only where r_t underflows to 0 (a_t = 1): keeps sqrt's gradient finite
         one_minus_a2 = (-torch.expm1(2.0 * log_a_t)).clamp_min(torch.finfo(u.dtype).tiny)
@@ -106,7 +111,7 @@ class RGLRU(GatedLinearMixer):
         pad = None if state is None else state.padding(x.shape[1])
         if pad is not None:  # inert padding: no write (input 0) and identity transition (r = 0: a_t = 1)
             xin, r = xin.masked_fill(pad[..., None], 0.0), r.masked_fill(pad[..., None], 0.0)
-        s0 = None if state is None else state.memory[..., 0]                 # [B, D_in, 1]
+        s0 = None if state is None else state.memory[..., 0]  # [B, D_in, 1]
         ones = x.new_ones(x.shape[0], x.shape[1], 1)
         y, h = selective_scan(xin, r, c_log_a[:, None], ones, ones, s0, self.config.chunk_size)
         return self.out(y), self._next_state(state, h[..., None], x.shape[1], x.shape[0])
@@ -118,4 +123,3 @@ class RGLRU(GatedLinearMixer):
         leaves = tuple(z.detach().requires_grad_() for z in (mult * u, r, c_log_a[:, None]))
         block = self.config.chunk_size
         return (lambda xv, d, a_: selective_scan(xv, d, a_, ones, ones, None, block)), leaves
-

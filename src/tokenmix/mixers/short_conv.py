@@ -31,6 +31,7 @@ Left padding (mixers/base.py), masked: the inputs u of padding positions are zer
 sees them, so a real token reads exactly the zeros a solo row reads before its start (and padding
 inputs get exactly zero gradient). Nothing here depends on the absolute position.
 """
+
 from __future__ import annotations
 
 import math
@@ -90,14 +91,14 @@ class ShortConv(Mixer):
 
     config_cls = ShortConvConfig
     modes = ("conv", "dense", "recurrent")
-    time_complexity = "O(k)"   # per token: k taps per channel, independent of n
+    time_complexity = "O(k)"  # per token: k taps per channel, independent of n
     cache_complexity = "O(k)"  # the last k - 1 inputs per channel
 
     def __init__(self, config: ShortConvConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         self.kernel_size = config.kernel_size
         self.channels = self.n_heads * self.head_dim
-        self.in_proj = Linear(d_model, self.channels, bias=False)   # u = W_in x
+        self.in_proj = Linear(d_model, self.channels, bias=False)  # u = W_in x
         self.weight = nn.Parameter(short_conv_init(self.channels, config.kernel_size))  # w [C, k]
         self.out = Linear(self.channels, d_model, bias=False)
 
@@ -118,7 +119,7 @@ class ShortConv(Mixer):
         t, cached = v.shape[1], state.inputs
         keep = min(self.kernel_size - 1, cached.shape[1] + t)
         # copies: a view would keep the whole segment alive for as long as the state lives
-        kept = u[:, t - keep:].clone() if keep <= t else torch.cat([cached[:, cached.shape[1] - (keep - t):], u], 1)
+        kept = u[:, t - keep :].clone() if keep <= t else torch.cat([cached[:, cached.shape[1] - (keep - t) :], u], 1)
         new = ConvWindow(state.owner, state.batch_size, state.position + t, kept)
         return self.out(v), new.carry_over(state)
 
@@ -140,8 +141,8 @@ class ShortConv(Mixer):
         state, u = self._start(x, state)
         b, t, _ = u.shape
         cached, p = state.inputs, state.cached_positions()
-        full = self.toeplitz(p, t)                                      # [C, T, P + T]
-        mix_a = full[:, :, p:].expand(b, -1, -1, -1)                   # [B, C, T, T]
+        full = self.toeplitz(p, t)  # [C, T, P + T]
+        mix_a = full[:, :, p:].expand(b, -1, -1, -1)  # [B, C, T, T]
         # cached inputs are not part of the segment's operator: they enter as a known right-hand
         # side, read through the prefix columns of the band
         offset = torch.einsum("cts,bsc->btc", full[:, :, :p], cached)[..., None] if p else None
@@ -154,18 +155,20 @@ class ShortConv(Mixer):
         k, outs = self.kernel_size, []
         for s in range(x.shape[1]):
             state.observe()
-            window = torch.cat([state.inputs, u[:, s : s + 1]], 1)      # [B, L, C], L = P + 1 <= k
-            taps = self.weight[:, : window.shape[1]].flip(-1)           # [C, L]: w[:, L-1-i] for buffer i
+            window = torch.cat([state.inputs, u[:, s : s + 1]], 1)  # [B, L, C], L = P + 1 <= k
+            taps = self.weight[:, : window.shape[1]].flip(-1)  # [C, L]: w[:, L-1-i] for buffer i
             outs.append(torch.einsum("blc,cl->bc", window, taps))
             keep = min(k - 1, window.shape[1])
-            state = ConvWindow(state.owner, state.batch_size, state.position + 1,
-                               window[:, window.shape[1] - keep :]).carry_over(state)
+            state = ConvWindow(
+                state.owner, state.batch_size, state.position + 1, window[:, window.shape[1] - keep :]
+            ).carry_over(state)
         return self.out(torch.stack(outs, 1)), state
 
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> ConvWindow:
-        return ConvWindow(self.owner, batch_size, 0,
-                          torch.zeros(batch_size, 0, self.channels, device=device, dtype=dtype))
+        return ConvWindow(
+            self.owner, batch_size, 0, torch.zeros(batch_size, 0, self.channels, device=device, dtype=dtype)
+        )
 
     def materialize(self, x: Tensor) -> MixOperator:
         """A [B, C, T, T] = the banded Toeplitz w[c, t - s] per channel, B = 0, over the values u."""
@@ -194,5 +197,9 @@ class ShortConv(Mixer):
         return self.channels * (self.cache_positions(n) + 1)  # one multiply-add per tap read, per channel
 
 
-register_mixer("short_conv", ShortConvConfig, family="convolution",
-               ab_form="A = banded Toeplitz w_c(t - s) for 0 <= t - s < k (per channel), B = 0")(ShortConv)
+register_mixer(
+    "short_conv",
+    ShortConvConfig,
+    family="convolution",
+    ab_form="A = banded Toeplitz w_c(t - s) for 0 <= t - s < k (per channel), B = 0",
+)(ShortConv)

@@ -24,6 +24,7 @@ Left padding (mixers/base.py), masked: padding keys get weight 0 and leave the s
 (they all precede the real keys, so no real weight's product spans them anyway); a padding query
 reads no key at all (its output is 0), which needs no normalisation.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,7 +43,7 @@ from tokenmix.mixers.registry import register_mixer
 
 @dataclass(frozen=True)
 class StickBreakingAttentionConfig(MixerConfig):
-    chunk_size: int = 64          # C, queries per block of the chunked mode
+    chunk_size: int = 64  # C, queries per block of the chunked mode
     attend_current: bool = False  # whether query i also reads key i (fla's ``attend_current``)
 
     def __post_init__(self) -> None:
@@ -134,6 +135,9 @@ class StickBreakingAttention(RowAttention):
         return self.n_heads * read * (2 * self.head_dim + 1)  # q.k_j, the stick cumsum, the sum of v_j
 
 
-register_mixer("stickbreaking_attention", StickBreakingAttentionConfig, family="attention",
-               ab_form="A = stick-breaking sigmoid(z_ij) prod_{j<l<i}(1 - sigmoid(z_il)), B = 0"
-               )(StickBreakingAttention)
+register_mixer(
+    "stickbreaking_attention",
+    StickBreakingAttentionConfig,
+    family="attention",
+    ab_form="A = stick-breaking sigmoid(z_ij) prod_{j<l<i}(1 - sigmoid(z_il)), B = 0",
+)(StickBreakingAttention)

@@ -26,6 +26,7 @@ j < start[b] exactly like nonexistent ones (t - start[b] < f(k) <=> t - f(k) < s
 matmul path masks the padding keys. The lattice and other patterns whose neighbour sets depend on
 the row's own clock pad by row groups (``RowGroupState``: rows of equal start run together).
 """
+
 from __future__ import annotations
 
 import functools
@@ -40,13 +41,24 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig
 from tokenmix.mixers.pattern_cache import PatternCache
-from tokenmix.ops.pattern_kernels import (compiled_pattern_scores, compiled_pattern_solve, kernel_available,
-                                          lattice_step, step_read, supported)
-from tokenmix.ops.pattern_solve import (PatternPlan, chunked_pattern_solve, chunked_window_softmax, pattern_scores,
-                                        plan_pattern)
+from tokenmix.mixers.registry import register_mixer
+from tokenmix.ops.pattern_kernels import (
+    compiled_pattern_scores,
+    compiled_pattern_solve,
+    kernel_available,
+    lattice_step,
+    step_read,
+    supported,
+)
+from tokenmix.ops.pattern_solve import (
+    PatternPlan,
+    chunked_pattern_solve,
+    chunked_window_softmax,
+    pattern_scores,
+    plan_pattern,
+)
 from tokenmix.patterns import Lattice, Pattern, TranslationInvariant, get_pattern
 
 COEFFICIENTS = ("softmax", "gate_softmax", "gate_l1")
@@ -58,13 +70,13 @@ _PLANS_KEPT = 2  # index tables + plans kept per mixer (a plan of a 16k-token sq
 
 @dataclass(frozen=True)
 class StructuredConfig(MixerConfig):
-    pattern: str = "pow2"          # see tokenmix.patterns: pow2, sq1, dense, first_order, window:M, fenwick, f:EXPR
+    pattern: str = "pow2"  # see tokenmix.patterns: pow2, sq1, dense, first_order, window:M, fenwick, f:EXPR
     cache_efficient: bool = False  # use the lattice variant (Prop. 4.12)
     coefficients: str = "softmax"  # softmax | gate_softmax | gate_l1
     # level slots of the gate-based coefficients; None: as many as the pattern reads at GATED_LENGTH
     # tokens (a slot per neighbour: sq1's grow like sqrt(n), 128 at 16k; pow2's like log2(n), 14)
     max_levels: int | None = None
-    chunk_size: int = 64           # C of the chunked solve
+    chunk_size: int = 64  # C of the chunked solve
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -72,10 +84,12 @@ class StructuredConfig(MixerConfig):
             raise InputError(f"coefficients must be one of {COEFFICIENTS}, got '{self.coefficients}'")
         if self.chunk_size <= 0:
             raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
-        if self.max_levels is not None and (isinstance(self.max_levels, bool) or not isinstance(self.max_levels, int)
-                                            or self.max_levels <= 0):
-            raise InputError(f"max_levels must be an integer > 0 (or None: sized for {GATED_LENGTH} tokens), "
-                             f"got {self.max_levels!r}")
+        if self.max_levels is not None and (
+            isinstance(self.max_levels, bool) or not isinstance(self.max_levels, int) or self.max_levels <= 0
+        ):
+            raise InputError(
+                f"max_levels must be an integer > 0 (or None: sized for {GATED_LENGTH} tokens), got {self.max_levels!r}"
+            )
         get_pattern(self.pattern, self.cache_efficient)  # validate now, with a clear message
 
 
@@ -120,20 +134,26 @@ class _LazyPlan:
 @functools.cache
 def _warn_no_kernel() -> None:
     """Once per process: the compiled mode runs the pure-PyTorch kernels."""
-    warnings.warn("tokenmix: the compiled pattern kernels are unavailable (numba not importable or "
-                  "TOKENMIX_NO_COMPILED set); the structured mixers use the pure-PyTorch chunked kernels",
-                  RuntimeWarning, stacklevel=3)
+    warnings.warn(
+        "tokenmix: the compiled pattern kernels are unavailable (numba not importable or "
+        "TOKENMIX_NO_COMPILED set); the structured mixers use the pure-PyTorch chunked kernels",
+        RuntimeWarning,
+        stacklevel=3,
+    )
 
 
 def _complexities(p: Pattern) -> tuple[str, str]:
     if isinstance(p, Lattice):
         base = p.base.name
-        return {"pow2": ("O(log n)", "O(log n)"), "sq1": ("O(sqrt n)", "O(sqrt n)")}.get(base, ("O(f^-1(n))", "O(f^-1(n))"))
+        return {"pow2": ("O(log n)", "O(log n)"), "sq1": ("O(sqrt n)", "O(sqrt n)")}.get(
+            base, ("O(f^-1(n))", "O(f^-1(n))")
+        )
     if isinstance(p, TranslationInvariant):
         if p.max_levels is not None:
             return ("O(1)", "O(1)") if p.max_levels == 1 else ("O(m)", "O(m)")
         return {"pow2": ("O(log n)", "O(n)"), "sq1": ("O(sqrt n)", "O(n)"), "dense": ("O(n)", "O(n)")}.get(
-            p.name, ("O(f^-1(n))", "O(n)"))
+            p.name, ("O(f^-1(n))", "O(n)")
+        )
     return ("O(log n)", "O(log n)")
 
 
@@ -147,8 +167,11 @@ class StructuredRecurrence(Mixer):
         h, k = self.n_heads, self.head_dim
         self.qkv = Linear(d_model, 3 * h * k, bias=False)
         self.out = Linear(h * k, d_model, bias=False)
-        self.levels = (config.max_levels if config.max_levels is not None
-                       else int(self.pattern.neighbor_table(GATED_LENGTH - 1, GATED_LENGTH).shape[1]))
+        self.levels = (
+            config.max_levels
+            if config.max_levels is not None
+            else int(self.pattern.neighbor_table(GATED_LENGTH - 1, GATED_LENGTH).shape[1])
+        )
         self.gates = Linear(d_model, h * (self.levels + 1)) if config.coefficients != "softmax" else None
         self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, _LazyPlan)
         self._offsets: list = []  # (lo, hi, distances, reach) spans of fixed-distance steps
@@ -173,8 +196,9 @@ class StructuredRecurrence(Mixer):
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
         return q, k, v  # each [B, T, H, K]
 
-    def _coefficients(self, x: Tensor, q: Tensor, k: Tensor, s_nb: Tensor | None, valid: Tensor
-                      ) -> tuple[Tensor, Tensor]:
+    def _coefficients(
+        self, x: Tensor, q: Tensor, k: Tensor, s_nb: Tensor | None, valid: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """alpha [B, T, H], beta [B, T, H, W] from the neighbour scores s_nb [B, T, H, W] (q_t . k_j,
         unscaled; unused by the gate-based coefficients); valid [T, W] (or [B, T, W] per row, for a
         left-padded batch) marks the neighbours."""
@@ -186,8 +210,10 @@ class StructuredRecurrence(Mixer):
             mode = "softmax"
         else:
             if w > self.levels:
-                raise InputError(f"pattern '{self.pattern.name}' needs {w} level slots at this length but "
-                                 f"{self.levels} level slots (max_levels={self.config.max_levels}); raise max_levels")
+                raise InputError(
+                    f"pattern '{self.pattern.name}' needs {w} level slots at this length but "
+                    f"{self.levels} level slots (max_levels={self.config.max_levels}); raise max_levels"
+                )
             g = self.gates(x).view(b, t, h, self.levels + 1)
             logits = g[..., : w + 1]
             mode = "softmax" if self.config.coefficients == "gate_softmax" else "l1"
@@ -200,8 +226,7 @@ class StructuredRecurrence(Mixer):
             coef = gt / (gt.abs().sum(-1, keepdim=True) + 1e-6)
         return coef[..., 0], coef[..., 1:]  # exactly 0 at non-neighbours (masked before normalising)
 
-    def _scores(self, q: Tensor, kbuf: Tensor, idx: Tensor, plan: _LazyPlan, compiled: bool = False
-                ) -> Tensor | None:
+    def _scores(self, q: Tensor, kbuf: Tensor, idx: Tensor, plan: _LazyPlan, compiled: bool = False) -> Tensor | None:
         """Neighbour scores [B, T, H, W] of a segment (None for gate-based coefficients); ``compiled``:
         by the compiled kernel (ops/pattern_kernels.py) instead of the slice kernels."""
         if self.gates is not None:
@@ -293,8 +318,16 @@ class StructuredRecurrence(Mixer):
             q, k, v = self._project(x)
             # the cache of a window pattern is the positions just before the segment, contiguous
             key_start = state.padded_keys(state.cached_positions())
-            y = chunked_window_softmax(q, torch.cat([state.keys, k], 1), v, state.values, window,
-                                       self.config.chunk_size, 1.0 / math.sqrt(self.head_dim), key_start)
+            y = chunked_window_softmax(
+                q,
+                torch.cat([state.keys, k], 1),
+                v,
+                state.values,
+                window,
+                self.config.chunk_size,
+                1.0 / math.sqrt(self.head_dim),
+                key_start,
+            )
             return self._finish(state, k, y, x.shape[1])
         state, q, k, v, idx, plan, alpha, beta = self._segment(x, state, compiled)
         if compiled:
@@ -310,8 +343,15 @@ class StructuredRecurrence(Mixer):
         mix_a, mix_b = self._dense_ab(alpha, beta, idx, p)
         # positions read from the cache enter as a known right-hand side (the initial state)
         from_cache = (idx >= 0) & (idx < p)
-        offset = torch.einsum("bthw,btwhv->bthv", beta * from_cache[None, :, None, :],
-                              state.values[:, idx.clamp(min=0).clamp(max=max(p - 1, 0))]) if p else None
+        offset = (
+            torch.einsum(
+                "bthw,btwhv->bthv",
+                beta * from_cache[None, :, None, :],
+                state.values[:, idx.clamp(min=0).clamp(max=max(p - 1, 0))],
+            )
+            if p
+            else None
+        )
         y = solve_dense(MixOperator(mix_a, mix_b), v, offset=offset)
         return self._finish(state, k, y, t)
 
@@ -320,7 +360,8 @@ class StructuredRecurrence(Mixer):
         inside = idx >= p
         col = torch.where(inside, idx - p, torch.zeros_like(idx))  # [T, W]
         mix_b = alpha.new_zeros(b, h, t, t).scatter_add(
-            -1, col[None, None].expand(b, h, t, idx.shape[1]), (beta * inside[None, :, None, :]).transpose(1, 2))
+            -1, col[None, None].expand(b, h, t, idx.shape[1]), (beta * inside[None, :, None, :]).transpose(1, 2)
+        )
         mix_a = torch.diag_embed(alpha.transpose(1, 2))
         return mix_a, mix_b
 
@@ -345,8 +386,7 @@ class StructuredRecurrence(Mixer):
         if state is None:
             state = self.empty_state(b, x.device, x.dtype)
         qkv = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim)
-        recorded = torch.is_grad_enabled() and (qkv.requires_grad
-                                                or any(z.requires_grad for z in state.buffers()))
+        recorded = torch.is_grad_enabled() and (qkv.requires_grad or any(z.requires_grad for z in state.buffers()))
         strategy = "general" if recorded else state.strategy
         ys = []
         for s in range(t):
@@ -388,8 +428,9 @@ class StructuredRecurrence(Mixer):
             k_nb = state.keys.new_zeros(b, len(nb), self.n_heads, self.head_dim)
             y_nb = state.values.new_zeros(b, len(nb), self.n_heads, self.head_dim)
         s_nb = torch.einsum("bhk,bwhk->bhw", q, k_nb) * (valid[None] if valid.dim() == 1 else valid[:, None])
-        alpha, beta = self._coefficients(x_t, q[:, None], k[:, None], s_nb[:, None] if self.gates is None else None,
-                                         valid[..., None, :])
+        alpha, beta = self._coefficients(
+            x_t, q[:, None], k[:, None], s_nb[:, None] if self.gates is None else None, valid[..., None, :]
+        )
         y_t = alpha[:, 0, :, None] * v + torch.einsum("bhw,bwhv->bhv", beta[:, 0], y_nb)
         return y_t, self._extend(state, k[:, None], y_t[:, None], pos + 1)
 
@@ -424,9 +465,11 @@ class StructuredRecurrence(Mixer):
         pos = state.position
         dist, reach = self._step_offsets(pos)
         if not state.contiguous or reach > state.cached_positions():  # made only by this mixer's own modes
-            raise RuntimeError(f"fixed-distance decode at position {pos}: the cache holds "
-                               f"{state.cached_positions()} positions{'' if state.contiguous else ' (not contiguous)'}, "
-                               f"the pattern reads {reach} back")
+            raise RuntimeError(
+                f"fixed-distance decode at position {pos}: the cache holds "
+                f"{state.cached_positions()} positions{'' if state.contiguous else ' (not contiguous)'}, "
+                f"the pattern reads {reach} back"
+            )
         visible = None
         if state.start is not None and reach and pos - reach < state.max_start:
             start = state.start.cpu().numpy()
@@ -469,17 +512,21 @@ class StructuredRecurrence(Mixer):
         if state.start is not None:  # made only by this mixer's own modes, which pad by row groups
             raise RuntimeError("neighbour-set decode of a padded cache (these patterns pad by row groups)")
         state, kv, kv_np, held, slots, end = state.lattice_storage()
-        stepped = lattice_step(qkv_t, kv, kv_np, held, slots, end, self._table_row(pos), self._table_row(pos + 1),
-                               pos, self._scale)
+        stepped = lattice_step(
+            qkv_t, kv, kv_np, held, slots, end, self._table_row(pos), self._table_row(pos + 1), pos, self._scale
+        )
         if stepped is None:
-            raise RuntimeError(f"neighbour-set decode at position {pos}: the cache does not hold the positions "
-                               f"the pattern reads (held {held.tolist()})")
+            raise RuntimeError(
+                f"neighbour-set decode at position {pos}: the cache does not hold the positions "
+                f"the pattern reads (held {held.tolist()})"
+            )
         return kv[1, :, end], state.lattice_appended(*stepped, pos + 1)
 
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:
-        return PatternCache.empty(self.owner, batch_size, self.n_heads, self.head_dim, self.head_dim, device, dtype,
-                                  self.decode_strategy())
+        return PatternCache.empty(
+            self.owner, batch_size, self.n_heads, self.head_dim, self.head_dim, device, dtype, self.decode_strategy()
+        )
 
     def materialize(self, x: Tensor) -> MixOperator:
         state, q, k, v, idx, plan, alpha, beta = self._segment(x, None)

@@ -31,6 +31,7 @@ Modes: ``chunked`` (fla's dual form, one mini-batch at a time: O(T (b D + D²)))
 view through core.operator.solve_dense), ``recurrent`` (primal form, token by token). Left padding by
 row groups: the mini-batch boundaries follow each row's own clock.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,15 +43,21 @@ from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.ops.ttt_linear import (TTTWeights, chunked_ttt_linear, dense_ttt_linear, post_norm,
-                                     recurrent_ttt_linear, ttt_operator)
+from tokenmix.ops.ttt_linear import (
+    TTTWeights,
+    chunked_ttt_linear,
+    dense_ttt_linear,
+    post_norm,
+    recurrent_ttt_linear,
+    ttt_operator,
+)
 
 
 @dataclass(frozen=True)
 class TTTLinearConfig(MixerConfig):
     mini_batch_size: int = 16  # b: tokens per inner gradient step (fla's default)
-    base_lr: float = 1.0       # eta_base of eta_t = eta_base sigmoid(.) / D
-    eps: float = 1e-6          # LayerNorm epsilon (inner loss and post-norm), fla's default
+    base_lr: float = 1.0  # eta_base of eta_t = eta_base sigmoid(.) / D
+    eps: float = 1e-6  # LayerNorm epsilon (inner loss and post-norm), fla's default
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -73,13 +80,17 @@ class TTTState(MixerState):
         return {name: t for name, t in self.weights._asdict().items() if t is not None}
 
 
-@register_mixer("ttt_linear", TTTLinearConfig, family="test-time training",
-                ab_form="B = 0 over the pseudo-values nabla: A[t,s] = -e[t,s] (scale q_t·k_s + 1); "
-                        "nabla from the nonlinear mini-batch inner loop")
+@register_mixer(
+    "ttt_linear",
+    TTTLinearConfig,
+    family="test-time training",
+    ab_form="B = 0 over the pseudo-values nabla: A[t,s] = -e[t,s] (scale q_t·k_s + 1); "
+    "nabla from the nonlinear mini-batch inner loop",
+)
 class TTTLinear(Mixer):
     config_cls = TTTLinearConfig
     modes = ("chunked", "dense", "recurrent")
-    time_complexity = "O(1)"   # per token: O(H D²) on the fast weights, independent of n
+    time_complexity = "O(1)"  # per token: O(H D²) on the fast weights, independent of n
     cache_complexity = "O(1)"  # W, c (and the open mini-batch's sums) per head
     pads_by_row_groups = True  # mini-batches are aligned to each row's own clock t - start
     test_overrides = {"mini_batch_size": 4}
@@ -92,7 +103,7 @@ class TTTLinear(Mixer):
         self.ln_w = nn.Parameter(torch.ones(h, d))
         self.ln_b = nn.Parameter(torch.zeros(h, d))
         self.out = Linear(h * d, d_model, bias=False)
-        self.scale = d ** -0.5
+        self.scale = d**-0.5
 
     def _project(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
         """q, k, v [B, T, H, D], eta [B, T, H]."""
@@ -106,8 +117,9 @@ class TTTLinear(Mixer):
         state = self.empty_state(b, x.device, x.dtype) if state is None else state
         q, k, v, eta = self._project(x)
         cfg = self.config
-        o, weights = fn(q, k, v, eta, self.ln_w, self.ln_b, self.scale, cfg.eps, cfg.mini_batch_size,
-                        state.weights, state.position)
+        o, weights = fn(
+            q, k, v, eta, self.ln_w, self.ln_b, self.scale, cfg.eps, cfg.mini_batch_size, state.weights, state.position
+        )
         y = self.out(post_norm(o, self.ln_w, self.ln_b, cfg.eps).flatten(2))
         return y, TTTState(self.owner, b, state.position + t, weights).carry_over(state)
 
@@ -129,8 +141,9 @@ class TTTLinear(Mixer):
         return torch.cat(ys, 1), state
 
     # ---------------------------------------------------------------- surface
-    def empty_state(self, batch_size: int, device: torch.device | str = "cpu",
-                    dtype: torch.dtype = torch.float32) -> TTTState:
+    def empty_state(
+        self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> TTTState:
         h, d = self.n_heads, self.head_dim
         w = torch.zeros(batch_size, h, d, d, device=device, dtype=dtype)
         c = torch.zeros(batch_size, h, d, device=device, dtype=dtype)
@@ -144,7 +157,7 @@ class TTTLinear(Mixer):
 
     def state_size(self, n: int) -> int:
         per = self.n_heads * (self.head_dim * self.head_dim + self.head_dim)  # W and c
-        return per if self.config.mini_batch_size == 1 else 2 * per            # + G and gb
+        return per if self.config.mini_batch_size == 1 else 2 * per  # + G and gb
 
     def flops_per_token(self, n: int) -> int:
         # per head: z = k W (D²), the write kᵀ nabla (D²), the read q (W - eta G) (D², plus D² for

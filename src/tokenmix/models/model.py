@@ -24,6 +24,7 @@ transposed copy of its weight (``Linear``) and the norms run written out (``RMSN
 a step is matrix-vector products and per-op overhead, and both are cheaper so; same numbers up to
 rounding (bitwise, for the norms).
 """
+
 from __future__ import annotations
 
 import math
@@ -35,8 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.registry import build_mixer, get_mixer_spec
 from tokenmix.mixers.base import Linear, MixerState, padding_start
+from tokenmix.mixers.registry import build_mixer, get_mixer_spec
 
 
 def parse_layers(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -72,14 +73,18 @@ class ModelConfig:
     mlp: bool = True
     mlp_ratio: int = 4
     tie_weights: bool = True
-    dropout: float = 0.0             # residual dropout (embedding, each mixer and MLP output); train mode only
-    positions: str = "none"          # none | learned | sinusoidal  (added to the token embedding)
-    max_seq_len: int = 4096          # longest sequence with learned positions
+    dropout: float = 0.0  # residual dropout (embedding, each mixer and MLP output); train mode only
+    positions: str = "none"  # none | learned | sinusoidal  (added to the token embedding)
+    max_seq_len: int = 4096  # longest sequence with learned positions
     mixer_overrides: dict[str, dict] = field(default_factory=dict)  # mixer name -> config fields
 
     def __post_init__(self) -> None:
-        for name, val in (("vocab_size", self.vocab_size), ("d_model", self.d_model), ("n_heads", self.n_heads),
-                          ("mlp_ratio", self.mlp_ratio)):
+        for name, val in (
+            ("vocab_size", self.vocab_size),
+            ("d_model", self.d_model),
+            ("n_heads", self.n_heads),
+            ("mlp_ratio", self.mlp_ratio),
+        ):
             if val <= 0:
                 raise InputError(f"model config: {name} must be > 0, got {val}")
         if not 0.0 <= self.dropout < 1.0:
@@ -107,8 +112,9 @@ def sinusoidal_positions(start: int, length: int, d: int, device=None, dtype=tor
     return sinusoidal_codes(torch.arange(start, start + length, device=device), d, dtype)
 
 
-def left_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0, device: torch.device | str = "cpu"
-             ) -> tuple[Tensor, Tensor]:
+def left_pad(
+    sequences: Sequence[Sequence[int]], pad_id: int = 0, device: torch.device | str = "cpu"
+) -> tuple[Tensor, Tensor]:
     """Token id lists of any lengths -> (ids [B, T] left-padded with ``pad_id``, start [B] long).
 
     start[b] = T - len(sequences[b]), the padding in front of row b: what ``MixerModel.init_states``
@@ -120,7 +126,7 @@ def left_pad(sequences: Sequence[Sequence[int]], pad_id: int = 0, device: torch.
     ids = torch.full((len(sequences), t), pad_id, dtype=torch.long)
     for b, s in enumerate(sequences):
         if len(s):
-            ids[b, t - len(s):] = torch.as_tensor(list(s), dtype=torch.long)
+            ids[b, t - len(s) :] = torch.as_tensor(list(s), dtype=torch.long)
     start = torch.tensor([t - len(s) for s in sequences], dtype=torch.long)
     return ids.to(device), start.to(device)
 
@@ -202,8 +208,13 @@ class MixerModel(nn.Module):
         elif isinstance(m, nn.Embedding):
             nn.init.normal_(m.weight, std=0.02)
 
-    def init_states(self, batch_size: int, device: torch.device | str | None = None, dtype: torch.dtype | None = None,
-                    start: Tensor | Sequence[int] | None = None) -> list[MixerState]:
+    def init_states(
+        self,
+        batch_size: int,
+        device: torch.device | str | None = None,
+        dtype: torch.dtype | None = None,
+        start: Tensor | Sequence[int] | None = None,
+    ) -> list[MixerState]:
         """One empty decode state per layer (device and dtype default to the model's parameters).
 
         Args:
@@ -217,14 +228,16 @@ class MixerModel(nn.Module):
         start = padding_start(start, batch_size, device)  # validated once, with the message naming it
         return [block.mixer.init_state(batch_size, device, dtype, start) for block in self.blocks]
 
-    def forward(self, idx: Tensor, states: list[MixerState] | None = None, mode: str | None = None
-                ) -> tuple[Tensor, list[MixerState]]:
+    def forward(
+        self, idx: Tensor, states: list[MixerState] | None = None, mode: str | None = None
+    ) -> tuple[Tensor, list[MixerState]]:
         """Token ids [B, T] -> (logits [B, T, vocab], the layers' states after the segment)."""
         h, states = self.features(idx, states, mode)
         return self.head(h), states
 
-    def features(self, idx: Tensor, states: list[MixerState] | None = None, mode: str | None = None
-                 ) -> tuple[Tensor, list[MixerState]]:
+    def features(
+        self, idx: Tensor, states: list[MixerState] | None = None, mode: str | None = None
+    ) -> tuple[Tensor, list[MixerState]]:
         """Token ids [B, T] -> (the normed last hidden states [B, T, D] that ``head`` maps to logits, states).
 
         For losses that read a few positions only (a synthetic task's answers): ``head(h[mask])``
@@ -263,8 +276,10 @@ class MixerModel(nn.Module):
             return sinusoidal_codes(pos, self.cfg.d_model, x.dtype)
         last = first + t - (state.min_start if padded else 0)  # one past the largest position coded
         if last > self.cfg.max_seq_len:
-            raise InputError(f"sequence reaches position {last} but the model's learned positions stop at "
-                             f"max_seq_len={self.cfg.max_seq_len}")
+            raise InputError(
+                f"sequence reaches position {last} but the model's learned positions stop at "
+                f"max_seq_len={self.cfg.max_seq_len}"
+            )
         return self.pos_embed(pos)
 
     def step(self, idx_t: Tensor, states: list[MixerState] | None) -> tuple[Tensor, list[MixerState]]:

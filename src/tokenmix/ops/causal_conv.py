@@ -20,6 +20,7 @@ projections -- where the arithmetic is k multiply-adds per value. The kernels he
 per-element tap gradients (summed over b after the sweep, so the parallel sweeps never write the
 same memory). Where numba cannot run (``ops/numba_runtime.py``) the reference runs instead.
 """
+
 from __future__ import annotations
 
 import torch
@@ -106,7 +107,7 @@ def causal_conv_reference(u: Tensor, cached: Tensor, w: Tensor) -> Tensor:
     # front of u_t, in[t + i] = u_{t - (k - 1 - i)}, so the kernel is w reversed
     hist = F.pad(buf.transpose(1, 2), (max(k - 1 - p, 0), 0))  # [B, C, k - 1 + T] (or longer: all of P)
     v = F.conv1d(hist, w.flip(-1)[:, None, :], groups=c)
-    return v[..., v.shape[-1] - u.shape[1]:].transpose(1, 2)
+    return v[..., v.shape[-1] - u.shape[1] :].transpose(1, 2)
 
 
 class _CompiledConv(torch.autograd.Function):
@@ -133,8 +134,14 @@ class _CompiledConv(torch.autograd.Function):
 def causal_conv(u: Tensor, cached: Tensor, w: Tensor) -> Tensor:
     """``causal_conv_reference`` with the same arguments, by the compiled kernels where they run
     (float32 / float64 CPU tensors, numba available), else by the reference."""
-    if u.dim() != 3 or cached.dim() != 3 or w.dim() != 2 or cached.shape[0] != u.shape[0] \
-            or cached.shape[2] != u.shape[2] or w.shape[0] != u.shape[2]:
+    if (
+        u.dim() != 3
+        or cached.dim() != 3
+        or w.dim() != 2
+        or cached.shape[0] != u.shape[0]
+        or cached.shape[2] != u.shape[2]
+        or w.shape[0] != u.shape[2]
+    ):
         raise InputError(f"shape mismatch: u {tuple(u.shape)}, cached {tuple(cached.shape)}, w {tuple(w.shape)}")
     if not supported(u, cached, w):
         return causal_conv_reference(u, cached, w)

@@ -25,6 +25,7 @@ of chunk c (reverse order), with dW the gradient reaching w_c from later chunks:
     dq = dS k, dk += dSᵀ q, dW_{<E} += P_{c,<E}ᵀ G, dV_c += (1 - gamma) P_ccᵀ G,
     dgamma += <G, P_cc (Y_c - V_c)>.
 """
+
 from __future__ import annotations
 
 import math
@@ -48,8 +49,9 @@ def _padding_mask(key_start: Tensor | None, e: int, c: int) -> Tensor | None:
     return ((cols[None, None, :] < key_start[:, None, None]) & ~own)[:, None]
 
 
-def _chunk_probs(q_c: Tensor, keys: Tensor, e: int, lse: Tensor | None = None, pad: Tensor | None = None
-                 ) -> tuple[Tensor, Tensor]:
+def _chunk_probs(
+    q_c: Tensor, keys: Tensor, e: int, lse: Tensor | None = None, pad: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Softmax rows of a chunk of c queries over keys[: e + c], the chunk's own future masked.
 
     q_c: [B, H, c, K] (already scaled); keys: [B, H, >= e + c, K]; lse: the rows' log-sum-exp [B, H, c]
@@ -100,7 +102,7 @@ class _ChainChunked(torch.autograd.Function):
         b, h, t, _ = q.shape
         p = y_prefix.shape[2]
         g = gamma.view(1, h, 1, 1)
-        w = values.new_empty(values.shape)                 # [B, H, P + T, V], contiguous
+        w = values.new_empty(values.shape)  # [B, H, P + T, V], contiguous
         if p:
             torch.add((1 - g) * values[:, :, :p], g * y_prefix, out=w[:, :, :p])
         y = q.new_empty(b, h, t, values.shape[-1])
@@ -109,7 +111,7 @@ class _ChainChunked(torch.autograd.Function):
             c = min(chunk, t - s)
             e = p + s
             probs, lse[:, :, s : s + c] = _chunk_probs(q[:, :, s : s + c], keys, e, pad=_padding_mask(key_start, e, c))
-            inner = probs[..., e:]                          # [B, H, c, c], lower triangular
+            inner = probs[..., e:]  # [B, H, c, c], lower triangular
             v_c = values[:, :, e : e + c]
             rhs = (1 - g) * (inner @ v_c)
             if e:
@@ -132,8 +134,8 @@ class _ChainChunked(torch.autograd.Function):
         g = gamma.view(1, h, 1, 1)
         # contiguous (the inputs are transposed views): the in-place accumulations view them as [B H, ., .]
         dq, dk, dv = q.new_empty(q.shape), keys.new_zeros(keys.shape), values.new_empty(values.shape)
-        dw = w.new_zeros(w.shape)      # gradient reaching each w_j from the chunks after j's
-        dgamma = torch.zeros_like(lse[:, :, 0])            # [B, H]
+        dw = w.new_zeros(w.shape)  # gradient reaching each w_j from the chunks after j's
+        dgamma = torch.zeros_like(lse[:, :, 0])  # [B, H]
         for s in reversed(range(0, t, chunk)):
             c = min(chunk, t - s)
             e = p + s
@@ -144,9 +146,9 @@ class _ChainChunked(torch.autograd.Function):
             probs, _ = _chunk_probs(q_c, keys, e, lse[:, :, s : s + c], _padding_mask(ctx.key_start, e, c))
             inner = probs[..., e:]
             m = torch.eye(c, dtype=q.dtype, device=q.device) - g * inner
-            gr = torch.linalg.solve_triangular(m.transpose(-1, -2), dy_c, upper=True)   # G [B, H, c, V]
-            ds = gr @ w[:, :, : e + c].transpose(-1, -2)                                 # dP
-            ds.sub_((gr * y_c).sum(-1, keepdim=True)).mul_(probs)                        # softmax backward
+            gr = torch.linalg.solve_triangular(m.transpose(-1, -2), dy_c, upper=True)  # G [B, H, c, V]
+            ds = gr @ w[:, :, : e + c].transpose(-1, -2)  # dP
+            ds.sub_((gr * y_c).sum(-1, keepdim=True)).mul_(probs)  # softmax backward
             dq[:, :, s : s + c] = ds @ keys[:, :, : e + c]
             # accumulate in place (a [B H, e + c, K] view: B and H merge in these layouts)
             _flat(dk[:, :, : e + c]).baddbmm_(_flat(ds.transpose(-1, -2)), q_c.reshape(-1, c, q_c.shape[-1]))
@@ -163,8 +165,15 @@ class _ChainChunked(torch.autograd.Function):
         return dq, dk, dv, dy_prefix, dgamma.sum(0), None, None
 
 
-def chunked_chacal(q: Tensor, keys: Tensor, values: Tensor, y_prefix: Tensor, gamma: Tensor,
-                   chunk_size: int = 64, key_start: Tensor | None = None) -> Tensor:
+def chunked_chacal(
+    q: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    y_prefix: Tensor,
+    gamma: Tensor,
+    chunk_size: int = 64,
+    key_start: Tensor | None = None,
+) -> Tensor:
     """ChaCAL outputs of T new positions after P cached ones, chunk by chunk (head-first layout).
 
     Args:
@@ -189,6 +198,8 @@ def chunked_chacal(q: Tensor, keys: Tensor, values: Tensor, y_prefix: Tensor, ga
     b, h, t, _ = q.shape
     p = y_prefix.shape[2]
     if keys.shape[:3] != (b, h, p + t) or values.shape[:3] != (b, h, p + t) or y_prefix.shape[:2] != (b, h):
-        raise InputError(f"expected keys, values [B, H, P + T, .] and y_prefix [B, H, P, V]; got q {tuple(q.shape)}, "
-                         f"keys {tuple(keys.shape)}, values {tuple(values.shape)}, y_prefix {tuple(y_prefix.shape)}")
+        raise InputError(
+            f"expected keys, values [B, H, P + T, .] and y_prefix [B, H, P, V]; got q {tuple(q.shape)}, "
+            f"keys {tuple(keys.shape)}, values {tuple(values.shape)}, y_prefix {tuple(y_prefix.shape)}"
+        )
     return _ChainChunked.apply(q, keys, values, y_prefix, gamma, int(chunk_size), key_start)

@@ -30,6 +30,7 @@ second block's first position, so every exponent is <= 0 (g <= 0: strong gates c
 the per-channel decay costs O(K log C) elementwise work per token. fla's naive_chunk_kda forms the
 full [C, C, K] products instead. The UT transform is ``unit_lower_inverse`` of ops/chunked_delta.py.
 """
+
 from __future__ import annotations
 
 import torch
@@ -42,8 +43,9 @@ from tokenmix.ops.chunked_delta import chunk_state_recurrence, time_chunks, unit
 def _check(q: Tensor, k: Tensor, v: Tensor, e: Tensor, g: Tensor | None) -> None:
     b, t, h, _ = q.shape
     if k.shape != q.shape or e.shape != q.shape or v.shape[:3] != (b, t, h):
-        raise InputError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, e {tuple(e.shape)}, "
-                         f"v {tuple(v.shape)}")
+        raise InputError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, e {tuple(e.shape)}, v {tuple(v.shape)}"
+        )
     if g is not None and g.shape != q.shape:
         raise InputError(f"g must be [B, T, H, K] = {tuple(q.shape)}, got {tuple(g.shape)}")
 
@@ -105,9 +107,16 @@ def decayed_scores(queries: tuple[Tensor, ...], b: Tensor, gc: Tensor) -> tuple[
     return tuple(m.reshape(*lead, p2, p2)[..., :c, :c] for m in scores)
 
 
-def chunked_channel_delta_rule(q: Tensor, k: Tensor, v: Tensor, e: Tensor, g: Tensor | None = None,
-                               scale: float | None = None, initial_state: Tensor | None = None,
-                               chunk_size: int = 32) -> tuple[Tensor, Tensor]:
+def chunked_channel_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    e: Tensor,
+    g: Tensor | None = None,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    chunk_size: int = 32,
+) -> tuple[Tensor, Tensor]:
     """Channel-wise gated delta rule, chunkwise.
 
     Args:
@@ -133,11 +142,11 @@ def chunked_channel_delta_rule(q: Tensor, k: Tensor, v: Tensor, e: Tensor, g: Te
     _check(q, k, v, e, g)
     b, t, h, dk = q.shape
     dv = v.shape[-1]
-    scale = dk ** -0.5 if scale is None else scale
+    scale = dk**-0.5 if scale is None else scale
     c = chunk_size
     n = -(-t // c)
     # padded tokens have k = e = v = g = 0: they neither write, erase nor decay the state
-    chunks = (lambda x: time_chunks(x, n, c))  # noqa: E731  [B, T, H, ...] -> [B, H, N, C, ...]
+    chunks = lambda x: time_chunks(x, n, c)  # noqa: E731  [B, T, H, ...] -> [B, H, N, C, ...]
     qc, kc, vc, ec = chunks(q), chunks(k), chunks(v), chunks(e)  # [B,H,N,C,K|V]
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
     eye = torch.eye(c, dtype=q.dtype, device=q.device)
@@ -164,8 +173,9 @@ def chunked_channel_delta_rule(q: Tensor, k: Tensor, v: Tensor, e: Tensor, g: Te
     return o, s
 
 
-def channel_delta_step(state: Tensor, q_t: Tensor, k_t: Tensor, v_t: Tensor, e_t: Tensor, g_t: Tensor | None,
-                       scale: float) -> tuple[Tensor, Tensor]:
+def channel_delta_step(
+    state: Tensor, q_t: Tensor, k_t: Tensor, v_t: Tensor, e_t: Tensor, g_t: Tensor | None, scale: float
+) -> tuple[Tensor, Tensor]:
     """One token of the channel-wise gated delta rule, the reference the chunked form is tested against.
 
     Args:
@@ -175,19 +185,25 @@ def channel_delta_step(state: Tensor, q_t: Tensor, k_t: Tensor, v_t: Tensor, e_t
         o_t [B, H, V], next state [B, H, K, V].
     """
     if g_t is not None:
-        state = state * g_t.exp()[..., None]                              # 1. per-channel decay of the K rows
-    erase = torch.einsum("bhk,bhkv->bhv", e_t, state)                     # 2. what the erase key reads
-    state = state + k_t[..., :, None] * (v_t - erase)[..., None, :]       # 3. rank-1 delta write
-    return scale * torch.einsum("bhk,bhkv->bhv", q_t, state), state      # 4. read out
+        state = state * g_t.exp()[..., None]  # 1. per-channel decay of the K rows
+    erase = torch.einsum("bhk,bhkv->bhv", e_t, state)  # 2. what the erase key reads
+    state = state + k_t[..., :, None] * (v_t - erase)[..., None, :]  # 3. rank-1 delta write
+    return scale * torch.einsum("bhk,bhkv->bhv", q_t, state), state  # 4. read out
 
 
-def recurrent_channel_delta_rule(q: Tensor, k: Tensor, v: Tensor, e: Tensor, g: Tensor | None = None,
-                                 scale: float | None = None, initial_state: Tensor | None = None
-                                 ) -> tuple[Tensor, Tensor]:
+def recurrent_channel_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    e: Tensor,
+    g: Tensor | None = None,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """Token-by-token reference with the signature of ``chunked_channel_delta_rule`` (no chunk size)."""
     _check(q, k, v, e, g)
     b, t, h, dk = q.shape
-    scale = dk ** -0.5 if scale is None else scale
+    scale = dk**-0.5 if scale is None else scale
     s = q.new_zeros(b, h, dk, v.shape[-1]) if initial_state is None else initial_state
     outs = []
     for i in range(t):
@@ -196,8 +212,9 @@ def recurrent_channel_delta_rule(q: Tensor, k: Tensor, v: Tensor, e: Tensor, g: 
     return torch.stack(outs, 1), s
 
 
-def channel_delta_operator(q: Tensor, k: Tensor, e: Tensor, g: Tensor | None, scale: float
-                           ) -> tuple[Tensor, Tensor, Tensor]:
+def channel_delta_operator(
+    q: Tensor, k: Tensor, e: Tensor, g: Tensor | None, scale: float
+) -> tuple[Tensor, Tensor, Tensor]:
     """Dense token-view matrices of the channel-wise gated delta rule over one segment.
 
     Args:
@@ -225,5 +242,4 @@ def channel_delta_operator(q: Tensor, k: Tensor, e: Tensor, g: Tensor | None, sc
     return mix_b, readout, decay
 
 
-__all__ = ["chunked_channel_delta_rule", "channel_delta_step", "recurrent_channel_delta_rule",
-           "channel_delta_operator"]
+__all__ = ["chunked_channel_delta_rule", "channel_delta_step", "recurrent_channel_delta_rule", "channel_delta_operator"]

@@ -26,6 +26,7 @@ C x K by K x V products that carry S run sequentially (T / C steps). Gradients c
 sums and factors exp(G_i - G_j) through chunk boundaries, so it equals the recurrence up to rounding
 (float64: ~1e-15 relative).
 """
+
 from __future__ import annotations
 
 import torch
@@ -74,8 +75,9 @@ def unit_lower_inverse(m: Tensor) -> Tensor:
     return inv.reshape(*lead, p2, p2)[..., :c, :c]
 
 
-def chunk_state_recurrence(u0: Tensor, w: Tensor, k_state: Tensor, chunk_decay: Tensor | None,
-                           initial_state: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+def chunk_state_recurrence(
+    u0: Tensor, w: Tensor, k_state: Tensor, chunk_decay: Tensor | None, initial_state: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
     """The only sequential part of a chunked delta rule: T / C steps over the chunks.
 
     Per chunk i, from the state S_i it starts with: pseudo-values u_i = u0_i - W_i S_i, then
@@ -99,7 +101,7 @@ def chunk_state_recurrence(u0: Tensor, w: Tensor, k_state: Tensor, chunk_decay: 
 
     decay = None if chunk_decay is None else steps(chunk_decay.expand(b, h, n, *chunk_decay.shape[3:]))
     u, starts, s = _ChunkRecurrence.apply(steps(u0), steps(w), steps(k_state).mT, decay, s.reshape(b * h, dk, dv))
-    back = (lambda x: x.transpose(0, 1).reshape(b, h, n, *x.shape[2:]))  # noqa: E731
+    back = lambda x: x.transpose(0, 1).reshape(b, h, n, *x.shape[2:])  # noqa: E731
     return back(u), back(starts), s.view(b, h, dk, dv)
 
 
@@ -125,7 +127,7 @@ class _ChunkRecurrence(torch.autograd.Function):
     @staticmethod
     def forward(ctx, u0: Tensor, w: Tensor, kt: Tensor, decay: Tensor | None, s0: Tensor):
         n, r = u0.shape[:2]
-        u = u0.new_empty(r, n, *u0.shape[2:]).transpose(0, 1)     # [N, R, C, V], stored as [R, N, C, V]
+        u = u0.new_empty(r, n, *u0.shape[2:]).transpose(0, 1)  # [N, R, C, V], stored as [R, N, C, V]
         starts = u0.new_empty(r, n, *s0.shape[1:]).transpose(0, 1)  # [N, R, K, V], likewise
         starts[0] = s0
         s = starts[0]
@@ -135,7 +137,7 @@ class _ChunkRecurrence(torch.autograd.Function):
                 # baddbmm takes the batched path only for a contiguous output, and the slots of the
                 # [R, N] storage are not (it then loops over R with one small addmm each, which at
                 # short lengths and B x H = 128 cost more than the products themselves)
-                u_i = torch.baddbmm(u0[i], w[i], s, alpha=-1)                 # u0 - W S
+                u_i = torch.baddbmm(u0[i], w[i], s, alpha=-1)  # u0 - W S
                 u[i] = u_i
                 carried = s if decay is None else decay[i] * s
                 s = torch.baddbmm(carried, kt[i], u_i)
@@ -151,13 +153,13 @@ class _ChunkRecurrence(torch.autograd.Function):
         n = u.shape[0]
         du = torch.zeros_like(u) if du is None else du
         dstarts = torch.zeros_like(starts) if dstarts is None else dstarts
-        ds_next = torch.empty_like(starts)                         # dS_{i+1} for every chunk i
+        ds_next = torch.empty_like(starts)  # dS_{i+1} for every chunk i
         ds_next[n - 1] = 0.0 if ds is None else ds
         du_tot = torch.empty_like(u)
         with one_thread():
             ds_i = ds_next[n - 1]
             for i in range(n - 1, -1, -1):  # contiguous results copied into their slots (see forward)
-                du_i = torch.baddbmm(du[i], kt[i].mT, ds_i)                         # dU_i + K_i dS_{i+1}
+                du_i = torch.baddbmm(du[i], kt[i].mT, ds_i)  # dU_i + K_i dS_{i+1}
                 du_tot[i] = du_i
                 carried = dstarts[i] + ds_i if decay is None else torch.addcmul(dstarts[i], decay[i], ds_i)
                 ds_i = torch.baddbmm(carried, w[i].mT, du_i, alpha=-1)
@@ -165,15 +167,16 @@ class _ChunkRecurrence(torch.autograd.Function):
                     ds_next[i - 1] = ds_i
             ds0 = ds_i
         # batched over all chunks in the [R, N] storage order (contiguous: no copy before the bmm)
-        rn = (lambda x: x.transpose(0, 1))  # noqa: E731
-        dw = rn(-(rn(du_tot) @ rn(starts).mT))                               # [N, R, C, K]
-        dkt = rn(rn(ds_next) @ rn(u).mT)                                     # [N, R, K, C]
+        rn = lambda x: x.transpose(0, 1)  # noqa: E731
+        dw = rn(-(rn(du_tot) @ rn(starts).mT))  # [N, R, C, K]
+        dkt = rn(rn(ds_next) @ rn(u).mT)  # [N, R, K, C]
         dd = None if decay is None else (ds_next * starts).sum_to_size(decay.shape)
         return du_tot, dw, dkt, dd, ds0
 
 
-def chunk_state_recurrence_reference(u0: Tensor, w: Tensor, k_state: Tensor, chunk_decay: Tensor | None,
-                                     initial_state: Tensor | None) -> tuple[Tensor, Tensor, Tensor]:
+def chunk_state_recurrence_reference(
+    u0: Tensor, w: Tensor, k_state: Tensor, chunk_decay: Tensor | None, initial_state: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor]:
     """The plain loop of ``chunk_state_recurrence`` (same arguments and returns), differentiated by autograd."""
     b, h, n, _, dv = u0.shape
     s = u0.new_zeros(b, h, w.shape[-1], dv) if initial_state is None else initial_state
@@ -185,9 +188,17 @@ def chunk_state_recurrence_reference(u0: Tensor, w: Tensor, k_state: Tensor, chu
     return torch.stack(us, 2), torch.stack(starts, 2), s
 
 
-def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None,
-                       scale: float | None = None, initial_state: Tensor | None = None,
-                       chunk_size: int = 64, read_every: int = 1) -> tuple[Tensor, Tensor]:
+def chunked_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor | None = None,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+    chunk_size: int = 64,
+    read_every: int = 1,
+) -> tuple[Tensor, Tensor]:
     """(Gated) delta rule, chunkwise.
 
     Args:
@@ -219,15 +230,16 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor 
         raise InputError(f"read_every must be > 0 and divide T = {t}, got {r}")
     dv = v.shape[-1]
     if k.shape != q.shape or v.shape[:3] != (b, t, h) or beta.shape != (b, t, h):
-        raise InputError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
-                         f"beta {tuple(beta.shape)}")
+        raise InputError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}"
+        )
     if g is not None and g.shape != (b, t, h):
         raise InputError(f"g must be [B, T, H] = {(b, t, h)}, got {tuple(g.shape)}")
-    scale = dk ** -0.5 if scale is None else scale
+    scale = dk**-0.5 if scale is None else scale
     c = max(r, chunk_size - chunk_size % r)  # chunks hold whole groups of r, so the read rows sit at r-1::r in each
     n = -(-t // c)
     # Padded tokens have k = v = beta = g = 0: they neither write, erase nor decay the state.
-    chunks = (lambda x: time_chunks(x, n, c))  # noqa: E731  [B, T, H, ...] -> [B, H, N, C, ...]
+    chunks = lambda x: time_chunks(x, n, c)  # noqa: E731  [B, T, H, ...] -> [B, H, N, C, ...]
     qc, kc, vc, bc = chunks(q), chunks(k), chunks(v), chunks(beta)  # [B,H,N,C,K|V], beta [B,H,N,C]
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
     if g is None:
@@ -261,8 +273,9 @@ def chunked_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor 
     return o, s
 
 
-def delta_rule_step(state: Tensor, q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor,
-                    g_t: Tensor | None, scale: float) -> tuple[Tensor, Tensor]:
+def delta_rule_step(
+    state: Tensor, q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor, g_t: Tensor | None, scale: float
+) -> tuple[Tensor, Tensor]:
     """One token of the (gated) delta rule, the reference the chunked form is tested against.
 
     Args:
@@ -272,19 +285,25 @@ def delta_rule_step(state: Tensor, q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t
         o_t [B, H, V], next state [B, H, K, V].
     """
     if g_t is not None:
-        state = state * g_t.exp()[..., None, None]                       # 1. decay
-    pred = torch.einsum("bhk,bhkv->bhv", k_t, state)                     # 2. what the memory returns for k_t
-    u = beta_t[..., None] * (v_t - pred)                                  # 3. delta: move it toward v_t
-    state = state + k_t[..., :, None] * u[..., None, :]                   # 4. rank-1 write
-    return scale * torch.einsum("bhk,bhkv->bhv", q_t, state), state      # 5. read out
+        state = state * g_t.exp()[..., None, None]  # 1. decay
+    pred = torch.einsum("bhk,bhkv->bhv", k_t, state)  # 2. what the memory returns for k_t
+    u = beta_t[..., None] * (v_t - pred)  # 3. delta: move it toward v_t
+    state = state + k_t[..., :, None] * u[..., None, :]  # 4. rank-1 write
+    return scale * torch.einsum("bhk,bhkv->bhv", q_t, state), state  # 5. read out
 
 
-def recurrent_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor | None = None,
-                         scale: float | None = None, initial_state: Tensor | None = None
-                         ) -> tuple[Tensor, Tensor]:
+def recurrent_delta_rule(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor | None = None,
+    scale: float | None = None,
+    initial_state: Tensor | None = None,
+) -> tuple[Tensor, Tensor]:
     """Token-by-token reference with the signature of ``chunked_delta_rule`` (no chunk size)."""
     b, t, h, dk = q.shape
-    scale = dk ** -0.5 if scale is None else scale
+    scale = dk**-0.5 if scale is None else scale
     s = q.new_zeros(b, h, dk, v.shape[-1]) if initial_state is None else initial_state
     outs = []
     for i in range(t):
@@ -293,8 +312,9 @@ def recurrent_delta_rule(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tenso
     return torch.stack(outs, 1), s
 
 
-def delta_rule_operator(q: Tensor, k: Tensor, beta: Tensor, g: Tensor | None, scale: float
-                        ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+def delta_rule_operator(
+    q: Tensor, k: Tensor, beta: Tensor, g: Tensor | None, scale: float
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Dense token-view matrices of the (gated) delta rule over one segment.
 
     Args:

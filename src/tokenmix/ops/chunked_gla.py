@@ -48,6 +48,7 @@ output gradient and dS_T the final-state gradient:
 Reassociated with respect to the recurrence (exp(G_i - G_j) instead of a product of exp(g)), so it
 equals ``recurrent_gla`` up to rounding (float64 ~1e-15 relative).
 """
+
 from __future__ import annotations
 
 import math
@@ -215,12 +216,12 @@ def _fast_forward(qs, k, v, gc, own=False, delta_out=None):
     place into q_in and k_t (saving two [r, C, K] allocations); ``delta_out`` [r, K, V]: where the
     chunk writes go (the state buffer), instead of a new tensor.
     """
-    e_g = gc.exp()                       # [r, C, K|1]
-    e_ng = e_g.reciprocal()              # exp(-G), normal by the bound
+    e_g = gc.exp()  # [r, C, K|1]
+    e_ng = e_g.reciprocal()  # exp(-G), normal by the bound
     if own:
         q_in, k_t = qs.mul_(e_g), k.mul_(e_ng)
     else:
-        q_in, k_t = qs * e_g, k * e_ng   # qs ⊙ e^G, k ⊙ e^-G
+        q_in, k_t = qs * e_g, k * e_ng  # qs ⊙ e^G, k ⊙ e^-G
     a = torch.bmm(q_in, k_t.transpose(1, 2)).tril_()
     e_gamma = e_g[:, -1:, :].transpose(1, 2)  # [r, K|1, 1]: decay across the whole chunk
     delta = torch.bmm(k_t.transpose(1, 2), v, out=delta_out).mul_(e_gamma)  # (k ⊙ e^(Gamma - G))ᵀ v
@@ -229,12 +230,12 @@ def _fast_forward(qs, k, v, gc, own=False, delta_out=None):
 
 def _fast_backward(do, v, a, d_next, starts, saved, want_dg):
     q_in, k_t, e_g, e_ng, e_gamma = saved
-    dn = d_next * e_gamma                               # k_out = k_t ⊙ e^Gamma: fold e^Gamma into dS'
+    dn = d_next * e_gamma  # k_out = k_t ⊙ e^Gamma: fold e^Gamma into dS'
     da = torch.bmm(do, v.transpose(1, 2)).tril_()
     dv = torch.bmm(a.transpose(1, 2), do).baddbmm_(k_t, dn)
-    dq_t = torch.bmm(da, k_t).baddbmm_(do, starts.transpose(1, 2))            # d(qs ⊙ e^G)
+    dq_t = torch.bmm(da, k_t).baddbmm_(do, starts.transpose(1, 2))  # d(qs ⊙ e^G)
     dk_t = torch.bmm(da.transpose(1, 2), q_in).baddbmm_(v, dn.transpose(1, 2))  # d(k ⊙ e^-G)
-    dg = (q_in * dq_t).addcmul_(k_t, dk_t, value=-1) if want_dg else None      # qs⊙dqs - k⊙dk
+    dg = (q_in * dq_t).addcmul_(k_t, dk_t, value=-1) if want_dg else None  # qs⊙dqs - k⊙dk
     return dq_t.mul_(e_g), dk_t.mul_(e_ng), dv, dg
 
 
@@ -277,7 +278,7 @@ def _split_rows(gc: Tensor) -> tuple[Tensor | None, Tensor | None]:
     # amax and amin: two passes without a |G| temporary, together ~4x faster than aminmax on CPU
     flat = gc.view(gc.shape[0], -1)
     lo, hi = flat.amin(1), flat.amax(1)
-    bad = torch.maximum(hi, -lo) > factored_bound(gc.dtype)         # [R]
+    bad = torch.maximum(hi, -lo) > factored_bound(gc.dtype)  # [R]
     n_bad = int(bad.sum())
     if n_bad == 0:
         return None, gc.new_empty(0, dtype=torch.long)
@@ -319,17 +320,23 @@ class _ChunkedGLA(torch.autograd.Function):
             saved = ()
         else:
             gl = g if kind == _PER_KEY else g[..., None]
-            gc = _to_rows(gl, n, chunk).cumsum_(1)                     # [R, C, K|1], G inside each chunk
+            gc = _to_rows(gl, n, chunk).cumsum_(1)  # [R, C, K|1], G inside each chunk
             fast, safe = _split_rows(gc)
             parts = []
             if fast is None:  # every row factored: qs and kc become q_in and k_t in place
                 parts.append(("fast", None, _fast_forward(qs, kc, vc, gc, own=True, delta_out=writes)))
             elif fast.numel():
-                parts.append(("fast", fast, _fast_forward(_rows(qs, fast), _rows(kc, fast), _rows(vc, fast),
-                                                         _rows(gc, fast))))
+                parts.append(
+                    ("fast", fast, _fast_forward(_rows(qs, fast), _rows(kc, fast), _rows(vc, fast), _rows(gc, fast)))
+                )
             if safe is None or safe.numel():
-                parts.append(("safe", safe, _safe_forward(_rows(qs, safe), _rows(kc, safe), _rows(vc, safe),
-                                                         _rows(gc, safe), kind)))
+                parts.append(
+                    (
+                        "safe",
+                        safe,
+                        _safe_forward(_rows(qs, safe), _rows(kc, safe), _rows(vc, safe), _rows(gc, safe), kind),
+                    )
+                )
             if len(parts) == 1:
                 _, _, (a, q_in, delta, _) = parts[0]
             else:  # mixed: assemble the rows of both forms
@@ -340,7 +347,7 @@ class _ChunkedGLA(torch.autograd.Function):
                     q_in.index_copy_(0, idx, q_p)
                     delta.index_copy_(0, idx, d_p)
             saved = tuple((name, idx, p[3]) for name, idx, p in parts)
-            decay = gc[:, -1, :].exp().view(n, b * h, -1, 1)           # [N, BH, K|1, 1]
+            decay = gc[:, -1, :].exp().view(n, b * h, -1, 1)  # [N, BH, K|1, 1]
         if delta.data_ptr() != writes.data_ptr():
             writes.copy_(delta)
         # the only sequential part: T / C steps on [K, V] (a loop of small adds is much faster than
@@ -411,12 +418,18 @@ class _ChunkedGLA(torch.autograd.Function):
                 if kind == _PER_HEAD:
                     dg = dg[..., 0]
         ds0 = dbuf[0].view(b, h, dk, dv_dim) if has_s0 else None
-        return (_from_rows(dq, b, t, h, scale), _from_rows(dk_, b, t, h), _from_rows(dv, b, t, h), dg, ds0,
-                None, None)
+        return (_from_rows(dq, b, t, h, scale), _from_rows(dk_, b, t, h), _from_rows(dv, b, t, h), dg, ds0, None, None)
 
 
-def chunked_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, scale: float = 1.0,
-                initial_state: Tensor | None = None, chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+def chunked_gla(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor | None = None,
+    scale: float = 1.0,
+    initial_state: Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
     """Gated linear attention, chunkwise (same results as ``recurrent_gla`` up to rounding).
 
     Args:
@@ -440,13 +453,15 @@ def chunked_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, scale:
     if chunk_size <= 0:
         raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
-        raise InputError(f"expected q, k [B, T, H, K] and v [B, T, H, V]; got q {tuple(q.shape)}, "
-                         f"k {tuple(k.shape)}, v {tuple(v.shape)}")
+        raise InputError(
+            f"expected q, k [B, T, H, K] and v [B, T, H, V]; got q {tuple(q.shape)}, "
+            f"k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
     b, t, h, dk = q.shape
     if g is not None and g.shape not in ((b, t, h), (b, t, h, dk)):
-        raise InputError(f"g must be [B, T, H] = {(b, t, h)} or [B, T, H, K] = {(b, t, h, dk)}, "
-                         f"got {tuple(g.shape)}")
+        raise InputError(f"g must be [B, T, H] = {(b, t, h)} or [B, T, H, K] = {(b, t, h, dk)}, got {tuple(g.shape)}")
     if initial_state is not None and initial_state.shape != (b, h, dk, v.shape[-1]):
-        raise InputError(f"initial_state must be [B, H, K, V] = {(b, h, dk, v.shape[-1])}, "
-                         f"got {tuple(initial_state.shape)}")
+        raise InputError(
+            f"initial_state must be [B, H, K, V] = {(b, h, dk, v.shape[-1])}, got {tuple(initial_state.shape)}"
+        )
     return _ChunkedGLA.apply(q, k, v, g, initial_state, float(scale), int(chunk_size))

@@ -31,6 +31,7 @@ positions (the segment is front-padded with start mod C inert tokens):
 Everything is tensor algebra over all chunks at once (a Python loop only over the log2(T / C)
 levels), differentiated by autograd in O(T (C + K log T)) memory.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -70,26 +71,29 @@ def n_levels(n: int) -> int:
     return max(n - 1, 0).bit_length() + 1
 
 
-def check_log_linear_inputs(q: Tensor, k: Tensor, v: Tensor, g: Tensor, level_scales: Tensor, start: int,
-           initial_levels: Tensor | None) -> None:
+def check_log_linear_inputs(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor, level_scales: Tensor, start: int, initial_levels: Tensor | None
+) -> None:
     b, t, h, dk = q.shape
     if k.shape != q.shape or v.shape[:3] != (b, t, h) or g.shape != (b, t, h) or level_scales.shape[:3] != (b, t, h):
-        raise InputError(f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
-                         f"g {tuple(g.shape)}, level_scales {tuple(level_scales.shape)}")
+        raise InputError(
+            f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
+            f"g {tuple(g.shape)}, level_scales {tuple(level_scales.shape)}"
+        )
     if start < 0:
         raise InputError(f"start must be >= 0, got {start}")
     need = n_levels(start + t)
     if level_scales.shape[-1] < need:
-        raise InputError(f"level_scales has {level_scales.shape[-1]} levels but positions up to {start + t - 1} "
-                         f"need {need}")
+        raise InputError(
+            f"level_scales has {level_scales.shape[-1]} levels but positions up to {start + t - 1} need {need}"
+        )
     want = (b, h, start.bit_length(), dk, v.shape[-1])
     if start > 0 and (initial_levels is None or tuple(initial_levels.shape) != want):
         got = None if initial_levels is None else tuple(initial_levels.shape)
         raise InputError(f"a segment starting at {start} needs initial_levels of shape {want}, got {got}")
 
 
-def log_linear_operator(q: Tensor, k: Tensor, g: Tensor, level_scales: Tensor, scale: float,
-                        start: int = 0) -> Tensor:
+def log_linear_operator(q: Tensor, k: Tensor, g: Tensor, level_scales: Tensor, scale: float, start: int = 0) -> Tensor:
     """Dense token-view matrix A = scale (Q Kᵀ ⊙ M^S ⊙ M^H) of a segment, [B, H, T, T].
 
     Args:
@@ -107,8 +111,9 @@ def log_linear_operator(q: Tensor, k: Tensor, g: Tensor, level_scales: Tensor, s
     return qk * decay * lam_ts * scale
 
 
-def initial_levels_readout(q: Tensor, g: Tensor, level_scales: Tensor, scale: float, start: int,
-                           initial_levels: Tensor) -> Tensor:
+def initial_levels_readout(
+    q: Tensor, g: Tensor, level_scales: Tensor, scale: float, start: int, initial_levels: Tensor
+) -> Tensor:
     """What the Fenwick states of positions < start add to each output of the segment, [B, T, H, V].
 
     Initial level l reaches token t at level max(l, bit_length(t XOR start)), decayed by exp(G_t).
@@ -154,9 +159,17 @@ def final_levels(k: Tensor, v: Tensor, g: Tensor, start: int, initial_levels: Te
     return torch.stack(levels, 2)
 
 
-def chunked_log_linear_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor, level_scales: Tensor,
-                                 scale: float, initial_levels: Tensor | None = None, start: int = 0,
-                                 chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+def chunked_log_linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    level_scales: Tensor,
+    scale: float,
+    initial_levels: Tensor | None = None,
+    start: int = 0,
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
     """Log-linear Mamba-2 attention, level-wise chunked, O(T log T).
 
     Args:
@@ -250,8 +263,9 @@ def chunked_log_linear_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor, lev
     return o, final_levels(k, v, g, start, initial_levels)
 
 
-def log_linear_step(levels: Tensor, position: int, q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor,
-                    lam_t: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+def log_linear_step(
+    levels: Tensor, position: int, q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor, lam_t: Tensor, scale: float
+) -> tuple[Tensor, Tensor]:
     """One decode step on the Fenwick states (the reference of the chunked form).
 
     Args:
@@ -262,12 +276,12 @@ def log_linear_step(levels: Tensor, position: int, q_t: Tensor, k_t: Tensor, v_t
         o_t [B, H, V];  levels of position t + 1, [B, H, bit_length(t + 1), K, V].
     """
     n_lv = levels.shape[2]
-    levels = levels * g_t.exp()[..., None, None, None]                      # 1. decay every bucket
-    sentinel = k_t[..., :, None] * v_t[..., None, :]                         # 2. level 0 = {t}
-    buckets = torch.cat([sentinel[:, :, None], levels], 2)                   # [B,H,1+n_lv,K,V], index = level
-    reads = torch.einsum("bhk,bhlkv->bhlv", q_t, buckets)                    # 3. read each level
+    levels = levels * g_t.exp()[..., None, None, None]  # 1. decay every bucket
+    sentinel = k_t[..., :, None] * v_t[..., None, :]  # 2. level 0 = {t}
+    buckets = torch.cat([sentinel[:, :, None], levels], 2)  # [B,H,1+n_lv,K,V], index = level
+    reads = torch.einsum("bhk,bhlkv->bhlv", q_t, buckets)  # 3. read each level
     o_t = scale * torch.einsum("bhl,bhlv->bhv", lam_t[..., : n_lv + 1], reads)
-    nxt = position + 1                                                       # 4. merge for t + 1
+    nxt = position + 1  # 4. merge for t + 1
     low = (nxt & -nxt).bit_length() - 1  # lssb(t + 1): levels 0..low become level low + 1
     # Level low + 1 is empty here (bit low of t is 0); summing it too changes no value but makes
     # the step the same linear map of an initial state as the closed forms, slot by slot (gradients).
@@ -276,9 +290,16 @@ def log_linear_step(levels: Tensor, position: int, q_t: Tensor, k_t: Tensor, v_t
     return o_t, torch.cat([emptied, merged, buckets[:, :, low + 2 :]], 2)
 
 
-def recurrent_log_linear_attention(q: Tensor, k: Tensor, v: Tensor, g: Tensor, level_scales: Tensor,
-                                   scale: float, initial_levels: Tensor | None = None, start: int = 0
-                                   ) -> tuple[Tensor, Tensor]:
+def recurrent_log_linear_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    level_scales: Tensor,
+    scale: float,
+    initial_levels: Tensor | None = None,
+    start: int = 0,
+) -> tuple[Tensor, Tensor]:
     """Token-by-token reference with the signature of ``chunked_log_linear_attention`` (no chunk size)."""
     check_log_linear_inputs(q, k, v, g, level_scales, start, initial_levels)
     b, t, h, dk = q.shape

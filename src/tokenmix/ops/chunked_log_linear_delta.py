@@ -43,6 +43,7 @@ start mod C inert tokens: k = v = beta = g = 0, the identity transition):
 ``recurrent_log_linear_delta`` (token by token) and ``log_linear_delta_operator`` (the G-axis (A, B, R)
 above) are the references.
 """
+
 from __future__ import annotations
 
 import torch
@@ -54,8 +55,16 @@ from tokenmix.ops.chunked_delta import delta_rule_operator, unit_lower_inverse
 from tokenmix.ops.chunked_log_linear import bit_length, check_log_linear_inputs, intra_chunk_levels, n_levels
 
 
-def _check(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor, start: int,
-           initial_levels: Tensor | None) -> None:
+def _check(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor,
+    level_scales: Tensor,
+    start: int,
+    initial_levels: Tensor | None,
+) -> None:
     """The log-linear checks (``check_log_linear_inputs``) plus the delta rule's beta [B, T, H]."""
     if beta.shape != q.shape[:3]:
         raise InputError(f"shape mismatch: q {tuple(q.shape)}, beta {tuple(beta.shape)}")
@@ -63,8 +72,17 @@ def _check(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, level_scale
 
 
 # ---------------------------------------------------------------- token-by-token reference
-def log_linear_delta_step(levels: Tensor, position: int, q_t: Tensor, k_t: Tensor, v_t: Tensor, beta_t: Tensor,
-                          g_t: Tensor, lam_t: Tensor, scale: float) -> tuple[Tensor, Tensor]:
+def log_linear_delta_step(
+    levels: Tensor,
+    position: int,
+    q_t: Tensor,
+    k_t: Tensor,
+    v_t: Tensor,
+    beta_t: Tensor,
+    g_t: Tensor,
+    lam_t: Tensor,
+    scale: float,
+) -> tuple[Tensor, Tensor]:
     """One decode step on the Fenwick states.
 
     Args:
@@ -74,38 +92,48 @@ def log_linear_delta_step(levels: Tensor, position: int, q_t: Tensor, k_t: Tenso
         o_t [B, H, V];  levels of position t + 1, [B, H, bit_length(t + 1), K, V].
     """
     n_lv = levels.shape[2]
-    levels = levels * g_t.exp()[..., None, None, None]                          # 1. decay every bucket
-    pred = torch.einsum("bhk,bhlkv->bhlv", k_t, levels)                          # 2. erase k_t from each
+    levels = levels * g_t.exp()[..., None, None, None]  # 1. decay every bucket
+    pred = torch.einsum("bhk,bhlkv->bhlv", k_t, levels)  # 2. erase k_t from each
     levels = levels - k_t[:, :, None, :, None] * (beta_t[..., None, None] * pred)[..., None, :]
-    sentinel = (beta_t[..., None] * k_t)[..., :, None] * v_t[..., None, :]       # 3. write, level 0 = {t}
+    sentinel = (beta_t[..., None] * k_t)[..., :, None] * v_t[..., None, :]  # 3. write, level 0 = {t}
     buckets = torch.cat([sentinel[:, :, None], levels], 2)
-    reads = torch.einsum("bhk,bhlkv->bhlv", q_t, buckets)                        # 4. read each level
+    reads = torch.einsum("bhk,bhlkv->bhlv", q_t, buckets)  # 4. read each level
     o_t = scale * torch.einsum("bhl,bhlv->bhv", lam_t[..., : n_lv + 1], reads)
-    nxt = position + 1                                                           # 5. merge for t + 1
+    nxt = position + 1  # 5. merge for t + 1
     low = (nxt & -nxt).bit_length() - 1
     merged = buckets[:, :, : low + 2].sum(2, keepdim=True)
     emptied = torch.zeros_like(buckets[:, :, :low])
     return o_t, torch.cat([emptied, merged, buckets[:, :, low + 2 :]], 2)
 
 
-def recurrent_log_linear_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor,
-                               scale: float, initial_levels: Tensor | None = None, start: int = 0
-                               ) -> tuple[Tensor, Tensor]:
+def recurrent_log_linear_delta(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor,
+    level_scales: Tensor,
+    scale: float,
+    initial_levels: Tensor | None = None,
+    start: int = 0,
+) -> tuple[Tensor, Tensor]:
     """Token-by-token reference with the signature of ``chunked_log_linear_delta`` (no chunk size)."""
     _check(q, k, v, beta, g, level_scales, start, initial_levels)
     b, t, h, dk = q.shape
     levels = q.new_zeros(b, h, 0, dk, v.shape[-1]) if start == 0 else initial_levels
     outs = []
     for i in range(t):
-        o_t, levels = log_linear_delta_step(levels, start + i, q[:, i], k[:, i], v[:, i], beta[:, i], g[:, i],
-                                            level_scales[:, i], scale)
+        o_t, levels = log_linear_delta_step(
+            levels, start + i, q[:, i], k[:, i], v[:, i], beta[:, i], g[:, i], level_scales[:, i], scale
+        )
         outs.append(o_t)
     return torch.stack(outs, 1), levels
 
 
 # ---------------------------------------------------------------- dense (A, B, R) reference
-def log_linear_delta_operator(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor, scale: float,
-                              start: int = 0) -> MixOperator:
+def log_linear_delta_operator(
+    q: Tensor, k: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor, scale: float, start: int = 0
+) -> MixOperator:
     """The G-axis (A_l, B_l, R_l) of a segment, l = 0..bit_length(start + T - 1): [B, H, L, T, T] each.
 
     Args:
@@ -117,11 +145,14 @@ def log_linear_delta_operator(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, lev
     n_lv = n_levels(start + t)
     pos = torch.arange(start, start + t, device=q.device)
     lam = level_scales.transpose(1, 2)[..., :n_lv]  # [B, H, T, L]
-    a_s, b_s, r_s = [mix_a], [torch.zeros_like(mix_b)], [torch.diag_embed(torch.diagonal(readout, 0, -2, -1)
-                                                                           * lam[..., 0])]
+    a_s, b_s, r_s = (
+        [mix_a],
+        [torch.zeros_like(mix_b)],
+        [torch.diag_embed(torch.diagonal(readout, 0, -2, -1) * lam[..., 0])],
+    )
     for lvl in range(1, n_lv):
         block = ((pos[:, None] >> lvl) == (pos[None, :] >> lvl)).to(q.dtype)  # [T, T]
-        row = ((pos >> (lvl - 1)) & 1).to(q.dtype)   # bit l-1 of t is 1
+        row = ((pos >> (lvl - 1)) & 1).to(q.dtype)  # bit l-1 of t is 1
         col = 1.0 - ((pos >> (lvl - 1)) & 1).to(q.dtype)  # bit l-1 of s is 0
         a_s.append(mix_a * col)
         b_s.append(mix_b * block)
@@ -129,8 +160,16 @@ def log_linear_delta_operator(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, lev
     return MixOperator(torch.stack(a_s, 2), torch.stack(b_s, 2), torch.stack(r_s, 2))
 
 
-def initial_levels_readout(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor, scale: float,
-                           start: int, initial_levels: Tensor) -> Tensor:
+def initial_levels_readout(
+    q: Tensor,
+    k: Tensor,
+    beta: Tensor,
+    g: Tensor,
+    level_scales: Tensor,
+    scale: float,
+    start: int,
+    initial_levels: Tensor,
+) -> Tensor:
     """What the Fenwick states before ``start`` add to each output of the segment, [B, T, H, V], dense.
 
     Bucket l' goes through the segment's transitions (the delta rule with zero values started from
@@ -188,9 +227,18 @@ def final_levels(k: Tensor, v: Tensor, beta: Tensor, g: Tensor, start: int, init
 
 
 # ---------------------------------------------------------------- chunked fast path
-def chunked_log_linear_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: Tensor, level_scales: Tensor,
-                             scale: float, initial_levels: Tensor | None = None, start: int = 0,
-                             chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+def chunked_log_linear_delta(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor,
+    level_scales: Tensor,
+    scale: float,
+    initial_levels: Tensor | None = None,
+    start: int = 0,
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
     """Log-linear Gated DeltaNet, chunkwise, O(T log T).
 
     Args:
@@ -231,27 +279,27 @@ def chunked_log_linear_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: T
     kb = kc * bc[..., None]
     eye = torch.eye(c, dtype=q.dtype, device=q.device)
     t_ut = unit_lower_inverse(eye + ((kb @ kc.transpose(-1, -2)) * gamma).tril(-1))  # UT transform
-    w = t_ut @ (kb * gc.exp()[..., None])                       # [B, H, N, C, K]
-    u0 = t_ut @ (vc * bc[..., None])                            # [B, H, N, C, V]
-    qk = (qc @ kc.transpose(-1, -2)) * gamma * scale            # lower incl. the diagonal
-    q_eff = qc * (gc.exp() * scale)[..., None] - qk @ w         # reads a chunk-start state: q_eff S
+    w = t_ut @ (kb * gc.exp()[..., None])  # [B, H, N, C, K]
+    u0 = t_ut @ (vc * bc[..., None])  # [B, H, N, C, V]
+    qk = (qc @ kc.transpose(-1, -2)) * gamma * scale  # lower incl. the diagonal
+    q_eff = qc * (gc.exp() * scale)[..., None] - qk @ w  # reads a chunk-start state: q_eff S
     g_last = gc[..., -1]
-    k_end = kc * (g_last[..., None] - gc).exp()[..., None]      # decay of each token to the chunk end
-    own = k_end.transpose(-1, -2) @ u0                          # [B, H, N, K, V] chunk's own writes
-    decay = g_last.exp()[..., None, None, None]                 # [B, H, N, 1, 1, 1]
+    k_end = kc * (g_last[..., None] - gc).exp()[..., None]  # decay of each token to the chunk end
+    own = k_end.transpose(-1, -2) @ u0  # [B, H, N, K, V] chunk's own writes
+    decay = g_last.exp()[..., None, None, None]  # [B, H, N, 1, 1, 1]
 
     # 1. levels 0..c inside each chunk: M_chunk = qk T diag(beta) weighted by the level table
     lvl_in = intra_chunk_levels(c).to(q.device).clamp(max=n_lam - 1)
     lam_in = lam.gather(-1, lvl_in.expand(b, h, n_chunks, c, c))
-    o = (((qk @ t_ut) * bc[..., None, :]) * lam_in) @ vc        # [B, H, N, C, V]
+    o = (((qk @ t_ut) * bc[..., None, :]) * lam_in) @ vc  # [B, H, N, C, V]
 
     # 2. chunk-granular Fenwick recurrence over the bucket states [B, H, L, K, V]
     n_slots = end.bit_length()
     j0 = start // c
-    chunk_start = (j0 + torch.arange(n_chunks, device=q.device)) * c                 # [N]
-    piece_start = chunk_start.clamp(min=start)                                      # p of each chunk
-    tok = chunk_start[:, None] + torch.arange(c, device=q.device)[None, :]          # [N, C] absolute
-    reach = bit_length(tok ^ piece_start[:, None])                                   # [N, C]
+    chunk_start = (j0 + torch.arange(n_chunks, device=q.device)) * c  # [N]
+    piece_start = chunk_start.clamp(min=start)  # p of each chunk
+    tok = chunk_start[:, None] + torch.arange(c, device=q.device)[None, :]  # [N, C] absolute
+    reach = bit_length(tok ^ piece_start[:, None])  # [N, C]
     read_lvl = torch.maximum(torch.arange(1, n_slots + 1, device=q.device)[None, None, :], reach[..., None])
     w_read = lam.gather(-1, read_lvl.clamp(max=n_lam - 1).expand(b, h, n_chunks, c, n_slots))  # [B,H,N,C,L]
 
@@ -263,27 +311,33 @@ def chunked_log_linear_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: T
     if initial_levels is not None:
         levels[: initial_levels.shape[2]] = list(initial_levels.unbind(2))
     reads = []
-    pieces = zip(q_eff.unbind(2), w.unbind(2), k_end.transpose(-1, -2).unbind(2), own.unbind(2), decay.unbind(2),
-                 w_read.unbind(2))
+    pieces = zip(
+        q_eff.unbind(2),
+        w.unbind(2),
+        k_end.transpose(-1, -2).unbind(2),
+        own.unbind(2),
+        decay.unbind(2),
+        w_read.unbind(2),
+    )
     for i, (q_i, w_i, kt_i, own_i, d_i, wr_i) in enumerate(pieces):
         p = max(start, (j0 + i) * c)
         p2 = min(end, (j0 + i + 1) * c)
         live = [lvl for lvl, st in enumerate(levels) if st is not None]
         if live:
-            stacked = torch.stack([levels[lvl] for lvl in live], 2)       # [B, H, L_live, K, V]
+            stacked = torch.stack([levels[lvl] for lvl in live], 2)  # [B, H, L_live, K, V]
             # token t reads sum_l lambda_t^(l) q_eff_t S_l: one [C, L_live K] x [L_live K, V] matmul
-            weighted = wr_i[..., live, None] * q_i[:, :, :, None, :]       # [B, H, C, L_live, K]
+            weighted = wr_i[..., live, None] * q_i[:, :, :, None, :]  # [B, H, C, L_live, K]
             reads.append(weighted.flatten(-2) @ stacked.flatten(2, 3))
             stacked = d_i * stacked - kt_i[:, :, None] @ (w_i[:, :, None] @ stacked)  # the chunk's transition
             for lvl, st in zip(live, stacked.unbind(2)):
                 levels[lvl] = st
         else:
             reads.append(q_i.new_zeros(b, h, c, dv))
-        top = (p2 ^ p).bit_length()                 # levels <= top of p have merged into top at p2
-        low = ((p2 - 1) ^ p2).bit_length()          # the lowest bucket of p2 the chunk writes to
-        if low == top:                              # the chunk's writes all land in one bucket
+        top = (p2 ^ p).bit_length()  # levels <= top of p have merged into top at p2
+        low = ((p2 - 1) ^ p2).bit_length()  # the lowest bucket of p2 the chunk writes to
+        if low == top:  # the chunk's writes all land in one bucket
             adds = {top: own_i}
-        else:                                       # a last, partial piece: split its writes by bucket
+        else:  # a last, partial piece: split its writes by bucket
             rel = tok[i]
             lv = bit_length(rel ^ p2)
             adds = {}
@@ -302,5 +356,11 @@ def chunked_log_linear_delta(q: Tensor, k: Tensor, v: Tensor, beta: Tensor, g: T
     return o, levels
 
 
-__all__ = ["chunked_log_linear_delta", "recurrent_log_linear_delta", "log_linear_delta_step",
-           "log_linear_delta_operator", "initial_levels_readout", "final_levels"]
+__all__ = [
+    "chunked_log_linear_delta",
+    "recurrent_log_linear_delta",
+    "log_linear_delta_step",
+    "log_linear_delta_operator",
+    "initial_levels_readout",
+    "final_levels",
+]

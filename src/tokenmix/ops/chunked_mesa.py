@@ -76,6 +76,7 @@ factorisations of [K, K] matrices (K³/3 each; at T = 8192, B H = 8, K = 64 that
   M_t's two triangles may differ by rounding; the factorisation reads one of them (the upper of the
   row-major buffer), as any Cholesky does.
 """
+
 from __future__ import annotations
 
 import os
@@ -101,8 +102,7 @@ def _check(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None) -> None:
         raise InputError(f"initial covariance must be [B, H, K, K] = {(b, h, dk, dk)}, got {tuple(h0.shape)}")
 
 
-def recurrent_key_covariance(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None = None
-                             ) -> tuple[Tensor, Tensor]:
+def recurrent_key_covariance(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None = None) -> tuple[Tensor, Tensor]:
     """Token loop H_t = exp(g_t) H_{t-1} + beta_t k_t k_tᵀ.
 
     Args:
@@ -130,17 +130,18 @@ def dense_key_covariance(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None =
     """H_t = exp(G_t) H_0 + sum_{j<=t} exp(G_t - G_j) beta_j k_j k_jᵀ through the T x T mask; same returns."""
     _check(k, beta, g, h0)
     b, t, h, dk = k.shape
-    gc = g.transpose(1, 2).cumsum(-1)                                        # [B, H, T]
-    decay = _causal_decay(gc)                                                # [B, H, T, T]
-    outer = (k * beta[..., None])[..., :, None] * k[..., None, :]           # [B, T, H, K, K]
+    gc = g.transpose(1, 2).cumsum(-1)  # [B, H, T]
+    decay = _causal_decay(gc)  # [B, H, T, T]
+    outer = (k * beta[..., None])[..., :, None] * k[..., None, :]  # [B, T, H, K, K]
     cov = torch.einsum("bhtj,bjhkl->bthkl", decay, outer)
     if h0 is not None:
         cov = cov + gc.exp().transpose(1, 2)[..., None, None] * h0[:, None]
     return cov, cov[:, -1]
 
 
-def chunked_key_covariance(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None = None, chunk_size: int = 64
-                           ) -> tuple[Tensor, Tensor]:
+def chunked_key_covariance(
+    k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None = None, chunk_size: int = 64
+) -> tuple[Tensor, Tensor]:
     """Every H_t chunkwise (module docstring); same arguments and returns as ``recurrent_key_covariance``."""
     if chunk_size <= 0:
         raise InputError(f"chunk_size must be > 0, got {chunk_size}")
@@ -155,12 +156,17 @@ def _covariance_head_major(k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None
     row, as the slab solve below does with the regulariser too)."""
     b, t, h, dk = k.shape
     n = -(-t // c)
-    kc, kbc = time_chunks(k, n, c), time_chunks(k * beta[..., None], n, c)    # [B, H, N, C, K]
-    gc = time_chunks(g, n, c).cumsum(-1)                                  # [B, H, N, C], G inside each chunk
-    entering = _entering_covariances(kc, kbc, gc, h0)                       # [N + 1, B, H, K, K]
-    rows = torch.cat([entering[:n].permute(1, 2, 0, 3, 4).flatten(-2)[..., None, :],
-                      (kbc[..., :, None] * kc[..., None, :]).flatten(-2)], -2)  # [B, H, N, C + 1, K²]
-    mix = torch.cat([gc.exp()[..., None], _causal_decay(gc)], -1)          # [B, H, N, C, C + 1]
+    kc, kbc = time_chunks(k, n, c), time_chunks(k * beta[..., None], n, c)  # [B, H, N, C, K]
+    gc = time_chunks(g, n, c).cumsum(-1)  # [B, H, N, C], G inside each chunk
+    entering = _entering_covariances(kc, kbc, gc, h0)  # [N + 1, B, H, K, K]
+    rows = torch.cat(
+        [
+            entering[:n].permute(1, 2, 0, 3, 4).flatten(-2)[..., None, :],
+            (kbc[..., :, None] * kc[..., None, :]).flatten(-2),
+        ],
+        -2,
+    )  # [B, H, N, C + 1, K²]
+    mix = torch.cat([gc.exp()[..., None], _causal_decay(gc)], -1)  # [B, H, N, C, C + 1]
     return (mix @ rows).view(b, h, n * c, dk, dk)[:, :, :t], entering[n]
 
 
@@ -170,12 +176,12 @@ def _entering_covariances(kc: Tensor, kbc: Tensor, gc: Tensor, h0: Tensor | None
     [K, C] x [C, K] matmul per chunk): kc, kbc (= beta k) [B, H, N, C, K], gc [B, H, N, C] (G
     restarted in each chunk) -> [N + 1, B, H, K, K]; E_N = H_T. Differentiable by autograd."""
     b, h, n, _, dk = kc.shape
-    gamma = gc[..., -1]                                                      # [B, H, N]
-    ends = (kbc * (gamma[..., None] - gc).exp()[..., None]).mT @ kc         # [B, H, N, K, K]
+    gamma = gc[..., -1]  # [B, H, N]
+    ends = (kbc * (gamma[..., None] - gc).exp()[..., None]).mT @ kc  # [B, H, N, K, K]
     decay_end = gamma.exp()[..., None, None]
     cov = kc.new_zeros(b, h, dk, dk) if h0 is None else h0
     out = [cov]
-    with one_thread():               # the only sequential part: T / C steps on [K, K]
+    with one_thread():  # the only sequential part: T / C steps on [K, K]
         for i in range(n):
             cov = torch.addcmul(ends[:, :, i], decay_end[:, :, i], cov)
             out.append(cov)
@@ -200,8 +206,8 @@ def mesa_solve_reference(cov: Tensor, lam: Tensor, q: Tensor) -> Tensor:
     return torch.linalg.solve(cov + torch.diag_embed(lam), q[..., None])[..., 0]
 
 
-COVARIANCE_CHUNK = 16     # C of the forward covariance in mesa_queries ([C, C + 2] x [C + 2, K²] matmuls)
-SLAB_MATRICES = 512       # about this many [K, K] systems are formed, factorised and solved at once
+COVARIANCE_CHUNK = 16  # C of the forward covariance in mesa_queries ([C, C + 2] x [C + 2, K²] matmuls)
+SLAB_MATRICES = 512  # about this many [K, K] systems are formed, factorised and solved at once
 MIN_ROWS_PER_WORKER = 64  # a LAPACK batch is split over threads only in parts of at least this many matrices
 
 _POOL: tuple[int, ThreadPoolExecutor] | None = None  # (pid that made it, pool)
@@ -212,7 +218,7 @@ def _pool() -> ThreadPoolExecutor:
     inherits the pool object but not its threads: submitting to it there would wait forever)."""
     global _POOL
     if _POOL is None or _POOL[0] != os.getpid():
-        workers = max(1, (os.cpu_count() or 1) - 1)     # the calling thread takes one part itself
+        workers = max(1, (os.cpu_count() or 1) - 1)  # the calling thread takes one part itself
         _POOL = (os.getpid(), ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mesa-lapack"))
     return _POOL[1]
 
@@ -236,9 +242,10 @@ def _split_batch(fn, *batches: Tensor, workers: int | None = None) -> None:
 
     def part(i: int) -> None:
         with torch.no_grad():  # grad mode is per thread: a pool thread starts with it on
-            fn(*(x[bounds[i]:bounds[i + 1]] for x in batches))
+            fn(*(x[bounds[i] : bounds[i + 1]] for x in batches))
+
     futures = [_pool().submit(part, i) for i in range(1, workers)]
-    part(0)                          # the calling thread takes the first part
+    part(0)  # the calling thread takes the first part
     for future in futures:
         future.result()
 
@@ -247,7 +254,7 @@ def _factorise_and_solve(m: Tensor, rhs: Tensor, out: Tensor) -> None:
     """m [R, K, K] SPD (row-major) -> its Cholesky factor, in place, stored as Lᵀ row-major (= L in
     LAPACK's column-major layout: torch factorises ``m.mT`` with no copy in or out); out [R, K, 1] =
     m^{-1} rhs."""
-    chol = m.mT                      # = m's values (symmetric); column-major
+    chol = m.mT  # = m's values (symmetric); column-major
     torch.linalg.cholesky(chol, out=chol)
     _triangular_solves(chol, rhs, out)
 
@@ -258,8 +265,9 @@ def _triangular_solves(chol: Tensor, rhs: Tensor, out: Tensor) -> None:
     torch.linalg.solve_triangular(chol.mT, out, upper=True, out=out)
 
 
-def _solve_slabs(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None, lam: Tensor, c: int,
-                 workers: int | None = None) -> tuple[Tensor, Tensor, list[Tensor]]:
+def _solve_slabs(
+    q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None, lam: Tensor, c: int, workers: int | None = None
+) -> tuple[Tensor, Tensor, list[Tensor]]:
     """The forward of ``mesa_queries`` slab by slab (module docstring, "The chunked solve").
 
     Returns q* [B, H, T, K], the last covariance H_T [B, H, K, K] and the Cholesky factors of every
@@ -268,36 +276,43 @@ def _solve_slabs(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | Non
     """
     b, t, h, dk = k.shape
     n = -(-t // c)
-    kc = time_chunks(k, n, c)                                              # [B, H, N, C, K]
+    kc = time_chunks(k, n, c)  # [B, H, N, C, K]
     kbc = time_chunks(k * beta[..., None], n, c)
     qc = time_chunks(q, n, c)
-    gc = time_chunks(g, n, c).cumsum(-1)                                  # [B, H, N, C], G inside each chunk
-    entering = _entering_covariances(kc, kbc, gc, h0)                       # [N + 1, B, H, K, K]
+    gc = time_chunks(g, n, c).cumsum(-1)  # [B, H, N, C], G inside each chunk
+    entering = _entering_covariances(kc, kbc, gc, h0)  # [N + 1, B, H, K, K]
     # mixing rows [C, C + 2] per chunk: exp(G_i - G_j) (j <= i) for the writes, exp(G_i) for E, 1 for Lambda
     mix = torch.cat([torch.ones_like(gc)[..., None], gc.exp()[..., None], _causal_decay(gc)], -1)
-    per_slab = max(1, SLAB_MATRICES // (b * h * c))                          # chunks per slab
-    lam_row = torch.diag_embed(lam).flatten(-2)[None, :, None]             # [1, H, 1, K²]
+    per_slab = max(1, SLAB_MATRICES // (b * h * c))  # chunks per slab
+    lam_row = torch.diag_embed(lam).flatten(-2)[None, :, None]  # [1, H, 1, K²]
     buffer = k.new_empty(b * h * per_slab * (c + 2) * dk * dk)
     q_star = k.new_empty(b, h, n, c, dk)
     factors = []
     for n0 in range(0, n, per_slab):
         ns = min(per_slab, n - n0)
         rows = buffer[: b * h * ns * (c + 2) * dk * dk].view(b, h, ns, c + 2, dk * dk)
-        rows[..., 0, :] = lam_row                                           # vec(diag(lambda))
-        rows[..., 1, :] = entering[n0:n0 + ns].permute(1, 2, 0, 3, 4).flatten(-2)
-        torch.mul(kbc[:, :, n0:n0 + ns, :, :, None], kc[:, :, n0:n0 + ns, :, None, :],
-                  out=rows[..., 2:, :].unflatten(-1, (dk, dk)))              # beta_j k_j k_jᵀ
-        m = (mix[:, :, n0:n0 + ns] @ rows).view(-1, dk, dk)                 # every M_t of the slab [R, K, K]
+        rows[..., 0, :] = lam_row  # vec(diag(lambda))
+        rows[..., 1, :] = entering[n0 : n0 + ns].permute(1, 2, 0, 3, 4).flatten(-2)
+        torch.mul(
+            kbc[:, :, n0 : n0 + ns, :, :, None],
+            kc[:, :, n0 : n0 + ns, :, None, :],
+            out=rows[..., 2:, :].unflatten(-1, (dk, dk)),
+        )  # beta_j k_j k_jᵀ
+        m = (mix[:, :, n0 : n0 + ns] @ rows).view(-1, dk, dk)  # every M_t of the slab [R, K, K]
         out = k.new_empty(m.shape[0], dk, 1)
-        _split_batch(_factorise_and_solve, m, qc[:, :, n0:n0 + ns].reshape(-1, dk, 1), out, workers=workers)
-        q_star[:, :, n0:n0 + ns] = out.view(b, h, ns, c, dk)
+        _split_batch(_factorise_and_solve, m, qc[:, :, n0 : n0 + ns].reshape(-1, dk, 1), out, workers=workers)
+        q_star[:, :, n0 : n0 + ns] = out.view(b, h, ns, c, dk)
         factors.append(m.view(b, h, ns * c, dk, dk))
-    return q_star.view(b, h, n * c, dk)[:, :, :t], entering[n].clone(), factors  # not a view: the [N + 1] stack is freed
+    return (
+        q_star.view(b, h, n * c, dk)[:, :, :t],
+        entering[n].clone(),
+        factors,
+    )  # not a view: the [N + 1] stack is freed
 
 
 def _reverse_readout(q: Tensor, k: Tensor, v: Tensor, g: Tensor, s_end: Tensor | None, chunk: int) -> Tensor:
     """o_j = sum_{t>=j} exp(G_t - G_j) (q_j·k_t) v_t + exp(G_T - G_j) s_endᵀ q_j: [B, T, H, V] (anti-causal GLA)."""
-    g_rev = torch.cat([g.new_zeros(g.shape[0], 1, g.shape[2]), g.flip(1)[:, :-1]], 1)   # g'_tau = g_{T-tau}
+    g_rev = torch.cat([g.new_zeros(g.shape[0], 1, g.shape[2]), g.flip(1)[:, :-1]], 1)  # g'_tau = g_{T-tau}
     o, _ = chunked_gla(q.flip(1), k.flip(1), v.flip(1), g_rev, 1.0, s_end, chunk)
     return o.flip(1)
 
@@ -306,7 +321,7 @@ class _MesaQueries(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, beta, g, h0, lam, chunk, workers):
         q_star, last, factors = _solve_slabs(q, k, beta, g, h0, lam, min(chunk, COVARIANCE_CHUNK), workers)
-        q_star = q_star.transpose(1, 2)                                          # [B, T, H, K]
+        q_star = q_star.transpose(1, 2)  # [B, T, H, K]
         ctx.save_for_backward(q, k, beta, g, lam, q_star, last, *factors)
         ctx.meta = (chunk, h0 is not None, workers)
         return q_star, last
@@ -316,19 +331,19 @@ class _MesaQueries(torch.autograd.Function):
     def backward(ctx, dq_star, d_last):
         q, k, beta, g, lam, q_star, last, *factors = ctx.saved_tensors
         chunk, has_h0, workers = ctx.meta
-        a = _solve_with_factors(factors, dq_star, workers)                       # M^-1 dq*, [B, T, H, K]
+        a = _solve_with_factors(factors, dq_star, workers)  # M^-1 dq*, [B, T, H, K]
         na = -a
         u = _reverse_readout(k, q_star, na, g, None if d_last is None else d_last.transpose(-1, -2), chunk)
         w = _reverse_readout(k, na, q_star, g, d_last, chunk)
         dbeta = (k * u).sum(-1)
         dk = beta[..., None] * (u + w)
-        dgc = (na * q).sum(-1) + (lam * a * q_star).sum(-1) - beta * dbeta      # dG_j, [B, T, H]
+        dgc = (na * q).sum(-1) + (lam * a * q_star).sum(-1) - beta * dbeta  # dG_j, [B, T, H]
         if d_last is not None:
             dgc[:, -1] += (d_last * last).sum((-1, -2))
         dg = dgc.flip(1).cumsum(1).flip(1)
         dh0 = None
         if has_h0:
-            eg = g.cumsum(1).exp()                                                # exp(G_t) <= 1 for g <= 0
+            eg = g.cumsum(1).exp()  # exp(G_t) <= 1 for g <= 0
             dh0 = torch.einsum("bthk,bthl->bhkl", na * eg[..., None], q_star)
             if d_last is not None:
                 dh0 = dh0 + eg[:, -1, :, None, None] * d_last
@@ -342,19 +357,27 @@ def _solve_with_factors(factors: list[Tensor], rhs: Tensor, workers: int | None)
     rhs = rhs.transpose(1, 2)
     out = rhs.new_empty(b, h, sum(f.shape[2] for f in factors), dk)
     t0 = 0
-    for chol in factors:                                                         # Lᵀ [B, H, S, K, K]
+    for chol in factors:  # Lᵀ [B, H, S, K, K]
         s = min(chol.shape[2], t - t0)
-        part = rhs.new_zeros(b, h, chol.shape[2], dk)                             # padding tokens: rhs 0
-        part[:, :, :s] = rhs[:, :, t0:t0 + s]
+        part = rhs.new_zeros(b, h, chol.shape[2], dk)  # padding tokens: rhs 0
+        part[:, :, :s] = rhs[:, :, t0 : t0 + s]
         solved = rhs.new_empty(part.numel() // dk, dk, 1)
         _split_batch(_triangular_solves, chol.view(-1, dk, dk).mT, part.view(-1, dk, 1), solved, workers=workers)
-        out[:, :, t0:t0 + chol.shape[2]] = solved.view(b, h, -1, dk)
+        out[:, :, t0 : t0 + chol.shape[2]] = solved.view(b, h, -1, dk)
         t0 += chol.shape[2]
     return out[:, :, :t].transpose(1, 2)
 
 
-def mesa_queries(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | None, lam: Tensor,
-                 chunk_size: int = 64, workers: int | None = None) -> tuple[Tensor, Tensor]:
+def mesa_queries(
+    q: Tensor,
+    k: Tensor,
+    beta: Tensor,
+    g: Tensor,
+    h0: Tensor | None,
+    lam: Tensor,
+    chunk_size: int = 64,
+    workers: int | None = None,
+) -> tuple[Tensor, Tensor]:
     """q*_t = (H_t + diag(lam))^{-1} q_t for every token, H_t chunkwise, with the closed-form backward
     (module docstring).
 
@@ -377,8 +400,10 @@ def mesa_queries(q: Tensor, k: Tensor, beta: Tensor, g: Tensor, h0: Tensor | Non
         raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     _check(k, beta, g, h0)
     if q.shape != k.shape or lam.shape != k.shape[2:]:
-        raise InputError(f"q must be [B, T, H, K] = {tuple(k.shape)} and lam [H, K] = {tuple(k.shape[2:])}; "
-                         f"got q {tuple(q.shape)}, lam {tuple(lam.shape)}")
+        raise InputError(
+            f"q must be [B, T, H, K] = {tuple(k.shape)} and lam [H, K] = {tuple(k.shape[2:])}; "
+            f"got q {tuple(q.shape)}, lam {tuple(lam.shape)}"
+        )
     if workers is not None and workers <= 0:
         raise InputError(f"workers must be > 0, got {workers}")
     return _MesaQueries.apply(q, k, beta, g, h0, lam, int(chunk_size), workers)

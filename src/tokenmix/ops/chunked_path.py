@@ -52,6 +52,7 @@ so they agree up to rounding (float64 ~1e-15 relative), in values and in gradien
 both; the caller may checkpoint ``rows`` per row group, it reads only the tensors built once here).
 Half precision solves U in float32 (there is no bf16 / fp16 triangular solve).
 """
+
 from __future__ import annotations
 
 import math
@@ -81,8 +82,7 @@ def householder_step(keys: Tensor, w: Tensor, beta: Tensor) -> Tensor:
     return keys - (beta[:, None] * proj)[..., None] * w[:, None]
 
 
-def sequential_path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, cached: Tensor
-                           ) -> tuple[Tensor, Tensor]:
+def sequential_path_scores(q: Tensor, k: Tensor, w: Tensor, beta: Tensor, cached: Tensor) -> tuple[Tensor, Tensor]:
     """Reference logits: the transforms applied one token at a time to every earlier key.
 
     Args:
@@ -138,8 +138,17 @@ class ChunkedPath:
     group_products: tuple[Tensor, ...]
 
     @classmethod
-    def build(cls, q: Tensor, k: Tensor, w: Tensor, beta: Tensor, cached: Tensor, chunk_size: int,
-              scale: float = 1.0, group_size: int | None = None) -> ChunkedPath:
+    def build(
+        cls,
+        q: Tensor,
+        k: Tensor,
+        w: Tensor,
+        beta: Tensor,
+        cached: Tensor,
+        chunk_size: int,
+        scale: float = 1.0,
+        group_size: int | None = None,
+    ) -> ChunkedPath:
         """UT/WY form of every block and the group level of the walk.
 
         Args:
@@ -163,28 +172,32 @@ class ChunkedPath:
             return z.view(b, n_blocks, c, h, z.shape[-1]).permute(0, 3, 1, 2, 4).contiguous()
 
         qb, kb, wb = blocks(q), blocks(k), blocks(w)
-        wbeta = wb * blocks(beta[..., None])                           # beta W    [B, H, N, C, K]
+        wbeta = wb * blocks(beta[..., None])  # beta W    [B, H, N, C, K]
         eye_c = torch.eye(c, dtype=q.dtype, device=q.device)
         strict = torch.ones(c, c, dtype=torch.bool, device=q.device).tril(-1)
         lower = strict | eye_c.bool()
         wt, kt = wb.transpose(-1, -2), kb.transpose(-1, -2)
         # 1. U = (I + strict_lower(beta W Wᵀ))^{-1}, all blocks at once
         work = torch.float32 if q.dtype in (torch.bfloat16, torch.float16) else q.dtype
-        ut = torch.linalg.solve_triangular((eye_c + (wbeta @ wt).masked_fill(~strict, 0.0)).to(work),
-                                           eye_c.to(work).expand(b, h, n_blocks, c, c), upper=False,
-                                           unitriangular=True).to(q.dtype)
-        u_wbeta = ut @ wbeta                                           # U beta W  [B, H, N, C, K]
-        u_wbeta_k = ut @ (wbeta @ kt).masked_fill(~strict, 0.0)        # U strict_lower(beta W Kᵀ)  [B, H, N, C, C]
-        qw = (qb @ wt).masked_fill(~lower, 0.0)                        # q_i·w_l, l <= i
+        ut = torch.linalg.solve_triangular(
+            (eye_c + (wbeta @ wt).masked_fill(~strict, 0.0)).to(work),
+            eye_c.to(work).expand(b, h, n_blocks, c, c),
+            upper=False,
+            unitriangular=True,
+        ).to(q.dtype)
+        u_wbeta = ut @ wbeta  # U beta W  [B, H, N, C, K]
+        u_wbeta_k = ut @ (wbeta @ kt).masked_fill(~strict, 0.0)  # U strict_lower(beta W Kᵀ)  [B, H, N, C, C]
+        qw = (qb @ wt).masked_fill(~lower, 0.0)  # q_i·w_l, l <= i
         # 2. per block: in-block logits, queries down to the block start, keys up to the block end, I - P_c
         in_block = (qb @ kt).masked_fill(~lower, 0.0) - qw @ u_wbeta_k  # [B, H, N, C, C]
-        q_start = qb - qw @ u_wbeta                                    # [B, H, N, C, K]
-        k_end = kb - u_wbeta_k.transpose(-1, -2) @ wb                  # [B, H, N, C, K]
-        complement = wt @ u_wbeta                                      # Wᵀ U beta W = I - P_c  [B, H, N, K, K]
+        q_start = qb - qw @ u_wbeta  # [B, H, N, C, K]
+        k_end = kb - u_wbeta_k.transpose(-1, -2) @ wb  # [B, H, N, C, K]
+        complement = wt @ u_wbeta  # Wᵀ U beta W = I - P_c  [B, H, N, K, K]
 
         # whole inert blocks up to Ns G (P_c = I: complement = 0, keys and queries 0)
-        q_start, k_end, complement, in_block = (F.pad(z, (0, 0, 0, 0, 0, n_groups * g - n_blocks))
-                                                for z in (q_start, k_end, complement, in_block))
+        q_start, k_end, complement, in_block = (
+            F.pad(z, (0, 0, 0, 0, 0, n_groups * g - n_blocks)) for z in (q_start, k_end, complement, in_block)
+        )
 
         def per_group(z: Tensor) -> tuple[Tensor, ...]:  # [B, H, Ns G, ...] -> Ns x [B, H, G, ...]
             return z.unflatten(2, (n_groups, g)).unbind(2)
@@ -194,16 +207,25 @@ class ChunkedPath:
         eye_k = torch.eye(kd, dtype=q.dtype, device=q.device)
         suffix = eye_k.expand(b, h, n_groups, kd, kd)
         to_group_end = [None] * g
-        k_end_by_block = k_end.unflatten(2, (n_groups, g)).unbind(3)            # G x [B, H, Ns, C, K]
+        k_end_by_block = k_end.unflatten(2, (n_groups, g)).unbind(3)  # G x [B, H, Ns, C, K]
         complement_by_block = complement.unflatten(2, (n_groups, g)).unbind(3)  # G x [B, H, Ns, K, K]
         for blk in range(g - 1, -1, -1):
             to_group_end[blk] = k_end_by_block[blk] @ suffix.transpose(-1, -2)  # [B, H, Ns, C, K]
             suffix = suffix - suffix @ complement_by_block[blk]
         keys_at_group_end = torch.stack(to_group_end, 3).flatten(3, 4).unbind(2)  # Ns x [B, H, G C, K]
-        return cls(chunk_size=c, group_size=g, length=t, scale=scale, cached_keys=cached.transpose(1, 2),
-                   in_block_logits=per_group(in_block), queries_at_block_start=per_group(q_start),
-                   keys_at_block_end=per_group(k_end), complements=per_group(complement),
-                   keys_at_group_end=keys_at_group_end, group_products=suffix.unbind(2))
+        return cls(
+            chunk_size=c,
+            group_size=g,
+            length=t,
+            scale=scale,
+            cached_keys=cached.transpose(1, 2),
+            in_block_logits=per_group(in_block),
+            queries_at_block_start=per_group(q_start),
+            keys_at_block_end=per_group(k_end),
+            complements=per_group(complement),
+            keys_at_group_end=keys_at_group_end,
+            group_products=suffix.unbind(2),
+        )
 
     @property
     def group_tokens(self) -> int:
@@ -238,14 +260,16 @@ class ChunkedPath:
         # suffix = SP_{s-1} ... SP_{s'+1} as the walk reaches group s'
         suffix, earlier = None, [None] * s
         for prev in range(s - 1, -1, -1):
-            earlier[prev] = (self.keys_at_group_end[prev] if suffix is None
-                             else self.keys_at_group_end[prev] @ suffix.transpose(-1, -2))
+            earlier[prev] = (
+                self.keys_at_group_end[prev]
+                if suffix is None
+                else self.keys_at_group_end[prev] @ suffix.transpose(-1, -2)
+            )
             suffix = self.group_products[prev] if suffix is None else suffix @ self.group_products[prev]
         if self.cached_keys.shape[2]:
             earlier.insert(0, self.cached_keys if suffix is None else self.cached_keys @ suffix.transpose(-1, -2))
         if earlier:  # [B, H, n C, P + s G C]: one matmul for all the group's queries
-            outer = (torch.stack(at_group_start, 2).flatten(2, 3)
-                     @ torch.cat(earlier, 2).transpose(-1, -2)).split(c, 2)
+            outer = (torch.stack(at_group_start, 2).flatten(2, 3) @ torch.cat(earlier, 2).transpose(-1, -2)).split(c, 2)
         # 3. each query block: the earlier keys, then its group's key blocks 0 .. itself
         p, out = self.cached_keys.shape[2], []
         for blk in range(n):

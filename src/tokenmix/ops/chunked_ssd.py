@@ -31,6 +31,7 @@ treats it as a constant. Backward, with Z = M x̃ + C S̃ (x̃ = e^{r - G} ⊙ x
     dG = rowsum_P(dO ⊙ o) - rowsum_P(dx̃ ⊙ x̃), plus rowsum(S' ⊙ dS') at the chunk end; dg = reverse cumsum,
 where dS̃' = e^{Gamma - r} ⊙ dS' is the gradient of the state leaving the chunk, rescaled.
 """
+
 from __future__ import annotations
 
 import torch
@@ -52,12 +53,18 @@ def _rows(x: Tensor, n: int, c: int, mult: Tensor | None = None) -> Tensor:
     full = t // c
     out = x.new_empty(n, b, c, f)
     if full:
-        _copy(out[:full], x[:, : full * c].view(b, full, c, f).transpose(0, 1),
-              None if mult is None else mult.view(n, b, c, -1)[:full])
+        _copy(
+            out[:full],
+            x[:, : full * c].view(b, full, c, f).transpose(0, 1),
+            None if mult is None else mult.view(n, b, c, -1)[:full],
+        )
     if full < n:  # padded tokens have B = C = x = g = 0: they neither write, read nor decay the state
         out[full].zero_()
-        _copy(out[full, :, : t - full * c], x[:, full * c :],
-              None if mult is None else mult.view(n, b, c, -1)[full, :, : t - full * c])
+        _copy(
+            out[full, :, : t - full * c],
+            x[:, full * c :],
+            None if mult is None else mult.view(n, b, c, -1)[full, :, : t - full * c],
+        )
     return out.view(n * b, c, f)
 
 
@@ -119,20 +126,20 @@ class _ChunkedSSD(torch.autograd.Function):
         rows = n * bsz
         qs = _rows(cq, n, chunk)
         if scale != 1.0:
-            qs.mul_(scale)                                     # scale folded into C once
-        kb = _rows(bk, n, chunk)                              # [R, C, N]
-        gc = _chunk_log_decay(g, n, chunk)                     # [R, C, H]
-        gmin, gmax = torch.aminmax(gc, dim=1)                  # [R, H]
-        ref = (gmin + gmax).mul_(0.5)[:, None, :]              # midpoint of each head's range, [R, 1, H]
+            qs.mul_(scale)  # scale folded into C once
+        kb = _rows(bk, n, chunk)  # [R, C, N]
+        gc = _chunk_log_decay(g, n, chunk)  # [R, C, H]
+        gmin, gmax = torch.aminmax(gc, dim=1)  # [R, H]
+        ref = (gmin + gmax).mul_(0.5)[:, None, :]  # midpoint of each head's range, [R, 1, H]
         shift = gc - ref
         if safe_rows is not None:  # factors 1 there: finite placeholders, replaced by the safe form's results
             shift.index_fill_(0, safe_rows, 0.0)
-        e_q = shift.exp_()                                     # [R, C, H], within e^{±span/2}
+        e_q = shift.exp_()  # [R, C, H], within e^{±span/2}
         e_k = e_q.reciprocal()
-        xt = _rows(x.reshape(bsz, t, hp), n, chunk, e_k)      # e^{r - G} ⊙ x [R, C, H P], in the layout copy
-        m = torch.bmm(qs, kb.transpose(1, 2)).tril_()           # [R, C, C], shared by the heads
-        gamma = gc[:, -1, :]                                    # [R, H]
-        w_out = (gamma - ref[:, 0]).exp_()                      # e^{Gamma - r}: x̃ written to the chunk end
+        xt = _rows(x.reshape(bsz, t, hp), n, chunk, e_k)  # e^{r - G} ⊙ x [R, C, H P], in the layout copy
+        m = torch.bmm(qs, kb.transpose(1, 2)).tril_()  # [R, C, C], shared by the heads
+        gamma = gc[:, -1, :]  # [R, H]
+        w_out = (gamma - ref[:, 0]).exp_()  # e^{Gamma - r}: x̃ written to the chunk end
         if safe_rows is not None:
             w_out.index_fill_(0, safe_rows, 1.0)
         # sbuf[i] = state entering chunk i as [B, N, H P] (heads side by side), sbuf[N] = final state
@@ -144,19 +151,23 @@ class _ChunkedSSD(torch.autograd.Function):
         if safe_rows is not None:
             # rows whose span the factors cannot carry: chunked_gla's safe per-head form (exponents <= 0),
             # on these rows only; their writes replace the placeholders before the carry
-            v_s = _per_head(xt.index_select(0, safe_rows), h)                  # plain x there (e_k = 1)
+            v_s = _per_head(xt.index_select(0, safe_rows), h)  # plain x there (e_k = 1)
             g_s = gc.index_select(0, safe_rows).transpose(1, 2).reshape(-1, chunk, 1)
-            a_s, q_in_s, delta_s, saved_s = _safe_forward(_shared(qs.index_select(0, safe_rows), h),
-                                                          _shared(kb.index_select(0, safe_rows), h), v_s, g_s,
-                                                          _PER_HEAD)
+            a_s, q_in_s, delta_s, saved_s = _safe_forward(
+                _shared(qs.index_select(0, safe_rows), h),
+                _shared(kb.index_select(0, safe_rows), h),
+                v_s,
+                g_s,
+                _PER_HEAD,
+            )
             sbuf[1:].view(rows, nd, hp).index_copy_(0, safe_rows, _from_heads(delta_s, h))
             safe = (safe_rows, v_s, a_s, q_in_s, saved_s)
         decay = gamma.exp().view(n, bsz, 1, h, 1)
         for i in range(n):  # the only sequential part: T / C steps on [N, H P]
             sbuf[i + 1].view(bsz, nd, h, p).addcmul_(decay[i], sbuf[i].view(bsz, nd, h, p))
-        e_ref = ref[:, 0].exp()                                 # [R, H]
+        e_ref = ref[:, 0].exp()  # [R, H]
         st = (sbuf[:n].view(rows, nd, h, p) * e_ref[:, None, :, None]).view(rows, nd, hp)  # e^{r} S
-        z = torch.bmm(m, xt).baddbmm_(qs, st)                   # [R, C, H P]
+        z = torch.bmm(m, xt).baddbmm_(qs, st)  # [R, C, H P]
         if safe is not None:  # their outputs o themselves (e_q = 1 there)
             starts_s = _per_head(sbuf[:n].view(rows, nd, hp).index_select(0, safe_rows), h)
             z.index_copy_(0, safe_rows, _from_heads(torch.bmm(a_s, v_s).baddbmm_(q_in_s, starts_s), h))
@@ -177,7 +188,7 @@ class _ChunkedSSD(torch.autograd.Function):
         rows, chunk, nd = qs.shape
         hp = h * p
         n = rows // bsz
-        dz = _rows(d_o.reshape(bsz, t, hp), n, chunk, e_q)   # dZ = e^{G - r} ⊙ dO, in the layout copy
+        dz = _rows(d_o.reshape(bsz, t, hp), n, chunk, e_q)  # dZ = e^{G - r} ⊙ dO, in the layout copy
         # rowsum_P(dO ⊙ o) = rowsum_P(dZ ⊙ z) [R, C, H]; einsum contracts without a [R, C, H P] temporary
         dgq = torch.einsum("rchp,rchp->rch", dz.view(rows, chunk, h, p), z.view(rows, chunk, h, p))
         # reverse carry over [N, H P] states: dbuf[i] = dL/dS_i (dbuf[N] = dS_T)
@@ -189,37 +200,54 @@ class _ChunkedSSD(torch.autograd.Function):
         if safe is not None:  # the safe rows' reads: (C ⊙ e^G)ᵀ dO per head (dZ = dO there)
             safe_rows, v_s, a_s, q_in_s, saved_s, starts_s = safe
             do_s = _per_head(dz.index_select(0, safe_rows), h)
-            dbuf[:n].view(rows, nd, hp).index_copy_(0, safe_rows, _from_heads(torch.bmm(q_in_s.transpose(1, 2), do_s), h))
+            dbuf[:n].view(rows, nd, hp).index_copy_(
+                0, safe_rows, _from_heads(torch.bmm(q_in_s.transpose(1, 2), do_s), h)
+            )
         for i in reversed(range(n)):
             dbuf[i].view(bsz, nd, h, p).addcmul_(decay[i], dbuf[i + 1].view(bsz, nd, h, p))
         d_next = dbuf[1:].view(rows, nd, hp)
         dn = (d_next.view(rows, nd, h, p) * w_out[:, None, :, None]).view(rows, nd, hp)
-        dm = torch.bmm(dz, xt.transpose(1, 2)).tril_()          # [R, C, C]
+        dm = torch.bmm(dz, xt.transpose(1, 2)).tril_()  # [R, C, C]
         dxt = torch.bmm(m.transpose(1, 2), dz).baddbmm_(kb, dn)  # [R, C, H P]
         dq = torch.bmm(dm, kb).baddbmm_(dz, st.transpose(1, 2))  # [R, C, N]
         dk = torch.bmm(dm.transpose(1, 2), qs).baddbmm_(xt, dn.transpose(1, 2))
         if safe is not None:
             d_next_s = _per_head(d_next.index_select(0, safe_rows), h)
             dq_s, dk_s, dv_s, dg_s = _safe_backward(do_s, v_s, a_s, d_next_s, starts_s, saved_s, _PER_HEAD, True)
-            dq.index_copy_(0, safe_rows, dq_s.view(-1, h, chunk, nd).sum(1))   # C, B shared: summed over heads
+            dq.index_copy_(0, safe_rows, dq_s.view(-1, h, chunk, nd).sum(1))  # C, B shared: summed over heads
             dk.index_copy_(0, safe_rows, dk_s.view(-1, h, chunk, nd).sum(1))
-            dxt.index_copy_(0, safe_rows, _from_heads(dv_s, h))                 # dx itself (e_k = 1 there)
+            dxt.index_copy_(0, safe_rows, _from_heads(dv_s, h))  # dx itself (e_k = 1 there)
         dg = None
         if ctx.needs_input_grad[3]:
             dgc = dgq.sub_(torch.einsum("rchp,rchp->rch", dxt.view(rows, chunk, h, p), xt.view(rows, chunk, h, p)))
             if safe is not None:  # their dG = q ⊙ dq - k ⊙ dk summed over N, before the chunk-end term
                 dgc.index_copy_(0, safe_rows, dg_s.sum(-1).view(-1, h, chunk).transpose(1, 2))
             dgc[:, -1, :] += (sbuf[1:] * dbuf[1:]).view(rows, nd, h, p).sum((1, 3))  # rowsum(S' ⊙ dS')
-            dg = _unrows(dgc.flip(1).cumsum_(1).flip(1), bsz, t)   # G = cumsum(g) inside the chunk
+            dg = _unrows(dgc.flip(1).cumsum_(1).flip(1), bsz, t)  # G = cumsum(g) inside the chunk
         if scale != 1.0:
             dq.mul_(scale)
         ds0 = dbuf[0].view(bsz, nd, h, p).permute(0, 2, 1, 3) if has_s0 else None
-        return (_unrows(dq, bsz, t), _unrows(dk, bsz, t), _unrows(dxt, bsz, t, e_k).view(bsz, t, h, p), dg, ds0,
-                None, None, None)
+        return (
+            _unrows(dq, bsz, t),
+            _unrows(dk, bsz, t),
+            _unrows(dxt, bsz, t, e_k).view(bsz, t, h, p),
+            dg,
+            ds0,
+            None,
+            None,
+            None,
+        )
 
 
-def chunked_ssd(c: Tensor, b: Tensor, x: Tensor, g: Tensor, scale: float = 1.0,
-                initial_state: Tensor | None = None, chunk_size: int = 64) -> tuple[Tensor, Tensor]:
+def chunked_ssd(
+    c: Tensor,
+    b: Tensor,
+    x: Tensor,
+    g: Tensor,
+    scale: float = 1.0,
+    initial_state: Tensor | None = None,
+    chunk_size: int = 64,
+) -> tuple[Tensor, Tensor]:
     """Mamba-2 SSD with one group, chunkwise: ``chunked_gla(C, B, x, g)`` with C, B shared by the heads.
 
     Args:
@@ -243,15 +271,16 @@ def chunked_ssd(c: Tensor, b: Tensor, x: Tensor, g: Tensor, scale: float = 1.0,
     if chunk_size <= 0:
         raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     if c.dim() != 3 or b.shape != c.shape or x.dim() != 4 or x.shape[:2] != c.shape[:2]:
-        raise InputError(f"expected c, b [B, T, N] and x [B, T, H, P]; got c {tuple(c.shape)}, "
-                         f"b {tuple(b.shape)}, x {tuple(x.shape)}")
+        raise InputError(
+            f"expected c, b [B, T, N] and x [B, T, H, P]; got c {tuple(c.shape)}, "
+            f"b {tuple(b.shape)}, x {tuple(x.shape)}"
+        )
     bsz, t, nd = c.shape
     h, p = x.shape[2], x.shape[3]
     if g.shape != (bsz, t, h):
         raise InputError(f"g must be [B, T, H] = {(bsz, t, h)}, got {tuple(g.shape)}")
     if initial_state is not None and initial_state.shape != (bsz, h, nd, p):
-        raise InputError(f"initial_state must be [B, H, N, P] = {(bsz, h, nd, p)}, "
-                         f"got {tuple(initial_state.shape)}")
+        raise InputError(f"initial_state must be [B, H, N, P] = {(bsz, h, nd, p)}, got {tuple(initial_state.shape)}")
     n = -(-t // chunk_size)
     with torch.no_grad():
         gc = _chunk_log_decay(g.detach(), n, chunk_size)
@@ -259,7 +288,14 @@ def chunked_ssd(c: Tensor, b: Tensor, x: Tensor, g: Tensor, scale: float = 1.0,
         wide = spans > 2 * factored_bound(g.dtype)  # some head decays by more than e^-88 (float32) in the chunk
         n_wide = int(wide.sum())
     if n_wide and n_wide == wide.numel():  # no chunk for the SSD kernel: the exact safe form for all
-        return chunked_gla(c[:, :, None].expand(bsz, t, h, nd), b[:, :, None].expand(bsz, t, h, nd), x, g,
-                           scale, initial_state, chunk_size)
+        return chunked_gla(
+            c[:, :, None].expand(bsz, t, h, nd),
+            b[:, :, None].expand(bsz, t, h, nd),
+            x,
+            g,
+            scale,
+            initial_state,
+            chunk_size,
+        )
     safe_rows = wide.nonzero()[:, 0] if n_wide else None
     return _ChunkedSSD.apply(c, b, x, g, initial_state, float(scale), int(chunk_size), safe_rows)

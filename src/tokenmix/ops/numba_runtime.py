@@ -11,6 +11,7 @@ Threads. A parallel kernel runs under ``launch()``: numba uses as many threads a
 and the benchmarks set torch's count), and the first launch chooses numba's threading layer so that
 idle workers sleep (``_choose_pool``).
 """
+
 from __future__ import annotations
 
 import contextlib

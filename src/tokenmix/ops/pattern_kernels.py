@@ -31,6 +31,7 @@ reference in float64 by the generic mixer matrix (the ``compiled`` and ``chunked
 Reference for the tests: ``pattern_solve.recurrent_pattern_solve`` and
 ``pattern_solve.pattern_scores_reference``.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -38,9 +39,9 @@ import torch
 from torch import Tensor
 
 from tokenmix.core.errors import InputError
-
-from tokenmix.ops.numba_runtime import PARALLEL_JIT as _JIT, kernel_available, launch, numba, supported
+from tokenmix.ops.numba_runtime import PARALLEL_JIT as _JIT
 from tokenmix.ops.numba_runtime import as_numpy as _np
+from tokenmix.ops.numba_runtime import kernel_available, launch, numba, supported
 from tokenmix.ops.pattern_solve import chunked_pattern_solve, pattern_scores
 
 if numba is not None:
@@ -153,7 +154,6 @@ if numba is not None:
                 for k in range(nk):
                     dq[b, t, h, k] = dqt[k]
 
-
     # One decoded token: a few hundred multiply-adds per head, so no threads (their wake-up would
     # cost more than the work) -- one call instead of a dozen tensor operations.
     @njit(fastmath=True, cache=True, nogil=True)
@@ -264,8 +264,19 @@ class _CompiledSolve(torch.autograd.Function):
         galpha, gbeta = torch.empty_like(alpha), torch.empty_like(beta)
         gx, gp = torch.empty_like(x), torch.zeros_like(y_prefix)
         with launch():
-            _solve_backward(_np(alpha), _np(beta), _np(idx), _np(x), _np(y_prefix), _np(y), _np(g),
-                            _np(galpha), _np(gbeta), _np(gx), _np(gp))
+            _solve_backward(
+                _np(alpha),
+                _np(beta),
+                _np(idx),
+                _np(x),
+                _np(y_prefix),
+                _np(y),
+                _np(g),
+                _np(galpha),
+                _np(gbeta),
+                _np(gx),
+                _np(gp),
+            )
         return galpha, gbeta, None, gx, gp
 
 
@@ -288,8 +299,15 @@ class _CompiledScores(torch.autograd.Function):
         return dq, dk, None
 
 
-def step_read(qkv: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, scale: float, out: Tensor,
-              visible: np.ndarray | None = None) -> Tensor:
+def step_read(
+    qkv: Tensor,
+    keys: Tensor,
+    values: Tensor,
+    slots: np.ndarray,
+    scale: float,
+    out: Tensor,
+    visible: np.ndarray | None = None,
+) -> Tensor:
     """One decoded token of a score-softmax pattern: out = alpha v + sum_w beta_w values[slots[w]],
     (alpha, beta) the softmax of scale * (q . k, q . keys[slots[w]]) over the self slot and the
     cached neighbours. Inference only (no autograd). By the compiled kernel where it runs, else by
@@ -313,8 +331,9 @@ def step_read(qkv: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, scal
     return step_read_reference(qkv, keys, values, slots, scale, out, visible)
 
 
-def step_read_reference(qkv: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, scale: float, out: Tensor,
-                        visible: np.ndarray) -> Tensor:
+def step_read_reference(
+    qkv: Tensor, keys: Tensor, values: Tensor, slots: np.ndarray, scale: float, out: Tensor, visible: np.ndarray
+) -> Tensor:
     """``step_read`` in tensor operations (any dtype and device): gather, masked softmax, weighted sum."""
     q, k, v = qkv.unbind(1)
     read = torch.from_numpy(slots.clip(min=0)).to(keys.device)
@@ -326,8 +345,18 @@ def step_read_reference(qkv: Tensor, keys: Tensor, values: Tensor, slots: np.nda
     return out
 
 
-def lattice_step(qkv: Tensor, kv: Tensor, kv_np: np.ndarray | None, held: np.ndarray, hslot: np.ndarray, end: int,
-                 row: np.ndarray, nxt: np.ndarray, pos: int, scale: float) -> tuple[np.ndarray, np.ndarray] | None:
+def lattice_step(
+    qkv: Tensor,
+    kv: Tensor,
+    kv_np: np.ndarray | None,
+    held: np.ndarray,
+    hslot: np.ndarray,
+    end: int,
+    row: np.ndarray,
+    nxt: np.ndarray,
+    pos: int,
+    scale: float,
+) -> tuple[np.ndarray, np.ndarray] | None:
     """One decoded token whose cache is a neighbour set (a lattice), on slot-stable storage: by the
     compiled kernel where it runs, else by ``lattice_step_reference`` (the definition, against which
     the kernel is tested).
@@ -347,14 +376,24 @@ def lattice_step(qkv: Tensor, kv: Tensor, kv_np: np.ndarray | None, held: np.nda
     if supported(qkv, kv):
         width = nxt.shape[0]
         keep, new_slots = np.empty(width, np.int64), np.empty(width, np.int64)
-        m = _lattice_step(_np(qkv), _np(kv) if kv_np is None else kv_np, held, hslot, end, row, nxt, pos, scale,
-                          keep, new_slots)
+        m = _lattice_step(
+            _np(qkv), _np(kv) if kv_np is None else kv_np, held, hslot, end, row, nxt, pos, scale, keep, new_slots
+        )
         return None if m < 0 else (keep[:m], new_slots[:m])
     return lattice_step_reference(qkv, kv, held, hslot, end, row, nxt, pos, scale)
 
 
-def lattice_step_reference(qkv: Tensor, kv: Tensor, held: np.ndarray, hslot: np.ndarray, end: int, row: np.ndarray,
-                           nxt: np.ndarray, pos: int, scale: float) -> tuple[np.ndarray, np.ndarray] | None:
+def lattice_step_reference(
+    qkv: Tensor,
+    kv: Tensor,
+    held: np.ndarray,
+    hslot: np.ndarray,
+    end: int,
+    row: np.ndarray,
+    nxt: np.ndarray,
+    pos: int,
+    scale: float,
+) -> tuple[np.ndarray, np.ndarray] | None:
     """``lattice_step`` in numpy lookups and ``step_read_reference`` (any dtype and device)."""
     keep = np.sort(nxt[nxt >= 0])
     wanted = np.concatenate([row, np.where(keep == pos, -1, keep)])
@@ -365,10 +404,11 @@ def lattice_step_reference(qkv: Tensor, kv: Tensor, held: np.ndarray, hslot: np.
     if pos not in keep or not found.all():
         return None
     slot = np.where(wanted >= 0, hslot[j] if len(held) else -1, -1)
-    step_read_reference(qkv, kv[0], kv[1], slot[: len(row)], scale, kv[1, :, end],
-                        np.ones((qkv.shape[0], len(row)), np.uint8))
+    step_read_reference(
+        qkv, kv[0], kv[1], slot[: len(row)], scale, kv[1, :, end], np.ones((qkv.shape[0], len(row)), np.uint8)
+    )
     kv[0, :, end] = qkv[:, 1]
-    new_slots = np.where(keep == pos, end, slot[len(row):])
+    new_slots = np.where(keep == pos, end, slot[len(row) :])
     return keep, new_slots
 
 
@@ -380,8 +420,9 @@ def _check_causal(idx: Tensor, prefix: int) -> Tensor:
     return tab
 
 
-def compiled_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y_prefix: Tensor | None = None,
-                           chunk_size: int = 64, plan=None) -> Tensor:
+def compiled_pattern_solve(
+    alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y_prefix: Tensor | None = None, chunk_size: int = 64, plan=None
+) -> Tensor:
     """``chunked_pattern_solve`` with the same arguments, by the compiled sweeps (module docstring).
 
     Args:
@@ -396,10 +437,17 @@ def compiled_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, 
         y_prefix = x.new_zeros(b, 0, h, v)
     if not supported(alpha, beta, x, y_prefix):
         return chunked_pattern_solve(alpha, beta, idx, x, y_prefix, chunk_size, plan=plan)
-    if idx.dim() != 2 or idx.shape[0] != t or beta.shape[:3] != (b, t, h) or beta.shape[3] != idx.shape[1] \
-            or alpha.shape != (b, t, h):
-        raise InputError(f"shape mismatch: x {tuple(x.shape)}, alpha {tuple(alpha.shape)}, beta {tuple(beta.shape)}, "
-                         f"idx {tuple(idx.shape)}")
+    if (
+        idx.dim() != 2
+        or idx.shape[0] != t
+        or beta.shape[:3] != (b, t, h)
+        or beta.shape[3] != idx.shape[1]
+        or alpha.shape != (b, t, h)
+    ):
+        raise InputError(
+            f"shape mismatch: x {tuple(x.shape)}, alpha {tuple(alpha.shape)}, beta {tuple(beta.shape)}, "
+            f"idx {tuple(idx.shape)}"
+        )
     if y_prefix.shape[0] != b or y_prefix.shape[2:] != (h, v):
         raise InputError(f"shape mismatch: y_prefix {tuple(y_prefix.shape)} for x {tuple(x.shape)}")
     return _CompiledSolve.apply(alpha, beta, _check_causal(idx, y_prefix.shape[1]), x, y_prefix)
@@ -417,5 +465,13 @@ def compiled_pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan=None) -> 
     return _CompiledScores.apply(q, kbuf, _check_causal(idx, p))
 
 
-__all__ = ["compiled_pattern_scores", "compiled_pattern_solve", "kernel_available", "lattice_step",
-           "lattice_step_reference", "step_read", "step_read_reference", "supported"]
+__all__ = [
+    "compiled_pattern_scores",
+    "compiled_pattern_solve",
+    "kernel_available",
+    "lattice_step",
+    "lattice_step_reference",
+    "step_read",
+    "step_read_reference",
+    "supported",
+]

@@ -41,6 +41,7 @@ patterns whose neighbour set is every one of the previous M positions (M = all f
 pattern): scores, softmax coefficients and the solve per chunk as matmuls, recomputed in backward
 flash-style, memory O(T (K + V) + C T).
 """
+
 from __future__ import annotations
 
 import math
@@ -97,8 +98,14 @@ class Run:
         if hi <= lo:
             return None
         i = lo - self.row
-        return Run(self.col, lo, hi - lo, self.key + self.stride * ((self.phase + i) // self.stride),
-                   self.stride, (self.phase + i) % self.stride)
+        return Run(
+            self.col,
+            lo,
+            hi - lo,
+            self.key + self.stride * ((self.phase + i) // self.stride),
+            self.stride,
+            (self.phase + i) % self.stride,
+        )
 
     def pieces(self) -> list[Piece]:
         a, o, n = self.stride, self.phase, self.length
@@ -235,7 +242,9 @@ class PatternPlan:
         # the band is scattered from the level slots that have near entries only (scatter is slow)
         near_cols = np.nonzero(near.any(1))[0]
         self.near_cols = torch.from_numpy(near_cols)
-        self.band_col = torch.from_numpy(np.ascontiguousarray(np.where(near, tab_l - start + self.reach, 0)[near_cols].T))
+        self.band_col = torch.from_numpy(
+            np.ascontiguousarray(np.where(near, tab_l - start + self.reach, 0)[near_cols].T)
+        )
         self._np["near_compact"] = np.ascontiguousarray(near[near_cols].T)
         self.left = tuple(torch.from_numpy(a) for a in np.nonzero(left.T))  # (rows, cols), sorted by row
         self.left_keys = torch.from_numpy(tab[self.left[0].numpy(), self.left[1].numpy()])
@@ -250,8 +259,9 @@ class PatternPlan:
         self.left_chunks: list[tuple[Tensor, Tensor, Tensor] | None] = []
         for ci in range(len(self.chunks)):
             rr, cc = r[bounds[ci] : bounds[ci + 1]], c[bounds[ci] : bounds[ci + 1]]
-            self.left_chunks.append((torch.from_numpy(rr), torch.from_numpy(cc), torch.from_numpy(tab[rr, cc]))
-                                    if rr.size else None)
+            self.left_chunks.append(
+                (torch.from_numpy(rr), torch.from_numpy(cc), torch.from_numpy(tab[rr, cc])) if rr.size else None
+            )
         self._cache: dict = {}
 
     def _schedule(self, run_far: np.ndarray, dist: np.ndarray) -> dict[int, list[Piece]]:
@@ -443,7 +453,7 @@ def _chunk_inverses(band: Tensor, plan: PatternPlan) -> Tensor:
     b, h, t, _ = band.shape
     c, nc = plan.chunk, len(plan.chunks)
     inside = band.new_zeros(b, h, nc * c, c)
-    inside[:, :, :t] = band[..., plan.reach:]
+    inside[:, :, :t] = band[..., plan.reach :]
     work = torch.float32 if band.dtype in (torch.bfloat16, torch.float16) else band.dtype
     eye = torch.eye(c, dtype=work, device=band.device)
     mats = eye - inside.to(work).view(b, h, nc, c, c)
@@ -472,7 +482,8 @@ class _PatternSolve(torch.autograd.Function):
                     rhs[:, :, pc.rows].addcmul_(bw[..., None], ys)
                 else:
                     rhs[:, :, pc.rows].view(b, h, pc.n, pc.g, v).addcmul_(
-                        bw.reshape(b, h, pc.n, pc.g, 1), ys[:, :, :, None])
+                        bw.reshape(b, h, pc.n, pc.g, 1), ys[:, :, :, None]
+                    )
             left = plan.left_chunks[ci]
             if left is not None:
                 r, cc, j = (plan.on(a, x.device) for a in left)
@@ -537,8 +548,15 @@ class _PatternSolve(torch.autograd.Function):
         return galpha, gbeta, gx, gacc[:, :, :p], None
 
 
-def chunked_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y_prefix: Tensor | None = None,
-                          chunk_size: int = 64, plan: PatternPlan | None = None) -> Tensor:
+def chunked_pattern_solve(
+    alpha: Tensor,
+    beta: Tensor,
+    idx: Tensor,
+    x: Tensor,
+    y_prefix: Tensor | None = None,
+    chunk_size: int = 64,
+    plan: PatternPlan | None = None,
+) -> Tensor:
     """Solve the pattern recurrence chunk by chunk.
 
     Args:
@@ -563,15 +581,19 @@ def chunked_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y
     if plan is None:
         plan = plan_pattern(idx, p, chunk_size)
     elif (plan.t, plan.w, plan.p, plan.chunk) != (t, idx.shape[1], p, chunk_size):
-        raise InputError(f"plan for T={plan.t}, W={plan.w}, P={plan.p}, C={plan.chunk} used with "
-                         f"idx {tuple(idx.shape)}, P={p}, C={chunk_size}")
-    y = _PatternSolve.apply(alpha.transpose(1, 2), beta.transpose(1, 2), x.transpose(1, 2),
-                            y_prefix.transpose(1, 2), plan)
+        raise InputError(
+            f"plan for T={plan.t}, W={plan.w}, P={plan.p}, C={plan.chunk} used with "
+            f"idx {tuple(idx.shape)}, P={p}, C={chunk_size}"
+        )
+    y = _PatternSolve.apply(
+        alpha.transpose(1, 2), beta.transpose(1, 2), x.transpose(1, 2), y_prefix.transpose(1, 2), plan
+    )
     return y.transpose(1, 2)
 
 
-def recurrent_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor,
-                            y_prefix: Tensor | None = None) -> Tensor:
+def recurrent_pattern_solve(
+    alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y_prefix: Tensor | None = None
+) -> Tensor:
     """Reference for ``chunked_pattern_solve``: forward substitution one position at a time, plain
     autograd. Same arguments (no chunking); O(T W V) time, for tests."""
     b, t, h, v = x.shape
@@ -587,8 +609,9 @@ def recurrent_pattern_solve(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor,
 
 
 # ---------------------------------------------------------------- (nearly) dense patterns: matmuls
-def _window_scores(q_c: Tensor, kwin: Tensor, s: int, p: int, lo: int, window: int, scale: float,
-                   key_start: Tensor | None = None) -> Tensor:
+def _window_scores(
+    q_c: Tensor, kwin: Tensor, s: int, p: int, lo: int, window: int, scale: float, key_start: Tensor | None = None
+) -> Tensor:
     """Masked scores of rows s.. of the segment against buffer positions lo..: [B, H, C, L], -inf
     outside {t - window, ..., t} (the row's own position included: its self score) and, with
     ``key_start`` [B], at the padding positions < key_start[b] other than the row's own."""
@@ -636,8 +659,9 @@ class _WindowSoftmaxSolve(torch.autograd.Function):
             e = min(s + chunk, t)
             lo = max(0, p + s - window)
             kwin = kbuf[:, :, lo : p + e]
-            coef = torch.exp(_window_scores(q[:, :, s:e], kwin, s, p, lo, window, scale, key_start)
-                             - lse[:, :, s:e, None])
+            coef = torch.exp(
+                _window_scores(q[:, :, s:e], kwin, s, p, lo, window, scale, key_start) - lse[:, :, s:e, None]
+            )
             inside = coef[..., p + s - lo :]
             alpha = inside.diagonal(dim1=-2, dim2=-1).clone()
             inside.diagonal(dim1=-2, dim2=-1).zero_()
@@ -654,9 +678,16 @@ class _WindowSoftmaxSolve(torch.autograd.Function):
         return dq, dk, dx, gacc[:, :, :p], None, None, None, None
 
 
-def chunked_window_softmax(q: Tensor, kbuf: Tensor, x: Tensor, y_prefix: Tensor | None, window: int,
-                           chunk_size: int = 64, scale: float | None = None, key_start: Tensor | None = None
-                           ) -> Tensor:
+def chunked_window_softmax(
+    q: Tensor,
+    kbuf: Tensor,
+    x: Tensor,
+    y_prefix: Tensor | None,
+    window: int,
+    chunk_size: int = 64,
+    scale: float | None = None,
+    key_start: Tensor | None = None,
+) -> Tensor:
     """The structured recurrence with softmax coefficients on a window pattern, as matmuls.
 
     Every position t reads the previous ``window`` positions (all of them for the dense pattern:
@@ -688,16 +719,27 @@ def chunked_window_softmax(q: Tensor, kbuf: Tensor, x: Tensor, y_prefix: Tensor 
         y_prefix = x.new_zeros(b, 0, h, x.shape[-1])
     p = y_prefix.shape[1]
     if kbuf.shape != (b, p + t, h, k) or x.shape[:3] != (b, t, h) or y_prefix.shape[0::2] != (b, h):
-        raise InputError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}, x {tuple(x.shape)}, "
-                         f"y_prefix {tuple(y_prefix.shape)}")
+        raise InputError(
+            f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}, x {tuple(x.shape)}, "
+            f"y_prefix {tuple(y_prefix.shape)}"
+        )
     scale = 1.0 / math.sqrt(k) if scale is None else scale
-    y = _WindowSoftmaxSolve.apply(q.transpose(1, 2), kbuf.transpose(1, 2), x.transpose(1, 2),
-                                  y_prefix.transpose(1, 2), window, chunk_size, scale, key_start)
+    y = _WindowSoftmaxSolve.apply(
+        q.transpose(1, 2),
+        kbuf.transpose(1, 2),
+        x.transpose(1, 2),
+        y_prefix.transpose(1, 2),
+        window,
+        chunk_size,
+        scale,
+        key_start,
+    )
     return y.transpose(1, 2)
 
 
-def window_softmax_reference(q: Tensor, kbuf: Tensor, x: Tensor, y_prefix: Tensor | None, window: int,
-                             scale: float | None = None) -> Tensor:
+def window_softmax_reference(
+    q: Tensor, kbuf: Tensor, x: Tensor, y_prefix: Tensor | None, window: int, scale: float | None = None
+) -> Tensor:
     """Reference for ``chunked_window_softmax``: the dense [T, P + T] scores, masked softmax, and a
     forward substitution one position at a time (plain autograd). Same arguments."""
     b, t, h, k = q.shape

@@ -9,6 +9,7 @@ O(n)) and the backward recomputes one block at a time: peak memory O(C n) over t
 
 ``rows_reference`` is the plain reference beside it: the same row function on all rows at once.
 """
+
 from __future__ import annotations
 
 from typing import Callable

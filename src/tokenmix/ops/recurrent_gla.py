@@ -8,14 +8,16 @@ The log decay g_t is per key channel ([K], GLA, diagonal SSMs), one scalar per h
 Mamba-2) broadcast over K, or absent (linear attention, decay 1). Every first-order mixer of the
 linear-attention family is this recurrence with its own q, k, v, g and scale.
 """
+
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
 
-def gla_step(state: Tensor, q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None, scale: float
-             ) -> tuple[Tensor, Tensor]:
+def gla_step(
+    state: Tensor, q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor | None, scale: float
+) -> tuple[Tensor, Tensor]:
     """One token of gated linear attention.
 
     Args:
@@ -28,13 +30,14 @@ def gla_step(state: Tensor, q_t: Tensor, k_t: Tensor, v_t: Tensor, g_t: Tensor |
     """
     if g_t is not None:
         decay = g_t.exp()
-        state = state * (decay[..., None] if g_t.dim() == 3 else decay[..., None, None])   # 1. forget
-    state = state + k_t[..., :, None] * v_t[..., None, :]                                   # 2. write k_t v_tᵀ
-    return scale * torch.einsum("bhk,bhkv->bhv", q_t, state), state                         # 3. read with q_t
+        state = state * (decay[..., None] if g_t.dim() == 3 else decay[..., None, None])  # 1. forget
+    state = state + k_t[..., :, None] * v_t[..., None, :]  # 2. write k_t v_tᵀ
+    return scale * torch.einsum("bhk,bhkv->bhv", q_t, state), state  # 3. read with q_t
 
 
-def recurrent_gla(q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, scale: float = 1.0,
-                  initial_state: Tensor | None = None) -> tuple[Tensor, Tensor]:
+def recurrent_gla(
+    q: Tensor, k: Tensor, v: Tensor, g: Tensor | None = None, scale: float = 1.0, initial_state: Tensor | None = None
+) -> tuple[Tensor, Tensor]:
     """Token-by-token loop with the signature of ``chunked_gla`` (no chunk size).
 
     Args:

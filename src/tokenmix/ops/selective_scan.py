@@ -21,6 +21,7 @@ Backward of one block (reverse order), with carry = dL/dh at the block end:
     dG_t = dh_t ⊙ h_{t-1} ⊙ exp(G_t) with G = Delta A:   dDelta_t = sum_n dG_t A,  dA += sum_{b,t} dG_t Delta_t;
     carry <- exp(Delta_0 A) ⊙ dh_0, the gradient of the state entering the block.
 """
+
 from __future__ import annotations
 
 import torch
@@ -96,14 +97,14 @@ class _SelectiveScan(torch.autograd.Function):
         for i in reversed(range(len(starts))):
             s, e = i * block, min((i + 1) * block, t)
             h0 = starts[i]
-            xs, ds, bs, cs = (z[:, s:e].transpose(0, 1) for z in (x, delta, b, c))   # time-major views
+            xs, ds, bs, cs = (z[:, s:e].transpose(0, 1) for z in (x, delta, b, c))  # time-major views
             dys = dy[:, s:e].transpose(0, 1)
             decay, hs = _block_factors(delta[:, s:e], x[:, s:e], a, b[:, s:e])
-            _scan_block(decay, hs, h0)                                     # recompute the block's states
+            _scan_block(decay, hs, h0)  # recompute the block's states
             lb, d_, n_ = hs.shape[0] * hs.shape[1], hs.shape[2], hs.shape[3]
             # dC_t = sum_d dy_t h_t and dB_t = sum_d dh_t x_t: [1, D] x [D, N] per token
             dc[:, s:e] = torch.bmm(dys.reshape(lb, 1, d_), hs.view(lb, d_, n_)).view(e - s, -1, n_).transpose(0, 1)
-            dh = torch.mul(dys[..., None], cs[:, :, None, :], out=torch.empty_like(hs))   # [L, B, D, N]
+            dh = torch.mul(dys[..., None], cs[:, :, None, :], out=torch.empty_like(hs))  # [L, B, D, N]
             dh[-1] += carry
             hv, dv = dh.unbind(0), decay.unbind(0)
             for j in reversed(range(e - s - 1)):
@@ -111,7 +112,7 @@ class _SelectiveScan(torch.autograd.Function):
             carry = decay[0] * dh[0]
             dx[:, s:e] = _rowdot(dh, bs[:, :, None, :]).transpose(0, 1)
             db[:, s:e] = torch.bmm(xs.reshape(lb, 1, d_), dh.view(lb, d_, n_)).view(e - s, -1, n_).transpose(0, 1)
-            dg = dh.mul_(decay)                                            # dL/dG = dh_t ⊙ h_{t-1} ⊙ exp(G_t)
+            dg = dh.mul_(decay)  # dL/dG = dh_t ⊙ h_{t-1} ⊙ exp(G_t)
             dg[1:].mul_(hs[:-1])
             dg[0].mul_(h0)
             ddelta[:, s:e] = _rowdot(dg, a).transpose(0, 1)
@@ -119,8 +120,9 @@ class _SelectiveScan(torch.autograd.Function):
         return dx, ddelta, da, db, dc, carry if has_h0 else None, None
 
 
-def selective_scan(x: Tensor, delta: Tensor, a: Tensor, b: Tensor, c: Tensor,
-                   initial_state: Tensor | None = None, block_size: int = 64) -> tuple[Tensor, Tensor]:
+def selective_scan(
+    x: Tensor, delta: Tensor, a: Tensor, b: Tensor, c: Tensor, initial_state: Tensor | None = None, block_size: int = 64
+) -> tuple[Tensor, Tensor]:
     """Diagonal selective SSM: h_t = exp(Delta_t A) ⊙ h_{t-1} + x_t B_t, y_t = C_t · h_t, per channel.
 
     Args:

@@ -26,6 +26,7 @@ a LayerNorm-backward of k W_m + c_m, and W_m depends on every earlier nabla (a n
 substitution). ``chunked_ttt_linear`` is the dual form per mini-batch (fla's), ``recurrent_ttt_linear``
 the primal form token by token, ``dense_ttt_linear`` the token view above through the reference solver.
 """
+
 from __future__ import annotations
 
 from typing import NamedTuple
@@ -58,7 +59,7 @@ def _ln_mse_grad_shifted(z: Tensor, shift: Tensor, ln_w: Tensor, eps: float) -> 
     var, mean = torch.var_mean(z, -1, unbiased=False, keepdim=True)
     rstd = (var + eps).rsqrt()
     xh = (z - mean) * rstd
-    g = ln_w * torch.addcmul(shift, ln_w, xh)                       # ln_w ⊙ (ln_w ⊙ x̂ + ln_b - target)
+    g = ln_w * torch.addcmul(shift, ln_w, xh)  # ln_w ⊙ (ln_w ⊙ x̂ + ln_b - target)
     inner = d * g - g.sum(-1, keepdim=True) - xh * (g * xh).sum(-1, keepdim=True)
     return inner * (rstd / d)
 
@@ -80,8 +81,19 @@ def _pieces(start: int, t: int, mbs: int) -> list[tuple[int, int, bool]]:
     return out
 
 
-def chunked_ttt_linear(q: Tensor, k: Tensor, v: Tensor, eta: Tensor, ln_w: Tensor, ln_b: Tensor, scale: float,
-                       eps: float, mbs: int, state: TTTWeights, start: int = 0) -> tuple[Tensor, TTTWeights]:
+def chunked_ttt_linear(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    eta: Tensor,
+    ln_w: Tensor,
+    ln_b: Tensor,
+    scale: float,
+    eps: float,
+    mbs: int,
+    state: TTTWeights,
+    start: int = 0,
+) -> tuple[Tensor, TTTWeights]:
     """Dual form over the segment's mini-batches (or their parts inside the segment).
 
     Args:
@@ -103,19 +115,19 @@ def chunked_ttt_linear(q: Tensor, k: Tensor, v: Tensor, eta: Tensor, ln_w: Tenso
     b, t, h, d = q.shape
     pieces = _pieces(start, t, mbs)
     sizes = [i1 - i0 for i0, i1, _ in pieces]
-    flat = (lambda x: x.transpose(1, 2).reshape(b * h, t, *x.shape[3:]))  # [B, T, H, ...] -> [B H, T, ...]
-    sq, kf = flat(q) * scale, flat(k)                                        # [BH, T, D]
-    shift = flat(ln_b - (v - k))                                             # ln_b - target, [BH, T, D]
-    ef = flat(eta[..., None])                                                # [BH, T, 1]
-    lw = ln_w.repeat(b, 1)[:, None]                                          # [BH, 1, D]
+    flat = lambda x: x.transpose(1, 2).reshape(b * h, t, *x.shape[3:])  # [B, T, H, ...] -> [B H, T, ...]
+    sq, kf = flat(q) * scale, flat(k)  # [BH, T, D]
+    shift = flat(ln_b - (v - k))  # ln_b - target, [BH, T, D]
+    ef = flat(eta[..., None])  # [BH, T, 1]
+    lw = ln_w.repeat(b, 1)[:, None]  # [BH, 1, D]
     W, c = state.W.reshape(b * h, d, d), state.c.reshape(b * h, 1, d)
-    G = None if state.G is None else state.G.reshape(b * h, d, d)           # open sums; None = zero
+    G = None if state.G is None else state.G.reshape(b * h, d, d)  # open sums; None = zero
     gb = None if state.gb is None else state.gb.reshape(b * h, 1, d)
-    read_open = G is not None                                                # only the first piece can read them
+    read_open = G is not None  # only the first piece can read them
     ws, cs, grads = [], [], []
     with one_thread():
         for kp, shp, ep, (_, _, closes) in zip(kf.split(sizes, 1), shift.split(sizes, 1), ef.split(sizes, 1), pieces):
-            grad = _ln_mse_grad_shifted(torch.baddbmm(c, kp, W), shp, lw, eps)   # nabla at the mini-batch's W, c
+            grad = _ln_mse_grad_shifted(torch.baddbmm(c, kp, W), shp, lw, eps)  # nabla at the mini-batch's W, c
             ws.append(W)
             cs.append(c)
             grads.append(grad)
@@ -123,7 +135,7 @@ def chunked_ttt_linear(q: Tensor, k: Tensor, v: Tensor, eta: Tensor, ln_w: Tenso
             if G is not None:
                 g_new, gb_new = G + g_new, gb + gb_new
             if closes:
-                e_last = ep[:, -1:]                                              # [BH, 1, 1]
+                e_last = ep[:, -1:]  # [BH, 1, 1]
                 W, c = W - e_last * g_new, c - e_last * gb_new
                 G = gb = None
             else:
@@ -140,8 +152,8 @@ def chunked_ttt_linear(q: Tensor, k: Tensor, v: Tensor, eta: Tensor, ln_w: Tenso
     for j, run in runs:
         size = sizes[j]
         sl = slice(i0, i0 + run * size)
-        qm, km, em = (x[:, sl].unflatten(1, (run, size)) for x in (sq, kf, ef))            # [BH, r, s, .]
-        wm, cm = torch.stack(ws[j : j + run], 1), torch.stack(cs[j : j + run], 1)          # [BH, r, D, D], [BH, r, 1, D]
+        qm, km, em = (x[:, sl].unflatten(1, (run, size)) for x in (sq, kf, ef))  # [BH, r, s, .]
+        wm, cm = torch.stack(ws[j : j + run], 1), torch.stack(cs[j : j + run], 1)  # [BH, r, D, D], [BH, r, 1, D]
         attn = (qm @ km.transpose(-1, -2) + 1.0).tril()
         o = qm @ wm + cm - em * (attn @ torch.stack(grads[j : j + run], 1))
         if read_open and j == 0:
@@ -149,24 +161,35 @@ def chunked_ttt_linear(q: Tensor, k: Tensor, v: Tensor, eta: Tensor, ln_w: Tenso
         outs.append(o.flatten(1, 2))
         i0 += run * size
     o = torch.cat(outs, 1) if len(outs) > 1 else outs[0]
-    if state.G is not None:                                                  # keep the state's layout
+    if state.G is not None:  # keep the state's layout
         G = torch.zeros_like(W) if G is None else G
         gb = torch.zeros_like(c) if gb is None else gb
         G, gb = G.view(b, h, d, d), gb.view(b, h, d)
     return o.view(b, h, t, d).transpose(1, 2), TTTWeights(W.view(b, h, d, d), c.view(b, h, d), G, gb)
 
 
-def ttt_linear_step(state: TTTWeights, position: int, q_t: Tensor, k_t: Tensor, v_t: Tensor, eta_t: Tensor,
-                    ln_w: Tensor, ln_b: Tensor, scale: float, eps: float, mbs: int) -> tuple[Tensor, TTTWeights]:
+def ttt_linear_step(
+    state: TTTWeights,
+    position: int,
+    q_t: Tensor,
+    k_t: Tensor,
+    v_t: Tensor,
+    eta_t: Tensor,
+    ln_w: Tensor,
+    ln_b: Tensor,
+    scale: float,
+    eps: float,
+    mbs: int,
+) -> tuple[Tensor, TTTWeights]:
     """Primal form, one token: q_t, k_t, v_t [B, H, D], eta_t [B, H] -> o_t [B, H, D] (before the post-norm)."""
     W, c, G, gb = state
     z = torch.einsum("bhk,bhkv->bhv", k_t, W) + c
-    grad = ln_mse_grad(z, v_t - k_t, ln_w, ln_b, eps)                     # nabla_t at the mini-batch's W, c
+    grad = ln_mse_grad(z, v_t - k_t, ln_w, ln_b, eps)  # nabla_t at the mini-batch's W, c
     g_new = k_t[..., :, None] * grad[..., None, :] + (0.0 if G is None else G)
     gb_new = grad + (0.0 if gb is None else gb)
     e = eta_t[..., None]
     o_t = torch.einsum("bhk,bhkv->bhv", q_t * scale, W - e[..., None] * g_new) + c - e * gb_new
-    if (position + 1) % mbs == 0:                                          # the mini-batch ends: apply it
+    if (position + 1) % mbs == 0:  # the mini-batch ends: apply it
         W, c = W - e[..., None] * g_new, c - e * gb_new
         G, gb = (None, None) if G is None else (torch.zeros_like(G), torch.zeros_like(gb))
     else:
@@ -174,13 +197,25 @@ def ttt_linear_step(state: TTTWeights, position: int, q_t: Tensor, k_t: Tensor, 
     return o_t, TTTWeights(W, c, G, gb)
 
 
-def recurrent_ttt_linear(q: Tensor, k: Tensor, v: Tensor, eta: Tensor, ln_w: Tensor, ln_b: Tensor, scale: float,
-                         eps: float, mbs: int, state: TTTWeights, start: int = 0) -> tuple[Tensor, TTTWeights]:
+def recurrent_ttt_linear(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    eta: Tensor,
+    ln_w: Tensor,
+    ln_b: Tensor,
+    scale: float,
+    eps: float,
+    mbs: int,
+    state: TTTWeights,
+    start: int = 0,
+) -> tuple[Tensor, TTTWeights]:
     """Token-by-token reference with the signature of ``chunked_ttt_linear``."""
     outs = []
     for i in range(q.shape[1]):
-        o_t, state = ttt_linear_step(state, start + i, q[:, i], k[:, i], v[:, i], eta[:, i], ln_w, ln_b, scale,
-                                     eps, mbs)
+        o_t, state = ttt_linear_step(
+            state, start + i, q[:, i], k[:, i], v[:, i], eta[:, i], ln_w, ln_b, scale, eps, mbs
+        )
         outs.append(o_t)
     return torch.stack(outs, 1), state
 
@@ -199,8 +234,19 @@ def ttt_operator(q: Tensor, k: Tensor, eta: Tensor, scale: float, mbs: int, star
     return MixOperator(mix_a, torch.zeros_like(mix_a))
 
 
-def dense_ttt_linear(q: Tensor, k: Tensor, v: Tensor, eta: Tensor, ln_w: Tensor, ln_b: Tensor, scale: float,
-                     eps: float, mbs: int, state: TTTWeights, start: int = 0) -> tuple[Tensor, TTTWeights]:
+def dense_ttt_linear(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    eta: Tensor,
+    ln_w: Tensor,
+    ln_b: Tensor,
+    scale: float,
+    eps: float,
+    mbs: int,
+    state: TTTWeights,
+    start: int = 0,
+) -> tuple[Tensor, TTTWeights]:
     """O = A nabla + offset through core.operator.solve_dense, the pseudo-values nabla mini-batch by mini-batch
     with every W_m, c_m summed in closed form from the initial weights and the earlier nablas."""
     b, t, h, d = q.shape
@@ -230,8 +276,11 @@ def dense_ttt_linear(q: Tensor, k: Tensor, v: Tensor, eta: Tensor, ln_w: Tensor,
     if closes_first:
         e0[:, i1_first:] = eta[:, i1_first - 1 : i1_first]
     sq = q * scale
-    offset = (torch.einsum("bthk,bhkv->bthv", sq, W0) + c0[:, None]
-              - e0[..., None] * (torch.einsum("bthk,bhkv->bthv", sq, G0) + gb0[:, None]))
+    offset = (
+        torch.einsum("bthk,bhkv->bthv", sq, W0)
+        + c0[:, None]
+        - e0[..., None] * (torch.einsum("bthk,bhkv->bthv", sq, G0) + gb0[:, None])
+    )
     o = solve_dense(ttt_operator(q, k, eta, scale, mbs, start), nabla, offset=offset)
     W = W0 - sum((e[..., None] * gk for e, gk, _ in applied), zero_g)
     c = c0 - sum((e * gs for e, _, gs in applied), zero_gb)
@@ -245,5 +294,13 @@ def dense_ttt_linear(q: Tensor, k: Tensor, v: Tensor, eta: Tensor, ln_w: Tensor,
     return o, TTTWeights(W, c, carried[0] + kl.transpose(-1, -2) @ grads[-1], carried[1] + grads[-1].sum(-2))
 
 
-__all__ = ["TTTWeights", "ln_mse_grad", "post_norm", "chunked_ttt_linear", "ttt_linear_step",
-           "recurrent_ttt_linear", "ttt_operator", "dense_ttt_linear"]
+__all__ = [
+    "TTTWeights",
+    "ln_mse_grad",
+    "post_norm",
+    "chunked_ttt_linear",
+    "ttt_linear_step",
+    "recurrent_ttt_linear",
+    "ttt_operator",
+    "dense_ttt_linear",
+]

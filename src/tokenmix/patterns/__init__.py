@@ -5,6 +5,7 @@ Specs: ``pow2`` (f(k) = 2^k), ``sq1`` (f(k) = k^2 + 1), ``dense`` (all j < t), `
 strictly increasing f written in k (e.g. ``f:3**k``, ``f:k**3+1``), and a ``_ce`` suffix (or
 ``cache_efficient=True``) for the cache-efficient lattice variant of any translation-invariant f.
 """
+
 from __future__ import annotations
 
 import ast
@@ -16,8 +17,18 @@ from tokenmix.patterns.base import Pattern
 from tokenmix.patterns.graph import shortest_paths
 from tokenmix.patterns.translation import Fenwick, Lattice, TranslationInvariant, fenwick_level
 
-__all__ = ["Pattern", "TranslationInvariant", "Lattice", "Fenwick", "fenwick_level", "get_pattern",
-           "pattern_names", "parse_f", "shortest_paths", "pattern_report"]
+__all__ = [
+    "Pattern",
+    "TranslationInvariant",
+    "Lattice",
+    "Fenwick",
+    "fenwick_level",
+    "get_pattern",
+    "pattern_names",
+    "parse_f",
+    "shortest_paths",
+    "pattern_report",
+]
 
 _BUILTIN: dict[str, Callable[[], Pattern]] = {
     "pow2": lambda: TranslationInvariant(lambda k: 2**k, "pow2"),
@@ -33,8 +44,8 @@ _BUILTIN: dict[str, Callable[[], Pattern]] = {
 # 4096 bits still admit every f whose first 64 values (checked up front for monotonicity) are at most
 # 2^4096, e.g. k**k (f(63) ~ 2^377) or 2**(k*k) (f(63) = 2^3969), and keep each step to microseconds.
 F_MAX_BITS = 4096
-F_MAX_CHARS = 256   # an expression in k longer than this is not a pattern anyone means
-F_MAX_DEPTH = 64    # nesting of operators; also keeps the recursive evaluation far from Python's limit
+F_MAX_CHARS = 256  # an expression in k longer than this is not a pattern anyone means
+F_MAX_DEPTH = 64  # nesting of operators; also keeps the recursive evaluation far from Python's limit
 # window:M keeps M distances, and a decoder caches M positions per layer (2 GiB per layer and
 # sequence at 512 floats a position for M = 2^20): a larger window does not fit, use 'dense'.
 MAX_WINDOW = 2**20
@@ -54,8 +65,9 @@ def _show(expr: str) -> str:
 def _checked(value: int) -> int:
     """``value`` if its magnitude is within F_MAX_BITS bits, else refused naming the limit."""
     if value.bit_length() > F_MAX_BITS:
-        raise _Refused(f"a value of {value.bit_length()} bits; values (and intermediate results) are limited "
-                       f"to {F_MAX_BITS} bits")
+        raise _Refused(
+            f"a value of {value.bit_length()} bits; values (and intermediate results) are limited to {F_MAX_BITS} bits"
+        )
     return value
 
 
@@ -71,8 +83,10 @@ def _power(base: int, exp: int) -> int:
     if base in (0, 1, -1):
         return 1 if exp == 0 else (base if exp % 2 else abs(base))
     if exp > F_MAX_BITS or (abs(base).bit_length() - 1) * exp > F_MAX_BITS:
-        raise _Refused(f"{base}**{exp} has more than {F_MAX_BITS} bits; values (and intermediate results) are "
-                       f"limited to {F_MAX_BITS} bits")
+        raise _Refused(
+            f"{base}**{exp} has more than {F_MAX_BITS} bits; values (and intermediate results) are "
+            f"limited to {F_MAX_BITS} bits"
+        )
     return _checked(base**exp)
 
 
@@ -112,8 +126,9 @@ def parse_f(expr: str) -> Callable[[int], int]:
     would otherwise end in a RecursionError). The returned f raises the same way for the k it is given.
     """
     if len(expr) > F_MAX_CHARS:
-        raise InputError(f"invalid pattern function {_show(expr)}: {len(expr)} characters, at most "
-                         f"{F_MAX_CHARS} allowed")
+        raise InputError(
+            f"invalid pattern function {_show(expr)}: {len(expr)} characters, at most {F_MAX_CHARS} allowed"
+        )
     try:
         tree = ast.parse(expr, mode="eval").body
     except SyntaxError:
@@ -163,8 +178,10 @@ def get_pattern(spec: str | Pattern, cache_efficient: bool = False) -> Pattern:
             except ValueError:
                 raise InputError(f"invalid pattern '{spec}': window size must be an integer") from None
             if m < 1 or m > MAX_WINDOW:
-                raise InputError(f"invalid pattern '{spec}': window size (order) must be in 1..{MAX_WINDOW} "
-                                 "(a longer window does not fit in memory; use 'dense')")
+                raise InputError(
+                    f"invalid pattern '{spec}': window size (order) must be in 1..{MAX_WINDOW} "
+                    "(a longer window does not fit in memory; use 'dense')"
+                )
             pat = TranslationInvariant(lambda k: k + 1, spec, max_levels=m)
         elif spec.startswith("f:"):
             pat = TranslationInvariant(parse_f(spec[2:]), spec)
@@ -174,8 +191,10 @@ def get_pattern(spec: str | Pattern, cache_efficient: bool = False) -> Pattern:
         if not isinstance(pat, TranslationInvariant):
             raise InputError(f"pattern '{pat.name}' has no cache-efficient variant (needs a translation-invariant f)")
         if pat.max_levels is not None or pat.name == "dense":
-            raise InputError(f"pattern '{pat.name}' is already bounded or dense; the lattice variant is for "
-                             "unbounded sparse f such as pow2 or sq1")
+            raise InputError(
+                f"pattern '{pat.name}' is already bounded or dense; the lattice variant is for "
+                "unbounded sparse f such as pow2 or sq1"
+            )
         pat = Lattice(pat)
     return pat
 

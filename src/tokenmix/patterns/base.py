@@ -16,6 +16,7 @@ A pattern reports, all derived from its definition:
     cache_size(n)          max over t < n of |needed(t)|: the peak decode cache of an n-token decode
     nnz(n)                 number of nonzeros of B for an n-token sequence
 """
+
 from __future__ import annotations
 
 from abc import ABC, abstractmethod

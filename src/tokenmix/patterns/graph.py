@@ -3,6 +3,7 @@
 Edge t -> j for j in N(t): information from position j reaches t through a chain of B-hops. The
 shortest information path d(t, j) is the fewest hops; pairs j < t only.
 """
+
 from __future__ import annotations
 
 import numpy as np

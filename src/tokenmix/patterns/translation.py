@@ -11,6 +11,7 @@ lattices nest (a_{k+1} is a multiple of a_k), which gives the invariant S_i ⊆ 
 position a token reads is either cached already or was produced by the previous token, so the
 decode cache is exactly S_i and has O(f^{-1}(n)) entries.
 """
+
 from __future__ import annotations
 
 import math
@@ -64,8 +65,10 @@ class TranslationInvariant(Pattern):
             if v < 1:
                 raise InputError(f"pattern '{self.name}': f({k}) = {v} must be >= 1 (a distance)")
             if self._dist and v <= self._dist[-1]:
-                raise InputError(f"pattern '{self.name}': f must be strictly increasing, but "
-                                 f"f({k - 1}) = {self._dist[-1]} >= f({k}) = {v}")
+                raise InputError(
+                    f"pattern '{self.name}': f must be strictly increasing, but "
+                    f"f({k - 1}) = {self._dist[-1]} >= f({k}) = {v}"
+                )
             self._dist.append(v)
 
     def distances(self, n: int) -> list[int]:
@@ -124,8 +127,10 @@ class Lattice(Pattern):
         if base.distances(2)[:1] != [1]:
             # The nesting argument needs level 0 to be the previous output: with f(0) > 1, token t
             # reads t - f(0), which is neither in S_{t-1} nor t - 1, and the cache would not be S_t.
-            raise InputError(f"the cache-efficient lattice of '{base.name}' needs f(0) = 1 (the previous "
-                             f"output), got f(0) = {base._dist[0]}")
+            raise InputError(
+                f"the cache-efficient lattice of '{base.name}' needs f(0) = 1 (the previous "
+                f"output), got f(0) = {base._dist[0]}"
+            )
         self.base = base
         self.name = f"{base.name}_ce"
         self._a: list[int] = []

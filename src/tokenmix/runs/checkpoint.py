@@ -34,6 +34,7 @@ else the next older ``step_*``), with a line for each newer one that did not; a 
 older one renames the unusable newer ones ``corrupt-step_*`` and points latest.json back
 (``recover_from``). Only when no checkpoint verifies is the run refused.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -48,15 +49,21 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from tokenmix.core.errors import InputError
-from tokenmix.core.files import (atomic_path, atomic_write_json, check_regular_file, inside, read_json,
-                                 remove_temporaries)
+from tokenmix.core.files import (
+    atomic_path,
+    atomic_write_json,
+    check_regular_file,
+    inside,
+    read_json,
+    remove_temporaries,
+)
 from tokenmix.core.lock import holds_lock
 
 FORMAT_VERSION = 1
 CHECKPOINT_FILES = ("model.safetensors", "optimizer.safetensors", "rng.safetensors")
 CHECKPOINT_NAME = re.compile(r"step_(\d+)")
-MAX_RECORD_BYTES = 1 << 16        # latest.json: three fields
-MAX_META_BYTES = 64 << 20         # meta.json: a name and a shape per parameter, the optimizer's groups
+MAX_RECORD_BYTES = 1 << 16  # latest.json: three fields
+MAX_META_BYTES = 64 << 20  # meta.json: a name and a shape per parameter, the optimizer's groups
 
 
 class CheckpointError(InputError):
@@ -85,8 +92,15 @@ def full_state(model: nn.Module, optimizer: torch.optim.Optimizer | None) -> tup
     return get_state_dict(model, optimizer, options=opts)
 
 
-def save_checkpoint(ckpt_root: Path, step: int, model: nn.Module, optimizer: torch.optim.Optimizer,
-                    meta: dict, keep: int, is_main: bool = True) -> Path | None:
+def save_checkpoint(
+    ckpt_root: Path,
+    step: int,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    meta: dict,
+    keep: int,
+    is_main: bool = True,
+) -> Path | None:
     """Write checkpoint ``step`` atomically and point latest.json at it; returns its directory (rank 0).
 
     ``meta`` holds the JSON-able training state (data position, scheduler, config, ...).
@@ -116,13 +130,23 @@ def save_checkpoint(ckpt_root: Path, step: int, model: nn.Module, optimizer: tor
             for i, s in enumerate(torch.cuda.get_rng_state_all()):
                 rng[f"torch_cuda_{i}"] = s
         save_file(rng, str(tmp / "rng.safetensors"))
-        groups = [{k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in osd.get("param_groups", [])]
-        full_meta = {"format": FORMAT_VERSION, "step": step, **meta, "param_groups": groups,
-                     "shapes": {k: list(v.shape) for k, v in weights.items()},
-                     "files": {f: _sha256(tmp / f) for f in CHECKPOINT_FILES}}
+        groups = [
+            {k: (list(v) if isinstance(v, tuple) else v) for k, v in g.items()} for g in osd.get("param_groups", [])
+        ]
+        full_meta = {
+            "format": FORMAT_VERSION,
+            "step": step,
+            **meta,
+            "param_groups": groups,
+            "shapes": {k: list(v.shape) for k, v in weights.items()},
+            "files": {f: _sha256(tmp / f) for f in CHECKPOINT_FILES},
+        }
         (tmp / "meta.json").write_text(json.dumps(full_meta, indent=1))
-    atomic_write_json(ckpt_root / "latest.json", {"checkpoint": name, "step": step,
-                                                  "meta_sha256": _sha256(final / "meta.json")}, indent=1)
+    atomic_write_json(
+        ckpt_root / "latest.json",
+        {"checkpoint": name, "step": step, "meta_sha256": _sha256(final / "meta.json")},
+        indent=1,
+    )
     _prune(ckpt_root, keep, name)
     return final
 
@@ -148,8 +172,10 @@ def remove_stale_temporaries(ckpt_root: Path) -> list[str]:
         raise RuntimeError(f"remove_stale_temporaries({ckpt_root}) needs the lock of {ckpt_root.parent}")
     if not ckpt_root.is_dir() or ckpt_root.is_symlink():
         return []
-    return [f"removed {p.name}, left in {ckpt_root} by a checkpoint write that did not finish"
-            for p in remove_temporaries(ckpt_root, _checkpoint_temporary)]
+    return [
+        f"removed {p.name}, left in {ckpt_root} by a checkpoint write that did not finish"
+        for p in remove_temporaries(ckpt_root, _checkpoint_temporary)
+    ]
 
 
 # ------------------------------------------------------------------------------------------ reading
@@ -182,11 +208,13 @@ def read_latest(ckpt_root: Path) -> dict | None:
         raise CheckpointError(f"{path} is corrupt: it holds {type(rec).__name__}, not a JSON object")
     name, step, sha = rec.get("checkpoint"), rec.get("step"), rec.get("meta_sha256")
     if not isinstance(name, str) or CHECKPOINT_NAME.fullmatch(name) is None:
-        raise CheckpointError(f"{path} is corrupt: 'checkpoint' must name a step_N folder of {ckpt_root}, "
-                              f"got {_shown(name)}")
+        raise CheckpointError(
+            f"{path} is corrupt: 'checkpoint' must name a step_N folder of {ckpt_root}, got {_shown(name)}"
+        )
     if not isinstance(step, int) or isinstance(step, bool) or step != int(name[5:]):
-        raise CheckpointError(f"{path} is corrupt: 'step' must be the integer {int(name[5:])} of {name}, "
-                              f"got {_shown(step)}")
+        raise CheckpointError(
+            f"{path} is corrupt: 'step' must be the integer {int(name[5:])} of {name}, got {_shown(step)}"
+        )
     if not isinstance(sha, str) or re.fullmatch(r"[0-9a-f]{64}", sha) is None:
         raise CheckpointError(f"{path} is corrupt: 'meta_sha256' must be 64 hex digits, got {_shown(sha)}")
     return rec
@@ -226,8 +254,9 @@ def newest_valid_checkpoint(ckpt_root: Path) -> tuple[Path | None, dict | None, 
     """
     ckpt_root = Path(ckpt_root)
     skipped: list[str] = []
-    dirs = sorted((p for p in ckpt_root.glob("step_*") if p.is_dir() and _step_of(p) is not None),
-                  key=_step_of, reverse=True)
+    dirs = sorted(
+        (p for p in ckpt_root.glob("step_*") if p.is_dir() and _step_of(p) is not None), key=_step_of, reverse=True
+    )
     candidates = dirs
     latest_path = ckpt_root / "latest.json"
     if latest_path.exists() or latest_path.is_symlink():
@@ -245,8 +274,10 @@ def newest_valid_checkpoint(ckpt_root: Path) -> tuple[Path | None, dict | None, 
             return ckpt, read_checkpoint_meta(ckpt), skipped
         except CheckpointError as e:
             skipped.append(str(e))
-    raise CheckpointError(f"no valid checkpoint in {ckpt_root}: {skipped[0] if skipped else 'none found'}"
-                          + (f" (and {len(skipped) - 1} older one(s) unusable)" if len(skipped) > 1 else ""))
+    raise CheckpointError(
+        f"no valid checkpoint in {ckpt_root}: {skipped[0] if skipped else 'none found'}"
+        + (f" (and {len(skipped) - 1} older one(s) unusable)" if len(skipped) > 1 else "")
+    )
 
 
 def recover_from(ckpt_root: Path, ckpt_dir: Path) -> list[str]:
@@ -256,16 +287,23 @@ def recover_from(ckpt_root: Path, ckpt_dir: Path) -> list[str]:
     ckpt_root, ckpt_dir = Path(ckpt_root), Path(ckpt_dir)
     step = _step_of(ckpt_dir)
     notes = []
-    for bad in sorted(p for p in ckpt_root.glob("step_*") if p.is_dir() and p != ckpt_dir
-                      and _step_of(p) is not None and step is not None and _step_of(p) > step):
+    for bad in sorted(
+        p
+        for p in ckpt_root.glob("step_*")
+        if p.is_dir() and p != ckpt_dir and _step_of(p) is not None and step is not None and _step_of(p) > step
+    ):
         aside = bad.with_name(f"corrupt-{bad.name}")
         shutil.rmtree(aside, ignore_errors=True)
         bad.rename(aside)
         notes.append(f"moved the unusable checkpoint {bad.name} aside to {aside.name}")
-    meta = read_json(ckpt_dir / "meta.json", "checkpoint metadata", max_bytes=MAX_META_BYTES,
-                     within=_run_root(ckpt_root))  # verified by the caller
-    atomic_write_json(ckpt_root / "latest.json", {"checkpoint": ckpt_dir.name, "step": meta["step"],
-                                                  "meta_sha256": _sha256(ckpt_dir / "meta.json")}, indent=1)
+    meta = read_json(
+        ckpt_dir / "meta.json", "checkpoint metadata", max_bytes=MAX_META_BYTES, within=_run_root(ckpt_root)
+    )  # verified by the caller
+    atomic_write_json(
+        ckpt_root / "latest.json",
+        {"checkpoint": ckpt_dir.name, "step": meta["step"], "meta_sha256": _sha256(ckpt_dir / "meta.json")},
+        indent=1,
+    )
     return notes
 
 
@@ -277,8 +315,10 @@ def read_checkpoint_meta(ckpt_dir: Path) -> dict:
     if not ckpt_dir.is_dir():
         raise CheckpointError(f"checkpoint directory {ckpt_dir} does not exist")
     if not inside(ckpt_dir, root):
-        raise CheckpointError(f"checkpoint {ckpt_dir} is a symbolic link out of the run folder {root} (to "
-                              f"{ckpt_dir.resolve()}); a run reads only its own checkpoints")
+        raise CheckpointError(
+            f"checkpoint {ckpt_dir} is a symbolic link out of the run folder {root} (to "
+            f"{ckpt_dir.resolve()}); a run reads only its own checkpoints"
+        )
     meta_path = ckpt_dir / "meta.json"
     if not (meta_path.exists() or meta_path.is_symlink()):
         raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: meta.json is missing")
@@ -288,8 +328,9 @@ def read_checkpoint_meta(ckpt_dir: Path) -> dict:
     except CheckpointError:
         rec = None
     if rec is not None and rec["checkpoint"] == ckpt_dir.name and rec["meta_sha256"] != _sha256(meta_path):
-        raise CheckpointError(f"checkpoint {ckpt_dir}: meta.json does not match its recorded checksum "
-                              "(corrupt or tampered)")
+        raise CheckpointError(
+            f"checkpoint {ckpt_dir}: meta.json does not match its recorded checksum (corrupt or tampered)"
+        )
     try:
         meta = read_json(meta_path, "checkpoint metadata", max_bytes=MAX_META_BYTES, within=root)
     except InputError as e:
@@ -302,14 +343,16 @@ def read_checkpoint_meta(ckpt_dir: Path) -> dict:
             raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: {f} is missing")
         _regular(p, root, "checkpoint file")
         if _sha256(p) != files.get(f):
-            raise CheckpointError(f"checkpoint {ckpt_dir}: {f} does not match its recorded checksum "
-                                  "(truncated, corrupt or tampered)")
+            raise CheckpointError(
+                f"checkpoint {ckpt_dir}: {f} does not match its recorded checksum (truncated, corrupt or tampered)"
+            )
     shapes = _tensor_shapes(ckpt_dir / "model.safetensors")
     for f in CHECKPOINT_FILES[1:]:
         _tensor_shapes(ckpt_dir / f)
     if "shapes" in meta and shapes != {k: list(v) for k, v in meta["shapes"].items()}:
-        raise CheckpointError(f"checkpoint {ckpt_dir}: model.safetensors holds other tensors than meta.json "
-                              "records (corrupt or tampered)")
+        raise CheckpointError(
+            f"checkpoint {ckpt_dir}: model.safetensors holds other tensors than meta.json records (corrupt or tampered)"
+        )
     return meta
 
 
@@ -319,14 +362,16 @@ def _is_int(v) -> bool:
 
 def _check_meta(ckpt_dir: Path, meta) -> None:
     """The fields of meta.json that loading reads, of the types ``save_checkpoint`` writes."""
+
     def bad(why: str) -> CheckpointError:
         return CheckpointError(f"checkpoint {ckpt_dir}: meta.json is corrupt ({why})")
 
     if not isinstance(meta, dict):
         raise bad(f"it holds {type(meta).__name__}, not a JSON object")
     if meta.get("format") != FORMAT_VERSION:
-        raise CheckpointError(f"checkpoint {ckpt_dir} has format {_shown(meta.get('format'))}, "
-                              f"expected {FORMAT_VERSION}")
+        raise CheckpointError(
+            f"checkpoint {ckpt_dir} has format {_shown(meta.get('format'))}, expected {FORMAT_VERSION}"
+        )
     step = meta.get("step")
     if not _is_int(step) or step < 0:
         raise bad(f"'step' must be a non-negative integer, got {_shown(step)}")
@@ -336,12 +381,14 @@ def _check_meta(ckpt_dir: Path, meta) -> None:
     if not isinstance(files, dict) or not all(isinstance(files.get(f), str) for f in CHECKPOINT_FILES):
         raise bad(f"'files' must map {', '.join(CHECKPOINT_FILES)} to their SHA-256")
     groups = meta.get("param_groups")
-    if not isinstance(groups, list) or not all(isinstance(g, dict) and isinstance(g.get("params", []), list)
-                                               for g in groups):
+    if not isinstance(groups, list) or not all(
+        isinstance(g, dict) and isinstance(g.get("params", []), list) for g in groups
+    ):
         raise bad("'param_groups' must be a list of JSON objects")
     shapes = meta.get("shapes", {})
-    if not isinstance(shapes, dict) or not all(isinstance(v, list) and all(_is_int(d) and d >= 0 for d in v)
-                                               for v in shapes.values()):
+    if not isinstance(shapes, dict) or not all(
+        isinstance(v, list) and all(_is_int(d) and d >= 0 for d in v) for v in shapes.values()
+    ):
         raise bad("'shapes' must map parameter names to lists of sizes")
     if "tokens" in meta and not (_is_int(meta["tokens"]) and meta["tokens"] >= 0):
         raise bad(f"'tokens' must be a non-negative integer, got {_shown(meta['tokens'])}")
@@ -365,7 +412,9 @@ def _load_tensors(path: Path) -> dict[str, torch.Tensor]:
     try:
         return load_file(str(path), device="cpu")
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"{path} is unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})") from None
+        raise CheckpointError(
+            f"{path} is unreadable ({str(e).splitlines()[0] if str(e) else type(e).__name__})"
+        ) from None
 
 
 def _check_shapes(ckpt_dir: Path, weights: dict[str, torch.Tensor], model: nn.Module) -> None:
@@ -373,13 +422,18 @@ def _check_shapes(ckpt_dir: Path, weights: dict[str, torch.Tensor], model: nn.Mo
     missing = sorted(set(expected) - set(weights))
     extra = sorted(set(weights) - set(expected))
     if missing or extra:
-        what = (f"missing {missing[:3]}" if missing else "") + (" and " if missing and extra else "") + \
-               (f"unexpected {extra[:3]}" if extra else "")
+        what = (
+            (f"missing {missing[:3]}" if missing else "")
+            + (" and " if missing and extra else "")
+            + (f"unexpected {extra[:3]}" if extra else "")
+        )
         raise CheckpointError(f"checkpoint {ckpt_dir} is from a different model: parameters {what}")
     for k, shape in expected.items():
         if tuple(weights[k].shape) != shape:
-            raise CheckpointError(f"checkpoint {ckpt_dir} is from a different model shape: {k} is "
-                                  f"{list(weights[k].shape)} there but {list(shape)} in this model")
+            raise CheckpointError(
+                f"checkpoint {ckpt_dir} is from a different model shape: {k} is "
+                f"{list(weights[k].shape)} there but {list(shape)} in this model"
+            )
 
 
 def load_model_weights(ckpt_dir: Path, model: nn.Module) -> dict:
@@ -391,8 +445,9 @@ def load_model_weights(ckpt_dir: Path, model: nn.Module) -> dict:
     return meta
 
 
-def load_training_state(ckpt_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer,
-                        unwrapped: nn.Module) -> dict:
+def load_training_state(
+    ckpt_dir: Path, model: nn.Module, optimizer: torch.optim.Optimizer, unwrapped: nn.Module
+) -> dict:
     """Restore weights, optimizer state and RNG into a (possibly DDP/FSDP-wrapped) model; returns meta.
 
     Every rank reads the files (they are small next to the model's memory) and loads the full state.
@@ -421,12 +476,18 @@ def load_training_state(ckpt_dir: Path, model: nn.Module, optimizer: torch.optim
         if pname in weights and "exp_avg" in st and tuple(st["exp_avg"].shape) != tuple(weights[pname].shape):
             raise CheckpointError(f"checkpoint {ckpt_dir}: optimizer state of {pname} has the wrong shape")
     try:
-        set_state_dict(model, optimizer, model_state_dict=weights,
-                       optim_state_dict={"state": state, "param_groups": groups},
-                       options=StateDictOptions(full_state_dict=True))
+        set_state_dict(
+            model,
+            optimizer,
+            model_state_dict=weights,
+            optim_state_dict={"state": state, "param_groups": groups},
+            options=StateDictOptions(full_state_dict=True),
+        )
     except (RuntimeError, KeyError, ValueError) as e:
-        raise CheckpointError(f"checkpoint {ckpt_dir} does not fit this model/optimizer: "
-                              f"{str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+        raise CheckpointError(
+            f"checkpoint {ckpt_dir} does not fit this model/optimizer: "
+            f"{str(e).splitlines()[0] if str(e) else type(e).__name__}"
+        ) from None
     rng = _load_tensors(ckpt_dir / "rng.safetensors")
     torch.set_rng_state(rng["torch_cpu"])
     if torch.cuda.is_available():

@@ -5,6 +5,7 @@ from ``time_repeats``, so all of them mean the same thing. Process CPU time coun
 the process but not the time other processes hold the cores: on a shared machine it is the steadier
 clock; with one torch thread it is the work itself (with several it also counts spin-waits).
 """
+
 from __future__ import annotations
 
 import resource
@@ -12,8 +13,9 @@ import time
 from typing import Callable
 
 
-def time_repeats(fn: Callable[[], None], repeats: int, warmup: int = 1,
-                 setup: Callable[[], None] | None = None) -> dict[str, list[float]]:
+def time_repeats(
+    fn: Callable[[], None], repeats: int, warmup: int = 1, setup: Callable[[], None] | None = None
+) -> dict[str, list[float]]:
     """Seconds of each of ``repeats`` calls of fn(), after ``warmup`` untimed calls, on four clocks.
 
     ``setup()`` runs before every call, outside the timing (e.g. clearing gradients).

@@ -18,6 +18,7 @@ A config is refused when its model cannot fit in this machine's memory (``check_
 estimated on the meta device before anything is allocated). Named starting points (``tiny``,
 ``small``, ...) are presets: ``study/presets``.
 """
+
 from __future__ import annotations
 
 import json
@@ -31,9 +32,9 @@ from typing import Any
 
 import torch
 
-from tokenmix.core.memory import available_memory
 from tokenmix.core.errors import InputError, MissingInput
 from tokenmix.core.files import MAX_JSON_BYTES, parse_json, read_json, read_text_file
+from tokenmix.core.memory import available_memory
 from tokenmix.data.prepare import DataConfig
 from tokenmix.data.tokenizer import load_tokenizer
 from tokenmix.mixers.registry import get_mixer_spec
@@ -42,7 +43,7 @@ from tokenmix.models.model import Block
 from tokenmix.runs.checkpoint import CheckpointError, load_model_weights, newest_valid_checkpoint
 
 PARALLEL = ("ddp", "fsdp")
-MAX_THREADS = 1024   # train.threads at most: more than any machine has cores (torch accepts any count, then starts them)
+MAX_THREADS = 1024  # train.threads at most: more than any machine has cores (torch accepts any count, then starts them)
 PRECISIONS = ("fp32", "bf16", "auto")
 DEVICES = ("auto", "cpu", "cuda")
 
@@ -50,38 +51,44 @@ DEVICES = ("auto", "cpu", "cuda")
 @dataclass(frozen=True)
 class LMTrainConfig:
     seq_len: int = 128
-    batch_size: int = 16          # sequences per optimizer step, over all ranks and accumulation micro-steps
-    grad_accum: int = 1           # micro-steps per optimizer step
+    batch_size: int = 16  # sequences per optimizer step, over all ranks and accumulation micro-steps
+    grad_accum: int = 1  # micro-steps per optimizer step
     max_steps: int = 300
-    lr: float = 2e-3              # peak learning rate
-    min_lr_ratio: float = 0.1     # the cosine decays to lr * min_lr_ratio
+    lr: float = 2e-3  # peak learning rate
+    min_lr_ratio: float = 0.1  # the cosine decays to lr * min_lr_ratio
     warmup_steps: int = 30
-    weight_decay: float = 0.1     # on matrices and embeddings; never on norms and biases
+    weight_decay: float = 0.1  # on matrices and embeddings; never on norms and biases
     beta1: float = 0.9
     beta2: float = 0.95
     eps: float = 1e-8
-    grad_clip: float = 1.0        # max global grad norm; 0 disables clipping
-    precision: str = "fp32"       # fp32 | bf16 (autocast; on CPU too) | auto (bf16 where matmuls have native
-                                  # bf16: CUDA, or a CPU with AMX-BF16/AVX512-BF16; else fp32); resolved at start
-    eval_every: int = 100         # steps between validation passes (and one at the end)
-    eval_windows: int = 32        # validation windows per periodic pass; 0 = the whole split
-    final_eval_windows: int = 0   # validation windows of the final pass (and its baselines); 0 = the whole split
-    checkpoint_every: int = 100   # steps between checkpoints (and one at the end); 0 = only at the end
+    grad_clip: float = 1.0  # max global grad norm; 0 disables clipping
+    precision: str = "fp32"  # fp32 | bf16 (autocast; on CPU too) | auto (bf16 where matmuls have native
+    # bf16: CUDA, or a CPU with AMX-BF16/AVX512-BF16; else fp32); resolved at start
+    eval_every: int = 100  # steps between validation passes (and one at the end)
+    eval_windows: int = 32  # validation windows per periodic pass; 0 = the whole split
+    final_eval_windows: int = 0  # validation windows of the final pass (and its baselines); 0 = the whole split
+    checkpoint_every: int = 100  # steps between checkpoints (and one at the end); 0 = only at the end
     keep_checkpoints: int = 2
-    log_every: int = 10           # steps between console lines (metrics.jsonl gets every step)
+    log_every: int = 10  # steps between console lines (metrics.jsonl gets every step)
     seed: int = 0
-    parallel: str = "ddp"         # ddp | fsdp, used when launched with torchrun and world size > 1
-    device: str = "auto"          # auto | cpu | cuda
-    threads: int = 0              # torch intra-op threads; 0 = torch's default
-    tensorboard: bool = True      # also write TensorBoard events when tensorboard is installed
+    parallel: str = "ddp"  # ddp | fsdp, used when launched with torchrun and world size > 1
+    device: str = "auto"  # auto | cpu | cuda
+    threads: int = 0  # torch intra-op threads; 0 = torch's default
+    tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))
         for f in fields(self):  # a config.json edited by hand may hold anything
             v, tp = getattr(self, f.name), hints[f.name]
-            ok = (isinstance(v, bool) if tp is bool else
-                  isinstance(v, int) and not isinstance(v, bool) if tp is int else
-                  isinstance(v, (int, float)) and not isinstance(v, bool) if tp is float else isinstance(v, tp))
+            ok = (
+                isinstance(v, bool)
+                if tp is bool
+                else isinstance(v, int) and not isinstance(v, bool)
+                if tp is int
+                else isinstance(v, (int, float)) and not isinstance(v, bool)
+                if tp is float
+                else isinstance(v, tp)
+            )
             if not ok:
                 raise InputError(f"train.{f.name} must be {getattr(tp, '__name__', tp)}, got {v!r}")
             if tp is float and not math.isfinite(v):
@@ -89,7 +96,15 @@ class LMTrainConfig:
         for name in ("seq_len", "batch_size", "grad_accum", "max_steps", "eval_every", "log_every", "keep_checkpoints"):
             if getattr(self, name) <= 0:
                 raise InputError(f"train.{name} must be > 0, got {getattr(self, name)}")
-        for name in ("warmup_steps", "eval_windows", "final_eval_windows", "checkpoint_every", "threads", "grad_clip", "weight_decay"):
+        for name in (
+            "warmup_steps",
+            "eval_windows",
+            "final_eval_windows",
+            "checkpoint_every",
+            "threads",
+            "grad_clip",
+            "weight_decay",
+        ):
             if getattr(self, name) < 0:
                 raise InputError(f"train.{name} must be >= 0, got {getattr(self, name)}")
         if self.threads > MAX_THREADS:
@@ -106,7 +121,9 @@ class LMTrainConfig:
         if not 0 <= self.seed < 2**32:
             raise InputError(f"train.seed must be in [0, 2**32), got {self.seed}")
         if self.batch_size % self.grad_accum:
-            raise InputError(f"train.batch_size={self.batch_size} must be divisible by train.grad_accum={self.grad_accum}")
+            raise InputError(
+                f"train.batch_size={self.batch_size} must be divisible by train.grad_accum={self.grad_accum}"
+            )
         if self.precision not in PRECISIONS:
             raise InputError(f"train.precision must be one of {PRECISIONS}, got '{self.precision}'")
         if self.parallel not in PARALLEL:
@@ -125,8 +142,10 @@ class LMRunConfig:
         check_model_ranges(self.model)
         check_mixer_overrides(self.model)
         if self.model.positions == "learned" and self.train.seq_len > self.model.max_seq_len:
-            raise InputError(f"train.seq_len={self.train.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}, "
-                             "where the learned positions stop; raise model.max_seq_len or lower train.seq_len")
+            raise InputError(
+                f"train.seq_len={self.train.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}, "
+                "where the learned positions stop; raise model.max_seq_len or lower train.seq_len"
+            )
 
     def to_dict(self) -> dict:
         return {s: _section_dict(getattr(self, s)) for s in ("model", "data", "train")}
@@ -195,8 +214,10 @@ def check_mixer_overrides(model: ModelConfig) -> None:
     check_override_types(overrides)
     for name, values in overrides.items():
         if name not in model.layers:
-            raise InputError(f"model.mixer_overrides.{name}: mixer '{name}' is not in model.layers "
-                             f"({','.join(dict.fromkeys(model.layers))}), so the override would do nothing")
+            raise InputError(
+                f"model.mixer_overrides.{name}: mixer '{name}' is not in model.layers "
+                f"({','.join(dict.fromkeys(model.layers))}), so the override would do nothing"
+            )
         get_mixer_spec(name).make_config(**values)  # unknown fields or bad values: InputError
 
 
@@ -265,8 +286,7 @@ def estimate_parameters(model: dict[str, Any], vocab_size: int | None = None) ->
     return total
 
 
-def check_model_memory(model: dict[str, Any], bytes_per_param: int, what: str,
-                       vocab_size: int | None = None) -> None:
+def check_model_memory(model: dict[str, Any], bytes_per_param: int, what: str, vocab_size: int | None = None) -> None:
     """Refuse (InputError) a model whose ``bytes_per_param`` bytes a parameter exceed the memory
     available; ``what`` says what those bytes are."""
     check_override_types(model.get("mixer_overrides", {}))  # before a mixer is built from them
@@ -279,11 +299,16 @@ def check_model_memory(model: dict[str, Any], bytes_per_param: int, what: str,
         return
     n_layers = sum((_layer_counts(model.get("layers", ())) or {}).values())
     vocab = vocab_size if vocab_size is not None else model.get("vocab_size", 256)
-    size = (f"model.d_model={model.get('d_model')}, {n_layers:,} layer(s) and a {vocab:,}-token vocabulary give "
-            + (f"about {params:.3g} parameters, which need about {need / 2**30:,.0f} GiB for {what} "
-               f"({bytes_per_param} bytes a parameter)" if math.isfinite(params) else "tensors too large to address"))
-    raise InputError(f"model too large for this machine: {size}, but {avail / 2**30:,.1f} GiB of memory is "
-                     "available; lower model.d_model, the layer count or the vocabulary size")
+    size = f"model.d_model={model.get('d_model')}, {n_layers:,} layer(s) and a {vocab:,}-token vocabulary give " + (
+        f"about {params:.3g} parameters, which need about {need / 2**30:,.0f} GiB for {what} "
+        f"({bytes_per_param} bytes a parameter)"
+        if math.isfinite(params)
+        else "tensors too large to address"
+    )
+    raise InputError(
+        f"model too large for this machine: {size}, but {avail / 2**30:,.1f} GiB of memory is "
+        "available; lower model.d_model, the layer count or the vocabulary size"
+    )
 
 
 def check_batch_memory(train: LMTrainConfig) -> None:
@@ -293,9 +318,11 @@ def check_batch_memory(train: LMTrainConfig) -> None:
     need = float(train.batch_size) * (train.seq_len + 1) * 8
     avail = available_memory()
     if avail is not None and need > avail:
-        raise InputError(f"train.batch_size={train.batch_size:,} windows of train.seq_len={train.seq_len:,} tokens "
-                         f"need about {need / 2**30:,.1f} GiB for their token ids alone, but {avail / 2**30:,.1f} GiB "
-                         "of memory is available; lower train.batch_size or train.seq_len")
+        raise InputError(
+            f"train.batch_size={train.batch_size:,} windows of train.seq_len={train.seq_len:,} tokens "
+            f"need about {need / 2**30:,.1f} GiB for their token ids alone, but {avail / 2**30:,.1f} GiB "
+            "of memory is available; lower train.batch_size or train.seq_len"
+        )
 
 
 def _section_dict(obj: Any) -> dict:
@@ -484,8 +511,9 @@ def read_metrics(run_dir: Path) -> list[dict]:
     if not (path.exists() or path.is_symlink()):
         return []
     out = []
-    for line in read_text_file(path, "metrics file", max_bytes=MAX_JSON_BYTES, within=run_dir,
-                               errors="replace").splitlines():
+    for line in read_text_file(
+        path, "metrics file", max_bytes=MAX_JSON_BYTES, within=run_dir, errors="replace"
+    ).splitlines():
         try:
             rec = parse_json(line, "a metrics record")
         except InputError:
@@ -531,13 +559,34 @@ def load_run(run_dir: str | Path, device: str | torch.device = "cpu") -> LoadedR
     model.to(device).eval()
     tok = load_tokenizer(run_dir / "tokenizer.json", within=run_dir)
     if tok.get_vocab_size() != cfg.model.vocab_size:
-        raise InputError(f"'{run_dir}/tokenizer.json' has {tok.get_vocab_size()} tokens but the model "
-                         f"{cfg.model.vocab_size}")
+        raise InputError(
+            f"'{run_dir}/tokenizer.json' has {tok.get_vocab_size()} tokens but the model {cfg.model.vocab_size}"
+        )
     return LoadedRun(cfg, model, tok, ckpt, meta)
 
 
-__all__ = ["LMRunConfig", "LMTrainConfig", "DataConfig", "LoadedRun", "ModelConfig", "apply_overrides",
-           "available_memory", "bigram_verdict", "check_batch_memory", "check_mixer_overrides", "check_model_memory",
-           "check_model_ranges", "check_override_types", "estimate_parameters", "load_run", "merge_config",
-           "model_differences", "parse_value", "read_config_file", "read_metrics", "read_run_config", "resolve_device",
-           "with_vocab"]
+__all__ = [
+    "LMRunConfig",
+    "LMTrainConfig",
+    "DataConfig",
+    "LoadedRun",
+    "ModelConfig",
+    "apply_overrides",
+    "available_memory",
+    "bigram_verdict",
+    "check_batch_memory",
+    "check_mixer_overrides",
+    "check_model_memory",
+    "check_model_ranges",
+    "check_override_types",
+    "estimate_parameters",
+    "load_run",
+    "merge_config",
+    "model_differences",
+    "parse_value",
+    "read_config_file",
+    "read_metrics",
+    "read_run_config",
+    "resolve_device",
+    "with_vocab",
+]

@@ -16,6 +16,7 @@ Run directory layout::
 The run id ends with a hash of the resolved config, so changing anything about a run gives it a new
 id, and a run whose ``result.json`` exists is finished.
 """
+
 from __future__ import annotations
 
 import csv
@@ -35,8 +36,6 @@ from tokenmix.mixers.registry import get_mixer_spec
 from tokenmix.models import ModelConfig
 from tokenmix.tasks import TaskConfig, make_task
 
-
-
 LEARNING_BUDGET_FIELDS = ("patience_steps", "min_gain", "min_loss_gain", "min_steps")
 
 
@@ -44,31 +43,31 @@ LEARNING_BUDGET_FIELDS = ("patience_steps", "min_gain", "min_loss_gain", "min_st
 class SyntheticTrainConfig:
     """Optimisation and evaluation of one run."""
 
-    lr: float = 1e-3                # peak learning rate
-    steps: int = 1000               # maximum optimiser steps
+    lr: float = 1e-3  # peak learning rate
+    steps: int = 1000  # maximum optimiser steps
     batch_size: int = 64
     warmup_steps: int = 50
-    min_lr_ratio: float = 0.1       # cosine decays to this fraction of the peak
+    min_lr_ratio: float = 0.1  # cosine decays to this fraction of the peak
     weight_decay: float = 0.1
-    grad_clip: float = 1.0          # max global gradient norm (0 = off)
-    train_examples: int = 10_000    # size of the training set (generated from the run's seed)
+    grad_clip: float = 1.0  # max global gradient norm (0 = off)
+    train_examples: int = 10_000  # size of the training set (generated from the run's seed)
     val_examples: int = 256
     test_examples: int = 1_000
-    eval_every: int = 50            # steps between validation passes (one point of the learning curve each)
-    early_stop_acc: float = 0.99    # stop once validation accuracy reaches this (> 1 = never)
+    eval_every: int = 50  # steps between validation passes (one point of the learning curve each)
+    early_stop_acc: float = 0.99  # stop once validation accuracy reaches this (> 1 = never)
     # budget by learning: stop once validation has not gained for ``patience_steps`` steps (0 = off):
     # neither accuracy by ``min_gain`` nor loss by ``min_loss_gain`` over their last counted gains
     # (on the plateau MQAR-like tasks sit on before they bind keys the loss still falls while the
     # accuracy does not), never before ``min_steps``; ``steps`` is the hard maximum
     patience_steps: int = 0
-    min_gain: float = 0.0           # accuracy points (as a fraction) that count as a gain
-    min_loss_gain: float = 0.0      # validation loss (nats per answer) that counts as a gain (0 = loss not read)
+    min_gain: float = 0.0  # accuracy points (as a fraction) that count as a gain
+    min_loss_gain: float = 0.0  # validation loss (nats per answer) that counts as a gain (0 = loss not read)
     min_steps: int = 0
     val_seed: int = 1_000_003
     test_seed: int = 2_000_003
-    mode: str | None = None         # mixer mode used for training and evaluation (None = fast default)
+    mode: str | None = None  # mixer mode used for training and evaluation (None = fast default)
     test_lengths: tuple[int, ...] = ()  # also test at these sequence lengths (the task's seq_len), e.g. 4x
-                                        # the training length: extrapolation of models without a position code
+    # the training length: extrapolation of models without a position code
 
     def __post_init__(self) -> None:
         for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "min_gain", "min_loss_gain"):
@@ -94,7 +93,8 @@ class SyntheticTrainConfig:
         if self.grad_clip < 0 or self.weight_decay < 0:
             raise InputError("train config: grad_clip and weight_decay must be >= 0")
         if not isinstance(self.test_lengths, tuple) or any(
-                isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in self.test_lengths):
+            isinstance(n, bool) or not isinstance(n, int) or n <= 0 for n in self.test_lengths
+        ):
             raise InputError(f"train config: test_lengths must be positive integers, got {self.test_lengths!r}")
         if self.val_seed == self.test_seed:
             raise InputError("train config: val_seed and test_seed must differ (held-out test set)")
@@ -104,13 +104,13 @@ class SyntheticTrainConfig:
 class SyntheticRunConfig:
     """One training run: a row label, a task, a model and its training."""
 
-    label: str                                        # row name in tables, e.g. "pow2" or "attention x3"
-    task: str                                         # registered task name
+    label: str  # row name in tables, e.g. "pow2" or "attention x3"
+    task: str  # registered task name
     task_args: dict[str, Any] = field(default_factory=dict)
-    model: dict[str, Any] = field(default_factory=dict)   # ModelConfig fields (vocab_size comes from the task)
+    model: dict[str, Any] = field(default_factory=dict)  # ModelConfig fields (vocab_size comes from the task)
     train: SyntheticTrainConfig = field(default_factory=SyntheticTrainConfig)
     seed: int = 0
-    column: str | None = None                         # table column; None = the task name
+    column: str | None = None  # table column; None = the task name
 
     @property
     def column_name(self) -> str:
@@ -147,8 +147,10 @@ class SyntheticRunConfig:
             model = self.model_config()
             longest = max(self.train.test_lengths)
             if model.positions == "learned" and longest > model.max_seq_len:
-                raise InputError(f"run '{self.label}': test length {longest} > max_seq_len {model.max_seq_len} of "
-                                 "learned positions (test other lengths with positions='none')")
+                raise InputError(
+                    f"run '{self.label}': test length {longest} > max_seq_len {model.max_seq_len} of "
+                    "learned positions (test other lengths with positions='none')"
+                )
             for n in self.train.test_lengths:
                 self.test_task(n)
         del task
@@ -171,8 +173,15 @@ class SyntheticRunConfig:
         for name in LEARNING_BUDGET_FIELDS:  # likewise for runs without a budget by learning
             if train[name] == 0:
                 del train[name]
-        return {"label": self.label, "task": self.task, "column": self.column_name, "task_args": task,
-                "model": model, "train": train, "seed": self.seed}
+        return {
+            "label": self.label,
+            "task": self.task,
+            "column": self.column_name,
+            "task_args": task,
+            "model": model,
+            "train": train,
+            "seed": self.seed,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SyntheticRunConfig":
@@ -181,10 +190,15 @@ class SyntheticRunConfig:
         legacy = train.pop("patience", 0)  # written before budgets by learning: validations, not steps
         if legacy and "patience_steps" not in train:
             train["patience_steps"] = legacy * train.get("eval_every", SyntheticTrainConfig.eval_every)
-        return cls(label=d["label"], task=d["task"], task_args=dict(d["task_args"]), model=model,
-                   train=SyntheticTrainConfig(**train),
-                   seed=int(d["seed"]),
-                   column=None if d.get("column", d["task"]) == d["task"] else d["column"])
+        return cls(
+            label=d["label"],
+            task=d["task"],
+            task_args=dict(d["task_args"]),
+            model=model,
+            train=SyntheticTrainConfig(**train),
+            seed=int(d["seed"]),
+            column=None if d.get("column", d["task"]) == d["task"] else d["column"],
+        )
 
     @property
     def run_id(self) -> str:
@@ -192,17 +206,37 @@ class SyntheticRunConfig:
         digest = hashlib.sha1(json.dumps(resolved, sort_keys=True).encode()).hexdigest()[:10]
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", self.label).strip("-") or "run"
         col = "" if self.column_name == self.task else "-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", self.column_name)
-        return (f"{self.task}{col}__{slug}__d{resolved['model']['d_model']}__lr{self.train.lr:g}"
-                f"__s{self.seed}__{digest}")
+        return f"{self.task}{col}__{slug}__d{resolved['model']['d_model']}__lr{self.train.lr:g}__s{self.seed}__{digest}"
 
 
 # ------------------------------------------------------------------------------------ results
 
 
 def result_csv_row(result: dict[str, Any]) -> dict[str, Any]:
-    keys = ("run_id", "label", "task", "column", "layers", "d_model", "lr", "seed", "test_acc", "best_val_acc",
-            "steps_done", "stop_reason", "still_rising", "steps_to_half", "steps_to_90", "train_loss_first", "train_loss_last", "tokens_per_s",
-            "tokens_per_cpu_s", "train_seconds", "train_cpu_seconds", "num_params")
+    keys = (
+        "run_id",
+        "label",
+        "task",
+        "column",
+        "layers",
+        "d_model",
+        "lr",
+        "seed",
+        "test_acc",
+        "best_val_acc",
+        "steps_done",
+        "stop_reason",
+        "still_rising",
+        "steps_to_half",
+        "steps_to_90",
+        "train_loss_first",
+        "train_loss_last",
+        "tokens_per_s",
+        "tokens_per_cpu_s",
+        "train_seconds",
+        "train_cpu_seconds",
+        "num_params",
+    )
     row = {k: result.get(k) for k in keys}
     row["layers"] = "+".join(result.get("layers", []))
     return row

@@ -3,6 +3,7 @@
 Each analysis writes its own sub-folder (``matrix-<mixer>/``, ``cost/``, ``expressivity/``,
 ``norms/``); ``analysis.report.build_report`` turns the folder into one HTML page and Markdown.
 """
+
 from __future__ import annotations
 
 import time
@@ -40,21 +41,32 @@ def run_analysis_plan(plan: AnalysisPlan, out_dir: Path, progress: Callable[[str
         sub = prepare_out_dir(out_dir / f"matrix-{name}", "matrix")
         analyze_registered(name, mc["n"], sub, d_model=mc["d_model"], n_heads=mc["n_heads"], formats=("png",))
     cc = dict(plan.cost)
-    run_accounting(_registered(cc.pop("mixers")), prepare_out_dir(out_dir / "cost", "cost"), formats=("png",),
-                   progress=say, **cc)
+    run_accounting(
+        _registered(cc.pop("mixers")), prepare_out_dir(out_dir / "cost", "cost"), formats=("png",), progress=say, **cc
+    )
     ec = plan.expressivity
     mixers = _registered(None) if ec.get("all_mixers") else _registered(PAPER_ATTENTION)
-    run_expressivity(prepare_out_dir(out_dir / "expressivity", "expressivity"), formats=("png",),
-                     patterns=PAPER_PATTERNS, mixers=[m for m in mixers if m not in PATTERN_BACKED], ns=ec["ns"],
-                     progress=say)
+    run_expressivity(
+        prepare_out_dir(out_dir / "expressivity", "expressivity"),
+        formats=("png",),
+        patterns=PAPER_PATTERNS,
+        mixers=[m for m in mixers if m not in PATTERN_BACKED],
+        ns=ec["ns"],
+        progress=say,
+    )
     nc = dict(plan.norms)
-    run_norms(_registered(nc.pop("mixers")), prepare_out_dir(out_dir / "norms", "norms"), formats=("png",),
-              progress=say, **nc)
+    run_norms(
+        _registered(nc.pop("mixers")), prepare_out_dir(out_dir / "norms", "norms"), formats=("png",), progress=say, **nc
+    )
     return out_dir
 
 
-def report(source: str, out_dir: str | Path | None = None, progress: Callable[[str], None] | None = None,
-           runs_root: str | Path = "runs") -> dict:
+def report(
+    source: str,
+    out_dir: str | Path | None = None,
+    progress: Callable[[str], None] | None = None,
+    runs_root: str | Path = "runs",
+) -> dict:
     """Report a run directory, or run an analysis preset into a fresh ``runs/report-<preset>-<time>``
     first and report that."""
     path = Path(source)

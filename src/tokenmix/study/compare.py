@@ -9,6 +9,7 @@ facts, throughput, baselines, the patterns' copy routes and MQAR reads); every p
 section, and ``report`` (the Markdown report). Below them: ``structure`` (derived and measured
 cost, cache, path), ``theory`` (what one layer can do on a task); the paper's own numbers: ``paper``.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,11 +33,11 @@ from tokenmix.training.synthetic import check_device, run_sweep, validate_sweep
 class CompareRequest:
     """One ``tokenmix compare`` invocation."""
 
-    preset: str = "quick"                      # a compare preset name, or a path to a preset .py file
-    extra_mixers: tuple[str, ...] = ()         # extra rows: registered mixer names
-    out: str | None = None                     # run directory (default runs/compare-<preset>)
-    workers: int | None = None                 # parallel worker processes (None: 2 on 2+ cores, else 1)
-    threads: int = 1                           # torch threads per worker
+    preset: str = "quick"  # a compare preset name, or a path to a preset .py file
+    extra_mixers: tuple[str, ...] = ()  # extra rows: registered mixer names
+    out: str | None = None  # run directory (default runs/compare-<preset>)
+    workers: int | None = None  # parallel worker processes (None: 2 on 2+ cores, else 1)
+    threads: int = 1  # torch threads per worker
     device: str = "cpu"
     progress: bool = True
     plots: bool = True
@@ -86,35 +87,88 @@ def run_compare(req: CompareRequest, console: Any = None) -> CompareResult:
         return _compare_locked(req, preset, configs, workers, out, start, load_before, console)
 
 
-def _compare_locked(req: CompareRequest, preset: Preset, configs: list, workers: int, out: Path, start: float,
-                    load_before: tuple[float, float, float], console: Any) -> CompareResult:
-    outcome = run_sweep(configs, out, workers=workers, threads=req.threads, progress=req.progress,
-                        console=console, device=req.device)
+def _compare_locked(
+    req: CompareRequest,
+    preset: Preset,
+    configs: list,
+    workers: int,
+    out: Path,
+    start: float,
+    load_before: tuple[float, float, float],
+    console: Any,
+) -> CompareResult:
+    outcome = run_sweep(
+        configs, out, workers=workers, threads=req.threads, progress=req.progress, console=console, device=req.device
+    )
     cc = CompareCells.build(configs, outcome.results)  # every part below reads it; nothing is recomputed
     header, rows = table.table_rows(cc)
     paper_header, paper_rows = table.paper_comparison(cc)
     paper_claims, depth_claims = claims.paper_findings(cc), claims.entity_depth_findings(cc)
-    figures = [] if not req.plots else (plots.write_plots(out, cc) + plots.write_depth_plot(out, cc)
-                                        + plots.write_learning_curves(out, cc))
+    figures = (
+        []
+        if not req.plots
+        else (plots.write_plots(out, cc) + plots.write_depth_plot(out, cc) + plots.write_learning_curves(out, cc))
+    )
     stats = InvocationStats(
-        wall_seconds=time.perf_counter() - start, cpu_seconds=_cpu_seconds(), trained=outcome.trained,
-        skipped=outcome.skipped, workers=workers, threads=req.threads, load_before=load_before,
-        load_after=os.getloadavg(), cpu_count=os.cpu_count() or 1)
+        wall_seconds=time.perf_counter() - start,
+        cpu_seconds=_cpu_seconds(),
+        trained=outcome.trained,
+        skipped=outcome.skipped,
+        workers=workers,
+        threads=req.threads,
+        load_before=load_before,
+        load_after=os.getloadavg(),
+        cpu_count=os.cpu_count() or 1,
+    )
     own = [] if preset.report_section is None else [preset.report_section(out, cc, req.plots)]
     figures += [f for section in own for f in section.figures]
-    report = report_markdown(preset.name, cc, header, rows, (paper_header, paper_rows), paper_claims, depth_claims,
-                             stats, figures, notes=preset.notes, sections=[section.markdown for section in own])
+    report = report_markdown(
+        preset.name,
+        cc,
+        header,
+        rows,
+        (paper_header, paper_rows),
+        paper_claims,
+        depth_claims,
+        stats,
+        figures,
+        notes=preset.notes,
+        sections=[section.markdown for section in own],
+    )
     findings = paper_claims + depth_claims + [f for section in own for f in section.findings]
     atomic_write_text(out / "report.md", report)
-    atomic_write_json(out / "summary.json", {
-        "preset": preset.name, "n": cc.n, "wall_seconds": stats.wall_seconds, "cpu_seconds": stats.cpu_seconds,
-        "load_before": list(stats.load_before), "load_after": list(stats.load_after), "cpu_count": stats.cpu_count,
-        "trained": outcome.trained, "skipped": outcome.skipped, "workers": workers, "threads": req.threads,
-        "rows": cc.labels, "columns": cc.columns, "baselines": cc.baselines,
-        "structure": {k: v.to_dict() for k, v in cc.facts.items()}, "summary": cc.summary,
-        "findings": findings,
-    })
-    return CompareResult(preset=preset, n=cc.n, header=list(header), rows=[list(r) for r in rows],
-                         paper_header=list(paper_header), paper_rows=[list(r) for r in paper_rows],
-                         findings=findings, stats=stats, out=out, plots=figures,
-                         missing_rows=registered(preset.default_mixers)[1])
+    atomic_write_json(
+        out / "summary.json",
+        {
+            "preset": preset.name,
+            "n": cc.n,
+            "wall_seconds": stats.wall_seconds,
+            "cpu_seconds": stats.cpu_seconds,
+            "load_before": list(stats.load_before),
+            "load_after": list(stats.load_after),
+            "cpu_count": stats.cpu_count,
+            "trained": outcome.trained,
+            "skipped": outcome.skipped,
+            "workers": workers,
+            "threads": req.threads,
+            "rows": cc.labels,
+            "columns": cc.columns,
+            "baselines": cc.baselines,
+            "structure": {k: v.to_dict() for k, v in cc.facts.items()},
+            "summary": cc.summary,
+            "findings": findings,
+        },
+    )
+    return CompareResult(
+        preset=preset,
+        n=cc.n,
+        header=list(header),
+        rows=[list(r) for r in rows],
+        paper_header=list(paper_header),
+        paper_rows=[list(r) for r in paper_rows],
+        findings=findings,
+        stats=stats,
+        out=out,
+        plots=figures,
+        missing_rows=registered(preset.default_mixers)[1],
+    )

@@ -26,6 +26,7 @@ What this adds, and why it is built this way:
   ``<out>/train``; a rerun skips finished runs (the run id hashes the resolved config, pattern
   included), and the bar shows the steps of the runs left.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,11 +43,11 @@ from tokenmix.study.theory import binding_window, pattern_recall_reads
 from tokenmix.tasks import make_task, task_names
 from tokenmix.training.synthetic import check_device, dataset, run_sweep, summarize, validate_sweep
 
-CARRIER = "pow2"          # a registered structured-recurrence mixer; its pattern is overridden per candidate
-DEFAULT_LR = 3e-3         # quick's rate on every task (its only one on assoc_recall)
-DEFAULT_STEPS = 200       # tasks quick does not train
+CARRIER = "pow2"  # a registered structured-recurrence mixer; its pattern is overridden per candidate
+DEFAULT_LR = 3e-3  # quick's rate on every task (its only one on assoc_recall)
+DEFAULT_STEPS = 200  # tasks quick does not train
 MAX_TOP = 32
-TASK_ALIASES = {"mqar": "assoc_recall"}   # the name the anchors use
+TASK_ALIASES = {"mqar": "assoc_recall"}  # the name the anchors use
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,7 @@ def pick_top(result: DesignResult, k: int) -> list[DesignRow]:
     """The k candidates to train: front members by (max path, cost, cache, name), then the other
     in-budget candidates in the same order; candidates with an MQAR ceiling (``attach_recall_ceilings``)
     by that ceiling first (one hop, then two, highest first)."""
+
     def rank(r: DesignRow):
         ceiling = (-(r.reads_one_hop or 0.0), -(r.reads_two_hops or 0.0))
         return (*ceiling, r.point()[2], r.cost, r.cache, r.name)
@@ -125,10 +127,15 @@ def run_config(row: DesignRow, training: DesignTraining, seed: int) -> Synthetic
     overrides = dict(model["mixer_overrides"])
     overrides[CARRIER] = {"pattern": row.candidate.spec, "cache_efficient": row.candidate.cache_efficient}
     model = {**model, "mixer_overrides": overrides, "max_seq_len": max(model["max_seq_len"], length)}
-    train = replace(quick.TRAIN, lr=training.lr, steps=training.step_budget, mode="dense",
-                    warmup_steps=min(quick.TRAIN.warmup_steps, max(training.step_budget // 4, 1)),
-                    eval_every=min(quick.TRAIN.eval_every, training.step_budget),
-                    min_lr_ratio=quick.TASK_MIN_LR_RATIO.get(task, quick.TRAIN.min_lr_ratio))
+    train = replace(
+        quick.TRAIN,
+        lr=training.lr,
+        steps=training.step_budget,
+        mode="dense",
+        warmup_steps=min(quick.TRAIN.warmup_steps, max(training.step_budget // 4, 1)),
+        eval_every=min(quick.TRAIN.eval_every, training.step_budget),
+        min_lr_ratio=quick.TASK_MIN_LR_RATIO.get(task, quick.TRAIN.min_lr_ratio),
+    )
     return SyntheticRunConfig(label=row.name, task=task, task_args=task_args, model=model, train=train, seed=seed)
 
 
@@ -143,27 +150,55 @@ def plan_training(result: DesignResult, training: DesignTraining) -> tuple[list[
     return rows, configs
 
 
-def train_top(result: DesignResult, training: DesignTraining, out: Path, console: Any = None,
-              plan: tuple[list[DesignRow], list[SyntheticRunConfig]] | None = None) -> None:
+def train_top(
+    result: DesignResult,
+    training: DesignTraining,
+    out: Path,
+    console: Any = None,
+    plan: tuple[list[DesignRow], list[SyntheticRunConfig]] | None = None,
+) -> None:
     """Train the top candidates under ``out/train`` (finished runs are skipped) and write their mean test
     accuracy over seeds into the rows (``accuracy``, ``accuracy_std``, ``task``); ``plan``: what
     ``plan_training`` returned, when it was called already."""
     rows, configs = plan if plan is not None else plan_training(result, training)
-    outcome = run_sweep(configs, Path(out) / "train", workers=training.workers or 1, threads=training.threads,
-                        progress=training.progress, console=console, device=training.device)
+    outcome = run_sweep(
+        configs,
+        Path(out) / "train",
+        workers=training.workers or 1,
+        threads=training.threads,
+        progress=training.progress,
+        console=console,
+        device=training.device,
+    )
     by_label = {s["label"]: s for s in summarize(outcome.results)}
     for r in rows:
         s = by_label[r.name]
         r.accuracy, r.accuracy_std, r.task = s["acc_mean"], s["acc_std"], training.task
-    result.training = {"task": training.task, "top": training.top, "steps": training.step_budget,
-                       "lr": training.lr, "seeds": list(training.seeds), "trained": outcome.trained,
-                       "skipped": outcome.skipped, "runs": str(Path(out) / "train"),
-                       "candidates": [r.name for r in rows], "carrier": CARRIER, "recipe": "study/presets/quick.py"}
+    result.training = {
+        "task": training.task,
+        "top": training.top,
+        "steps": training.step_budget,
+        "lr": training.lr,
+        "seeds": list(training.seeds),
+        "trained": outcome.trained,
+        "skipped": outcome.skipped,
+        "runs": str(Path(out) / "train"),
+        "candidates": [r.name for r in rows],
+        "carrier": CARRIER,
+        "recipe": "study/presets/quick.py",
+    }
 
 
-def run_design(req: DesignRequest, out: Path, *, training: DesignTraining | None = None,
-               formats: tuple[str, ...] = FIGURE_FORMATS, plots: bool = True,
-               progress: Callable[[str], None] | None = None, console: Any = None) -> tuple[DesignResult, list[Path]]:
+def run_design(
+    req: DesignRequest,
+    out: Path,
+    *,
+    training: DesignTraining | None = None,
+    formats: tuple[str, ...] = FIGURE_FORMATS,
+    plots: bool = True,
+    progress: Callable[[str], None] | None = None,
+    console: Any = None,
+) -> tuple[DesignResult, list[Path]]:
     """Explore, write the outputs, and with ``training`` train the top candidates and write them again
     with the accuracy column (so a stopped training still leaves the front on disk). ``out`` is made
     only once the front is derived and the training planned and validated: bad input leaves nothing."""

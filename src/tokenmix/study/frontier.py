@@ -29,6 +29,7 @@ and writes the report section (table, findings) and three plots:
     frontier_accuracy_vs_length.png   (b) accuracy vs training length per row at the widest width
     frontier_extrapolation.png        (c) accuracy at L, 2L and 4L per row (models without position codes)
 """
+
 from __future__ import annotations
 
 import re
@@ -40,12 +41,12 @@ from typing import Any, Sequence
 import matplotlib.pyplot as plt
 import torch
 
+from tokenmix.analysis.labels import label_points
+from tokenmix.analysis.outputs import markdown_table
 from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.runs.synthetic import SyntheticRunConfig
-from tokenmix.analysis.outputs import markdown_table
 from tokenmix.study.cells import CompareCells
 from tokenmix.study.claims import CLOSE_MARGIN, GUESS_SLACK
-from tokenmix.analysis.labels import label_points
 from tokenmix.study.plots import save_plot
 from tokenmix.study.report import ReportSection, finding_lines
 from tokenmix.study.structure import decode_states
@@ -55,9 +56,9 @@ from tokenmix.training.synthetic import dataset, summarize
 
 COLUMN = re.compile(r"^MQAR L=(\d+) d=(\d+)$")
 SOLVED = 0.90  # "solves MQAR" (zoology's plots read near-perfect recall as solved)
-MAIN_CELL = (64, 64)     # (L, d) where the claims are decided when the sweep trained it
-CALIBRATED_AT = 0.95     # attention's accuracy at the main cell for the sweep to count as calibrated
-O1_ROWS = ("first_order", "mamba2", "gla", "gated_deltanet")   # the O(1)-state rows the patterns must beat
+MAIN_CELL = (64, 64)  # (L, d) where the claims are decided when the sweep trained it
+CALIBRATED_AT = 0.95  # attention's accuracy at the main cell for the sweep to count as calibrated
+O1_ROWS = ("first_order", "mamba2", "gla", "gated_deltanet")  # the O(1)-state rows the patterns must beat
 PATTERN_ROWS = ("pow2", "pow2_ce", "sq1", "sq1_ce")
 # cache classes in the order of the frontier (what the row keeps per layer as n grows)
 CACHE_ORDER = ("O(1)", "O(k)", "O(w)", "O(log n)", "O(sqrt n)", "O(n)")
@@ -92,16 +93,16 @@ class FrontierPoint:
     acc_std: float
     n_seeds: int
     best_lr: float
-    acc_at: dict[str, float] = field(default_factory=dict)   # {str(test length): accuracy}
+    acc_at: dict[str, float] = field(default_factory=dict)  # {str(test length): accuracy}
     tokens_per_cpu_s: float = 0.0
     state: LayerState | None = None
-    guess: float = 0.0     # the task's best guessing baseline (``TaskConfig.baselines``): no recall below it
+    guess: float = 0.0  # the task's best guessing baseline (``TaskConfig.baselines``): no recall below it
     still_rising: int = 0  # runs of the cell stopped by their step budget while validation still rose
     acc_by_seed: dict[int, float] = field(default_factory=dict)
     best_val_by_seed: dict[int, float] = field(default_factory=dict)
     steps_mean: float = 0.0
     max_steps: int = 0
-    reads: RecallReads | None = None   # the structure's ceiling on the cell's validation set
+    reads: RecallReads | None = None  # the structure's ceiling on the cell's validation set
 
     @property
     def learned(self) -> bool:
@@ -120,7 +121,8 @@ def row_layer_state(label: str, model_cfg: ModelConfig, n: int, seed: int = 0) -
         scalars_measured=round(statistics.fmean(states[i].peak_numel for i in own)),
         scalars_derived=round(statistics.fmean(int(m.state_size(n)) for m in mixers)),
         positions_measured=round(statistics.fmean(states[i].peak_positions for i in own)),
-        cache_class=str(mixers[0].cache_complexity))
+        cache_class=str(mixers[0].cache_complexity),
+    )
 
 
 def row_reads(label: str, cfg: SyntheticRunConfig, seed: int = 0) -> RecallReads:
@@ -132,12 +134,14 @@ def row_reads(label: str, cfg: SyntheticRunConfig, seed: int = 0) -> RecallReads
     i = model_cfg.layers.index(label) if label in model_cfg.layers else 1
     task = cfg.task_config()
     data = dataset(task, cfg.train.val_examples, cfg.train.val_seed)
-    return recall_reads(label, model.blocks[i].mixer, data, task.num_kv_pairs,
-                        binding_window(model_cfg, model_cfg.layers[i]))
+    return recall_reads(
+        label, model.blocks[i].mixer, data, task.num_kv_pairs, binding_window(model_cfg, model_cfg.layers[i])
+    )
 
 
-def frontier_points(configs: Sequence[SyntheticRunConfig], results: Sequence[dict[str, Any]],
-                    measure_state: bool = True) -> list[FrontierPoint]:
+def frontier_points(
+    configs: Sequence[SyntheticRunConfig], results: Sequence[dict[str, Any]], measure_state: bool = True
+) -> list[FrontierPoint]:
     """One point per (row, frontier column) that has finished runs (zoology's max over learning rates
     by validation, ``summarize``)."""
     by_key = {(c.label, c.column_name): c for c in configs}
@@ -147,14 +151,33 @@ def frontier_points(configs: Sequence[SyntheticRunConfig], results: Sequence[dic
         if cell is None:
             continue
         length, width = cell
-        runs = sorted((r for r in results if r["label"] == row["label"] and r.get("column", r["task"]) == row["column"]
-                       and r["lr"] == row["best_lr"] and r["d_model"] == row["d_model"]), key=lambda r: r["seed"])
-        p = FrontierPoint(row["label"], length, width, row["acc_mean"], row["acc_std"], row["n_seeds"],
-                          row["best_lr"], dict(row.get("acc_at", {})), row["tokens_per_cpu_s"],
-                          still_rising=row.get("still_rising", 0),
-                          acc_by_seed={r["seed"]: r["test_acc"] for r in runs},
-                          best_val_by_seed={r["seed"]: r["best_val_acc"] for r in runs},
-                          steps_mean=row["steps_mean"], max_steps=row["max_steps"])
+        runs = sorted(
+            (
+                r
+                for r in results
+                if r["label"] == row["label"]
+                and r.get("column", r["task"]) == row["column"]
+                and r["lr"] == row["best_lr"]
+                and r["d_model"] == row["d_model"]
+            ),
+            key=lambda r: r["seed"],
+        )
+        p = FrontierPoint(
+            row["label"],
+            length,
+            width,
+            row["acc_mean"],
+            row["acc_std"],
+            row["n_seeds"],
+            row["best_lr"],
+            dict(row.get("acc_at", {})),
+            row["tokens_per_cpu_s"],
+            still_rising=row.get("still_rising", 0),
+            acc_by_seed={r["seed"]: r["test_acc"] for r in runs},
+            best_val_by_seed={r["seed"]: r["best_val_acc"] for r in runs},
+            steps_mean=row["steps_mean"],
+            max_steps=row["max_steps"],
+        )
         cfg = by_key.get((row["label"], row["column"]))
         if cfg is not None:
             p.guess = max(cfg.task_config().baselines().values())
@@ -204,8 +227,10 @@ def _margin_note(a: FrontierPoint, b: FrontierPoint, margin: float = 0.0) -> str
     lo = min(a.acc_by_seed.values(), default=a.acc)
     hi = max(b.acc_by_seed.values(), default=b.acc)
     every = " every seed of the first above every seed of the second" if lo - hi + margin > 0 else ""
-    return (f"{a.label} − {b.label}{f' + {_pct(margin)}' if margin else ''} = {gap * 100:+.1f} points, {where} the "
-            f"seeds' spread (± {_pct(a.acc_std)}, ± {_pct(b.acc_std)}){';' + every if every else ''}")
+    return (
+        f"{a.label} − {b.label}{f' + {_pct(margin)}' if margin else ''} = {gap * 100:+.1f} points, {where} the "
+        f"seeds' spread (± {_pct(a.acc_std)}, ± {_pct(b.acc_std)}){';' + every if every else ''}"
+    )
 
 
 def frontier_findings(points: Sequence[FrontierPoint]) -> list[dict[str, Any]]:
@@ -223,16 +248,25 @@ def frontier_findings(points: Sequence[FrontierPoint]) -> list[dict[str, Any]]:
     def finding(text: str, verdict: str, pts: Sequence[FrontierPoint], measured: str, why: list[str]) -> None:
         rising = [p.label for p in pts if p.still_rising]
         if rising:
-            why.append(f"judged on cells still rising when their budget ended: {', '.join(rising)} (a lower bound "
-                       "on what those rows learn)")
+            why.append(
+                f"judged on cells still rising when their budget ended: {', '.join(rising)} (a lower bound "
+                "on what those rows learn)"
+            )
         out.append({"claim": text, "verdict": verdict, "measured": measured, "why": why, "still_rising": rising})
 
     def claim(text: str, labels: Sequence[str], test, pairs: Sequence[tuple[str, str, float]] = ()) -> None:
         pts = {lab: _get(points, lab, length, width) for lab in labels}
         if any(p is None for p in pts.values()):
             missing = ", ".join(lab for lab, p in pts.items() if p is None)
-            out.append({"claim": text, "verdict": "not measured", "measured": f"no runs for {missing}", "why": [],
-                        "still_rising": []})
+            out.append(
+                {
+                    "claim": text,
+                    "verdict": "not measured",
+                    "measured": f"no runs for {missing}",
+                    "why": [],
+                    "still_rising": [],
+                }
+            )
             return
         acc = {lab: p.acc for lab, p in pts.items()}
         why = [f"at L={length}, d={width}; guessing level {_pct(max(p.guess for p in pts.values()))} %"]
@@ -240,8 +274,10 @@ def frontier_findings(points: Sequence[FrontierPoint]) -> list[dict[str, Any]]:
         for lab, p in pts.items():
             facts = []
             if p.reads is not None:
-                facts.append(f"reads key and value in one hop for {_pct(p.reads.fraction)} % of the queries, within "
-                             f"two for {_pct(p.reads.two_hop_fraction)} %")
+                facts.append(
+                    f"reads key and value in one hop for {_pct(p.reads.fraction)} % of the queries, within "
+                    f"two for {_pct(p.reads.two_hop_fraction)} %"
+                )
             if p.state is not None:
                 facts.append(f"{p.state.scalars_measured} state scalars per layer ({p.state.cache_class})")
             facts.append(f"{p.steps_mean:.0f} steps on average (budget {p.max_steps})")
@@ -251,52 +287,94 @@ def frontier_findings(points: Sequence[FrontierPoint]) -> list[dict[str, Any]]:
         verdict = "holds" if test(acc) else "does not hold"
         if not any(p.learned for p in pts.values()):
             verdict = "untested"
-            why.append("every row here stayed at its guessing level for its whole budget: they did not learn within "
-                       "it, so there is nothing to compare")
+            why.append(
+                "every row here stayed at its guessing level for its whole budget: they did not learn within "
+                "it, so there is nothing to compare"
+            )
         finding(text, verdict, list(pts.values()), ", ".join(_seeds(p) for p in pts.values()), why)
 
     # calibration against the anchors: zoology's attention solves MQAR at small width
     att = _get(points, "attention", length, width)
     if att is None:
-        out.append({"claim": f"calibrated: attention ≥ {100 * CALIBRATED_AT:.0f} % at L={length}, d={width} (zoology)",
-                    "verdict": "not measured", "measured": "no attention runs", "why": [], "still_rising": []})
+        out.append(
+            {
+                "claim": f"calibrated: attention ≥ {100 * CALIBRATED_AT:.0f} % at L={length}, d={width} (zoology)",
+                "verdict": "not measured",
+                "measured": "no attention runs",
+                "why": [],
+                "still_rising": [],
+            }
+        )
     else:
         ok = att.acc >= CALIBRATED_AT
-        why = [] if ok else [f"attention reached {_pct(att.acc)} % < {100 * CALIBRATED_AT:.0f} %: the budget or the "
-                             "recipe falls short of the anchor, and every claim below is read with that caveat"]
-        finding(f"calibrated: attention ≥ {100 * CALIBRATED_AT:.0f} % at L={length}, d={width} (zoology: attention "
-                "solves MQAR at small width)", "holds" if ok else "does not hold", [att], _seeds(att), why)
+        why = (
+            []
+            if ok
+            else [
+                f"attention reached {_pct(att.acc)} % < {100 * CALIBRATED_AT:.0f} %: the budget or the "
+                "recipe falls short of the anchor, and every claim below is read with that caveat"
+            ]
+        )
+        finding(
+            f"calibrated: attention ≥ {100 * CALIBRATED_AT:.0f} % at L={length}, d={width} (zoology: attention "
+            "solves MQAR at small width)",
+            "holds" if ok else "does not hold",
+            [att],
+            _seeds(att),
+            why,
+        )
     # attention at every length trained, at its smallest width (zoology)
     cells = sorted((p for p in points if p.label == "attention"), key=lambda p: (p.length, p.width))
     if len({p.length for p in cells}) > 1:
         smallest = {n: min(p.width for p in cells if p.length == n) for n in {p.length for p in cells}}
         cells = [p for p in cells if p.width == smallest[p.length]]
-        finding("attention solves MQAR at every length at its smallest width (zoology; ≥ 90 %)",
-                "holds" if all(p.acc >= SOLVED for p in cells) else "does not hold", cells,
-                ", ".join(f"L={p.length} d={p.width}: {_pct(p.acc)}" for p in cells), [])
+        finding(
+            "attention solves MQAR at every length at its smallest width (zoology; ≥ 90 %)",
+            "holds" if all(p.acc >= SOLVED for p in cells) else "does not hold",
+            cells,
+            ", ".join(f"L={p.length} d={p.width}: {_pct(p.acc)}" for p in cells),
+            [],
+        )
     constant = [lab for lab in O1_ROWS if _get(points, lab, length, width)]
     for base in ("pow2", "sq1"):
         if constant and _get(points, base, length, width):
             best = max(constant, key=lambda lab: _get(points, lab, length, width).acc)
-            claim(f"{base} recalls more than the best O(1)-state row ({', '.join(constant)}; best: {best})",
-                  [base, best], lambda a, b=base, o=best: a[b] > a[o], [(base, best, 0.0)])
+            claim(
+                f"{base} recalls more than the best O(1)-state row ({', '.join(constant)}; best: {best})",
+                [base, best],
+                lambda a, b=base, o=best: a[b] > a[o],
+                [(base, best, 0.0)],
+            )
     for base in ("pow2", "sq1"):
-        claim(f"{base}_ce keeps {base}'s recall with its smaller cache ({base}_ce ≥ {base} − 5 points)",
-              [f"{base}_ce", base], lambda a, b=base: a[f"{b}_ce"] >= a[b] - CLOSE_MARGIN,
-              [(f"{base}_ce", base, CLOSE_MARGIN)])
+        claim(
+            f"{base}_ce keeps {base}'s recall with its smaller cache ({base}_ce ≥ {base} − 5 points)",
+            [f"{base}_ce", base],
+            lambda a, b=base: a[f"{b}_ce"] >= a[b] - CLOSE_MARGIN,
+            [(f"{base}_ce", base, CLOSE_MARGIN)],
+        )
     for base, ext in (("mamba2", "log_linear_mamba2"), ("gated_deltanet", "log_linear_gated_deltanet")):
-        claim(f"the log-linear extension improves {base}'s recall (Guo et al. 2025: Mamba-2 89.6 → 92.9, "
-              "Gated DeltaNet 79.0 → 84.4 on their MQAR)", [ext, base], lambda a, b=base, e=ext: a[e] > a[b],
-              [(ext, base, 0.0)])
+        claim(
+            f"the log-linear extension improves {base}'s recall (Guo et al. 2025: Mamba-2 89.6 → 92.9, "
+            "Gated DeltaNet 79.0 → 84.4 on their MQAR)",
+            [ext, base],
+            lambda a, b=base, e=ext: a[e] > a[b],
+            [(ext, base, 0.0)],
+        )
     patterns = [lab for lab in PATTERN_ROWS if _get(points, lab, length, width)]
     if patterns:
         best = max(patterns, key=lambda lab: _get(points, lab, length, width).acc)
-        claim("attention ≥ every pattern recurrence (O(n) cache above O(log n) / O(√n))", ["attention", *patterns],
-              lambda a: a["attention"] >= max(v for k, v in a.items() if k != "attention"),
-              [("attention", best, 0.0)])
+        claim(
+            "attention ≥ every pattern recurrence (O(n) cache above O(log n) / O(√n))",
+            ["attention", *patterns],
+            lambda a: a["attention"] >= max(v for k, v in a.items() if k != "attention"),
+            [("attention", best, 0.0)],
+        )
     else:
-        claim("attention ≥ every pattern recurrence (O(n) cache above O(log n) / O(√n))",
-              ["attention", *PATTERN_ROWS], lambda a: True)
+        claim(
+            "attention ≥ every pattern recurrence (O(n) cache above O(log n) / O(√n))",
+            ["attention", *PATTERN_ROWS],
+            lambda a: True,
+        )
     return out
 
 
@@ -307,19 +385,35 @@ def frontier_table(points: Sequence[FrontierPoint]) -> tuple[list[str], list[lis
     """Header and rows: one line per (row, L, d) with the structure's ceiling, accuracy (marked when
     a run was still rising at the end of its budget), extrapolation, state, steps and throughput."""
     mults = sorted({int(n) // p.length for p in points for n in p.acc_at if int(n) % p.length == 0})
-    header = ["row", "L", "d", "cache class", "state/layer meas/der", "reads 1 / 2 hops %", "acc %",
-              *[f"acc @{m}L %" for m in mults], "steps (budget)", "tok/CPU-s"]
+    header = [
+        "row",
+        "L",
+        "d",
+        "cache class",
+        "state/layer meas/der",
+        "reads 1 / 2 hops %",
+        "acc %",
+        *[f"acc @{m}L %" for m in mults],
+        "steps (budget)",
+        "tok/CPU-s",
+    ]
     rows = []
     for p in sorted(points, key=lambda p: (p.length, p.width)):
         st = p.state
-        rows.append([p.label, str(p.length), str(p.width), st.cache_class if st else "?",
-                     f"{st.scalars_measured}/{st.scalars_derived}" if st else "?",
-                     f"{_pct(p.reads.fraction)} / {_pct(p.reads.two_hop_fraction)}" if p.reads else "?",
-                     f"{_pct(p.acc)} ± {_pct(p.acc_std)}" + (f" {RISING}" if p.still_rising else ""),
-                     *[f"{100 * p.acc_at[str(m * p.length)]:.1f}" if str(m * p.length) in p.acc_at else "—"
-                       for m in mults],
-                     f"{p.steps_mean:.0f} ({p.max_steps})",
-                     f"{p.tokens_per_cpu_s:,.0f}"])
+        rows.append(
+            [
+                p.label,
+                str(p.length),
+                str(p.width),
+                st.cache_class if st else "?",
+                f"{st.scalars_measured}/{st.scalars_derived}" if st else "?",
+                f"{_pct(p.reads.fraction)} / {_pct(p.reads.two_hop_fraction)}" if p.reads else "?",
+                f"{_pct(p.acc)} ± {_pct(p.acc_std)}" + (f" {RISING}" if p.still_rising else ""),
+                *[f"{100 * p.acc_at[str(m * p.length)]:.1f}" if str(m * p.length) in p.acc_at else "—" for m in mults],
+                f"{p.steps_mean:.0f} ({p.max_steps})",
+                f"{p.tokens_per_cpu_s:,.0f}",
+            ]
+        )
     return header, rows
 
 
@@ -340,9 +434,16 @@ def write_frontier_plots(out: Path, points: Sequence[FrontierPoint]) -> list[Pat
         seen = set()
         for p in at_longest:
             cls = p.state.cache_class
-            ax.errorbar([max(p.state.scalars_measured, 1)], [100 * p.acc], yerr=[100 * p.acc_std], fmt="o",
-                        color=_colour(cls), capsize=2, label=cls if cls not in seen else None,
-                        markersize=4 + p.width / 16)
+            ax.errorbar(
+                [max(p.state.scalars_measured, 1)],
+                [100 * p.acc],
+                yerr=[100 * p.acc_std],
+                fmt="o",
+                color=_colour(cls),
+                capsize=2,
+                label=cls if cls not in seen else None,
+                markersize=4 + p.width / 16,
+            )
             seen.add(cls)
         guess = 100 * max(p.guess for p in at_longest)
         ax.axhline(guess, color="grey", ls=":", lw=1, label="best guess")
@@ -356,8 +457,13 @@ def write_frontier_plots(out: Path, points: Sequence[FrontierPoint]) -> list[Pat
         ax.grid(alpha=0.3)
         ax.legend(title="cache class", fontsize=7, loc="center left", bbox_to_anchor=(1.01, 0.5))
         fig.tight_layout()
-        label_points(ax, xs, [100 * p.acc for p in at_longest],
-                     [f"{p.label} d{p.width}" + (f" {RISING}" if p.still_rising else "") for p in at_longest], fontsize=6)
+        label_points(
+            ax,
+            xs,
+            [100 * p.acc for p in at_longest],
+            [f"{p.label} d{p.width}" + (f" {RISING}" if p.still_rising else "") for p in at_longest],
+            fontsize=6,
+        )
         paths.append(save_plot(fig, out, "frontier_accuracy_vs_state", layout=False))
     widest = max(p.width for p in points)
     lengths = sorted({p.length for p in points if p.width == widest})
@@ -367,8 +473,13 @@ def write_frontier_plots(out: Path, points: Sequence[FrontierPoint]) -> list[Pat
         for i, lab in enumerate(labels):
             pts = sorted((p for p in points if p.label == lab and p.width == widest), key=lambda p: p.length)
             if pts:
-                ax.plot([p.length for p in pts], [100 * p.acc for p in pts], marker="o", label=lab,
-                        color=plt.cm.tab20(i % 20))
+                ax.plot(
+                    [p.length for p in pts],
+                    [100 * p.acc for p in pts],
+                    marker="o",
+                    label=lab,
+                    color=plt.cm.tab20(i % 20),
+                )
         ax.set_xscale("log", base=2)
         ax.set_xticks(lengths, [str(n) for n in lengths])
         ax.set_ylim(-2, 102)
@@ -407,16 +518,23 @@ def frontier_section(out: Path, cc: CompareCells, plots: bool = True) -> ReportS
     header, rows = frontier_table(points)
     findings = frontier_findings(points)
     figures = write_frontier_plots(out, points) if plots else []
-    md = ["## The frontier: accuracy, state and length", "",
-          "One line per (row, training length L, width d): the decode state of one of the row's mixer layers "
-          "after an L-token decode (measured / derived scalars per sequence); the ceiling its structure sets "
-          "(the share of validation queries whose layer reads the position holding the queried key and its "
-          "value, behind the convolution, in one hop / within two: attention and the linear recurrences read "
-          "every earlier position in one hop, so their limit is the state, not the reach); MQAR test accuracy "
-          "at L (mean ± std over seeds, learning rate chosen by validation) and at the longer test lengths "
-          "(same checkpoint, no position code); the steps the runs took (mean; the maximum budget in "
-          f"brackets) and training tokens per CPU-second. {RISING_NOTE}. The learning curves behind every "
-          "cell: `learning_curves_*.png`.", "",
-          markdown_table(rows, header).rstrip("\n"), "", "### Claims checked on the frontier", ""]
+    md = [
+        "## The frontier: accuracy, state and length",
+        "",
+        "One line per (row, training length L, width d): the decode state of one of the row's mixer layers "
+        "after an L-token decode (measured / derived scalars per sequence); the ceiling its structure sets "
+        "(the share of validation queries whose layer reads the position holding the queried key and its "
+        "value, behind the convolution, in one hop / within two: attention and the linear recurrences read "
+        "every earlier position in one hop, so their limit is the state, not the reach); MQAR test accuracy "
+        "at L (mean ± std over seeds, learning rate chosen by validation) and at the longer test lengths "
+        "(same checkpoint, no position code); the steps the runs took (mean; the maximum budget in "
+        f"brackets) and training tokens per CPU-second. {RISING_NOTE}. The learning curves behind every "
+        "cell: `learning_curves_*.png`.",
+        "",
+        markdown_table(rows, header).rstrip("\n"),
+        "",
+        "### Claims checked on the frontier",
+        "",
+    ]
     md += finding_lines(findings)
     return ReportSection("\n".join(md), figures, findings)

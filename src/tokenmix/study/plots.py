@@ -1,15 +1,15 @@
 """The compare run's figures: accuracy against derived cost and cache per task, accuracy against
 layers for the depth presets, and every row's learning curves per table column.
 """
+
 from __future__ import annotations
 
 import math
 import re
 from pathlib import Path
-from typing import Any, Sequence
 
-import matplotlib.ticker
 import matplotlib.pyplot as plt
+import matplotlib.ticker
 
 from tokenmix.analysis.labels import label_points
 from tokenmix.analysis.outputs import save_figure
@@ -23,8 +23,11 @@ def write_plots(out: Path, cc: CompareCells) -> list[Path]:
     paths = []
     n = cc.n
     for stem, xlabel, xval in (
-        ("accuracy_vs_cache", f"decode cache at n={n} (scalars per sequence, measured)",
-         lambda f: f.state_size_measured),
+        (
+            "accuracy_vs_cache",
+            f"decode cache at n={n} (scalars per sequence, measured)",
+            lambda f: f.state_size_measured,
+        ),
         ("accuracy_vs_cost", f"mixing multiply-adds per token at n={n} (derived)", lambda f: f.flops_per_token),
     ):
         fig, axes = plt.subplots(1, len(tasks), figsize=(4.2 * len(tasks), 3.8), squeeze=False)
@@ -36,8 +39,15 @@ def write_plots(out: Path, cc: CompareCells) -> list[Path]:
                 if cell is None:
                     continue
                 x = max(xval(facts[label]), 1)
-                ax.errorbar([x], [100 * cell["acc_mean"]], yerr=[100 * cell["acc_std"]], fmt="o",
-                            color=plt.cm.tab10(i % 10), capsize=3, label=label)
+                ax.errorbar(
+                    [x],
+                    [100 * cell["acc_mean"]],
+                    yerr=[100 * cell["acc_std"]],
+                    fmt="o",
+                    color=plt.cm.tab10(i % 10),
+                    capsize=3,
+                    label=label,
+                )
                 xs, ys, names = xs + [x], ys + [100 * cell["acc_mean"]], names + [label]
             ax.set_xscale("log")
             ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -72,19 +82,34 @@ def write_depth_plot(out: Path, cc: CompareCells) -> list[Path]:
     deepest = {c.column_name: c.task_config().score_deepest for c in configs if c.column_name in columns}
     labels = one_layer + [attention[L] for L in sorted(attention)]
     by_depth = any(cells.get((lab, col), {}).get("acc_by_group") for lab in labels for col in columns)
-    fig, axes = plt.subplots(2 if by_depth else 1, len(columns), figsize=(4.6 * len(columns), 7.2 if by_depth else 3.8),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        2 if by_depth else 1, len(columns), figsize=(4.6 * len(columns), 7.2 if by_depth else 3.8), squeeze=False
+    )
     colors = {lab: plt.cm.tab10(i % 10) for i, lab in enumerate(labels)}
     for j, (col, n) in enumerate(columns.items()):
         ax, bound = axes[0][j], math.ceil(math.log2(n + 1))
         layers = [L for L in sorted(attention) if (attention[L], col) in cells]
         acc = [cells[(attention[L], col)] for L in layers]
-        ax.errorbar(layers, [100 * c["acc_mean"] for c in acc], yerr=[100 * c["acc_std"] for c in acc], fmt="o-",
-                    color="tab:gray", capsize=3, label="attention")
+        ax.errorbar(
+            layers,
+            [100 * c["acc_mean"] for c in acc],
+            yerr=[100 * c["acc_std"] for c in acc],
+            fmt="o-",
+            color="tab:gray",
+            capsize=3,
+            label="attention",
+        )
         for i, lab in enumerate(lab for lab in one_layer if (lab, col) in cells):
             c = cells[(lab, col)]
-            ax.errorbar([1 + 0.08 * (i + 1)], [100 * c["acc_mean"]], yerr=[100 * c["acc_std"]], fmt="s",
-                        color=colors[lab], capsize=3, label=lab)
+            ax.errorbar(
+                [1 + 0.08 * (i + 1)],
+                [100 * c["acc_mean"]],
+                yerr=[100 * c["acc_std"]],
+                fmt="s",
+                color=colors[lab],
+                capsize=3,
+                label=lab,
+            )
         if baselines.get(col):
             ax.axhline(100 * max(baselines[col].values()), color="k", ls="--", lw=0.8, label="guessing level")
         if bound > 1:
@@ -103,8 +128,14 @@ def write_depth_plot(out: Path, cc: CompareCells) -> list[Path]:
             for lab in labels:
                 groups = cells.get((lab, col), {}).get("acc_by_group") or {}
                 if groups:
-                    ax.plot(range(len(groups)), [100 * a for a in groups.values()], marker="o", color=colors[lab], label=lab,
-                            ls="-" if lab in one_layer else ":")
+                    ax.plot(
+                        range(len(groups)),
+                        [100 * a for a in groups.values()],
+                        marker="o",
+                        color=colors[lab],
+                        label=lab,
+                        ls="-" if lab in one_layer else ":",
+                    )
                     names = max(names, list(groups), key=len)
             ax.set_xticks(range(len(names)), names, fontsize=7)
             ax.set_ylim(-2, 102)
@@ -133,29 +164,46 @@ def write_learning_curves(out: Path, cc: CompareCells) -> list[Path]:
         guess = max(baselines.get(column, {}).values(), default=None)
         for ax, label in zip(axes.flat, panels):
             cell = cells[(label, column)]
-            runs = sorted((r for r in results if r["label"] == label and r.get("column", r["task"]) == column
-                           and r["lr"] == cell["best_lr"] and r["d_model"] == cell["d_model"]), key=lambda r: r["seed"])
+            runs = sorted(
+                (
+                    r
+                    for r in results
+                    if r["label"] == label
+                    and r.get("column", r["task"]) == column
+                    and r["lr"] == cell["best_lr"]
+                    and r["d_model"] == cell["d_model"]
+                ),
+                key=lambda r: r["seed"],
+            )
             for r in runs:
                 curve = r.get("curve") or []
-                ax.plot([c["step"] for c in curve], [100 * c["val_acc"] for c in curve], lw=1,
-                        label=f"seed {r['seed']}" + (" (still rising)" if r.get("still_rising") else ""))
+                ax.plot(
+                    [c["step"] for c in curve],
+                    [100 * c["val_acc"] for c in curve],
+                    lw=1,
+                    label=f"seed {r['seed']}" + (" (still rising)" if r.get("still_rising") else ""),
+                )
             if guess is not None:
                 ax.axhline(100 * guess, color="grey", ls="--", lw=0.8)
             rising = cell.get("still_rising", 0)
-            ax.set_title(f"{label}" + (f"  [{rising} still rising]" if rising else ""), fontsize=8,
-                         color="tab:red" if rising else "black")
+            ax.set_title(
+                f"{label}" + (f"  [{rising} still rising]" if rising else ""),
+                fontsize=8,
+                color="tab:red" if rising else "black",
+            )
             ax.set_ylim(-2, 102)
             ax.grid(alpha=0.3)
             ax.tick_params(labelsize=7)
             ax.legend(fontsize=6, loc="upper left")
-        for ax in list(axes.flat)[len(panels):]:
+        for ax in list(axes.flat)[len(panels) :]:
             ax.set_visible(False)
         for ax in axes[-1]:
             ax.set_xlabel("step", fontsize=8)
         for ax in axes[:, 0]:
             ax.set_ylabel("val. accuracy (%)", fontsize=8)
-        fig.suptitle(f"learning curves: {column}" + ("  (dashed: best guessing level)" if guess is not None else ""),
-                     fontsize=9)
+        fig.suptitle(
+            f"learning curves: {column}" + ("  (dashed: best guessing level)" if guess is not None else ""), fontsize=9
+        )
         slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", column).strip("-")
         paths.append(save_plot(fig, out, f"learning_curves_{slug}"))
     return paths

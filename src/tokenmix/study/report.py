@@ -1,6 +1,7 @@
 """The compare run's Markdown report: the table, the paper's side-by-side, the claims with their
 facts, per-row notes, and how the invocation ran.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -36,9 +37,11 @@ class InvocationStats:
             who = f"this process, {self.threads} thread(s)"
         else:
             who = "this process; nothing was trained"
-        return (f"wall time {self.wall_seconds:.0f} s, CPU time {self.cpu_seconds:.0f} s ({who}); machine: "
-                f"{self.cpu_count} cores, 1-min load average {self.load_before[0]:.1f} before and "
-                f"{self.load_after[0]:.1f} after")
+        return (
+            f"wall time {self.wall_seconds:.0f} s, CPU time {self.cpu_seconds:.0f} s ({who}); machine: "
+            f"{self.cpu_count} cores, 1-min load average {self.load_before[0]:.1f} before and "
+            f"{self.load_after[0]:.1f} after"
+        )
 
 
 @dataclass
@@ -61,10 +64,19 @@ def finding_lines(findings: list[dict[str, Any]]) -> list[str]:
     return lines + [""]
 
 
-def report_markdown(preset: str, cc: CompareCells, header: Sequence[str], rows: Sequence[Sequence[str]],
-                    paper_table: tuple[Sequence[str], Sequence[Sequence[str]]], paper_claims: list[dict[str, Any]],
-                    depth_claims: list[dict[str, Any]], stats: InvocationStats, plots: Sequence[Path], notes: str = "",
-                    sections: Sequence[str] = ()) -> str:
+def report_markdown(
+    preset: str,
+    cc: CompareCells,
+    header: Sequence[str],
+    rows: Sequence[Sequence[str]],
+    paper_table: tuple[Sequence[str], Sequence[Sequence[str]]],
+    paper_claims: list[dict[str, Any]],
+    depth_claims: list[dict[str, Any]],
+    stats: InvocationStats,
+    plots: Sequence[Path],
+    notes: str = "",
+    sections: Sequence[str] = (),
+) -> str:
     """The Markdown report: measured table, the paper's table beside it, the claims checked with the
     computed facts behind each verdict, the preset's own notes, setup and every cell; everything
     read from ``cc`` and the parts computed from it once (``study/compare.py``)."""
@@ -96,20 +108,33 @@ def report_markdown(preset: str, cc: CompareCells, header: Sequence[str], rows: 
         lines += [section.rstrip("\n"), ""]
     ph, pr = paper_table
     if ph:
-        lines += ["## Next to the paper's Table 1", "",
-                  "The paper's numbers (`study/paper.py`, Table 1 of Fagnou et al., ICML 2026); its task sizes, "
-                  "widths, depths and steps are unknown, so only the ordering is comparable. The paper's "
-                  f"\"Diagonal SSM\" (O(1) time and cache) is our `{DIAGONAL_SSM}` row.", "",
-                  markdown_table(pr, ph).rstrip("\n"), ""]
+        lines += [
+            "## Next to the paper's Table 1",
+            "",
+            "The paper's numbers (`study/paper.py`, Table 1 of Fagnou et al., ICML 2026); its task sizes, "
+            "widths, depths and steps are unknown, so only the ordering is comparable. The paper's "
+            f'"Diagonal SSM" (O(1) time and cache) is our `{DIAGONAL_SSM}` row.',
+            "",
+            markdown_table(pr, ph).rstrip("\n"),
+            "",
+        ]
     if paper_claims:
-        lines += ["## The paper's qualitative findings, checked on this table", "",
-                  "Each verdict is computed from the measured cells above. Below each claim: facts computed "
-                  "from its runs that bear on the verdict (the explanation of a disagreement).", ""]
+        lines += [
+            "## The paper's qualitative findings, checked on this table",
+            "",
+            "Each verdict is computed from the measured cells above. Below each claim: facts computed "
+            "from its runs that bear on the verdict (the explanation of a disagreement).",
+            "",
+        ]
         lines += finding_lines(paper_claims)
     if depth_claims:
-        lines += ["## Depth: ChaCAL's claim checked on this table", "",
-                  "Accuracy on the deepest questions (depth n) unless the task scores every depth; verdicts "
-                  "computed from the cells above.", ""]
+        lines += [
+            "## Depth: ChaCAL's claim checked on this table",
+            "",
+            "Accuracy on the deepest questions (depth n) unless the task scores every depth; verdicts "
+            "computed from the cells above.",
+            "",
+        ]
         lines += finding_lines(depth_claims)
     if notes.strip():
         lines += ["## Notes of the preset (its design, written before these numbers)", "", notes.strip(), ""]
@@ -126,20 +151,54 @@ def report_markdown(preset: str, cc: CompareCells, header: Sequence[str], rows: 
         m = c.to_dict()["model"]
         shared = ", ".join(f"{k}={v}" for k, v in m.items() if k not in ("vocab_size", "layers", "mixer_overrides"))
         extra = f", mixer_overrides={m['mixer_overrides']}" if m.get("mixer_overrides") else ""
-        lines.append(f"- row `{label}`: layers={'+'.join(m['layers'])}{extra}, {shared}, "
-                     f"training mode={c.train.mode or 'default'}")
+        lines.append(
+            f"- row `{label}`: layers={'+'.join(m['layers'])}{extra}, {shared}, "
+            f"training mode={c.train.mode or 'default'}"
+        )
     lines.append(f"- seeds {cc.seeds}; learning rates {[f'{lr:g}' for lr in cc.lrs]}")
-    lines += ["", "## Every (row, task, width)", "",
-              "`val by lr` chooses the learning rate; `acc by lr` (test) is shown, never used to choose.", "",
-              markdown_table([[s["label"], s["column"], str(s["d_model"]), f"{s['best_lr']:g}",
-                               f"{100 * s['acc_mean']:.1f}", f"{100 * s['acc_std']:.1f}", str(s["n_seeds"]),
-                               ", ".join(f"{k}: {100 * v:.1f}" for k, v in s.get("val_by_lr", {}).items()),
-                               ", ".join(f"{k}: {100 * v:.1f}" for k, v in s["acc_by_lr"].items()),
-                               f"{s['steps_mean']:.0f}", str(s.get("still_rising", 0)), f"{s['tokens_per_s']:,.0f}",
-                               f"{s['tokens_per_cpu_s']:,.0f}"] for s in summary],
-                             ["row", "task", "d_model", "best lr", "acc mean", "acc std", "seeds", "val by lr",
-                              "acc by lr", "mean steps", "still rising", "tok/s", "tok/CPU-s"]).rstrip("\n"),
-              ""]
+    lines += [
+        "",
+        "## Every (row, task, width)",
+        "",
+        "`val by lr` chooses the learning rate; `acc by lr` (test) is shown, never used to choose.",
+        "",
+        markdown_table(
+            [
+                [
+                    s["label"],
+                    s["column"],
+                    str(s["d_model"]),
+                    f"{s['best_lr']:g}",
+                    f"{100 * s['acc_mean']:.1f}",
+                    f"{100 * s['acc_std']:.1f}",
+                    str(s["n_seeds"]),
+                    ", ".join(f"{k}: {100 * v:.1f}" for k, v in s.get("val_by_lr", {}).items()),
+                    ", ".join(f"{k}: {100 * v:.1f}" for k, v in s["acc_by_lr"].items()),
+                    f"{s['steps_mean']:.0f}",
+                    str(s.get("still_rising", 0)),
+                    f"{s['tokens_per_s']:,.0f}",
+                    f"{s['tokens_per_cpu_s']:,.0f}",
+                ]
+                for s in summary
+            ],
+            [
+                "row",
+                "task",
+                "d_model",
+                "best lr",
+                "acc mean",
+                "acc std",
+                "seeds",
+                "val by lr",
+                "acc by lr",
+                "mean steps",
+                "still rising",
+                "tok/s",
+                "tok/CPU-s",
+            ],
+        ).rstrip("\n"),
+        "",
+    ]
     if plots:
         lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
     lines += ["Per-run results: `results.csv`, `results.json`, `runs/<run_id>/`; resolved configs: `sweep.json`.", ""]

@@ -14,6 +14,7 @@ machine, as in ``bench mixers --busy``). The step is ``training.synthetic.train_
 ``train_one`` runs: answer positions' logits, cross-entropy, backward, clipping, the optimiser;
 ``steps`` of them are timed after ``warmup``, best of ``repeats`` blocks, per step.
 """
+
 from __future__ import annotations
 
 import os
@@ -42,8 +43,13 @@ def prepare_step_case(case: dict) -> tuple[Any, dict]:
     torch.manual_seed(cfg.seed)
     model = MixerModel(cfg.model_config())
     opt = build_optimizer(model, tc.lr, tc.weight_decay)
-    batches = [(data.inputs[i * tc.batch_size:(i + 1) * tc.batch_size],
-                data.labels[i * tc.batch_size:(i + 1) * tc.batch_size]) for i in range(8)]
+    batches = [
+        (
+            data.inputs[i * tc.batch_size : (i + 1) * tc.batch_size],
+            data.labels[i * tc.batch_size : (i + 1) * tc.batch_size],
+        )
+        for i in range(8)
+    ]
     state = {"i": 0}
 
     def step() -> None:
@@ -58,9 +64,11 @@ def prepare_step_case(case: dict) -> tuple[Any, dict]:
     for _ in range(case["warmup"]):
         step()
     times = time_repeats(block, case["repeats"], warmup=0)
-    return (lambda: None), {"cpu_ms_per_step": 1000 * min(times["cpu"]) / case["steps"],
-                            "wall_ms_per_step": 1000 * min(times["wall"]) / case["steps"],
-                            "threads_used": torch.get_num_threads()}
+    return (lambda: None), {
+        "cpu_ms_per_step": 1000 * min(times["cpu"]) / case["steps"],
+        "wall_ms_per_step": 1000 * min(times["wall"]) / case["steps"],
+        "threads_used": torch.get_num_threads(),
+    }
 
 
 def environment(kind: str) -> dict[str, str]:
@@ -71,17 +79,31 @@ def environment(kind: str) -> dict[str, str]:
     return env
 
 
-def run(configs: Sequence[SyntheticRunConfig], steps: int = 20, warmup: int = 5, repeats: int = 3,
-        environments: Sequence[str] = ENVIRONMENTS, busy: int = 0, progress=None) -> dict:
+def run(
+    configs: Sequence[SyntheticRunConfig],
+    steps: int = 20,
+    warmup: int = 5,
+    repeats: int = 3,
+    environments: Sequence[str] = ENVIRONMENTS,
+    busy: int = 0,
+    progress=None,
+) -> dict:
     """Time a step of each run config in each environment (alternating, one process per case)."""
     busy_procs = start_busy(busy)
     results = []
     try:
         for cfg in configs:
             for kind in environments:
-                case = {"kind": "synthetic_step", "label": cfg.label, "column": cfg.column_name,
-                        "environment": kind, "config": cfg.to_dict(), "steps": steps, "warmup": warmup,
-                        "repeats": repeats}
+                case = {
+                    "kind": "synthetic_step",
+                    "label": cfg.label,
+                    "column": cfg.column_name,
+                    "environment": kind,
+                    "config": cfg.to_dict(),
+                    "steps": steps,
+                    "warmup": warmup,
+                    "repeats": repeats,
+                }
                 case["threads"] = RUN_THREADS  # compare's workers, and train_one's default
                 r = run_in_subprocess(case, CASE_MODULE, env=environment(kind))
                 r.pop("config", None)
@@ -101,8 +123,14 @@ def run(configs: Sequence[SyntheticRunConfig], steps: int = 20, warmup: int = 5,
     for row in summary.values():
         if "cli_cpu_ms" in row and "python_cpu_ms" in row:
             row["python_over_cli_cpu"] = round(row["python_cpu_ms"] / row["cli_cpu_ms"], 2)
-    return {"benchmark": "synthetic_step", "busy_processes": busy, "python": sys.version.split()[0],
-            "torch": torch.__version__, "results": results, "summary": summary}
+    return {
+        "benchmark": "synthetic_step",
+        "busy_processes": busy,
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "results": results,
+        "summary": summary,
+    }
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ Structure columns, all at the table's length n (the longest task sequence):
                  ``pattern_report`` for pattern recurrences, else the graph of the materialised
                  operator's supports (attention: 1; B = 0 with a window shorter than n: ∞).
 """
+
 from __future__ import annotations
 
 import math
@@ -44,8 +45,10 @@ class StructureFacts:
 
     @property
     def cache_matches(self) -> bool:
-        return (self.cache_positions_derived == self.cache_positions_measured
-                and self.state_size_derived == self.state_size_measured)
+        return (
+            self.cache_positions_derived == self.cache_positions_measured
+            and self.state_size_derived == self.state_size_measured
+        )
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(self.__dict__)
@@ -116,7 +119,9 @@ def structure_facts(label: str, model_cfg: ModelConfig, n: int, seed: int = 0) -
     uniq = [label] if label in model_cfg.layers else list(dict.fromkeys(model_cfg.layers))
     by_name = {name: mixers[model_cfg.layers.index(name)] for name in uniq}
     return StructureFacts(
-        label=label, layers=tuple(model_cfg.layers), n=n,
+        label=label,
+        layers=tuple(model_cfg.layers),
+        n=n,
         time_complexity=" + ".join(dict.fromkeys(str(m.time_complexity) for m in by_name.values())),
         cache_complexity=" + ".join(dict.fromkeys(str(m.cache_complexity) for m in by_name.values())),
         flops_per_token=sum(int(m.flops_per_token(n)) for m in mixers),

@@ -1,6 +1,7 @@
 """The compare table's text: one line per row with its structure and every column's accuracy, and
 the side-by-side with the paper's Table 1, both read from a ``CompareCells``.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -10,15 +11,19 @@ from tokenmix.study.paper import PAPER_TABLE, PAPER_TASKS
 from tokenmix.study.structure import fmt_path
 
 RISING = "↑"  # marks a cell with a run stopped by its step budget while still rising
-RISING_NOTE = (f"{RISING}: at least one seed of the cell was stopped by its step budget while its validation "
-               "accuracy was still rising (the number is a lower bound on what the row learns)")
+RISING_NOTE = (
+    f"{RISING}: at least one seed of the cell was stopped by its step budget while its validation "
+    "accuracy was still rising (the number is a lower bound on what the row learns)"
+)
 TABLE_HEADER = ("mixer", "time/token", "MACs@n", "cache", "positions@n meas/der", "scalars@n meas/der", "path@n")
 
 
 def acc_cell(cell: dict[str, Any] | None) -> str:
     if cell is None:
         return "—"
-    return f"{100 * cell['acc_mean']:.1f} ± {100 * cell['acc_std']:.1f}" + (f" {RISING}" if cell.get("still_rising") else "")
+    return f"{100 * cell['acc_mean']:.1f} ± {100 * cell['acc_std']:.1f}" + (
+        f" {RISING}" if cell.get("still_rising") else ""
+    )
 
 
 def at_length_cell(cell: dict[str, Any] | None, n: str) -> str:
@@ -41,16 +46,23 @@ def table_rows(cc: CompareCells) -> tuple[list[str], list[list[str]]]:
         f = cc.facts[label]
         mark = "" if f.cache_matches else " (!)"
         tok_s = cc.throughput.get(label, (0.0, 0.0))
-        rows.append([
-            label, f.time_complexity, str(f.flops_per_token), f.cache_complexity,
-            f"{f.cache_positions_measured}/{f.cache_positions_derived}{mark}",
-            f"{f.state_size_measured}/{f.state_size_derived}{mark}",
-            fmt_path(f.shortest_path),
-            *[acc_cell(cc.cells.get((label, t))) if n is None else at_length_cell(cc.cells.get((label, t)), n)
-              for t, n in columns],
-            f"{tok_s[0]:,.0f}",
-            f"{tok_s[1]:,.0f}",
-        ])
+        rows.append(
+            [
+                label,
+                f.time_complexity,
+                str(f.flops_per_token),
+                f.cache_complexity,
+                f"{f.cache_positions_measured}/{f.cache_positions_derived}{mark}",
+                f"{f.state_size_measured}/{f.state_size_derived}{mark}",
+                fmt_path(f.shortest_path),
+                *[
+                    acc_cell(cc.cells.get((label, t))) if n is None else at_length_cell(cc.cells.get((label, t)), n)
+                    for t, n in columns
+                ],
+                f"{tok_s[0]:,.0f}",
+                f"{tok_s[1]:,.0f}",
+            ]
+        )
     return header, rows
 
 

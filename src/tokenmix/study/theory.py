@@ -3,6 +3,7 @@ the routes a pattern recurrence has for the fixed-offset copy, the MQAR queries 
 and the attention layers pointer doubling needs for entity tracking. The claims compare measured
 accuracies with these bounds.
 """
+
 from __future__ import annotations
 
 import math
@@ -11,10 +12,10 @@ from typing import Any, Sequence
 
 import torch
 
+from tokenmix.analysis.expressivity import CommunicationGraph
 from tokenmix.mixers.registry import get_mixer_spec
 from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.runs.synthetic import SyntheticRunConfig
-from tokenmix.analysis.expressivity import CommunicationGraph
 from tokenmix.study.structure import layer_distances
 from tokenmix.training.synthetic import dataset
 
@@ -32,9 +33,9 @@ class CopyRoutes:
 
     label: str
     pattern: str
-    copy_len: int      # S, the answers
-    offset: int        # L
-    free: int          # free relay positions
+    copy_len: int  # S, the answers
+    offset: int  # L
+    free: int  # free relay positions
     hops: tuple[int | None, ...]  # per answer j (length S)
 
     @property
@@ -59,9 +60,11 @@ class CopyRoutes:
         """One sentence of facts; with the row's copy ``cell`` (``acc_by_seed``) and the guessing level,
         also the answers each seed solved (inverting acc = (k + (S − k)·g) / S)."""
         counts = ", ".join(f"{c} in {h} hop(s)" for h, c in self.hop_counts().items()) or "none"
-        text = (f"{self.label} on copy: one layer of its pattern ({self.pattern}) has a route j -> j + "
-                f"{self.offset} through the {self.free} free positions only for {self.routed} of the "
-                f"{self.copy_len} answers ({counts})")
+        text = (
+            f"{self.label} on copy: one layer of its pattern ({self.pattern}) has a route j -> j + "
+            f"{self.offset} through the {self.free} free positions only for {self.routed} of the "
+            f"{self.copy_len} answers ({counts})"
+        )
         if self.routed > self.one_flow_bound:
             text += f"; with one flow per free relay at most {self.one_flow_bound} of them at once"
             if guess is not None:
@@ -71,8 +74,10 @@ class CopyRoutes:
             text += "; the others must relay through positions that carry their own symbol"
         if cell and cell.get("acc_by_seed") and guess is not None:
             solved = ", ".join(f"{answers_solved(a, self.copy_len, guess):.1f}" for a in cell["acc_by_seed"].values())
-            text += (f"; answers solved per seed at lr {cell.get('best_lr', 0):g} (test accuracy a -> "
-                     f"S·(a − g)/(1 − g), g = {100 * guess:.1f} %): {solved}")
+            text += (
+                f"; answers solved per seed at lr {cell.get('best_lr', 0):g} (test accuracy a -> "
+                f"S·(a − g)/(1 − g), g = {100 * guess:.1f} %): {solved}"
+            )
         return text
 
 
@@ -82,8 +87,7 @@ def answers_solved(acc: float, answers: int, guess: float) -> float:
     return answers * (acc - guess) / (1 - guess)
 
 
-def copy_routes(label: str, mixer: torch.nn.Module, copy_len: int, offset: int,
-                seq_len: int) -> CopyRoutes | None:
+def copy_routes(label: str, mixer: torch.nn.Module, copy_len: int, offset: int, seq_len: int) -> CopyRoutes | None:
     """:class:`CopyRoutes` of ``mixer``'s pattern, or None when the mixer has no pattern (attention)."""
     pattern = getattr(mixer, "pattern", None)
     if pattern is None or not hasattr(pattern, "neighbors"):
@@ -110,8 +114,14 @@ def copy_routes(label: str, mixer: torch.nn.Module, copy_len: int, offset: int,
                     break
             frontier = nxt
         hops.append(found)
-    return CopyRoutes(label=label, pattern=str(getattr(pattern, "name", pattern)), copy_len=copy_len, offset=offset,
-                      free=len(free), hops=tuple(hops))
+    return CopyRoutes(
+        label=label,
+        pattern=str(getattr(pattern, "name", pattern)),
+        copy_len=copy_len,
+        offset=offset,
+        free=len(free),
+        hops=tuple(hops),
+    )
 
 
 def _row_mixers(configs: Sequence[SyntheticRunConfig], task_name: str):
@@ -139,7 +149,6 @@ def copy_routes_for_rows(configs: Sequence[SyntheticRunConfig]) -> dict[str, Cop
     return out
 
 
-
 @dataclass(frozen=True)
 class RecallReads:
     """Which MQAR queries one layer of a row's mixer can answer by reading its key and value directly.
@@ -164,10 +173,10 @@ class RecallReads:
     """
 
     label: str
-    pattern: str   # the pattern's name, or the mixer's name when it reads through its operator
+    pattern: str  # the pattern's name, or the mixer's name when it reads through its operator
     num_kv_pairs: int
-    answers: int   # scored queries of the sample
-    direct: int    # those with a position holding key and value within one hop of the query
+    answers: int  # scored queries of the sample
+    direct: int  # those with a position holding key and value within one hop of the query
     two_hops: int = 0  # ... within two hops
 
     @property
@@ -183,23 +192,27 @@ class RecallReads:
         return self.fraction + (1 - self.fraction) / self.num_kv_pairs
 
     def describe(self, cell: dict[str, Any] | None = None) -> str:
-        text = (f"{self.label} on assoc_recall: one layer of its pattern ({self.pattern}) reads the position holding "
-                f"the queried key and its value (behind the token shift) for {self.direct} of the "
-                f"{self.answers} validation queries ({100 * self.fraction:.1f} %); solving those and guessing the "
-                f"rest among the {self.num_kv_pairs} context values gives {100 * self.ceiling:.1f} %")
+        text = (
+            f"{self.label} on assoc_recall: one layer of its pattern ({self.pattern}) reads the position holding "
+            f"the queried key and its value (behind the token shift) for {self.direct} of the "
+            f"{self.answers} validation queries ({100 * self.fraction:.1f} %); solving those and guessing the "
+            f"rest among the {self.num_kv_pairs} context values gives {100 * self.ceiling:.1f} %"
+        )
         if cell is not None:
             text += f"; measured {100 * cell['acc_mean']:.1f} %"
         return text
 
 
-def recall_reads(label: str, mixer: torch.nn.Module, data: Any, num_kv_pairs: int,
-                 shift_window: int = 2) -> RecallReads:
+def recall_reads(
+    label: str, mixer: torch.nn.Module, data: Any, num_kv_pairs: int, shift_window: int = 2
+) -> RecallReads:
     """:class:`RecallReads` of ``mixer`` on MQAR ``data`` behind a layer mixing the last ``shift_window``
     positions (a token shift's window, a short convolution's taps)."""
     pattern = getattr(mixer, "pattern", None)
     name = str(getattr(pattern, "name", pattern)) if pattern is not None else label
-    return reads_from_distances(label, name, layer_distances(mixer, data.inputs.shape[1]), data, num_kv_pairs,
-                                shift_window)
+    return reads_from_distances(
+        label, name, layer_distances(mixer, data.inputs.shape[1]), data, num_kv_pairs, shift_window
+    )
 
 
 def pattern_recall_reads(label: str, pattern: Any, data: Any, num_kv_pairs: int, shift_window: int = 2) -> RecallReads:
@@ -209,8 +222,9 @@ def pattern_recall_reads(label: str, pattern: Any, data: Any, num_kv_pairs: int,
     return reads_from_distances(label, str(getattr(pattern, "name", pattern)), hops, data, num_kv_pairs, shift_window)
 
 
-def reads_from_distances(label: str, name: str, hops: Any, data: Any, num_kv_pairs: int,
-                         shift_window: int) -> RecallReads:
+def reads_from_distances(
+    label: str, name: str, hops: Any, data: Any, num_kv_pairs: int, shift_window: int
+) -> RecallReads:
     """Count the scored queries of ``data`` whose layer (``hops`` [T, T]: fewest hops from input j to
     output i) reaches a position holding the queried key and its value in one / two hops."""
     answers = direct = two = 0
@@ -221,8 +235,9 @@ def reads_from_distances(label: str, name: str, hops: Any, data: Any, num_kv_pai
             answers += 1
             direct += near <= 1
             two += near <= 2
-    return RecallReads(label=label, pattern=name, num_kv_pairs=num_kv_pairs, answers=answers, direct=direct,
-                       two_hops=two)
+    return RecallReads(
+        label=label, pattern=name, num_kv_pairs=num_kv_pairs, answers=answers, direct=direct, two_hops=two
+    )
 
 
 def binding_window(model_cfg: ModelConfig, row: str) -> int:
@@ -249,7 +264,6 @@ def recall_reads_for_rows(configs: Sequence[SyntheticRunConfig], patterns_only: 
         data = dataset(task, c.train.val_examples, c.train.val_seed)
         out[c.label] = recall_reads(c.label, mixer, data, task.num_kv_pairs, binding_window(c.model_config(), c.label))
     return out
-
 
 
 def doubling_layers(n: int) -> int:

@@ -1,9 +1,18 @@
 """Synthetic benchmark tasks, one per file; each registers its config under its name.
 
-    make_task("assoc_recall", seq_len=64, num_kv_pairs=8).build(num_examples, seed) -> TaskData
+make_task("assoc_recall", seq_len=64, num_kv_pairs=8).build(num_examples, seed) -> TaskData
 """
-from tokenmix.tasks.base import (IGNORE_INDEX, TaskConfig, TaskData, get_task_cls, make_task, masked_accuracy,
-                                 register_task, task_names)
+
+from tokenmix.tasks.base import (
+    IGNORE_INDEX,
+    TaskConfig,
+    TaskData,
+    get_task_cls,
+    make_task,
+    masked_accuracy,
+    register_task,
+    task_names,
+)
 from tokenmix.tasks import copy  # noqa: F401  copy
 from tokenmix.tasks import assoc_recall  # noqa: F401  assoc_recall (MQAR)
 from tokenmix.tasks import multi_hop  # noqa: F401  multi_hop
@@ -11,5 +20,13 @@ from tokenmix.tasks import entity_tracking  # noqa: F401  entity_tracking
 from tokenmix.tasks import state_tracking  # noqa: F401  state_tracking
 from tokenmix.tasks import selective_copy  # noqa: F401  selective_copy
 
-__all__ = ["IGNORE_INDEX", "TaskConfig", "TaskData", "get_task_cls", "make_task", "masked_accuracy",
-           "register_task", "task_names"]
+__all__ = [
+    "IGNORE_INDEX",
+    "TaskConfig",
+    "TaskData",
+    "get_task_cls",
+    "make_task",
+    "masked_accuracy",
+    "register_task",
+    "task_names",
+]

@@ -16,6 +16,7 @@ zoology's ``np.random.seed(seed)`` + ``np.random.choice``):
 
 Constraints (zoology's asserts): L even, V > L, 2·kv·passes + 2·kv ≤ L.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,22 +43,41 @@ class AssocRecallConfig(TaskConfig):
     random_non_queries: bool = True
 
     def __post_init__(self) -> None:
-        positive(self.name, vocab_size=self.vocab_size, seq_len=self.seq_len, num_kv_pairs=self.num_kv_pairs,
-                 num_passes=self.num_passes)
+        positive(
+            self.name,
+            vocab_size=self.vocab_size,
+            seq_len=self.seq_len,
+            num_kv_pairs=self.num_kv_pairs,
+            num_passes=self.num_passes,
+        )
         require(self.seq_len % 2 == 0, self.name, "'seq_len even'", f"seq_len={self.seq_len}")
-        require(self.vocab_size > self.seq_len, self.name, "'vocab_size > seq_len'",
-                f"vocab_size={self.vocab_size}, seq_len={self.seq_len}")
+        require(
+            self.vocab_size > self.seq_len,
+            self.name,
+            "'vocab_size > seq_len'",
+            f"vocab_size={self.vocab_size}, seq_len={self.seq_len}",
+        )
         need = 2 * self.num_kv_pairs * self.num_passes + 2 * self.num_kv_pairs
-        require(need <= self.seq_len, self.name, "'2*num_kv_pairs*num_passes + 2*num_kv_pairs <= seq_len'",
-                f"{need} > {self.seq_len}")
-        require(self.num_kv_pairs < self.vocab_size // 2, self.name, "'num_kv_pairs < vocab_size/2 - 1'",
-                f"{self.num_kv_pairs} distinct keys from {self.vocab_size // 2 - 1} key ids")
+        require(
+            need <= self.seq_len,
+            self.name,
+            "'2*num_kv_pairs*num_passes + 2*num_kv_pairs <= seq_len'",
+            f"{need} > {self.seq_len}",
+        )
+        require(
+            self.num_kv_pairs < self.vocab_size // 2,
+            self.name,
+            "'num_kv_pairs < vocab_size/2 - 1'",
+            f"{self.num_kv_pairs} distinct keys from {self.vocab_size // 2 - 1} key ids",
+        )
         require(0.0 < self.power_a <= 1.0, self.name, "'0 < power_a <= 1'", f"power_a={self.power_a}")
 
     def baselines(self) -> dict[str, float]:
-        return {"uniform value": 1 / (self.vocab_size - self.vocab_size // 2),
-                "a value of the context": 1 / self.num_kv_pairs,
-                "the value of the pair ranked as the query": rank_guess(self)}
+        return {
+            "uniform value": 1 / (self.vocab_size - self.vocab_size // 2),
+            "a value of the context": 1 / self.num_kv_pairs,
+            "the value of the pair ranked as the query": rank_guess(self),
+        }
 
     def _generate(self, num_examples: int, seed: int) -> TaskData:
         rng = np.random.RandomState(seed)
@@ -68,8 +88,7 @@ class AssocRecallConfig(TaskConfig):
         key_choices = np.arange(1, key_vocab_size)
         value_choices = np.arange(key_vocab_size, v)
         keys = np.apply_along_axis(rng.choice, 1, np.tile(key_choices, (num_examples, 1)), replace=False, size=kv)
-        values = np.apply_along_axis(rng.choice, 1, np.tile(value_choices, (num_examples, 1)), replace=False,
-                                     size=kv)
+        values = np.apply_along_axis(rng.choice, 1, np.tile(value_choices, (num_examples, 1)), replace=False, size=kv)
 
         kvs = np.zeros((num_examples, kv * 2), dtype=np.int64)
         kvs[:, 0::2] = keys

@@ -10,6 +10,7 @@ shallower lookups of a chain): ``score_mask`` then marks the answer positions ac
 A task config is built from its registered name: ``make_task("assoc_recall", seq_len=64, ...)``.
 Unknown task names and unknown or impossible fields raise ``ValueError`` naming what is wrong.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,8 +50,9 @@ class TaskData:
 
     def __post_init__(self) -> None:
         if self.inputs.shape != self.labels.shape or self.inputs.dim() != 2:
-            raise InputError(f"inputs {tuple(self.inputs.shape)} and labels {tuple(self.labels.shape)} "
-                             "must both be [N, T]")
+            raise InputError(
+                f"inputs {tuple(self.inputs.shape)} and labels {tuple(self.labels.shape)} must both be [N, T]"
+            )
         if self.score_mask is not None:
             if self.score_mask.shape != self.labels.shape or self.score_mask.dtype != torch.bool:
                 raise InputError(f"score_mask must be a bool tensor shaped like labels {tuple(self.labels.shape)}")
@@ -60,7 +62,9 @@ class TaskData:
             if self.groups.shape != self.labels.shape or self.groups.dtype != torch.long:
                 raise InputError(f"groups must be a long tensor shaped like labels {tuple(self.labels.shape)}")
             grouped = self.groups >= 0
-            if bool((grouped & (self.labels == IGNORE_INDEX)).any()) or bool((self.groups >= len(self.group_names)).any()):
+            if bool((grouped & (self.labels == IGNORE_INDEX)).any()) or bool(
+                (self.groups >= len(self.group_names)).any()
+            ):
                 raise InputError("groups must index group_names at answer positions and be -1 elsewhere")
 
     def __len__(self) -> int:
@@ -106,8 +110,9 @@ class TaskConfig(ABC):
             raise InputError(f"{self.name}: num_examples must be > 0, got {num_examples}")
         data = self._generate(num_examples, seed)
         if data.inputs.shape != (num_examples, self.length):
-            raise RuntimeError(f"{self.name} generated {tuple(data.inputs.shape)}, expected "
-                               f"{(num_examples, self.length)}")
+            raise RuntimeError(
+                f"{self.name} generated {tuple(data.inputs.shape)}, expected {(num_examples, self.length)}"
+            )
         return data
 
     @abstractmethod

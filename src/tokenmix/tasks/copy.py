@@ -12,6 +12,7 @@ content-based shortcut (such as an induction head) exists. Token 0 is unused (ke
 
 Constraints: 1 ≤ offset, copy_len + offset ≤ seq_len, vocab_size ≥ 3.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -30,19 +31,27 @@ FIRST_SYMBOL = 2
 class CopyConfig(TaskConfig):
     name = "copy"
 
-    vocab_size: int = 16   # ids 0 (pad) and 1 (blank) plus vocab_size − 2 symbols
+    vocab_size: int = 16  # ids 0 (pad) and 1 (blank) plus vocab_size − 2 symbols
     seq_len: int = 64
-    copy_len: int = 32     # S, the segment to reproduce
+    copy_len: int = 32  # S, the segment to reproduce
     offset: int | None = None  # L; None means copy_len (the copy starts right after the segment)
 
     def __post_init__(self) -> None:
         positive(self.name, vocab_size=self.vocab_size, seq_len=self.seq_len, copy_len=self.copy_len)
         if self.offset is not None:
             positive(self.name, offset=self.offset)
-        require(self.vocab_size >= 3, self.name, "'vocab_size >= 3'", f"vocab_size={self.vocab_size} leaves no "
-                "symbol besides pad and blank")
-        require(self.copy_len + self.shift <= self.seq_len, self.name, "'copy_len + offset <= seq_len'",
-                f"{self.copy_len} + {self.shift} > {self.seq_len}")
+        require(
+            self.vocab_size >= 3,
+            self.name,
+            "'vocab_size >= 3'",
+            f"vocab_size={self.vocab_size} leaves no symbol besides pad and blank",
+        )
+        require(
+            self.copy_len + self.shift <= self.seq_len,
+            self.name,
+            "'copy_len + offset <= seq_len'",
+            f"{self.copy_len} + {self.shift} > {self.seq_len}",
+        )
 
     @property
     def shift(self) -> int:

@@ -27,6 +27,7 @@ Token ids: 0 pad, objects [1, 1+O) (answers only), PUT, MOVE (K·K ids, the a ==
 ASK blocks after them. Sequence length = num_chains · (n + 2), or num_chains · 2(n + 1) when every
 box is asked.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,23 +43,40 @@ from tokenmix.tasks.base import IGNORE_INDEX, TaskConfig, TaskData, positive, re
 class EntityTrackingConfig(TaskConfig):
     name = "entity_tracking"
 
-    num_changes: int = 3    # n, MOVE events per chain
-    num_chains: int = 4     # independent chains (one query each)
-    num_boxes: int = 16     # K
-    num_objects: int = 8    # O
+    num_changes: int = 3  # n, MOVE events per chain
+    num_chains: int = 4  # independent chains (one query each)
+    num_boxes: int = 16  # K
+    num_objects: int = 8  # O
     ask_all_boxes: bool = False  # ask every box (depths 0..n), not only each chain's last one
     score_deepest: bool = False  # with ask_all_boxes: score only the depth-n questions
 
     def __post_init__(self) -> None:
-        positive(self.name, num_changes=self.num_changes, num_chains=self.num_chains, num_boxes=self.num_boxes,
-                 num_objects=self.num_objects)
+        positive(
+            self.name,
+            num_changes=self.num_changes,
+            num_chains=self.num_chains,
+            num_boxes=self.num_boxes,
+            num_objects=self.num_objects,
+        )
         boxes = self.num_chains * (self.num_changes + 1)
-        require(boxes <= self.num_boxes, self.name, "'num_chains*(num_changes+1) <= num_boxes'",
-                f"{boxes} distinct boxes from {self.num_boxes}")
-        require(self.num_chains <= self.num_objects, self.name, "'num_chains <= num_objects'",
-                f"{self.num_chains} distinct objects from {self.num_objects}")
-        require(self.ask_all_boxes or not self.score_deepest, self.name, "'score_deepest needs ask_all_boxes'",
-                "only the deepest box is asked already")
+        require(
+            boxes <= self.num_boxes,
+            self.name,
+            "'num_chains*(num_changes+1) <= num_boxes'",
+            f"{boxes} distinct boxes from {self.num_boxes}",
+        )
+        require(
+            self.num_chains <= self.num_objects,
+            self.name,
+            "'num_chains <= num_objects'",
+            f"{self.num_chains} distinct objects from {self.num_objects}",
+        )
+        require(
+            self.ask_all_boxes or not self.score_deepest,
+            self.name,
+            "'score_deepest needs ask_all_boxes'",
+            "only the deepest box is asked already",
+        )
 
     # -- token layout
     @property
@@ -112,10 +130,11 @@ class EntityTrackingConfig(TaskConfig):
             step = np.zeros(c, dtype=np.int64)
             for pos, ch in enumerate(order):
                 k = step[ch]
-                inputs[ex, pos] = (self.put(boxes[ch, 0], objects[ch]) if k == 0
-                                   else self.move(boxes[ch, k], boxes[ch, k - 1]))
+                inputs[ex, pos] = (
+                    self.put(boxes[ch, 0], objects[ch]) if k == 0 else self.move(boxes[ch, k], boxes[ch, k - 1])
+                )
                 step[ch] += 1
-            asked = (boxes.reshape(-1) if self.ask_all_boxes else boxes[:, n])  # chain-major
+            asked = boxes.reshape(-1) if self.ask_all_boxes else boxes[:, n]  # chain-major
             chain_of = np.repeat(np.arange(c), n + 1) if self.ask_all_boxes else np.arange(c)
             depth_of = np.tile(np.arange(n + 1), c) if self.ask_all_boxes else np.full(c, n)
             for i, k in enumerate(rng.permutation(len(asked))):
@@ -124,5 +143,10 @@ class EntityTrackingConfig(TaskConfig):
                 scored[ex, events + i] = depth_of[k] == n
                 groups[ex, events + i] = depth_of[k]
         score_mask = torch.from_numpy(scored) if self.score_deepest else None
-        return TaskData(torch.from_numpy(inputs), torch.from_numpy(labels), score_mask, torch.from_numpy(groups),
-                        tuple(f"depth {d}" for d in range(n + 1)))
+        return TaskData(
+            torch.from_numpy(inputs),
+            torch.from_numpy(labels),
+            score_mask,
+            torch.from_numpy(groups),
+            tuple(f"depth {d}" for d in range(n + 1)),
+        )

@@ -21,6 +21,7 @@ Generator, per example (``numpy.random.default_rng(seed)``):
 Constraints: L even, 2·chains·h + 2·queries ≤ L (queries = chains, or chains·h with shallow
 queries), chains·(h+1) ≤ V − 1.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -44,15 +45,24 @@ class MultiHopConfig(TaskConfig):
     shallow_queries: bool = False  # also ask e_1 .. e_{h-1} (trained on, not scored)
 
     def __post_init__(self) -> None:
-        positive(self.name, vocab_size=self.vocab_size, seq_len=self.seq_len, num_chains=self.num_chains,
-                 hops=self.hops)
+        positive(
+            self.name, vocab_size=self.vocab_size, seq_len=self.seq_len, num_chains=self.num_chains, hops=self.hops
+        )
         require(self.seq_len % 2 == 0, self.name, "'seq_len even'", f"seq_len={self.seq_len}")
         need = 2 * self.num_chains * self.hops + 2 * self.num_queries
-        require(need <= self.seq_len, self.name, "'2*num_chains*hops + 2*num_queries <= seq_len'",
-                f"{need} > {self.seq_len} with {self.num_queries} queries")
+        require(
+            need <= self.seq_len,
+            self.name,
+            "'2*num_chains*hops + 2*num_queries <= seq_len'",
+            f"{need} > {self.seq_len} with {self.num_queries} queries",
+        )
         ents = self.num_chains * (self.hops + 1)
-        require(ents <= self.vocab_size - 1, self.name, "'num_chains*(hops+1) <= vocab_size - 1'",
-                f"{ents} distinct entities from {self.vocab_size - 1} ids")
+        require(
+            ents <= self.vocab_size - 1,
+            self.name,
+            "'num_chains*(hops+1) <= vocab_size - 1'",
+            f"{ents} distinct entities from {self.vocab_size - 1} ids",
+        )
 
     @property
     def num_queries(self) -> int:

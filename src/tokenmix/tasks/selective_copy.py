@@ -13,6 +13,7 @@ Generator, per example (``numpy.random.default_rng(seed)``), with N = ``num_toke
 MAD's baseline is vocab 16, seq 256, 16 tokens (the defaults); ``SELECTIVE_COPY_PRESETS`` holds
 smaller CPU-sized settings. Constraints: T ≥ 2N + 1, V ≥ 3.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -39,13 +40,21 @@ class SelectiveCopyConfig(TaskConfig):
     num_tokens_to_copy: int = 16
 
     def __post_init__(self) -> None:
-        positive(self.name, vocab_size=self.vocab_size, seq_len=self.seq_len,
-                 num_tokens_to_copy=self.num_tokens_to_copy)
-        require(self.vocab_size >= 3, self.name, "'vocab_size >= 3'", f"vocab_size={self.vocab_size} leaves no "
-                "symbol besides blank and copy")
-        require(self.seq_len >= 2 * self.num_tokens_to_copy + 1, self.name,
-                "'seq_len >= 2*num_tokens_to_copy + 1'", f"seq_len={self.seq_len}, "
-                f"num_tokens_to_copy={self.num_tokens_to_copy}")
+        positive(
+            self.name, vocab_size=self.vocab_size, seq_len=self.seq_len, num_tokens_to_copy=self.num_tokens_to_copy
+        )
+        require(
+            self.vocab_size >= 3,
+            self.name,
+            "'vocab_size >= 3'",
+            f"vocab_size={self.vocab_size} leaves no symbol besides blank and copy",
+        )
+        require(
+            self.seq_len >= 2 * self.num_tokens_to_copy + 1,
+            self.name,
+            "'seq_len >= 2*num_tokens_to_copy + 1'",
+            f"seq_len={self.seq_len}, num_tokens_to_copy={self.num_tokens_to_copy}",
+        )
 
     @property
     def blank(self) -> int:

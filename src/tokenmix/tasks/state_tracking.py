@@ -10,6 +10,7 @@ Generator, per example (``numpy.random.default_rng(seed)``):
     g_1 .. g_T uniform over G;   labels[t] = id of  p_t = g_t ∘ g_{t-1} ∘ ... ∘ g_1
 (permutations act on the left: p_t applies g_1 first). Every position is an answer position.
 """
+
 from __future__ import annotations
 
 import itertools

@@ -10,6 +10,7 @@ talk to each other and not to it, would train on. Each rank started by ``torchru
 agent, recognised by ``TORCHELASTIC_RUN_ID``) therefore ends when its parent does
 (``core/processes.py``).
 """
+
 from __future__ import annotations
 
 import os
@@ -47,8 +48,7 @@ class DistContext:
         """Sum a few scalars over ranks (float64 so that sums of losses are exact enough)."""
         if not self.distributed:
             return values
-        t = torch.tensor(values, dtype=torch.float64,
-                         device=self.device if self.device.type == "cuda" else "cpu")
+        t = torch.tensor(values, dtype=torch.float64, device=self.device if self.device.type == "cuda" else "cpu")
         dist.all_reduce(t)
         return t.tolist()
 
@@ -106,4 +106,3 @@ def wrap_model(model: nn.Module, ctx: DistContext, parallel: str) -> nn.Module:
         fully_shard(model)  # the root unit holds the embedding, final norm and (tied) head
         return model
     raise InputError(f"train.parallel must be 'ddp' or 'fsdp', got '{parallel}'")
-

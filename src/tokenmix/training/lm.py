@@ -32,6 +32,7 @@ bit for bit what the uninterrupted run computes. Under ``torchrun`` every rank c
 of the same global batch (see data/loader.py), gradients are averaged by DDP or FSDP, and rank 0
 alone logs and writes checkpoints.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -48,8 +49,18 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
-from tokenmix.core.files import (MAX_JSON_BYTES, atomic_copy, atomic_write_json, atomic_write_text, check_output_dir,
-                                 check_regular_file, parse_json, read_json, read_text_file, remove_temporaries)
+from tokenmix.core.files import (
+    MAX_JSON_BYTES,
+    atomic_copy,
+    atomic_write_json,
+    atomic_write_text,
+    check_output_dir,
+    check_regular_file,
+    parse_json,
+    read_json,
+    read_text_file,
+    remove_temporaries,
+)
 from tokenmix.core.lock import folder_lock
 from tokenmix.data.corpora import path_documents
 from tokenmix.data.loader import DataPosition, TokenBatches, eval_windows, shard
@@ -57,11 +68,26 @@ from tokenmix.data.prepare import PreparedData, prepare_data
 from tokenmix.data.tokenizer import encode_documents, load_tokenizer, separator_id
 from tokenmix.generation import position_limit
 from tokenmix.models import MixerModel
-from tokenmix.runs.checkpoint import (CheckpointError, load_model_weights, load_training_state,
-                                      newest_valid_checkpoint, recover_from, remove_stale_temporaries,
-                                      save_checkpoint)
-from tokenmix.runs.lm import (LMRunConfig, bigram_verdict, check_batch_memory, check_model_memory, load_run,
-                              model_differences, read_run_config, resolve_device, with_vocab)
+from tokenmix.runs.checkpoint import (
+    CheckpointError,
+    load_model_weights,
+    load_training_state,
+    newest_valid_checkpoint,
+    recover_from,
+    remove_stale_temporaries,
+    save_checkpoint,
+)
+from tokenmix.runs.lm import (
+    LMRunConfig,
+    bigram_verdict,
+    check_batch_memory,
+    check_model_memory,
+    load_run,
+    model_differences,
+    read_run_config,
+    resolve_device,
+    with_vocab,
+)
 from tokenmix.training.distributed import DistContext, setup_distributed, wrap_model
 from tokenmix.training.optim import build_optimizer
 from tokenmix.training.schedule import warmup_cosine
@@ -125,8 +151,14 @@ def bigram_baseline(train_ids: np.ndarray, windows: list[Tensor], vocab_size: in
         if best is None or nll < best[1]:
             best = (lam, nll)
     uni_nll = float(-np.log(p_uni[nxt]).mean())
-    return {"bigram_ppl": math.exp(best[1]), "bigram_loss": best[1], "bigram_smoothing": best[0],
-            "unigram_ppl": math.exp(uni_nll), "unigram_loss": uni_nll, "tokens": int(len(nxt))}
+    return {
+        "bigram_ppl": math.exp(best[1]),
+        "bigram_loss": best[1],
+        "bigram_smoothing": best[0],
+        "unigram_ppl": math.exp(uni_nll),
+        "unigram_loss": uni_nll,
+        "tokens": int(len(nxt)),
+    }
 
 
 # ------------------------------------------------------------------------------------ precision
@@ -174,8 +206,14 @@ def _autocast(device: torch.device, precision: str):
 
 
 @torch.no_grad()
-def evaluate_windows(model: nn.Module, windows: list[Tensor], batch_size: int, device: torch.device,
-                     precision: str = "fp32", ctx: DistContext | None = None) -> dict:
+def evaluate_windows(
+    model: nn.Module,
+    windows: list[Tensor],
+    batch_size: int,
+    device: torch.device,
+    precision: str = "fp32",
+    ctx: DistContext | None = None,
+) -> dict:
     """Mean next-token loss over ``windows`` (each [L + 1]), and the mean loss at each position.
 
     Under torchrun the windows are dealt round-robin to ranks; every rank runs the same number of
@@ -215,16 +253,28 @@ def evaluate_windows(model: nn.Module, windows: list[Tensor], batch_size: int, d
     tokens = float(pos_cnt.sum())
     loss = float(pos_sum.sum() / tokens) if tokens else float("nan")
     per_pos = (pos_sum / pos_cnt.clamp(min=1)).tolist()
-    return {"loss": loss, "ppl": math.exp(loss) if tokens else float("nan"), "tokens": int(tokens),
-            "per_position_loss": per_pos}
+    return {
+        "loss": loss,
+        "ppl": math.exp(loss) if tokens else float("nan"),
+        "tokens": int(tokens),
+        "per_position_loss": per_pos,
+    }
 
 
 # ------------------------------------------------------------------------------------ run directory
 class RunLogger:
     """metrics.jsonl (every record), console lines or a rich progress bar, optional TensorBoard. Rank 0 only."""
 
-    def __init__(self, run_dir: Path, enabled: bool, total_steps: int, start_step: int, progress: bool,
-                 tensorboard: bool, quiet: bool = False) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        enabled: bool,
+        total_steps: int,
+        start_step: int,
+        progress: bool,
+        tensorboard: bool,
+        quiet: bool = False,
+    ) -> None:
         self.enabled, self.quiet = enabled, quiet
         self.path = run_dir / "metrics.jsonl"
         self._file = open(self.path, "a") if enabled else None
@@ -232,8 +282,14 @@ class RunLogger:
         if enabled and progress and not quiet:
             from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-            self._progress = Progress(TextColumn("[bold]train[/]"), BarColumn(), MofNCompleteColumn(),
-                                      TextColumn("{task.fields[info]}"), TimeRemainingColumn(), transient=False)
+            self._progress = Progress(
+                TextColumn("[bold]train[/]"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[info]}"),
+                TimeRemainingColumn(),
+                transient=False,
+            )
             self._progress.start()
             self._task = self._progress.add_task("train", total=total_steps, completed=start_step, info="")
         self._tb = None
@@ -245,9 +301,12 @@ class RunLogger:
             except ImportError:  # tensorboard is optional: said once, at the start of the run (not under --quiet)
                 self._tb = None
                 if not quiet:
-                    print("tokenmix: warning: train.tensorboard is true but tensorboard is not installed, so no "
-                          "tb/ events are written (pip install tensorboard, or set train.tensorboard=false)",
-                          file=sys.stderr, flush=True)
+                    print(
+                        "tokenmix: warning: train.tensorboard is true but tensorboard is not installed, so no "
+                        "tb/ events are written (pip install tensorboard, or set train.tensorboard=false)",
+                        file=sys.stderr,
+                        flush=True,
+                    )
 
     def record(self, rec: dict) -> None:
         if not self.enabled:
@@ -287,8 +346,9 @@ def _truncate_metrics(path: Path, last_step: int, keep_final: bool) -> None:
     if not path.is_file():
         return
     keep = []
-    for line in read_text_file(path, "metrics file", max_bytes=MAX_JSON_BYTES, within=path.parent,
-                               errors="replace").splitlines():
+    for line in read_text_file(
+        path, "metrics file", max_bytes=MAX_JSON_BYTES, within=path.parent, errors="replace"
+    ).splitlines():
         try:
             rec = parse_json(line, "a metrics record")
         except InputError:
@@ -324,8 +384,14 @@ def _prepare(cfg: LMRunConfig, ctx: DistContext, verbose: bool) -> tuple[LMRunCo
     return cfg, data
 
 
-def train_lm(cfg: LMRunConfig, run_dir: str | Path, resume: bool = False, progress: bool | None = None,
-             quiet: bool = False, init_from: str | Path | None = None) -> TrainResult:
+def train_lm(
+    cfg: LMRunConfig,
+    run_dir: str | Path,
+    resume: bool = False,
+    progress: bool | None = None,
+    quiet: bool = False,
+    init_from: str | Path | None = None,
+) -> TrainResult:
     """Train (or resume) the language model of ``cfg`` in ``run_dir``; ``init_from``: a run whose
     newest valid checkpoint gives the initial weights of a new run. See the module docstring."""
     session_t0 = time.perf_counter()
@@ -337,8 +403,11 @@ def train_lm(cfg: LMRunConfig, run_dir: str | Path, resume: bool = False, progre
     # refused before anything is prepared or written: a model this machine cannot hold while training
     # (weights, gradients and the two AdamW moments in fp32 on CPU; the CPU copy it is built as on CUDA)
     on_cpu = tc.device == "cpu" or (tc.device == "auto" and not torch.cuda.is_available())
-    check_model_memory({**_model_fields(cfg), "vocab_size": max(cfg.model.vocab_size, cfg.data.vocab_size)},
-                       16 if on_cpu else 4, "weights, gradients and AdamW state" if on_cpu else "its fp32 weights")
+    check_model_memory(
+        {**_model_fields(cfg), "vocab_size": max(cfg.model.vocab_size, cfg.data.vocab_size)},
+        16 if on_cpu else 4,
+        "weights, gradients and AdamW state" if on_cpu else "its fp32 weights",
+    )
     check_batch_memory(tc)
     ctx = setup_distributed(tc.device)
     try:
@@ -351,6 +420,7 @@ def train_lm(cfg: LMRunConfig, run_dir: str | Path, resume: bool = False, progre
 @dataclass
 class _InitSource:
     """The run a new run takes its initial weights from (``--init-from``)."""
+
     run_dir: Path
     config: LMRunConfig
     checkpoint: Path
@@ -380,8 +450,10 @@ def _init_source(src: Path, cfg: LMRunConfig) -> _InitSource:
 def _check_same_model(src: Path, src_cfg: LMRunConfig, cfg: LMRunConfig, vocab: bool) -> None:
     diffs = [d for d in model_differences(src_cfg.model, cfg.model) if vocab or not d.startswith("model.vocab_size")]
     if diffs:
-        raise InputError(f"--init-from {src}: its model differs from this run's ({'; '.join(diffs)}), so its "
-                         f"weights do not fit; give the same model settings (e.g. --config {src / 'config.json'})")
+        raise InputError(
+            f"--init-from {src}: its model differs from this run's ({'; '.join(diffs)}), so its "
+            f"weights do not fit; give the same model settings (e.g. --config {src / 'config.json'})"
+        )
 
 
 def _model_fields(cfg: LMRunConfig) -> dict:
@@ -459,13 +531,17 @@ def _check_run_tokenizer(run_dir: Path, data: PreparedData, vocab_size: int) -> 
         tok = load_tokenizer(path, within=run_dir)
     except InputError as e:
         if source.get_vocab_size() != vocab_size:
-            raise InputError(f"cannot resume: {e}, and the prepared data in {data.dir} has a {source.get_vocab_size()}"
-                             f"-token tokenizer where the model has {vocab_size}") from None
+            raise InputError(
+                f"cannot resume: {e}, and the prepared data in {data.dir} has a {source.get_vocab_size()}"
+                f"-token tokenizer where the model has {vocab_size}"
+            ) from None
         atomic_copy(data.dir / "tokenizer.json", path)
         return f"{e}; restored it from the prepared data in {data.dir}"
     if tok.get_vocab() != source.get_vocab():
-        raise InputError(f"cannot resume: {path} is not the tokenizer of the run's prepared data {data.dir} "
-                         "(different tokens); restore the run's own tokenizer.json")
+        raise InputError(
+            f"cannot resume: {path} is not the tokenizer of the run's prepared data {data.dir} "
+            "(different tokens); restore the run's own tokenizer.json"
+        )
     return None
 
 
@@ -490,18 +566,28 @@ def _finished(run_dir: Path, cfg: LMRunConfig, meta: dict) -> dict | None:
     return summary if summary is not None and summary.get("steps") == int(meta["step"]) else None
 
 
-def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None, quiet: bool,
-           ctx: DistContext, session_t0: float, source: _InitSource | None = None) -> TrainResult:
+def _train(
+    cfg: LMRunConfig,
+    run_dir: Path,
+    resume: bool,
+    progress: bool | None,
+    quiet: bool,
+    ctx: DistContext,
+    session_t0: float,
+    source: _InitSource | None = None,
+) -> TrainResult:
     tc = cfg.train
     if tc.threads:
         torch.set_num_threads(tc.threads)
     ckpt_root = run_dir / "checkpoints"
     start_ckpt, skipped = None, []
     if resume:
+
         def check_metrics() -> None:  # appended to below: a FIFO there would block the open forever
             metrics = run_dir / "metrics.jsonl"
             if metrics.exists() or metrics.is_symlink():
                 check_regular_file(metrics, "metrics file", within=run_dir)
+
         _on_main(ctx, check_metrics)
 
         def choose():
@@ -509,29 +595,44 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
             if ckpt is None:
                 raise InputError(f"cannot resume: {run_dir} has no checkpoint (checkpoints/latest.json)")
             return ckpt.name, meta, skipped
+
         name, meta, skipped = _on_main(ctx, choose)
         start_ckpt = ckpt_root / name
         if tc.max_steps < int(meta["step"]):
-            raise InputError(f"cannot resume: train.max_steps={tc.max_steps} is below step {meta['step']}, which "
-                             f"{run_dir} has already reached; a schedule can be extended, not shortened")
+            raise InputError(
+                f"cannot resume: train.max_steps={tc.max_steps} is below step {meta['step']}, which "
+                f"{run_dir} has already reached; a schedule can be extended, not shortened"
+            )
         summary = _finished(run_dir, cfg, meta)
         if summary is not None:  # nothing to do: say so and touch nothing
             if ctx.is_main:
                 for why in skipped:
                     print(f"tokenmix: warning: {why}; {name} is the newest valid checkpoint", file=sys.stderr)
             if ctx.is_main and not quiet:
-                print(f"run {run_dir} is finished: step {meta['step']} of train.max_steps={tc.max_steps}, "
-                      f"val ppl {summary.get('val_ppl', float('nan')):.2f}; nothing to do (train it further with "
-                      f"--resume {run_dir} --set train.max_steps=N)", flush=True)
-            return TrainResult(run_dir, int(meta["step"]), summary.get("val_loss", math.nan),
-                               summary.get("val_ppl", math.nan), summary.get("bigram_ppl", math.nan),
-                               summary.get("unigram_ppl", math.nan), int(summary.get("tokens", meta.get("tokens", 0))),
-                               0.0, int(summary.get("num_params", meta.get("num_params", 0))))
+                print(
+                    f"run {run_dir} is finished: step {meta['step']} of train.max_steps={tc.max_steps}, "
+                    f"val ppl {summary.get('val_ppl', float('nan')):.2f}; nothing to do (train it further with "
+                    f"--resume {run_dir} --set train.max_steps=N)",
+                    flush=True,
+                )
+            return TrainResult(
+                run_dir,
+                int(meta["step"]),
+                summary.get("val_loss", math.nan),
+                summary.get("val_ppl", math.nan),
+                summary.get("bigram_ppl", math.nan),
+                summary.get("unigram_ppl", math.nan),
+                int(summary.get("tokens", meta.get("tokens", 0))),
+                0.0,
+                int(summary.get("num_params", meta.get("num_params", 0))),
+            )
     elif (ckpt_root / "latest.json").exists():
         raise InputError(f"run directory {run_dir} already holds a run; use --resume {run_dir} or another --out")
     if tc.batch_size % (tc.grad_accum * ctx.world_size):
-        raise InputError(f"train.batch_size={tc.batch_size} must be divisible by grad_accum * world size = "
-                         f"{tc.grad_accum * ctx.world_size}")
+        raise InputError(
+            f"train.batch_size={tc.batch_size} must be divisible by grad_accum * world size = "
+            f"{tc.grad_accum * ctx.world_size}"
+        )
 
     saved_vocab = cfg.model.vocab_size
     cfg, data = _prepare(cfg, ctx, verbose=ctx.is_main and not quiet)
@@ -542,8 +643,10 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
     if source is not None:
         _check_same_model(source.run_dir, source.config, cfg, vocab=True)
         if ctx.is_main and _tokens_differ(source.run_dir / "tokenizer.json", data):
-            notes.append(f"warning: the tokenizer of {source.run_dir} is not the one of this run's data "
-                         f"({data.dir}): the same ids stand for other tokens, so its embeddings start out mismatched")
+            notes.append(
+                f"warning: the tokenizer of {source.run_dir} is not the one of this run's data "
+                f"({data.dir}): the same ids stand for other tokens, so its embeddings start out mismatched"
+            )
     if resume:
         restored = _on_main(ctx, lambda: _check_run_tokenizer(run_dir, data, saved_vocab))
         if ctx.is_main and read_run_config(run_dir).to_dict() != cfg.to_dict():  # an extended schedule
@@ -559,8 +662,11 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
     train_ids = data.split("train")
     TokenBatches(train_ids, tc.seq_len, tc.batch_size, tc.seed)
     val_windows = eval_windows(data.split("val"), tc.seq_len, tc.eval_windows)
-    final_windows = (val_windows if tc.final_eval_windows == tc.eval_windows
-                     else eval_windows(data.split("val"), tc.seq_len, tc.final_eval_windows))
+    final_windows = (
+        val_windows
+        if tc.final_eval_windows == tc.eval_windows
+        else eval_windows(data.split("val"), tc.seq_len, tc.final_eval_windows)
+    )
     if not val_windows:
         raise InputError("the validation split is empty; use a larger corpus or a larger data.val_fraction")
     if ctx.is_main:
@@ -598,21 +704,58 @@ def _train(cfg: LMRunConfig, run_dir: Path, resume: bool, progress: bool | None,
     log = RunLogger(run_dir, ctx.is_main, tc.max_steps, step, progress, tc.tensorboard, quiet)
     log.say(precision_note)
     if source is not None:
-        log.record({"step": 0, "event": "init_from", "run": str(source.run_dir), "checkpoint": source.checkpoint.name,
-                    "source_step": source.step})
-        log.say(f"initial weights from {source.run_dir} ({source.checkpoint.name}, step {source.step}); the "
-                "optimizer and the schedule start fresh")
+        log.record(
+            {
+                "step": 0,
+                "event": "init_from",
+                "run": str(source.run_dir),
+                "checkpoint": source.checkpoint.name,
+                "source_step": source.step,
+            }
+        )
+        log.say(
+            f"initial weights from {source.run_dir} ({source.checkpoint.name}, step {source.step}); the "
+            "optimizer and the schedule start fresh"
+        )
     try:
-        return _loop(cfg, run_dir, ctx, data, wrapped, optimizer, batches, val_windows, final_windows, step,
-                     tokens_seen, num_params, log, resume, session_t0)
+        return _loop(
+            cfg,
+            run_dir,
+            ctx,
+            data,
+            wrapped,
+            optimizer,
+            batches,
+            val_windows,
+            final_windows,
+            step,
+            tokens_seen,
+            num_params,
+            log,
+            resume,
+            session_t0,
+        )
     finally:
         log.close()
 
 
-def _loop(cfg: LMRunConfig, run_dir: Path, ctx: DistContext, data: PreparedData, wrapped: nn.Module,
-          optimizer: torch.optim.Optimizer, batches: TokenBatches, val_windows: list[Tensor],
-          final_windows: list[Tensor], step: int, tokens_seen: int, num_params: int, log: RunLogger,
-          resumed: bool, session_t0: float) -> TrainResult:
+def _loop(
+    cfg: LMRunConfig,
+    run_dir: Path,
+    ctx: DistContext,
+    data: PreparedData,
+    wrapped: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    batches: TokenBatches,
+    val_windows: list[Tensor],
+    final_windows: list[Tensor],
+    step: int,
+    tokens_seen: int,
+    num_params: int,
+    log: RunLogger,
+    resumed: bool,
+    session_t0: float,
+) -> TrainResult:
     tc = cfg.train
     ckpt_root = run_dir / "checkpoints"
     micro = tc.batch_size // (tc.grad_accum * ctx.world_size)
@@ -620,28 +763,45 @@ def _loop(cfg: LMRunConfig, run_dir: Path, ctx: DistContext, data: PreparedData,
     baseline = final_baseline = {}
     if ctx.is_main:
         baseline = bigram_baseline(train_ids=data.split("train"), windows=val_windows, vocab_size=data.vocab_size)
-        final_baseline = baseline if final_windows is val_windows else \
-            bigram_baseline(train_ids=data.split("train"), windows=final_windows, vocab_size=data.vocab_size)
+        final_baseline = (
+            baseline
+            if final_windows is val_windows
+            else bigram_baseline(train_ids=data.split("train"), windows=final_windows, vocab_size=data.vocab_size)
+        )
         if not resumed:
             log.record({"step": 0, "event": "baseline", **baseline})
             if final_windows is not val_windows:
                 log.record({"step": 0, "event": "final_baseline", **final_baseline})
         layers = ",".join(cfg.model.layers)
-        log.say(f"model: {num_params:,} parameters, layers {layers}, d_model {cfg.model.d_model}, vocab "
-                f"{cfg.model.vocab_size}, positions {cfg.model.positions}; {tc.max_steps} steps of "
-                f"{tc.batch_size} x {tc.seq_len} tokens"
-                f"{f' on {ctx.world_size} ranks ({tc.parallel})' if ctx.distributed else ''}")
-        log.say(f"baselines on validation ({baseline['tokens']:,} tokens): bigram ppl {baseline['bigram_ppl']:.2f}, "
-                f"unigram ppl {baseline['unigram_ppl']:.2f}")
+        log.say(
+            f"model: {num_params:,} parameters, layers {layers}, d_model {cfg.model.d_model}, vocab "
+            f"{cfg.model.vocab_size}, positions {cfg.model.positions}; {tc.max_steps} steps of "
+            f"{tc.batch_size} x {tc.seq_len} tokens"
+            f"{f' on {ctx.world_size} ranks ({tc.parallel})' if ctx.distributed else ''}"
+        )
+        log.say(
+            f"baselines on validation ({baseline['tokens']:,} tokens): bigram ppl {baseline['bigram_ppl']:.2f}, "
+            f"unigram ppl {baseline['unigram_ppl']:.2f}"
+        )
         if resumed:
             log.say(f"resumed from step {step} ({tokens_seen:,} tokens)")
     baseline, final_baseline = ctx.broadcast_object((baseline, final_baseline))
 
     def checkpoint_meta() -> dict:
-        return {"tokens": tokens_seen, "data_position": batches.position.to_dict(),
-                "scheduler": {"kind": "warmup_cosine", "step": step, "peak_lr": tc.lr, "warmup_steps": tc.warmup_steps,
-                              "total_steps": tc.max_steps, "min_lr_ratio": tc.min_lr_ratio},
-                "config": cfg.to_dict(), "num_params": num_params}
+        return {
+            "tokens": tokens_seen,
+            "data_position": batches.position.to_dict(),
+            "scheduler": {
+                "kind": "warmup_cosine",
+                "step": step,
+                "peak_lr": tc.lr,
+                "warmup_steps": tc.warmup_steps,
+                "total_steps": tc.max_steps,
+                "min_lr_ratio": tc.min_lr_ratio,
+            },
+            "config": cfg.to_dict(),
+            "num_params": num_params,
+        }
 
     last_val, last_val_step = None, -1
     wrapped.train()
@@ -672,8 +832,14 @@ def _loop(cfg: LMRunConfig, run_dir: Path, ctx: DistContext, data: PreparedData,
         loss_value = ctx.all_reduce_sum([float(loss_sum) / tc.grad_accum])[0] / ctx.world_size
         grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)
         now = time.perf_counter()
-        rec = {"step": step, "loss": loss_value, "lr": lr, "grad_norm": grad_norm, "tokens": tokens_seen,
-               "elapsed_s": round(now - start_time, 3)}
+        rec = {
+            "step": step,
+            "loss": loss_value,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "tokens": tokens_seen,
+            "elapsed_s": round(now - start_time, 3),
+        }
         if not math.isfinite(loss_value):
             raise TrainingDiverged(f"training diverged at step {step} (loss {loss_value}); lower train.lr")
         log.record(rec)
@@ -685,11 +851,15 @@ def _loop(cfg: LMRunConfig, run_dir: Path, ctx: DistContext, data: PreparedData,
             if log._progress is None:
                 log.say(f"step {step}/{tc.max_steps}  {info}")
         if step % tc.eval_every == 0 or step == tc.max_steps:
-            last_val, last_val_step = evaluate_windows(wrapped, val_windows, eval_batch, ctx.device, tc.precision,
-                                                       ctx), step
+            last_val, last_val_step = (
+                evaluate_windows(wrapped, val_windows, eval_batch, ctx.device, tc.precision, ctx),
+                step,
+            )
             log.record({"step": step, "split": "val", "val_loss": last_val["loss"], "val_ppl": last_val["ppl"]})
-            log.say(f"step {step}: val loss {last_val['loss']:.4f}, ppl {last_val['ppl']:.2f} "
-                    f"(bigram {baseline['bigram_ppl']:.2f})")
+            log.say(
+                f"step {step}: val loss {last_val['loss']:.4f}, ppl {last_val['ppl']:.2f} "
+                f"(bigram {baseline['bigram_ppl']:.2f})"
+            )
         if (tc.checkpoint_every and step % tc.checkpoint_every == 0) or step == tc.max_steps:
             save_checkpoint(ckpt_root, step, wrapped, optimizer, checkpoint_meta(), tc.keep_checkpoints, ctx.is_main)
             ctx.barrier()
@@ -701,29 +871,59 @@ def _loop(cfg: LMRunConfig, run_dir: Path, ctx: DistContext, data: PreparedData,
     now = time.perf_counter()
     # wall from the call (data preparation included), CPU of the whole process (all threads, imports included)
     seconds, session_seconds, cpu_seconds = now - start_time, now - session_t0, time.process_time()
-    result = TrainResult(run_dir, step, final["loss"], final["ppl"], final_baseline["bigram_ppl"],
-                         final_baseline["unigram_ppl"], tokens_seen, seconds, num_params)
+    result = TrainResult(
+        run_dir,
+        step,
+        final["loss"],
+        final["ppl"],
+        final_baseline["bigram_ppl"],
+        final_baseline["unigram_ppl"],
+        tokens_seen,
+        seconds,
+        num_params,
+    )
     if ctx.is_main:
         bpc = _bits_per_char(final, data)
-        bigram_bpc = _bits_per_char({"loss": final_baseline.get("bigram_loss", math.nan),
-                                     "tokens": final_baseline["tokens"]}, data)
-        log.record({"step": step, "event": "final", "split": "val", "final_val_loss": final["loss"],
-                    "final_val_ppl": final["ppl"], "final_val_tokens": final["tokens"],
-                    "final_bigram_ppl": final_baseline["bigram_ppl"], **({"bits_per_char": bpc} if bpc else {}),
-                    **({"bigram_bits_per_char": bigram_bpc} if bigram_bpc else {})})
-        summary = {"steps": step, "val_loss": final["loss"], "val_ppl": final["ppl"], "val_tokens": final["tokens"],
-                   "bigram_ppl": final_baseline["bigram_ppl"], "unigram_ppl": final_baseline["unigram_ppl"],
-                   "bigram_ratio": final_baseline["bigram_ppl"] / final["ppl"], "val_bits_per_char": bpc,
-                   "bigram_bits_per_char": bigram_bpc,
-                   "num_params": num_params, "tokens": tokens_seen, "precision": tc.precision,
-                   "train_seconds_this_session": round(seconds, 1),
-                   "wall_seconds_this_session": round(session_seconds, 1),
-                   "process_cpu_seconds": round(cpu_seconds, 1)}
+        bigram_bpc = _bits_per_char(
+            {"loss": final_baseline.get("bigram_loss", math.nan), "tokens": final_baseline["tokens"]}, data
+        )
+        log.record(
+            {
+                "step": step,
+                "event": "final",
+                "split": "val",
+                "final_val_loss": final["loss"],
+                "final_val_ppl": final["ppl"],
+                "final_val_tokens": final["tokens"],
+                "final_bigram_ppl": final_baseline["bigram_ppl"],
+                **({"bits_per_char": bpc} if bpc else {}),
+                **({"bigram_bits_per_char": bigram_bpc} if bigram_bpc else {}),
+            }
+        )
+        summary = {
+            "steps": step,
+            "val_loss": final["loss"],
+            "val_ppl": final["ppl"],
+            "val_tokens": final["tokens"],
+            "bigram_ppl": final_baseline["bigram_ppl"],
+            "unigram_ppl": final_baseline["unigram_ppl"],
+            "bigram_ratio": final_baseline["bigram_ppl"] / final["ppl"],
+            "val_bits_per_char": bpc,
+            "bigram_bits_per_char": bigram_bpc,
+            "num_params": num_params,
+            "tokens": tokens_seen,
+            "precision": tc.precision,
+            "train_seconds_this_session": round(seconds, 1),
+            "wall_seconds_this_session": round(session_seconds, 1),
+            "process_cpu_seconds": round(cpu_seconds, 1),
+        }
         atomic_write_json(run_dir / "summary.json", summary, indent=1)
-        log.say(f"done: validation {bigram_verdict(final['ppl'], final_baseline['bigram_ppl'])}; "
-                f"unigram ppl {final_baseline['unigram_ppl']:.2f}; on {final['tokens']:,} validation tokens"
-                f"{f' ({bpc:.3f} bits/char, bigram {bigram_bpc:.3f})' if bpc and bigram_bpc else ''}; {session_seconds:.0f} s wall, {cpu_seconds:.0f} s CPU "
-                f"(this process, all threads); run directory {run_dir}")
+        log.say(
+            f"done: validation {bigram_verdict(final['ppl'], final_baseline['bigram_ppl'])}; "
+            f"unigram ppl {final_baseline['unigram_ppl']:.2f}; on {final['tokens']:,} validation tokens"
+            f"{f' ({bpc:.3f} bits/char, bigram {bigram_bpc:.3f})' if bpc and bigram_bpc else ''}; {session_seconds:.0f} s wall, {cpu_seconds:.0f} s CPU "
+            f"(this process, all threads); run directory {run_dir}"
+        )
     return result
 
 
@@ -766,8 +966,15 @@ def text_token_stream(path: str | Path, tok, doc_chars: int) -> np.ndarray:
     return np.asarray(ids, dtype=np.int64)
 
 
-def evaluate_run(run_dir: str | Path, split: str = "test", max_windows: int = 0, batch_size: int = 8,
-                 text: str | Path | None = None, context: int | None = None, device: str = "cpu") -> dict:
+def evaluate_run(
+    run_dir: str | Path,
+    split: str = "test",
+    max_windows: int = 0,
+    batch_size: int = 8,
+    text: str | Path | None = None,
+    context: int | None = None,
+    device: str = "cpu",
+) -> dict:
     """Perplexity and per-position loss of a run's latest checkpoint on a split of its data, or on
     a text file (``text``, tokenized with the run's tokenizer), in windows of ``context`` tokens
     (default train.seq_len), with the bigram and unigram baselines (counted on the train split) on
@@ -786,16 +993,28 @@ def evaluate_run(run_dir: str | Path, split: str = "test", max_windows: int = 0,
     run = load_run(run_dir, dev)
     limit = position_limit(run.model)
     if limit is not None and seq > limit:
-        raise InputError(f"--context {seq} exceeds this model's learned positions (model.max_seq_len={limit}); "
-                         "a model with learned positions cannot score tokens past them")
+        raise InputError(
+            f"--context {seq} exceeds this model's learned positions (model.max_seq_len={limit}); "
+            "a model with learned positions cannot score tokens past them"
+        )
     data = prepare_data(run.config.data, wait=True)  # reuses the run's prepared directory (re-made if it was deleted)
     ids = data.split(split) if text is None else text_token_stream(text, run.tokenizer, run.config.data.doc_chars)
     windows = eval_windows(ids, seq, max_windows)
     if not windows or len(ids) < 2:
-        raise InputError(f"'{text}' has fewer than 2 tokens" if text is not None else f"the {split} split of {data.dir} is empty")
+        raise InputError(
+            f"'{text}' has fewer than 2 tokens" if text is not None else f"the {split} split of {data.dir} is empty"
+        )
     res = evaluate_windows(run.model, windows, batch_size, dev, "fp32")
     base = bigram_baseline(data.split("train"), windows, data.vocab_size)
-    return {"split": split if text is None else None, "text": None if text is None else str(text),
-            "context": seq, "train_seq_len": run.config.train.seq_len, "device": str(dev),
-            "step": run.meta["step"], "checkpoint": str(run.checkpoint), **res,
-            "bigram_ppl": base["bigram_ppl"], "unigram_ppl": base["unigram_ppl"]}
+    return {
+        "split": split if text is None else None,
+        "text": None if text is None else str(text),
+        "context": seq,
+        "train_seq_len": run.config.train.seq_len,
+        "device": str(dev),
+        "step": run.meta["step"],
+        "checkpoint": str(run.checkpoint),
+        **res,
+        "bigram_ppl": base["bigram_ppl"],
+        "unigram_ppl": base["unigram_ppl"],
+    }

@@ -1,5 +1,6 @@
 """AdamW with the usual split: weight decay on matrices (projections, embeddings), none on vectors
 (norm gains, biases, gates' offsets). Shared by the synthetic harness and any LM trainer."""
+
 from __future__ import annotations
 
 import torch
@@ -19,8 +20,9 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 
-def build_optimizer(model: nn.Module, lr: float, weight_decay: float = 0.1,
-                    betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-8) -> torch.optim.AdamW:
+def build_optimizer(
+    model: nn.Module, lr: float, weight_decay: float = 0.1, betas: tuple[float, float] = (0.9, 0.98), eps: float = 1e-8
+) -> torch.optim.AdamW:
     """AdamW over ``param_groups(model, weight_decay)``; ``lr`` is the peak rate the schedule scales."""
     if lr <= 0:
         raise InputError(f"lr must be > 0, got {lr}")

@@ -1,4 +1,5 @@
 """Learning-rate schedule: linear warmup to the peak, then cosine decay to ``min_ratio`` × peak."""
+
 from __future__ import annotations
 
 import math
@@ -27,9 +28,11 @@ def warmup_cosine(step: int, total_steps: int, warmup_steps: int, min_ratio: flo
     return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int,
-                    min_ratio: float = 0.1) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, total_steps: int, warmup_steps: int, min_ratio: float = 0.1
+) -> torch.optim.lr_scheduler.LambdaLR:
     """``LambdaLR`` applying ``warmup_cosine``; call ``scheduler.step()`` after each optimiser step."""
     warmup_cosine(0, total_steps, warmup_steps, min_ratio)  # validate now
     return torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda s: warmup_cosine(s, total_steps, warmup_steps, min_ratio))
+        optimizer, lambda s: warmup_cosine(s, total_steps, warmup_steps, min_ratio)
+    )

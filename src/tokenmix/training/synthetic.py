@@ -14,6 +14,7 @@ learning rate whose mean test accuracy over seeds is highest, with that mean ± 
 What a run is and where its files go: ``runs/synthetic.py``. ``run_sweep`` trains every run of a
 sweep that has no result yet (so a killed sweep resumes where it stopped), in worker processes.
 """
+
 from __future__ import annotations
 
 import json
@@ -59,8 +60,7 @@ def dataset(task: TaskConfig, num_examples: int, seed: int) -> TaskData:
     return _dataset(json.dumps(task.to_dict(), sort_keys=True), num_examples, seed)
 
 
-def answer_logits(model: MixerModel, inputs: Tensor, labels: Tensor, mode: str | None = None
-                  ) -> tuple[Tensor, Tensor]:
+def answer_logits(model: MixerModel, inputs: Tensor, labels: Tensor, mode: str | None = None) -> tuple[Tensor, Tensor]:
     """(logits [M, V] at the M answer positions of the batch, their mask [N, T] bool).
 
     The head runs on the answer positions only (``MixerModel.features``): the loss and accuracy
@@ -82,8 +82,13 @@ class Scores:
 
 
 @torch.no_grad()
-def score(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str | None = None,
-          by_group: dict[str, float] | None = None) -> Scores:
+def score(
+    model: MixerModel,
+    data: TaskData,
+    batch_size: int = 256,
+    mode: str | None = None,
+    by_group: dict[str, float] | None = None,
+) -> Scores:
     """:class:`Scores` of ``model`` on ``data`` (labels != −100; accuracy within ``score_mask``).
 
     ``by_group``: filled, for data with answer groups, with each group's accuracy over all of its
@@ -104,24 +109,30 @@ def score(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str | 
         wide = logits.to(torch.promote_types(logits.dtype, torch.float32))  # bf16 logits summed in fp32
         loss_sum += float(F.cross_entropy(wide, target.to(device), reduction="sum"))
         answers += int(answered.sum())
-        hit = logits.argmax(-1).cpu() == target                       # [M], one per answer position
-        scored = part.scored[answered]                                # scored answers among them
+        hit = logits.argmax(-1).cpu() == target  # [M], one per answer position
+        scored = part.scored[answered]  # scored answers among them
         correct, total = correct + int(hit[scored].sum()), total + int(scored.sum())
         if k:
-            g = part.groups[answered]                                 # grouped positions are answers
+            g = part.groups[answered]  # grouped positions are answers
             grouped = g >= 0
             g, hit = g[grouped], hit[grouped]
             group_total += torch.bincount(g, minlength=k)
             group_correct += torch.bincount(g[hit], minlength=k)
     model.train(was_training)
     if by_group is not None:
-        by_group.update({name: int(c) / int(n) for name, c, n in zip(data.group_names, group_correct, group_total)
-                         if n > 0})
+        by_group.update(
+            {name: int(c) / int(n) for name, c, n in zip(data.group_names, group_correct, group_total) if n > 0}
+        )
     return Scores(correct / max(total, 1), loss_sum / max(answers, 1))
 
 
-def evaluate(model: MixerModel, data: TaskData, batch_size: int = 256, mode: str | None = None,
-             by_group: dict[str, float] | None = None) -> float:
+def evaluate(
+    model: MixerModel,
+    data: TaskData,
+    batch_size: int = 256,
+    mode: str | None = None,
+    by_group: dict[str, float] | None = None,
+) -> float:
     """Accuracy over the scored answer positions of ``data`` (:func:`score`'s ``acc``)."""
     return score(model, data, batch_size, mode, by_group).acc
 
@@ -141,8 +152,8 @@ class LearningBudget:
 
     def __init__(self, tc: SyntheticTrainConfig) -> None:
         self.tc = tc
-        self.reference = -1.0            # accuracy of the last accuracy gain
-        self.reference_loss = math.inf   # loss of the last loss gain
+        self.reference = -1.0  # accuracy of the last accuracy gain
+        self.reference_loss = math.inf  # loss of the last loss gain
         self.last_gain_step = 0
 
     def observe(self, step: int, val_acc: float, val_loss: float = math.inf) -> str | None:
@@ -173,8 +184,7 @@ def steps_to_fraction(curve: Sequence[dict[str, float]], final: float, fraction:
     return next((c["step"] for c in curve if c["val_acc"] >= fraction * final), None)
 
 
-def train_step(model: MixerModel, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, tc: SyntheticTrainConfig
-               ) -> Tensor:
+def train_step(model: MixerModel, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, tc: SyntheticTrainConfig) -> Tensor:
     """One optimiser step on a batch (inputs x, labels y [B, T]): the loss over the answer positions,
     backward, gradient clipping, the update; returns the loss (not yet synchronised)."""
     logits, answered = answer_logits(model, x, y, tc.mode)
@@ -193,8 +203,12 @@ def train_step(model: MixerModel, opt: torch.optim.Optimizer, x: Tensor, y: Tens
 RUN_THREADS = 1
 
 
-def train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | None = None,
-              device: str = "cpu", threads: int | None = RUN_THREADS) -> dict[str, Any]:
+def train_one(
+    cfg: SyntheticRunConfig,
+    on_steps: Callable[[int, bool], None] | None = None,
+    device: str = "cpu",
+    threads: int | None = RUN_THREADS,
+) -> dict[str, Any]:
     """Train and evaluate one run on ``device``; returns its result dict (see module docstring).
 
     ``on_steps(k, credited)`` is called as training advances by k steps (progress); when training
@@ -231,7 +245,7 @@ def _train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | 
     order = torch.randperm(n_train, generator=gen)
     cursor = 0
     losses: list[float] = []
-    curve: list[dict[str, float]] = []   # the learning curve: one point per validation
+    curve: list[dict[str, float]] = []  # the learning curve: one point per validation
     budget = LearningBudget(tc)
     best_val, best_state = -1.0, None
     stop_reason = "max_steps"
@@ -259,7 +273,7 @@ def _train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | 
             break
         if step % tc.eval_every == 0 or step == tc.steps:
             val = score(model, val_data, mode=tc.mode)
-            window = losses[-tc.eval_every:]
+            window = losses[-tc.eval_every :]
             curve.append({"step": step, "loss": sum(window) / len(window), "val_acc": val.acc, "val_loss": val.loss})
             if val.acc > best_val:
                 best_val = val.acc
@@ -279,10 +293,14 @@ def _train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | 
     test_by_group: dict[str, float] = {}
     test_acc = evaluate(model, test_data, mode=tc.mode, by_group=test_by_group) if best_state is not None else 0.0
     # the same checkpoint tested at other lengths (same test seed): extrapolation
-    test_acc_at = {str(n): evaluate(model, dataset(cfg.test_task(n), tc.test_examples, tc.test_seed), mode=tc.mode)
-                   if best_state is not None else 0.0 for n in tc.test_lengths}
+    test_acc_at = {
+        str(n): evaluate(model, dataset(cfg.test_task(n), tc.test_examples, tc.test_seed), mode=tc.mode)
+        if best_state is not None
+        else 0.0
+        for n in tc.test_lengths
+    }
     head = losses[: min(10, len(losses))]
-    tail = losses[-min(10, len(losses)):]
+    tail = losses[-min(10, len(losses)) :]
     return {
         "run_id": cfg.run_id,
         "label": cfg.label,
@@ -298,8 +316,8 @@ def _train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | 
         "best_val_acc": best_val,
         "steps_done": step,
         "stop_reason": stop_reason,
-        "still_rising": budget.still_rising(stop_reason, step, curve),   # stopped by the budget, still learning
-        "steps_to_half": steps_to_fraction(curve, best_val, 0.5),      # of the best validation accuracy
+        "still_rising": budget.still_rising(stop_reason, step, curve),  # stopped by the budget, still learning
+        "steps_to_half": steps_to_fraction(curve, best_val, 0.5),  # of the best validation accuracy
         "steps_to_90": steps_to_fraction(curve, best_val, 0.9),
         "train_loss_first": sum(head) / len(head),
         "train_loss_last": sum(tail) / len(tail),
@@ -330,8 +348,9 @@ class SweepOutcome:
     wall_seconds: float
 
 
-def _execute(cfg_dict: dict[str, Any], out: str, threads: int | None, progress_queue: Any = None,
-             device: str = "cpu") -> dict[str, Any]:
+def _execute(
+    cfg_dict: dict[str, Any], out: str, threads: int | None, progress_queue: Any = None, device: str = "cpu"
+) -> dict[str, Any]:
     """Train one run and write its files (used in-process and by pool workers)."""
     cfg = SyntheticRunConfig.from_dict(cfg_dict)
     rdir = run_dir(Path(out), cfg)
@@ -350,7 +369,7 @@ def _execute(cfg_dict: dict[str, Any], out: str, threads: int | None, progress_q
 # thread that started the workers is run_sweep's caller, which waits in run_sweep until the pool is
 # done). Ctrl-C reaches the whole process group: workers ignore it, and the parent stops them.
 
-_PROGRESS_QUEUE: Any = None   # this worker's queue of progress counts (set by _worker_init)
+_PROGRESS_QUEUE: Any = None  # this worker's queue of progress counts (set by _worker_init)
 
 
 def _worker_init(threads: int | None, progress_queue: Any = None, parent_pid: int | None = None) -> None:
@@ -408,8 +427,15 @@ def validate_sweep(configs: Iterable[SyntheticRunConfig]) -> list[SyntheticRunCo
     return configs
 
 
-def run_sweep(configs: Sequence[SyntheticRunConfig], out: str | Path, workers: int = 1, threads: int | None = None,
-              progress: bool = True, console: Any = None, device: str = "cpu") -> SweepOutcome:
+def run_sweep(
+    configs: Sequence[SyntheticRunConfig],
+    out: str | Path,
+    workers: int = 1,
+    threads: int | None = None,
+    progress: bool = True,
+    console: Any = None,
+    device: str = "cpu",
+) -> SweepOutcome:
     """Run every config not finished yet under ``out``; write per-run and sweep-level files.
 
     Args:
@@ -433,8 +459,15 @@ def run_sweep(configs: Sequence[SyntheticRunConfig], out: str | Path, workers: i
         return _run_sweep(configs, out, workers, threads, progress, console, device)
 
 
-def _run_sweep(configs: list[SyntheticRunConfig], out: Path, workers: int, threads: int | None, progress: bool,
-               console: Any, device: str) -> SweepOutcome:
+def _run_sweep(
+    configs: list[SyntheticRunConfig],
+    out: Path,
+    workers: int,
+    threads: int | None,
+    progress: bool,
+    console: Any,
+    device: str,
+) -> SweepOutcome:
     (out / "runs").mkdir(exist_ok=True)
     atomic_write_json(out / "sweep.json", [c.to_dict() for c in configs])
     t0 = time.perf_counter()
@@ -453,8 +486,9 @@ def _run_sweep(configs: list[SyntheticRunConfig], out: Path, workers: int, threa
     pending.sort(key=lambda c: -c.train.steps)
 
     total_steps = sum(c.train.steps for c in pending)
-    with Progress("compare", total_steps, "steps", enabled=progress and bool(pending), console=console,
-                  check_load=True) as bar:
+    with Progress(
+        "compare", total_steps, "steps", enabled=progress and bool(pending), console=console, check_load=True
+    ) as bar:
         finished_now = 0
 
         def describe() -> str:
@@ -464,9 +498,12 @@ def _run_sweep(configs: list[SyntheticRunConfig], out: Path, workers: int, threa
             nonlocal finished_now
             finished_now += 1
             bar.note(describe())
-            bar.milestone(f"{res['label']} / {res.get('column', res['task'])} seed {res['seed']}: test accuracy "
-                          f"{100 * res['test_acc']:.1f} % after {res['steps_done']} steps ({res['stop_reason']}"
-                          + (", still rising" if res.get("still_rising") else "") + ")")
+            bar.milestone(
+                f"{res['label']} / {res.get('column', res['task'])} seed {res['seed']}: test accuracy "
+                f"{100 * res['test_acc']:.1f} % after {res['steps_done']} steps ({res['stop_reason']}"
+                + (", still rising" if res.get("still_rising") else "")
+                + ")"
+            )
 
         bar.note(describe())
         if workers == 1 or len(pending) <= 1:
@@ -482,11 +519,11 @@ def _run_sweep(configs: list[SyntheticRunConfig], out: Path, workers: int, threa
         else:
             ctx = mp.get_context("spawn")
             q = ctx.Queue()  # handed to each worker when it starts (no manager process to outlive us)
-            pool = ProcessPoolExecutor(max_workers=workers, mp_context=ctx, initializer=_worker_init,
-                                       initargs=(threads, q, os.getpid()))
+            pool = ProcessPoolExecutor(
+                max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(threads, q, os.getpid())
+            )
             try:
-                futures = {pool.submit(_execute_in_worker, c.to_dict(), str(out), threads, device): c
-                           for c in pending}
+                futures = {pool.submit(_execute_in_worker, c.to_dict(), str(out), threads, device): c for c in pending}
                 remaining = set(futures)
                 while remaining:
                     done_now, remaining = wait(remaining, timeout=0.5, return_when=FIRST_COMPLETED)
@@ -551,27 +588,44 @@ def summarize(results: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
         for lr, rs in by_lr.items():
             accs = [r["test_acc"] for r in rs]
             vals = [r["best_val_acc"] for r in rs]
-            per_lr[lr] = (statistics.fmean(accs), statistics.stdev(accs) if len(accs) > 1 else 0.0, len(accs),
-                          statistics.fmean(vals))
+            per_lr[lr] = (
+                statistics.fmean(accs),
+                statistics.stdev(accs) if len(accs) > 1 else 0.0,
+                len(accs),
+                statistics.fmean(vals),
+            )
         best_lr = max(per_lr, key=lambda lr: (per_lr[lr][3], -lr))  # ties: the smaller learning rate
         mean, std, n, val = per_lr[best_lr]
         best_runs = by_lr[best_lr]
-        rows.append({
-            "label": label, "column": task, "task": by_lr[next(iter(by_lr))][0]["task"], "d_model": d_model,
-            "best_lr": best_lr, "acc_mean": mean, "acc_std": std, "n_seeds": n, "val_mean": val,
-            "acc_by_lr": {f"{lr:g}": per_lr[lr][0] for lr in sorted(per_lr)},
-            "acc_by_group": _mean_by_group(best_runs),
-            "acc_at": _mean_at_lengths(best_runs),
-            "val_by_lr": {f"{lr:g}": per_lr[lr][3] for lr in sorted(per_lr)},
-            "tokens_per_s": statistics.fmean(r["tokens_per_s"] for rs in by_lr.values() for r in rs),
-            "tokens_per_cpu_s": statistics.fmean(r.get("tokens_per_cpu_s", 0.0) for rs in by_lr.values() for r in rs),
-            "train_seconds": sum(r["train_seconds"] for rs in by_lr.values() for r in rs),
-            "train_cpu_seconds": sum(r.get("train_cpu_seconds", 0.0) for rs in by_lr.values() for r in rs),
-            "steps_mean": statistics.fmean(r["steps_done"] for r in best_runs),
-            "max_steps": max(r["config"]["train"]["steps"] if "config" in r else r["steps_done"] for r in best_runs),
-            "stopped_early": sum(r.get("stop_reason") == "early_stop_acc" for r in best_runs),
-            "still_rising": sum(run_still_rising(r) for r in best_runs),
-        })
+        rows.append(
+            {
+                "label": label,
+                "column": task,
+                "task": by_lr[next(iter(by_lr))][0]["task"],
+                "d_model": d_model,
+                "best_lr": best_lr,
+                "acc_mean": mean,
+                "acc_std": std,
+                "n_seeds": n,
+                "val_mean": val,
+                "acc_by_lr": {f"{lr:g}": per_lr[lr][0] for lr in sorted(per_lr)},
+                "acc_by_group": _mean_by_group(best_runs),
+                "acc_at": _mean_at_lengths(best_runs),
+                "val_by_lr": {f"{lr:g}": per_lr[lr][3] for lr in sorted(per_lr)},
+                "tokens_per_s": statistics.fmean(r["tokens_per_s"] for rs in by_lr.values() for r in rs),
+                "tokens_per_cpu_s": statistics.fmean(
+                    r.get("tokens_per_cpu_s", 0.0) for rs in by_lr.values() for r in rs
+                ),
+                "train_seconds": sum(r["train_seconds"] for rs in by_lr.values() for r in rs),
+                "train_cpu_seconds": sum(r.get("train_cpu_seconds", 0.0) for rs in by_lr.values() for r in rs),
+                "steps_mean": statistics.fmean(r["steps_done"] for r in best_runs),
+                "max_steps": max(
+                    r["config"]["train"]["steps"] if "config" in r else r["steps_done"] for r in best_runs
+                ),
+                "stopped_early": sum(r.get("stop_reason") == "early_stop_acc" for r in best_runs),
+                "still_rising": sum(run_still_rising(r) for r in best_runs),
+            }
+        )
     return rows
 
 

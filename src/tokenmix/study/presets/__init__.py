@@ -1,7 +1,17 @@
 """Every preset module, imported explicitly (one line each) so the list is readable; importing this
 package registers them all. The mechanism: ``study/presets/base.py``."""
-from tokenmix.study.presets.base import (KINDS, AnalysisPlan, Preset, compare_preset, get_preset, load_preset_file,
-                                         presets, register_preset, registered)
+
+from tokenmix.study.presets.base import (
+    KINDS,
+    AnalysisPlan,
+    Preset,
+    compare_preset,
+    get_preset,
+    load_preset_file,
+    presets,
+    register_preset,
+    registered,
+)
 from tokenmix.study.presets import quick  # noqa: F401  compare: the paper's table at length 32
 from tokenmix.study.presets import recall  # noqa: F401  compare: quick's MQAR column to its plateau
 from tokenmix.study.presets import paper  # noqa: F401  compare: the full grid
@@ -12,5 +22,14 @@ from tokenmix.study.presets import frontier  # noqa: F401  compare: MQAR frontie
 from tokenmix.study.presets import lm  # noqa: F401  lm: default, small, tiny
 from tokenmix.study.presets import analysis  # noqa: F401  analysis: quick, full
 
-__all__ = ["KINDS", "AnalysisPlan", "Preset", "compare_preset", "get_preset", "load_preset_file", "presets",
-           "register_preset", "registered"]
+__all__ = [
+    "KINDS",
+    "AnalysisPlan",
+    "Preset",
+    "compare_preset",
+    "get_preset",
+    "load_preset_file",
+    "presets",
+    "register_preset",
+    "registered",
+]

@@ -11,6 +11,7 @@ as Python configs). ``tokenmix presets`` lists every one with its line. A compar
 user's own ``.py`` file (``load_preset_file``): it defines ``<stem>(extra_mixers=())`` returning the
 runs, and optionally ``DEFAULT_MIXERS`` and ``NOTES``; it is the user's code, run as such.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,11 +34,11 @@ class Preset:
 
     name: str
     kind: str
-    summary: str                                  # one line for `tokenmix presets`
+    summary: str  # one line for `tokenmix presets`
     build: Callable[..., Any]
-    notes: str = ""                               # compare: the report's "about this preset" paragraph
-    default_mixers: tuple[str, ...] = ()          # compare: rows run when their mixers are registered
-    source: str = ""                              # where it was defined (module or file)
+    notes: str = ""  # compare: the report's "about this preset" paragraph
+    default_mixers: tuple[str, ...] = ()  # compare: rows run when their mixers are registered
+    source: str = ""  # where it was defined (module or file)
     # compare: the preset's own report part, (out, study.cells.CompareCells, plots) -> study.report.ReportSection
     report_section: Callable[..., Any] | None = None
 
@@ -125,9 +126,15 @@ def load_preset_file(path: str | Path) -> Preset:
         except Exception as e:
             raise _user_error(path, e, f"{path.stem}()") from None
 
-    return Preset(name=path.stem, kind="compare", summary=doc[0] if doc else f"from {path}", build=build,
-                  notes=getattr(module, "NOTES", ""), default_mixers=tuple(getattr(module, "DEFAULT_MIXERS", ())),
-                  source=str(path))
+    return Preset(
+        name=path.stem,
+        kind="compare",
+        summary=doc[0] if doc else f"from {path}",
+        build=build,
+        notes=getattr(module, "NOTES", ""),
+        default_mixers=tuple(getattr(module, "DEFAULT_MIXERS", ())),
+        source=str(path),
+    )
 
 
 def _user_error(path: Path, error: Exception, when: str) -> InputError:

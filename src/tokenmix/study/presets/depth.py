@@ -13,6 +13,7 @@ and 1e-2, three seeds, up to 2500 steps of 32 sequences (early stop at 99 %).
 
 Development runs and measurements: docs/notes/compare-presets.md; results: docs/results.md.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,8 +28,16 @@ ONE_LAYER = ("dense_recurrence", "chacal")
 MAX_ATTENTION_LAYERS = max(math.ceil(math.log2(n + 1)) for n in CHANGES) + 1  # one past the largest bound
 MODEL = dict(d_model=64, n_heads=1, mlp=False, tie_weights=False, positions="none", max_seq_len=32)
 LRS = (3e-3, 1e-2)
-TRAIN = SyntheticTrainConfig(steps=2500, batch_size=32, warmup_steps=50, train_examples=10_000, val_examples=256,
-                    test_examples=1_000, eval_every=50, early_stop_acc=0.99)
+TRAIN = SyntheticTrainConfig(
+    steps=2500,
+    batch_size=32,
+    warmup_steps=50,
+    train_examples=10_000,
+    val_examples=256,
+    test_examples=1_000,
+    eval_every=50,
+    early_stop_acc=0.99,
+)
 TRAIN_MODE = {"dense_recurrence": "dense"}  # the cheapest exact mode at these lengths
 SEEDS = (0, 1, 2)
 
@@ -40,23 +49,45 @@ claims' notes flag runs still improving at the end of their budget."""
 
 
 def task_args(n: int) -> dict:
-    return dict(num_changes=n, num_chains=2, num_boxes=2 * (n + 1), num_objects=8, ask_all_boxes=True,
-                score_deepest=True)
+    return dict(
+        num_changes=n, num_chains=2, num_boxes=2 * (n + 1), num_objects=8, ask_all_boxes=True, score_deepest=True
+    )
 
 
 def rows(extra_mixers: Sequence[str] = ()) -> list[tuple[str, str, int]]:
     """(label, mixer, layers) of every row."""
     one = preset_rows(ONE_LAYER, extra_mixers)
-    return ([(f"{m} x1", m, 1) for m in one]
-            + [(f"attention x{layers}", "attention", layers) for layers in range(1, MAX_ATTENTION_LAYERS + 1)])
+    return [(f"{m} x1", m, 1) for m in one] + [
+        (f"attention x{layers}", "attention", layers) for layers in range(1, MAX_ATTENTION_LAYERS + 1)
+    ]
 
 
 def depth(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
-    return [SyntheticRunConfig(label=label, task="entity_tracking", task_args=task_args(n), column=f"entity n={n}",
-                      model={**MODEL, "layers": [mixer] * layers},
-                      train=replace(TRAIN, lr=lr, mode=TRAIN_MODE.get(mixer)), seed=seed)
-            for seed in SEEDS for n in CHANGES for lr in LRS for label, mixer, layers in rows(extra_mixers)]
+    return [
+        SyntheticRunConfig(
+            label=label,
+            task="entity_tracking",
+            task_args=task_args(n),
+            column=f"entity n={n}",
+            model={**MODEL, "layers": [mixer] * layers},
+            train=replace(TRAIN, lr=lr, mode=TRAIN_MODE.get(mixer)),
+            seed=seed,
+        )
+        for seed in SEEDS
+        for n in CHANGES
+        for lr in LRS
+        for label, mixer, layers in rows(extra_mixers)
+    ]
 
 
-PRESET = register_preset(Preset(name="depth", kind="compare", summary="entity tracking with 3 and 4 state changes against attention layers 1-4 (~20 min)", build=depth,
-                                notes=NOTES, default_mixers=(), source=__name__))
+PRESET = register_preset(
+    Preset(
+        name="depth",
+        kind="compare",
+        summary="entity tracking with 3 and 4 state changes against attention layers 1-4 (~20 min)",
+        build=depth,
+        notes=NOTES,
+        default_mixers=(),
+        source=__name__,
+    )
+)

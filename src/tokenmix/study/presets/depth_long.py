@@ -12,15 +12,15 @@ Run it with ``tokenmix compare --preset depth_long``.
 
 Development runs and measurements: docs/notes/compare-presets.md; results: docs/results.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig
-from tokenmix.study.presets.base import Preset, preset_rows, register_preset
-
 from tokenmix.study.presets import depth as DEPTH  # task and training defaults shared with the depth preset
+from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
 CHANGES = 3
 ATTENTION_LAYERS = (1, 2, 3)
@@ -29,20 +29,41 @@ MODEL = {**DEPTH.MODEL, "n_heads": 2, "mlp": True, "positions": "none"}
 TRAIN = replace(DEPTH.TRAIN, steps=40_000, lr=3e-3, eval_every=100)
 SEEDS = DEPTH.SEEDS
 
-NOTES = DEPTH.NOTES + """
+NOTES = (
+    DEPTH.NOTES
+    + """
 This preset: two heads, an MLP and no position code in every row, one learning rate (3e-3), up to
 40 000 steps: the budget under which two attention layers learned the composed questions in
 development runs."""
+)
 
 
 def depth_long(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
     one = preset_rows(ONE_LAYER, extra_mixers)
     rows = [(f"{m} x1", m, 1) for m in one] + [(f"attention x{L}", "attention", L) for L in ATTENTION_LAYERS]
-    return [SyntheticRunConfig(label=label, task="entity_tracking", task_args=DEPTH.task_args(CHANGES),
-                      column=f"entity n={CHANGES}", model={**MODEL, "layers": [mixer] * layers},
-                      train=replace(TRAIN, mode=DEPTH.TRAIN_MODE.get(mixer)), seed=seed)
-            for seed in SEEDS for label, mixer, layers in rows]
+    return [
+        SyntheticRunConfig(
+            label=label,
+            task="entity_tracking",
+            task_args=DEPTH.task_args(CHANGES),
+            column=f"entity n={CHANGES}",
+            model={**MODEL, "layers": [mixer] * layers},
+            train=replace(TRAIN, mode=DEPTH.TRAIN_MODE.get(mixer)),
+            seed=seed,
+        )
+        for seed in SEEDS
+        for label, mixer, layers in rows
+    ]
 
 
-PRESET = register_preset(Preset(name="depth_long", kind="compare", summary="the depth preset's n = 3 column with two heads, an MLP and 40 000 steps (~60 min)", build=depth_long,
-                                notes=NOTES, default_mixers=(), source=__name__))
+PRESET = register_preset(
+    Preset(
+        name="depth_long",
+        kind="compare",
+        summary="the depth preset's n = 3 column with two heads, an MLP and 40 000 steps (~60 min)",
+        build=depth_long,
+        notes=NOTES,
+        default_mixers=(),
+        source=__name__,
+    )
+)

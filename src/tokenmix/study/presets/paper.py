@@ -11,15 +11,16 @@ Run it with ``tokenmix compare --preset paper --device cuda`` where a GPU exists
 
 Design notes: docs/notes/compare-presets.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
+from tokenmix.study.presets import quick as QUICK  # the row recipe is shared with the quick preset
 from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
-from tokenmix.study.presets import quick as QUICK  # the row recipe is shared with the quick preset
 DEFAULT_MIXERS = QUICK.DEFAULT_MIXERS
 
 TASKS = {
@@ -30,8 +31,16 @@ TASKS = {
 WIDTHS = (64, 128, 256)
 LRS = (1e-4, 4.6416e-4, 2.1544e-3, 1e-2)
 LOCAL_WINDOW = 32
-TRAIN = SyntheticTrainConfig(steps=20_000, batch_size=64, warmup_steps=500, train_examples=100_000,
-                    val_examples=1_000, test_examples=3_000, eval_every=500, early_stop_acc=0.99)
+TRAIN = SyntheticTrainConfig(
+    steps=20_000,
+    batch_size=64,
+    warmup_steps=500,
+    train_examples=100_000,
+    val_examples=1_000,
+    test_examples=3_000,
+    eval_every=500,
+    early_stop_acc=0.99,
+)
 SEEDS = (0, 1, 2)
 
 
@@ -45,10 +54,26 @@ def model_for(mixer: str, d_model: int, task: str | None = None) -> dict:
 
 def paper(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
     mixers = preset_rows(DEFAULT_MIXERS, extra_mixers)
-    return [SyntheticRunConfig(label=m, task=task, task_args=args, model=model_for(m, d, task),
-                      train=replace(TRAIN, lr=lr), seed=seed)
-            for seed in SEEDS for task, args in TASKS.items() for d in WIDTHS for lr in LRS for m in mixers]
+    return [
+        SyntheticRunConfig(
+            label=m, task=task, task_args=args, model=model_for(m, d, task), train=replace(TRAIN, lr=lr), seed=seed
+        )
+        for seed in SEEDS
+        for task, args in TASKS.items()
+        for d in WIDTHS
+        for lr in LRS
+        for m in mixers
+    ]
 
 
-PRESET = register_preset(Preset(name="paper", kind="compare", summary="the full grid at the paper's lengths: widths 64-256, four learning rates (hours)", build=paper,
-                                notes="", default_mixers=DEFAULT_MIXERS, source=__name__))
+PRESET = register_preset(
+    Preset(
+        name="paper",
+        kind="compare",
+        summary="the full grid at the paper's lengths: widths 64-256, four learning rates (hours)",
+        build=paper,
+        notes="",
+        default_mixers=DEFAULT_MIXERS,
+        source=__name__,
+    )
+)

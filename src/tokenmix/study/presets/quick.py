@@ -13,6 +13,7 @@ in dense mode, the cheapest exact mode at n = 32.
 
 Development runs and measurements: docs/notes/compare-presets.md; results: docs/results.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -31,19 +32,26 @@ TASKS = {
 }
 STEPS = {"copy": 100, "assoc_recall": 800, "multi_hop": 250}
 LRS = (3e-3, 1e-2)
-TASK_LRS = {"assoc_recall": (3e-3,)}   # MQAR: one learning rate, twice the steps (same cost as 2 x 400)
-TASK_MIN_LR_RATIO = {"assoc_recall": 1.0}   # MQAR: constant learning rate after the warmup
+TASK_LRS = {"assoc_recall": (3e-3,)}  # MQAR: one learning rate, twice the steps (same cost as 2 x 400)
+TASK_MIN_LR_RATIO = {"assoc_recall": 1.0}  # MQAR: constant learning rate after the warmup
 SEEDS = (0, 1, 2)
 
-SHIFT = "local_attention"   # block 1 of every row but local attention's own
+SHIFT = "local_attention"  # block 1 of every row but local attention's own
 SHIFT_WINDOW = 2
-TASK_SHIFT_WINDOW = {"assoc_recall": 3}   # MQAR: key and value bound at both parities
+TASK_SHIFT_WINDOW = {"assoc_recall": 3}  # MQAR: key and value bound at both parities
 LOCAL_WINDOW = 8
 MODEL = dict(d_model=32, n_heads=1, mlp=False, tie_weights=False, positions="learned", max_seq_len=32)
 MIXER_OVERRIDES: dict[str, dict] = {"local_attention": {"window": LOCAL_WINDOW}}
 STRUCTURED = ("first_order", "kth_order", "dense_recurrence", "pow2", "pow2_ce", "sq1", "sq1_ce")
-TRAIN = SyntheticTrainConfig(batch_size=64, warmup_steps=50, train_examples=10_000, val_examples=256,
-                    test_examples=1_000, eval_every=50, early_stop_acc=0.99)
+TRAIN = SyntheticTrainConfig(
+    batch_size=64,
+    warmup_steps=50,
+    train_examples=10_000,
+    val_examples=256,
+    test_examples=1_000,
+    eval_every=50,
+    early_stop_acc=0.99,
+)
 
 NOTES = """\
 Recipe: every row is [window-2 local attention, row mixer] (window 3 on MQAR; local attention:
@@ -81,16 +89,36 @@ def model_for(mixer: str, task: str | None = None) -> dict:
 def train_for(mixer: str, task: str, lr: float) -> SyntheticTrainConfig:
     # dense mode materialises A, B and solves: at n = 32 the cheapest exact mode of the structured
     # rows (the shift layer has a dense mode too); other rows keep their fast default
-    return replace(TRAIN, lr=lr, steps=STEPS[task], min_lr_ratio=TASK_MIN_LR_RATIO.get(task, TRAIN.min_lr_ratio),
-                   mode="dense" if mixer in STRUCTURED else None)
+    return replace(
+        TRAIN,
+        lr=lr,
+        steps=STEPS[task],
+        min_lr_ratio=TASK_MIN_LR_RATIO.get(task, TRAIN.min_lr_ratio),
+        mode="dense" if mixer in STRUCTURED else None,
+    )
 
 
 def quick(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
     mixers = preset_rows(DEFAULT_MIXERS, extra_mixers)
-    return [SyntheticRunConfig(label=m, task=task, task_args=args, model=model_for(m, task), train=train_for(m, task, lr),
-                      seed=seed)
-            for seed in SEEDS for task, args in TASKS.items() for lr in TASK_LRS.get(task, LRS) for m in mixers]
+    return [
+        SyntheticRunConfig(
+            label=m, task=task, task_args=args, model=model_for(m, task), train=train_for(m, task, lr), seed=seed
+        )
+        for seed in SEEDS
+        for task, args in TASKS.items()
+        for lr in TASK_LRS.get(task, LRS)
+        for m in mixers
+    ]
 
 
-PRESET = register_preset(Preset(name="quick", kind="compare", summary="the paper's rows on copy / MQAR / multi-hop at length 32, three seeds (~10 min on 2 cores)", build=quick,
-                                notes=NOTES, default_mixers=DEFAULT_MIXERS, source=__name__))
+PRESET = register_preset(
+    Preset(
+        name="quick",
+        kind="compare",
+        summary="the paper's rows on copy / MQAR / multi-hop at length 32, three seeds (~10 min on 2 cores)",
+        build=quick,
+        notes=NOTES,
+        default_mixers=DEFAULT_MIXERS,
+        source=__name__,
+    )
+)

@@ -8,15 +8,16 @@ steps without a new best validation accuracy. 6000 steps because the slowest row
 
 Development runs and measurements: docs/notes/compare-presets.md; results: docs/results.md.
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig
+from tokenmix.study.presets import quick as QUICK  # rows, task, model recipe and training shared with the quick preset
 from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
-from tokenmix.study.presets import quick as QUICK  # rows, task, model recipe and training shared with the quick preset
 DEFAULT_MIXERS = QUICK.DEFAULT_MIXERS
 
 TASK = "assoc_recall"
@@ -33,10 +34,29 @@ content; the rest can only be guessed (the positional guess is about 30 %)."""
 def recall(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
     mixers = preset_rows(DEFAULT_MIXERS, extra_mixers)
     args = QUICK.TASKS[TASK]
-    return [SyntheticRunConfig(label=m, task=TASK, task_args=args, model=QUICK.model_for(m, TASK),
-                      train=replace(QUICK.train_for(m, TASK, lr), steps=STEPS, patience_steps=PATIENCE_STEPS), seed=seed)
-            for seed in QUICK.SEEDS for lr in QUICK.TASK_LRS[TASK] for m in mixers]
+    return [
+        SyntheticRunConfig(
+            label=m,
+            task=TASK,
+            task_args=args,
+            model=QUICK.model_for(m, TASK),
+            train=replace(QUICK.train_for(m, TASK, lr), steps=STEPS, patience_steps=PATIENCE_STEPS),
+            seed=seed,
+        )
+        for seed in QUICK.SEEDS
+        for lr in QUICK.TASK_LRS[TASK]
+        for m in mixers
+    ]
 
 
-PRESET = register_preset(Preset(name="recall", kind="compare", summary="the quick preset's MQAR column trained to its plateau, up to 6000 steps (~20 min)", build=recall,
-                                notes=NOTES, default_mixers=DEFAULT_MIXERS, source=__name__))
+PRESET = register_preset(
+    Preset(
+        name="recall",
+        kind="compare",
+        summary="the quick preset's MQAR column trained to its plateau, up to 6000 steps (~20 min)",
+        build=recall,
+        notes=NOTES,
+        default_mixers=DEFAULT_MIXERS,
+        source=__name__,
+    )
+)

@@ -18,6 +18,7 @@ budget leaves its claims "untested", with the runs' curves as the evidence (deve
 DeltaProduct and PaTH on A5, 5000-8000 steps at widths 32 and 64, lengths 8 and 16, both learning
 rates: docs/notes/compare-presets.md).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -35,12 +36,23 @@ STEPS = 4000
 MIN_STEPS = 2000
 PATIENCE_STEPS = 1000
 MIN_GAIN = 0.02
-MIN_LOSS_GAIN = 0.05     # nats of validation loss that also count as a gain (as the frontier's)
+MIN_LOSS_GAIN = 0.05  # nats of validation loss that also count as a gain (as the frontier's)
 MODEL = dict(d_model=32, n_heads=1, mlp=True, tie_weights=False, positions="none")
-TRAIN = SyntheticTrainConfig(batch_size=32, steps=STEPS, warmup_steps=50, train_examples=20_000, val_examples=256,
-                             test_examples=512, eval_every=100, early_stop_acc=0.99, test_lengths=TEST_LENGTHS,
-                             patience_steps=PATIENCE_STEPS, min_gain=MIN_GAIN, min_loss_gain=MIN_LOSS_GAIN,
-                             min_steps=MIN_STEPS)
+TRAIN = SyntheticTrainConfig(
+    batch_size=32,
+    steps=STEPS,
+    warmup_steps=50,
+    train_examples=20_000,
+    val_examples=256,
+    test_examples=512,
+    eval_every=100,
+    early_stop_acc=0.99,
+    test_lengths=TEST_LENGTHS,
+    patience_steps=PATIENCE_STEPS,
+    min_gain=MIN_GAIN,
+    min_loss_gain=MIN_LOSS_GAIN,
+    min_steps=MIN_STEPS,
+)
 
 # row label -> (mixer, config overrides); variants of one mixer are rows of their own
 ROWS: dict[str, tuple[str, dict]] = {
@@ -62,7 +74,7 @@ DEFAULT_MIXERS = tuple(dict.fromkeys(mixer for mixer, _ in ROWS.values()))
 
 NOTES = f"""\
 Group state tracking (tasks/state_tracking.py): every position's label is the running product of the
-group elements so far. Trained at length {TRAIN_LEN}, tested at {TRAIN_LEN} and {', '.join(map(str, TEST_LENGTHS))} (the
+group elements so far. Trained at length {TRAIN_LEN}, tested at {TRAIN_LEN} and {", ".join(map(str, TEST_LENGTHS))} (the
 "@{TEST_LENGTHS[0]}" columns), no position code. Each row: two layers of its mixer, MLP, width 32, one head;
 lr in {LRS} (best by validation), seeds {SEEDS}; budget by learning: batches of 32, a run stops once its
 validation gained neither {100 * MIN_GAIN:.0f} points of accuracy nor {MIN_LOSS_GAIN} nats of loss in {PATIENCE_STEPS} steps, never before
@@ -79,13 +91,33 @@ def state(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
     known = set(registered(DEFAULT_MIXERS)[0])
     rows = {label: spec for label, spec in ROWS.items() if spec[0] in known}
     rows.update({m: (m, {}) for m in extra_mixers if m not in rows})
-    return [SyntheticRunConfig(label=label, task="state_tracking", task_args=args, model=_model(mixer, overrides),
-                               train=replace(TRAIN, lr=lr), seed=seed, column=column)
-            for seed in SEEDS for column, args in TASKS.items() for lr in LRS
-            for label, (mixer, overrides) in rows.items()]
+    return [
+        SyntheticRunConfig(
+            label=label,
+            task="state_tracking",
+            task_args=args,
+            model=_model(mixer, overrides),
+            train=replace(TRAIN, lr=lr),
+            seed=seed,
+            column=column,
+        )
+        for seed in SEEDS
+        for column, args in TASKS.items()
+        for lr in LRS
+        for label, (mixer, overrides) in rows.items()
+    ]
 
 
-PRESET = register_preset(Preset(name="state", kind="compare", build=state, notes=NOTES, default_mixers=DEFAULT_MIXERS,
-                                summary="state tracking: parity and A5, trained at 16, tested at 16 and 64, the published "
-                                        "claims decided (≤ 60 min)",
-                                source=__name__, report_section=state_section))
+PRESET = register_preset(
+    Preset(
+        name="state",
+        kind="compare",
+        build=state,
+        notes=NOTES,
+        default_mixers=DEFAULT_MIXERS,
+        summary="state tracking: parity and A5, trained at 16, tested at 16 and 64, the published "
+        "claims decided (≤ 60 min)",
+        source=__name__,
+        report_section=state_section,
+    )
+)
