@@ -4,7 +4,8 @@ The cross-checks themselves live in tokenmix/checks/linear_attention.py and stat
 (``tokenmix check`` runs the same functions): fla-core 0.6.0's naive references (naive_recurrent_
 and naive_chunk_linear_attn, naive_retention with states via naive_recurrent_simple_gla,
 naive_recurrent_gla, naive_recurrent_ and naive_chunk_simple_gla, and naive_recurrent_gla with one
-head per channel for the diagonal SSM), float32, max relative error max|ours - ref| / max|ref| <= 1e-5, over the ops (chunked and
+head per channel for the diagonal SSM), float32, max relative error max|ours - ref| / max|ref| <= 1e-5, over
+the ops (chunked and
 recurrent, outputs and final states) and every mode of the mixers (two segments, so the state
 carried between calls is checked too). The generic assertions over
 them are in test_crosschecks.py. Our float64 equivalences live in test_mixer_matrix.py.

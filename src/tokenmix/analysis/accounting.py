@@ -726,7 +726,8 @@ def _time_lengths(
 
     First every length in increasing order gets its warm-up and one timed call, which decides from
     the previous length whether the next is attempted; then the lengths take turns, ``TURN_CALLS``
-    timed calls back to back each per round, until each has its repeats (and ``min_time_s``). Timed in turns, every length
+    timed calls back to back each per round, until each has its repeats (and ``min_time_s``). Timed in turns,
+    every length
     sees the same mix of load over the run, so a busy minute on the shared machine cannot bend the
     slope by slowing one end of the range only. Each length times its own copy of the mixer (same
     weights): mixers keep per-shape state (the structured mixer's pattern plans, a few shapes at

@@ -83,7 +83,8 @@ DEFAULT_MIX_WINDOWS = (2, 4, 8)
 DEFAULT_MIX_BASES = (Fraction(2), Fraction(3))
 DEFAULT_WINDOWS = (4, 16, 64)
 # Sizes: the lattice graphs are n^2 / 8 bytes of bitsets a candidate and the gap DP of dense n^2 steps,
-# so beyond 16384 a design run stops being interactive (docs/notes/design-measurements.md). The candidate count and the denominators of rational bases keep the space and the
+# so beyond 16384 a design run stops being interactive (docs/notes/design-measurements.md). The candidate
+# count and the denominators of rational bases keep the space and the
 # f:EXPR specs (at most 256 characters) to something a person reads.
 MAX_N = 16384
 MAX_CANDIDATES = 400

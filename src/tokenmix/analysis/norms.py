@@ -426,7 +426,8 @@ def run_norms(
         "# Operator norms: Gram iteration vs SVD vs power iteration",
         "",
         f"Per mixer, worst head, n = {n}, {gram_iters} Gram steps; power iteration gets the Gram iteration's "
-        "wall time, and separately its multiply-adds (a lower estimate either way). Neumann bound where ||B||₁, ||B||∞ < 1; Toeplitz bound where "
+        "wall time, and separately its multiply-adds (a lower estimate either way). "
+        "Neumann bound where ||B||₁, ||B||∞ < 1; Toeplitz bound where "
         "(I − B)⁻¹ is a causal convolution (fixed decay).",
         "",
         markdown_table(summary),

@@ -5,7 +5,8 @@ Every mixer prefills one context per n with its fast mode (its returned state is
 cache); then ``steps`` tokens are decoded with ``mixer.step`` in blocks of 8, round-robin over the
 mixers and the n values (``decode_mixers``), so the mixers and lengths being compared are timed
 side by side under the same machine load; each block's first step is not timed (it finds the CPU
-caches holding another mixer's weights, which a decode of one model does not). ``latency_ms`` is the median wall time of a step,
+caches holding another mixer's weights, which a decode of one model does not). ``latency_ms`` is the median
+wall time of a step,
 ``latency_min_ms`` the fastest step and ``cpu_ms`` the median process CPU time of a step (the least
 sensitive to other processes on a shared machine). Growth ratios compare the largest n with the
 smallest, for each of the three.

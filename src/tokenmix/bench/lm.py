@@ -17,7 +17,8 @@ it: on a shared machine repeat runs vary, so read the ratios, measured in one pr
 Each timing is also taken in process CPU time (``*_cpu`` ratios), which a busy machine disturbs less
 than wall clock (with ``--threads 1`` it is the work done; with more threads it includes spin-waits);
 medians of individually timed steps keep one preempted step from moving a number, and the mixers take
-turns (training step by step, decode in blocks of ``--decode-block`` tokens, the first mixer rotating), so a burst of load
+turns (training step by step, decode in blocks of ``--decode-block`` tokens, the first mixer rotating), so a
+burst of load
 from other processes falls on all of them alike instead of on whichever mixer was running.
 """
 

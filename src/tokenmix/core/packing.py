@@ -8,7 +8,8 @@ its document starts at,
 
 so t belongs to the document [starts[b, t], ...] and j may be read from t iff starts[b, t] <= j <= t.
 The first document of every row continues from the state the segment is given (none: a fresh one,
-as for an unpacked row, whose starts are 0 everywhere); every later document starts fresh. Every mixer's semantics follow from the dense
+as for an unpacked row, whose starts are 0 everywhere); every later document starts fresh. Every mixer's
+semantics follow from the dense
 reference: a packed row equals its documents run one by one, each from a fresh state, and
 concatenated; in (A, B) terms both are block-diagonal over the documents.
 

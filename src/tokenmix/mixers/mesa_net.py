@@ -76,7 +76,8 @@ class MesaNetConfig(MixerConfig):
 
 
 class MesaState(MatrixState):
-    """Fixed-size decode state: ``memory`` S [B, H, K, V] and ``covariance`` H [B, H, K, K] after ``position`` tokens."""
+    """Fixed-size decode state: ``memory`` S [B, H, K, V] and ``covariance`` H [B, H, K, K] after
+    ``position`` tokens."""
 
     def __init__(self, owner: str, batch_size: int, position: int, memory: Tensor, covariance: Tensor) -> None:
         super().__init__(owner, batch_size, position, memory)

@@ -115,7 +115,10 @@ def chunked_ttt_linear(
     b, t, h, d = q.shape
     pieces = _pieces(start, t, mbs)
     sizes = [i1 - i0 for i0, i1, _ in pieces]
-    flat = lambda x: x.transpose(1, 2).reshape(b * h, t, *x.shape[3:])  # [B, T, H, ...] -> [B H, T, ...]
+
+    def flat(x: Tensor) -> Tensor:  # [B, T, H, ...] -> [B H, T, ...]
+        return x.transpose(1, 2).reshape(b * h, t, *x.shape[3:])
+
     sq, kf = flat(q) * scale, flat(k)  # [BH, T, D]
     shift = flat(ln_b - (v - k))  # ln_b - target, [BH, T, D]
     ef = flat(eta[..., None])  # [BH, T, 1]

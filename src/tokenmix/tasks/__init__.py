@@ -13,12 +13,12 @@ from tokenmix.tasks.base import (
     register_task,
     task_names,
 )
-from tokenmix.tasks import copy  # noqa: F401  copy
-from tokenmix.tasks import assoc_recall  # noqa: F401  assoc_recall (MQAR)
-from tokenmix.tasks import multi_hop  # noqa: F401  multi_hop
-from tokenmix.tasks import entity_tracking  # noqa: F401  entity_tracking
-from tokenmix.tasks import state_tracking  # noqa: F401  state_tracking
-from tokenmix.tasks import selective_copy  # noqa: F401  selective_copy
+from tokenmix.tasks import copy  # copy
+from tokenmix.tasks import assoc_recall  # assoc_recall (MQAR)
+from tokenmix.tasks import multi_hop  # multi_hop
+from tokenmix.tasks import entity_tracking  # entity_tracking
+from tokenmix.tasks import state_tracking  # state_tracking
+from tokenmix.tasks import selective_copy  # selective_copy
 
 __all__ = [
     "IGNORE_INDEX",

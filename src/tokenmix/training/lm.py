@@ -921,7 +921,8 @@ def _loop(
         log.say(
             f"done: validation {bigram_verdict(final['ppl'], final_baseline['bigram_ppl'])}; "
             f"unigram ppl {final_baseline['unigram_ppl']:.2f}; on {final['tokens']:,} validation tokens"
-            f"{f' ({bpc:.3f} bits/char, bigram {bigram_bpc:.3f})' if bpc and bigram_bpc else ''}; {session_seconds:.0f} s wall, {cpu_seconds:.0f} s CPU "
+            f"{f' ({bpc:.3f} bits/char, bigram {bigram_bpc:.3f})' if bpc and bigram_bpc else ''}; "
+            f"{session_seconds:.0f} s wall, {cpu_seconds:.0f} s CPU "
             f"(this process, all threads); run directory {run_dir}"
         )
     return result

@@ -6,7 +6,8 @@ a held-out test set. A run's budget can be set by learning instead of by tokens 
 stop once validation accuracy has stopped gaining, never before a floor of steps that lets a run
 leave its initial plateau); every run records its learning curve (training loss, validation
 accuracy and loss at every validation), the steps it took to reach 50 % / 90 % of its best
-validation accuracy, and whether its step budget stopped it while it was still rising. The three splits come from three different seeds: training data from the
+validation accuracy, and whether its step budget stopped it while it was still rising. The three splits come
+from three different seeds: training data from the
 run's seed, validation and test sets from ``val_seed`` / ``test_seed`` (the same for every run, so
 all mixers are scored on the same examples). ``summarize`` reports, per (row, task, width), the
 learning rate whose mean test accuracy over seeds is highest, with that mean ± std.

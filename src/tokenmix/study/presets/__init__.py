@@ -12,15 +12,15 @@ from tokenmix.study.presets.base import (
     register_preset,
     registered,
 )
-from tokenmix.study.presets import quick  # noqa: F401  compare: the paper's table at length 32
-from tokenmix.study.presets import recall  # noqa: F401  compare: quick's MQAR column to its plateau
-from tokenmix.study.presets import paper  # noqa: F401  compare: the full grid
-from tokenmix.study.presets import depth  # noqa: F401  compare: entity tracking vs layers
-from tokenmix.study.presets import depth_long  # noqa: F401  compare: depth's n = 3 column, long budget
-from tokenmix.study.presets import state  # noqa: F401  compare: parity and A5, tested at 4x the length
-from tokenmix.study.presets import frontier  # noqa: F401  compare: MQAR frontier at 64-256 (and the full grid)
-from tokenmix.study.presets import lm  # noqa: F401  lm: default, small, tiny
-from tokenmix.study.presets import analysis  # noqa: F401  analysis: quick, full
+from tokenmix.study.presets import quick  # compare: the paper's table at length 32
+from tokenmix.study.presets import recall  # compare: quick's MQAR column to its plateau
+from tokenmix.study.presets import paper  # compare: the full grid
+from tokenmix.study.presets import depth  # compare: entity tracking vs layers
+from tokenmix.study.presets import depth_long  # compare: depth's n = 3 column, long budget
+from tokenmix.study.presets import state  # compare: parity and A5, tested at 4x the length
+from tokenmix.study.presets import frontier  # compare: MQAR frontier at 64-256 (and the full grid)
+from tokenmix.study.presets import lm  # lm: default, small, tiny
+from tokenmix.study.presets import analysis  # analysis: quick, full
 
 __all__ = [
     "KINDS",

@@ -207,9 +207,12 @@ MQAR generated as zoology does (random tokens between the queries) with uniform 
 {VOCAB}, pairs L/{PAIRS_PER_LENGTH} and no random ids at the filler positions, at the main cell L = {MAIN_CELL[0]},
 d = {MAIN_CELL[1]}; every row is [short_conv
 (kernel {CONV_KERNEL}), mixer] x 2 (local attention: window {LOCAL_WINDOW}), no MLP, untied head, no position code; lr
-{LRS[0]:g} held after a {TRAIN.warmup_steps}-step warmup, seeds {list(SEEDS)}, batches of {TRAIN.batch_size}. Budget by learning: a run
-stops once its validation has gained neither {100 * MIN_GAIN:.0f} points of accuracy nor {MIN_LOSS_GAIN} nats of loss in {PATIENCE_STEPS}
-steps, never before step {MIN_STEPS}, at most {MAX_STEPS} steps (or at {100 * TRAIN.early_stop_acc:.0f} %); each checkpoint is also tested at
+{LRS[0]:g} held after a {TRAIN.warmup_steps}-step warmup, seeds {list(SEEDS)}, batches of {TRAIN.batch_size}.
+Budget by learning: a run
+stops once its validation has gained neither {100 * MIN_GAIN:.0f} points of accuracy nor {MIN_LOSS_GAIN} nats
+of loss in {PATIENCE_STEPS}
+steps, never before step {MIN_STEPS}, at most {MAX_STEPS} steps (or at {100 * TRAIN.early_stop_acc:.0f} %);
+each checkpoint is also tested at
 {" and ".join(f"{m}x" for m in EXTRAPOLATE)} its length. The claims are decided at the main cell after the
 calibration (attention ≥ 95 %, zoology's anchor). Local attention, the paper's O(n) rows (dense recurrence,
 ChaCAL) and log-linear attention are rows of `frontier_long` (add them here with --mixers). Longer sequences and the
@@ -225,7 +228,8 @@ same command), with progress and an ETA."""
 FULL_NOTES = f"""\
 zoology's MQAR grid: vocabulary {FULL_VOCAB}, power-law query gaps, (length, width) cells {list(FULL_CELLS)},
 pairs L/{FULL_PAIRS_PER_LENGTH}; every row [short_conv (kernel {CONV_KERNEL}), mixer] x 2 with MLPs, tied embeddings, no
-position code; lrs {list(FULL_LRS)}, seeds {list(FULL_SEEDS)}, batches of {FULL_TRAIN.batch_size}, {FULL_TRAIN.steps} steps at L = 64
+position code; lrs {list(FULL_LRS)}, seeds {list(FULL_SEEDS)}, batches of {FULL_TRAIN.batch_size},
+{FULL_TRAIN.steps} steps at L = 64
 and fewer in proportion at longer L, patience {FULL_TRAIN.patience_steps} steps; tested at
 {" and ".join(f"{m}x" for m in EXTRAPOLATE)} the training length. Meant for `--device cuda`."""
 

@@ -55,7 +55,8 @@ TRAIN = SyntheticTrainConfig(
 
 NOTES = """\
 Recipe: every row is [window-2 local attention, row mixer] (window 3 on MQAR; local attention:
-two window-8 layers), width 32, one head, learned positions, untied head, no MLP; see `docs/notes/compare-presets.md` for why
+two window-8 layers), width 32, one head, learned positions, untied head, no MLP; see
+`docs/notes/compare-presets.md` for why
 (each choice was made on validation accuracy of development runs).
 
 What each task tests here: copy at offset 26 is one hop for sq1 (26 = 5² + 1) and three for pow2

@@ -12,7 +12,8 @@ position embedding); two learning rates (max over them by validation), three see
 
 Budget by learning (``SyntheticTrainConfig``'s patience fields), as the frontier's: a run stops once
 its validation has gained neither ``MIN_GAIN`` of accuracy nor ``MIN_LOSS_GAIN`` of loss in
-``PATIENCE_STEPS`` steps, never before ``MIN_STEPS``, at most ``STEPS``; parity's rows reach their plateau (or 99 %) well inside it. The
+``PATIENCE_STEPS`` steps, never before ``MIN_STEPS``, at most ``STEPS``; parity's rows reach their plateau
+(or 99 %) well inside it. The
 claims (``study/state.py``) are decided at the training length; a group no row learns within the
 budget leaves its claims "untested", with the runs' curves as the evidence (development runs of
 DeltaProduct and PaTH on A5, 5000-8000 steps at widths 32 and 64, lengths 8 and 16, both learning
@@ -77,8 +78,10 @@ Group state tracking (tasks/state_tracking.py): every position's label is the ru
 group elements so far. Trained at length {TRAIN_LEN}, tested at {TRAIN_LEN} and {", ".join(map(str, TEST_LENGTHS))} (the
 "@{TEST_LENGTHS[0]}" columns), no position code. Each row: two layers of its mixer, MLP, width 32, one head;
 lr in {LRS} (best by validation), seeds {SEEDS}; budget by learning: batches of 32, a run stops once its
-validation gained neither {100 * MIN_GAIN:.0f} points of accuracy nor {MIN_LOSS_GAIN} nats of loss in {PATIENCE_STEPS} steps, never before
-step {MIN_STEPS}, at most {STEPS} steps. Negative-eigenvalue variants use beta in (0, 2) (allow_neg_eigval); DeltaProduct rows
+validation gained neither {100 * MIN_GAIN:.0f} points of accuracy nor {MIN_LOSS_GAIN} nats of loss in
+{PATIENCE_STEPS} steps, never before
+step {MIN_STEPS}, at most {STEPS} steps. Negative-eigenvalue variants use beta in (0, 2) (allow_neg_eigval);
+DeltaProduct rows
 differ only in n_h. Guessing levels: the first label is the first input itself, so copying it and
 guessing uniformly elsewhere gives 53.1 % on parity and 7.8 % on A5 at length 16."""
 
