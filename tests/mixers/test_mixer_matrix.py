@@ -2,7 +2,9 @@
 
 For each mixer and each of its modes: outputs, final states and gradients equal the first (fast)
 mode; uneven multi-token continuation equals one full pass; gradcheck in float64; causality;
-measured decode cache equals the derived accounting; misuse of a state is refused.
+measured decode cache equals the derived accounting; misuse of a state is refused; a packed batch
+(documents back to back in a row, ``core/packing.py``) equals its documents run alone, and a decode
+step that begins a new document equals a fresh decode.
 
 Each check is a plain function of a mixer name (``check_*``; ``check_mixer`` runs them all), so a
 mixer registered after collection (tests/mixers/test_enrolment.py) runs the same matrix.
@@ -15,6 +17,7 @@ import torch
 
 from mixer_helpers import ALL_MIXERS, small_mixer
 from tokenmix.checks.tolerances import FLOAT32_REL_RMS, GRADIENT_FACTOR, assert_close, mode_tolerance, rel_rms
+from tokenmix.core.packing import Packing
 
 SHAPES = [(12, 2, 11), (10, 2, 9), (8, 1, 1)]  # (d_model, n_heads, T)
 SHAPE_IDS = ["h6", "odd_h5", "T1"]
@@ -195,6 +198,87 @@ def test_float32_modes_agree(name):
     check_float32_modes_agree(name)
 
 
+PACKED_LENGTHS = [[1, 4, 6], [5, 6], [11]]  # documents per row: length 1, lengths not multiples of the chunk (4)
+
+
+def _documents_alone(m, mode, prefix, x, packing, w):
+    """Reference of a packed segment after ``prefix``: each row's first document continues its
+    prefix, every later document runs alone from a fresh state. Returns (y, loss, last states)."""
+    ys, loss, last = torch.zeros_like(x), 0.0, []
+    for b in range(x.shape[0]):
+        for i, (t0, t1) in enumerate(packing.documents(b)):
+            if i == 0:
+                _, state = m(prefix[b : b + 1], mode=mode)
+            else:
+                state = None
+            y, state = m(x[b : b + 1, t0:t1], state, mode=mode)
+            ys[b, t0:t1] = y[0]
+            loss = loss + (y[0] * w[b, t0:t1]).sum()
+        last.append(state)
+    return ys, loss, last
+
+
+def check_packed_rows_equal_documents(name):
+    """Every mode: a packed segment (after an unpacked prefix) equals its documents run alone, the
+    first continuing the prefix: outputs, gradients of inputs and parameters, and the final state
+    (decoding on from it equals decoding on from each row's last document)."""
+    m = small_mixer(name)
+    packing = Packing.from_lengths(PACKED_LENGTHS)
+    prefix0 = torch.randn(3, 3, 12, dtype=torch.float64)
+    x0 = torch.randn(3, 11, 12, dtype=torch.float64)
+    w = torch.randn(3, 11, 12, dtype=torch.float64)
+    after = torch.randn(3, 2, 12, dtype=torch.float64)
+    tol = mode_tolerance(m)
+    params = list(m.parameters())
+    for mode in m.modes:
+        x, prefix = x0.clone().requires_grad_(), prefix0.clone().requires_grad_()
+        _, state = m(prefix, mode=mode)
+        y, state = m(x, state, mode=mode, packing=packing)
+        grads = torch.autograd.grad((y * w).sum(), [x, prefix, *params], allow_unused=True)
+        xr, prefix_r = x0.clone().requires_grad_(), prefix0.clone().requires_grad_()
+        y_ref, loss_ref, last = _documents_alone(m, mode, prefix_r, xr, packing, w)
+        grads_ref = torch.autograd.grad(loss_ref, [xr, prefix_r, *params], allow_unused=True)
+        assert_close(y, y_ref, tol, f"{name} {mode} packed output vs documents alone")
+        names = ["x", "prefix"] + [n for n, _ in m.named_parameters()]
+        for pname, g, g_ref in zip(names, grads, grads_ref):
+            g = torch.zeros_like(g_ref) if g is None and g_ref is not None else g
+            g_ref = torch.zeros_like(g) if g_ref is None and g is not None else g_ref
+            if g is not None:
+                assert_close(g, g_ref, tol * GRADIENT_FACTOR, f"{name} {mode} packed d{pname}")
+        y_on, _ = m(after, state, mode=m.modes[-1])
+        y_on_ref = torch.cat([m(after[b : b + 1], last[b], mode=m.modes[-1])[0] for b in range(3)])
+        assert_close(y_on, y_on_ref, tol, f"{name} {mode} decode after a packed segment")
+
+
+@pytest.mark.parametrize("name", ALL_MIXERS)
+def test_packed_rows_equal_documents(name):
+    check_packed_rows_equal_documents(name)
+
+
+def check_decode_reset_equals_fresh(name):
+    """A decode step with ``reset`` begins a new document in those rows: their outputs from there on
+    equal a fresh decode, the other rows' equal an uninterrupted one."""
+    m = small_mixer(name)
+    prompt = torch.randn(2, 5, 12, dtype=torch.float64)
+    tokens = torch.randn(2, 3, 12, dtype=torch.float64)
+    _, state = m(prompt)
+    outs = []
+    for i in range(3):
+        y, state = m.step(tokens[:, i], state, reset=torch.tensor([i == 0, False]))
+        outs.append(y)
+    y = torch.stack(outs, 1)
+    fresh, _ = m(tokens[0:1], mode=m.modes[-1])
+    on, _ = m(torch.cat([prompt[1:2], tokens[1:2]], 1))
+    tol = mode_tolerance(m)
+    assert_close(y[0:1], fresh, tol, f"{name} decode after a reset vs a fresh decode")
+    assert_close(y[1:2], on[:, 5:], tol, f"{name} decode of a row that did not reset")
+
+
+@pytest.mark.parametrize("name", ALL_MIXERS)
+def test_decode_reset_equals_fresh(name):
+    check_decode_reset_equals_fresh(name)
+
+
 PER_MIXER_CHECKS = (
     check_uneven_continuation,
     check_gradients_agree,
@@ -204,6 +288,8 @@ PER_MIXER_CHECKS = (
     check_decode_cache_matches_derivation,
     check_state_misuse_is_refused,
     check_float32_modes_agree,
+    check_packed_rows_equal_documents,
+    check_decode_reset_equals_fresh,
 )
 
 

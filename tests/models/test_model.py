@@ -5,7 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tokenmix.core.errors import InputError
+from tokenmix.core.packing import Packing
 from tokenmix.models import MixerModel, ModelConfig, parse_layers
+from tolerances import FLOAT64_EXACT, assert_close
 
 
 def test_hybrid_decode_equals_full_forward():
@@ -98,3 +101,35 @@ def test_learned_positions_refuse_too_long_inputs():
     with pytest.raises(ValueError, match="positions must be one of"):
         ModelConfig(positions="rope")
     assert model.num_params() - model.num_params(exclude_embedding=True) == 10 * 8 + 4 * 8
+
+
+@pytest.mark.parametrize(
+    "layers,positions", [("pow2_ce,attention", "learned"), ("gla,sq1_ce", "sinusoidal"), ("mamba2,log_linear", "none")]
+)
+def test_packed_batch_equals_documents_alone(layers, positions):
+    """A packed batch: every document's logits equal the document run alone (positions restart at
+    each document), decoding on continues each row's last document, and a step with ``reset`` equals
+    a fresh decode of that row."""
+    cfg = ModelConfig(vocab_size=50, d_model=16, n_heads=2, layers=layers, positions=positions, max_seq_len=32)
+    model = MixerModel(cfg).double()
+    ids = torch.randint(0, 50, (2, 13))
+    packing = Packing.from_lengths([[1, 5, 7], [6, 7]])
+    logits, states = model(ids, packing=packing)
+    for b, t0, t1 in packing.row_documents():
+        assert_close(logits[b, t0:t1], model(ids[b : b + 1, t0:t1])[0][0], FLOAT64_EXACT, f"row {b} [{t0}, {t1})")
+    nxt = torch.randint(0, 50, (2,))
+    on, states = model.step(nxt, states)
+    for b in range(2):
+        t0 = packing.documents(b)[-1][0]
+        expected = model(torch.cat([ids[b, t0:], nxt[b : b + 1]])[None])[0][0, -1]
+        assert_close(on[b], expected, FLOAT64_EXACT, f"decode after row {b}'s last document")
+    again, _ = model.step(nxt, states, reset=torch.tensor([True, False]))
+    assert_close(again[0], model(nxt[0:1, None])[0][0, 0], FLOAT64_EXACT, "a reset row decodes as a fresh one")
+
+
+def test_packing_that_does_not_fit_the_batch_is_refused():
+    model = MixerModel(ModelConfig(vocab_size=50, d_model=16, n_heads=2, layers="pow2"))
+    with pytest.raises(InputError, match="packing covers"):
+        model(torch.randint(0, 50, (2, 9)), packing=Packing.from_lengths([[4, 4], [8]]))
+    with pytest.raises(InputError, match="reset must be"):
+        model.step(torch.randint(0, 50, (2,)), model(torch.randint(0, 50, (2, 3)))[1], reset=torch.tensor([1, 0]))

@@ -31,6 +31,16 @@ Two mechanisms, chosen by the mixer (``pads_by_row_groups``):
                own state, started after their padding (``RowGroupState``). Exact and batched within
                a group; a batch with G distinct starts costs G calls per segment.
 A state with ``start`` None (or all zeros) is the ordinary unpadded state: that path is unchanged.
+
+Packed batches (``forward(..., packing=...)``, ``core/packing.py``): documents back to back in a row.
+The dense reference defines the meaning: a packed row equals its documents run one by one, the first
+from the given state and every later one from a fresh state, outputs and gradients; the returned
+state is each row's last document's, and ``step(x_t, state, reset=rows)`` begins a new document in
+those rows. The mechanism every mixer has: the rows that begin a document leave their row group for
+a fresh one (``reset_rows``, ``RowGroupState``) and the pieces between boundaries run in any mode,
+exact by construction. A mixer whose kernels honour boundaries themselves lists those modes in
+``packing_modes`` (cost O(T x per-token cost), no piece loop); the packed column of the mixer matrix
+checks both against the documents run alone. ``materialize_packed`` is the block-diagonal operator.
 """
 
 from __future__ import annotations
@@ -47,6 +57,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError, WrongInputType
 from tokenmix.core.operator import MixOperator
+from tokenmix.core.packing import Packing, as_packing
 
 
 @dataclass(frozen=True)
@@ -183,6 +194,16 @@ class Linear(nn.Linear):
         return torch.addmm(bias, x.reshape(-1, self.in_features), wt).view(*x.shape[:-1], self.out_features)
 
 
+def check_reset(reset: Tensor | Sequence[bool], batch_size: int, device) -> Tensor:
+    """A decode step's ``reset`` flags as a [B] bool tensor on ``device`` (one line on a bad shape)."""
+    reset = torch.as_tensor(reset, device=device)
+    if tuple(reset.shape) != (batch_size,) or reset.dtype != torch.bool:
+        raise InputError(
+            f"reset must be [batch_size] = [{batch_size}] bool flags, got {tuple(reset.shape)} {reset.dtype}"
+        )
+    return reset
+
+
 def padding_start(
     start: Tensor | Sequence[int] | None, batch_size: int, device: torch.device | str = "cpu"
 ) -> Tensor | None:
@@ -210,15 +231,22 @@ def padding_start(
 
 
 class RowGroupState(MixerState):
-    """Decode state of a left-padded batch for a mixer that pads by row groups.
+    """Decode state of a batch whose rows run on different clocks: groups of rows, each an ordinary
+    batch on its own state, begun at a position of its own.
 
-    Rows with the same start form a group that runs as an ordinary unpadded batch on its own state,
-    beginning after its padding; the outputs of its padding positions are 0. Per row, the state is
-    exactly the group's, so the cache and state sizes are the group's (the largest over groups).
+    Two uses. Left padding of a mixer that pads by row groups: rows with the same start form a group
+    that begins after its padding. Document boundaries (any mixer, ``Mixer.reset_rows``): the rows
+    that begin a new document at position s leave their group for a new one begun at s on a fresh
+    state, so every row's state is exactly that of its current document run alone. A group keeps the
+    rows that left it (their outputs are computed and dropped, since an ordinary state cannot be cut
+    by rows) until none of its rows is live; ``live[b]`` is the group whose outputs row b takes.
+    Outputs of positions before a group's beginning (padding) are 0.
 
     Attributes:
-        groups: list of (s, rows [n] long, state or None before the group's first real token).
-        position: tokens seen by the padded batch (padding included); start: [B] long.
+        groups: list of (s, rows [n] long, state or None before the group's first token).
+        live: [B] long, the group of each row.
+        position: tokens seen by the batch; start: [B] long, where each row's current document (or,
+            for a padded row, its first real token) begins, on the batch's clock.
     """
 
     def __init__(
@@ -227,20 +255,45 @@ class RowGroupState(MixerState):
         batch_size: int,
         position: int,
         start: Tensor,
-        max_start: int,
         groups: list[tuple[int, Tensor, MixerState | None]],
-        inverse: Tensor,
+        live: Tensor,
     ) -> None:
         self.owner, self.batch_size, self.position = owner, batch_size, position
-        self.start, self.max_start, self.min_start = start, max_start, groups[0][0]
-        self.groups, self._inverse = groups, inverse  # inverse: rows in group order -> batch order
+        self.start, self.max_start, self.min_start = start, int(start.max()), int(start.min())
+        self.groups, self.live = groups, live
 
     @classmethod
     def create(cls, owner: str, start: Tensor) -> "RowGroupState":
+        """The groups of a left-padded batch: one per distinct start."""
         values = sorted(set(start.tolist()))
         groups = [(s, torch.nonzero(start == s)[:, 0], None) for s in values]
-        order = torch.cat([rows for _, rows, _ in groups])
-        return cls(owner, start.shape[0], 0, start, values[-1], groups, torch.argsort(order))
+        live = torch.zeros_like(start)
+        for i, (_, rows, _) in enumerate(groups):
+            live[rows] = i
+        return cls(owner, start.shape[0], 0, start, groups, live)
+
+    @classmethod
+    def wrap(cls, owner: str, state: MixerState, device: torch.device | str) -> "RowGroupState":
+        """An ordinary state (padded or not) as one group of every row; ``device``: the batch's."""
+        rows = torch.arange(state.batch_size, device=device)
+        start = state.start if state.start is not None else torch.zeros_like(rows)
+        return cls(owner, state.batch_size, state.position, start, [(0, rows, state)], torch.zeros_like(rows))
+
+    def with_reset(self, rows: Tensor) -> "RowGroupState":
+        """Rows ``rows`` ([B] bool) begin a new document at ``position``: a new group on a fresh state."""
+        picked = torch.nonzero(rows.to(self.live.device))[:, 0]
+        live = self.live.clone()
+        live[picked] = len(self.groups)
+        groups = [*self.groups, (self.position, picked, None)]
+        # drop the groups no row reads any more, renumbering the live indices
+        kept = [i for i in range(len(groups)) if bool((live == i).any())]
+        renumber = torch.full((len(groups),), -1, dtype=torch.long, device=live.device)
+        renumber[torch.tensor(kept, device=live.device)] = torch.arange(len(kept), device=live.device)
+        start = self.start.clone()
+        start[picked] = self.position
+        return RowGroupState(
+            self.owner, self.batch_size, self.position, start, [groups[i] for i in kept], renumber[live]
+        )
 
     def _subs(self) -> list[MixerState]:
         return [sub for _, _, sub in self.groups if sub is not None]
@@ -271,21 +324,25 @@ class RowGroupState(MixerState):
         """Mode ``mode`` of ``mixer`` on x [B, T, D], group by group -> (y [B, T, D], next state)."""
         t = x.shape[1]
         fn = getattr(mixer, f"forward_{mode}")
-        outs, groups = [], []
-        for s, rows, sub in self.groups:
+        y, groups = None, []
+        for i, (s, rows, sub) in enumerate(self.groups):
             skip = min(max(s - self.position, 0), t)  # the group's padding positions in this segment
-            xg = x if len(self.groups) == 1 else x.index_select(0, rows)
+            whole = len(self.groups) == 1
+            xg = x if whole else x.index_select(0, rows)
             if skip < t:
-                y, sub = fn(xg[:, skip:], sub)
-                y = F.pad(y, (0, 0, skip, 0))
+                yg, sub = fn(xg[:, skip:], sub)
+                yg = F.pad(yg, (0, 0, skip, 0))
             else:  # the whole segment is padding for this group (start = T at the prefill)
-                y = x.new_zeros(xg.shape[0], t, mixer.d_model)
-            outs.append(y)
+                yg = x.new_zeros(xg.shape[0], t, mixer.d_model)
             groups.append((s, rows, sub))
-        y = outs[0] if len(outs) == 1 else torch.cat(outs).index_select(0, self._inverse)
-        return y, RowGroupState(
-            self.owner, self.batch_size, self.position + t, self.start, self.max_start, groups, self._inverse
-        )
+            if whole:
+                y = yg
+                continue
+            mine = self.live.index_select(0, rows) == i  # the group's rows that read it
+            if y is None:
+                y = x.new_zeros(x.shape[0], t, mixer.d_model)
+            y = y.index_copy(0, rows[mine], yg[mine])
+        return y, RowGroupState(self.owner, self.batch_size, self.position + t, self.start, groups, self.live)
 
 
 class Mixer(nn.Module, metaclass=ABCMeta):
@@ -297,6 +354,9 @@ class Mixer(nn.Module, metaclass=ABCMeta):
     cache_complexity: ClassVar[str] = "?"
     #: left padding by row groups (``RowGroupState``) instead of masks inside the modes (module docstring)
     pads_by_row_groups: ClassVar[bool] = False
+    #: modes whose ``forward_<mode>(x, state, packing=...)`` honour document boundaries in their own
+    #: kernels (the others run the pieces between boundaries, ``Mixer.forward``)
+    packing_modes: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: MixerConfig, d_model: int) -> None:
         super().__init__()
@@ -314,7 +374,23 @@ class Mixer(nn.Module, metaclass=ABCMeta):
         return f"{type(self).__name__}({self.config})"
 
     # -- the uniform surface
-    def forward(self, x: Tensor, state: MixerState | None = None, mode: str | None = None) -> tuple[Tensor, MixerState]:
+    def forward(
+        self,
+        x: Tensor,
+        state: MixerState | None = None,
+        mode: str | None = None,
+        packing: Packing | Tensor | None = None,
+    ) -> tuple[Tensor, MixerState]:
+        """x [B, T, D] -> (y [B, T, D], the state after the segment).
+
+        Args:
+            packing: document boundaries inside the rows (``core/packing.py``: a ``Packing`` or [B, T]
+                bool start flags): a packed row equals its documents run one by one, the first from
+                ``state``, every later one from a fresh state; the returned state is that of each
+                row's last document. Modes in ``packing_modes`` honour it in their own kernels; the
+                others run the segment between boundaries with the rows that begin a document reset
+                (``reset_rows``), which is exact in every mode.
+        """
         mode = self.modes[0] if mode is None else mode
         if mode not in self.modes:
             raise InputError(f"mixer {type(self).__name__} has no mode '{mode}'; modes: {self.modes}")
@@ -328,14 +404,51 @@ class Mixer(nn.Module, metaclass=ABCMeta):
                     f"but the first segment has only {x.shape[1]} positions: the prefill must "
                     "contain every row's whole padding"
                 )
-            if isinstance(state, RowGroupState):
-                return state.run(self, x, mode)
+        packing = as_packing(packing, x.shape[0], x.shape[1])
+        if packing is None:
+            return self._forward_mode(x, state, mode)
+        if mode in self.packing_modes and not isinstance(state, RowGroupState):
+            return getattr(self, f"forward_{mode}")(x, state, packing=packing)
+        return self._forward_documents(x, state, mode, packing)
+
+    def _forward_mode(self, x: Tensor, state: MixerState | None, mode: str) -> tuple[Tensor, MixerState]:
+        if isinstance(state, RowGroupState):
+            return state.run(self, x, mode)
         return getattr(self, f"forward_{mode}")(x, state)
 
-    def step(self, x_t: Tensor, state: MixerState | None) -> tuple[Tensor, MixerState]:
-        """Decode one token: x_t [B, D] -> y_t [B, D]."""
+    def _forward_documents(
+        self, x: Tensor, state: MixerState | None, mode: str, packing: Packing
+    ) -> tuple[Tensor, MixerState]:
+        """The packed segment as the pieces between boundaries, resetting the rows that begin a
+        document at each piece's first position."""
+        flags = packing.boundaries  # [B, T]
+        cuts = torch.nonzero(flags.any(0))[:, 0].tolist()
+        pieces = []
+        for t0, t1 in zip([0, *cuts], [*cuts, x.shape[1]]):
+            if t0 > 0:
+                state = self.reset_rows(state, flags[:, t0])
+            y, state = self._forward_mode(x[:, t0:t1], state, mode)
+            pieces.append(y)
+        return torch.cat(pieces, 1), state
+
+    def reset_rows(self, state: MixerState | None, rows: Tensor) -> MixerState | None:
+        """The state in which rows ``rows`` ([B] bool) begin a new document at ``state.position``:
+        those rows continue as from a fresh state, the others as before. Exact for every mixer (a
+        new row group, ``RowGroupState``); None (a fresh state) when every row resets."""
+        if state is None or state.position == 0 or not bool(rows.any()):
+            return state
+        if bool(rows.all()):
+            return None
+        grouped = state if isinstance(state, RowGroupState) else RowGroupState.wrap(self.owner, state, rows.device)
+        return grouped.with_reset(rows)
+
+    def step(self, x_t: Tensor, state: MixerState | None, reset: Tensor | None = None) -> tuple[Tensor, MixerState]:
+        """Decode one token: x_t [B, D] -> y_t [B, D]; ``reset`` [B] bool: rows whose token begins a
+        new document (their state restarts fresh)."""
         if x_t.dim() != 2:
             raise InputError(f"step expects x_t of shape [B, D], got {tuple(x_t.shape)}")
+        if reset is not None:
+            state = self.reset_rows(state, check_reset(reset, x_t.shape[0], x_t.device))
         y, state = self.forward(x_t[:, None], state, mode="recurrent")
         return y[:, 0], state
 
@@ -383,6 +496,30 @@ class Mixer(nn.Module, metaclass=ABCMeta):
     @abstractmethod
     def materialize(self, x: Tensor) -> MixOperator:
         """(A, B[, R]) over the mixed values for x [B, T, D] (short T)."""
+
+    def materialize_packed(self, x: Tensor, packing: Packing | Tensor) -> MixOperator:
+        """The operator of a packed batch: A and B block-diagonal over each row's documents, every
+        block the operator of its document alone (``materialize`` of that document)."""
+        packing = as_packing(packing, x.shape[0], x.shape[1])
+        if packing is None:
+            return self.materialize(x)
+        ops = [(b, t0, t1, self.materialize(x[b : b + 1, t0:t1])) for b, t0, t1 in packing.row_documents()]
+
+        def assemble(name: str) -> Tensor | None:
+            first = getattr(ops[0][3], name)
+            if first is None:
+                return None
+            # a G axis that grows with the length (Fenwick levels) is padded with zero terms; an
+            # operator over r sub-steps per token (DeltaProduct) has r rows per position
+            r = first.shape[-1] // (ops[0][2] - ops[0][1])
+            middle = [max(getattr(op, name).shape[i] for *_, op in ops) for i in range(1, first.dim() - 2)]
+            out = first.new_zeros(x.shape[0], *middle, r * x.shape[1], r * x.shape[1])
+            for b, t0, t1, op in ops:
+                block = getattr(op, name)[0]
+                out[b][tuple(slice(0, n) for n in block.shape[:-2])][..., r * t0 : r * t1, r * t0 : r * t1] = block
+            return out
+
+        return MixOperator(assemble("A"), assemble("B"), assemble("R"))
 
     # -- derived accounting
     @abstractmethod

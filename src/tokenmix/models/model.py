@@ -36,7 +36,8 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.base import Linear, MixerState, padding_start
+from tokenmix.core.packing import Packing, as_packing
+from tokenmix.mixers.base import Linear, MixerState, check_reset, padding_start
 from tokenmix.mixers.registry import build_mixer, get_mixer_spec
 
 
@@ -168,8 +169,10 @@ class Block(nn.Module):
         self.mlp = MLP(cfg.d_model, cfg.mlp_ratio) if cfg.mlp else None
         self.drop = nn.Dropout(cfg.dropout) if cfg.dropout > 0 else None
 
-    def forward(self, x: Tensor, state: MixerState | None, mode: str | None) -> tuple[Tensor, MixerState]:
-        y, state = self.mixer(self.norm1(x), state, mode)
+    def forward(
+        self, x: Tensor, state: MixerState | None, mode: str | None, packing: Packing | None = None
+    ) -> tuple[Tensor, MixerState]:
+        y, state = self.mixer(self.norm1(x), state, mode, packing)
         x = x + self._dropped(y)
         if self.mlp is not None:
             x = x + self._dropped(self.mlp(self.norm2(x)))
@@ -229,14 +232,26 @@ class MixerModel(nn.Module):
         return [block.mixer.init_state(batch_size, device, dtype, start) for block in self.blocks]
 
     def forward(
-        self, idx: Tensor, states: list[MixerState] | None = None, mode: str | None = None
+        self,
+        idx: Tensor,
+        states: list[MixerState] | None = None,
+        mode: str | None = None,
+        packing: Packing | Tensor | None = None,
     ) -> tuple[Tensor, list[MixerState]]:
-        """Token ids [B, T] -> (logits [B, T, vocab], the layers' states after the segment)."""
-        h, states = self.features(idx, states, mode)
+        """Token ids [B, T] -> (logits [B, T, vocab], the layers' states after the segment).
+
+        ``packing``: document boundaries inside the rows (``core/packing.py``): every layer runs each
+        document as if alone (the first continuing ``states``), and positions restart at each document.
+        """
+        h, states = self.features(idx, states, mode, packing)
         return self.head(h), states
 
     def features(
-        self, idx: Tensor, states: list[MixerState] | None = None, mode: str | None = None
+        self,
+        idx: Tensor,
+        states: list[MixerState] | None = None,
+        mode: str | None = None,
+        packing: Packing | Tensor | None = None,
     ) -> tuple[Tensor, list[MixerState]]:
         """Token ids [B, T] -> (the normed last hidden states [B, T, D] that ``head`` maps to logits, states).
 
@@ -252,29 +267,40 @@ class MixerModel(nn.Module):
         states = states if states is not None else [None] * len(self.blocks)
         if len(states) != len(self.blocks):
             raise InputError(f"got {len(states)} layer states for {len(self.blocks)} layers")
+        packing = as_packing(packing, idx.shape[0], idx.shape[1])
         x = self.embed(idx)
         if self.cfg.positions != "none":
-            x = x + self._position_codes(states, idx.shape[1], x)
+            x = x + self._position_codes(states, idx.shape[1], x, packing)
         if self.drop is not None:
             x = self.drop(x)
         new_states = []
         for block, st in zip(self.blocks, states):
-            x, st = block(x, st, mode)
+            x, st = block(x, st, mode, packing)
             new_states.append(st)
         return self.norm(x), new_states
 
-    def _position_codes(self, states: list[MixerState | None], t: int, x: Tensor) -> Tensor:
+    def _position_codes(
+        self, states: list[MixerState | None], t: int, x: Tensor, packing: Packing | None = None
+    ) -> Tensor:
         """[T, D] codes of the segment's positions, continuing after what the states have seen;
-        [B, T, D] for a left-padded batch, whose rows count from their own first real token."""
+        [B, T, D] for a left-padded or packed batch, whose rows count from their own first real token
+        and restart at each document."""
         state = next((s for s in states if s is not None), None)
         first = 0 if state is None else state.position
         pos = torch.arange(first, first + t, device=x.device)  # [T]
         padded = state is not None and state.start is not None
-        if padded:
+        if packing is not None:
+            row_start = state.start[:, None] if padded else 0  # the first document continues the state
+            begins = torch.where(packing.starts > 0, first + packing.starts, row_start)  # [B, T]
+            pos = (pos[None, :] - begins).clamp(min=0)
+        elif padded:
             pos = (pos[None, :] - state.start[:, None]).clamp(min=0)  # [B, T], padding at 0
         if self.pos_embed is None:
             return sinusoidal_codes(pos, self.cfg.d_model, x.dtype)
-        last = first + t - (state.min_start if padded else 0)  # one past the largest position coded
+        if packing is not None:
+            last = int(pos.max()) + 1
+        else:
+            last = first + t - (state.min_start if padded else 0)  # one past the largest position coded
         if last > self.cfg.max_seq_len:
             raise InputError(
                 f"sequence reaches position {last} but the model's learned positions stop at "
@@ -282,8 +308,14 @@ class MixerModel(nn.Module):
             )
         return self.pos_embed(pos)
 
-    def step(self, idx_t: Tensor, states: list[MixerState] | None) -> tuple[Tensor, list[MixerState]]:
-        """Decode one token per sequence: idx_t [B] -> logits [B, vocab]."""
+    def step(
+        self, idx_t: Tensor, states: list[MixerState] | None, reset: Tensor | None = None
+    ) -> tuple[Tensor, list[MixerState]]:
+        """Decode one token per sequence: idx_t [B] -> logits [B, vocab]; ``reset`` [B] bool: rows
+        whose token begins a new document (every layer's state restarts fresh there)."""
+        if reset is not None and states is not None:
+            rows = check_reset(reset, idx_t.shape[0], idx_t.device)
+            states = [block.mixer.reset_rows(st, rows) for block, st in zip(self.blocks, states)]
         logits, states = self.forward(idx_t.unsqueeze(1), states, mode="recurrent")
         return logits.squeeze(1), states
 
