@@ -407,7 +407,9 @@ class Mixer(nn.Module, metaclass=ABCMeta):
         packing = as_packing(packing, x.shape[0], x.shape[1])
         if packing is None:
             return self._forward_mode(x, state, mode)
-        if mode in self.packing_modes and not isinstance(state, RowGroupState):
+        # native kernels take an ordinary state whose padding (if any) is behind it
+        native = not isinstance(state, RowGroupState) and (state is None or state.position >= state.max_start)
+        if mode in self.packing_modes and native:
             return getattr(self, f"forward_{mode}")(x, state, packing=packing)
         return self._forward_documents(x, state, mode, packing)
 
