@@ -298,3 +298,34 @@ def test_a_checkpoint_missing_a_weight_is_refused(tmp_path):
     save_file(weights, tmp_path / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(InputError, match="lacks weights this tokenmix model needs: model.net.norm.weight"):
         AutoModelForCausalLM.from_pretrained(tmp_path)
+
+
+def test_packed_position_ids_run_each_document_alone_and_a_restart_resets_the_decode():
+    """transformers' packing convention: position_ids restarting at 0 mark documents; each runs as if
+    alone (also behind left padding), decoding on continues the last one, a step at position 0
+    begins a new document; ids that jump are refused in one line."""
+    model = tiny_hf(("pow2_ce", "attention", "mamba2"), dtype=torch.float64)
+    docs = [prompts_of((2, 4), seed=1), prompts_of((1, 3, 2), seed=3)]  # the documents of each row
+    ids = torch.tensor([sum(docs[0], []), sum(docs[1], [])])
+    pos = torch.tensor([list(range(2)) + list(range(4)), [0] + list(range(3)) + list(range(2))])
+    with torch.no_grad():
+        out = model(ids, position_ids=pos, use_cache=True)
+        for b, row in enumerate(docs):
+            t0 = 0
+            for doc in row:
+                alone = model(torch.tensor([doc])).logits[0]
+                torch.testing.assert_close(out.logits[b, t0 : t0 + len(doc)], alone, rtol=1e-10, atol=1e-12)
+                t0 += len(doc)
+        nxt = torch.tensor([[7], [9]])
+        step = model(nxt, cache=out.cache, position_ids=torch.tensor([[4], [0]]), use_cache=True).logits[:, -1]
+        on = model(torch.tensor([docs[0][-1] + [7]])).logits[0, -1]
+        torch.testing.assert_close(step[0], on, rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(step[1], model(torch.tensor([[9]])).logits[0, -1], rtol=1e-10, atol=1e-12)
+        # behind left padding: the padded row's documents are still alone
+        mask = torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]])
+        padded = torch.tensor([[0, 0] + docs[0][0] + [3, 4], sum(docs[1], [])])
+        ppos = torch.tensor([[1, 1, 0, 1, 0, 1], pos[1].tolist()])
+        logits = model(padded, attention_mask=mask, position_ids=ppos).logits
+        torch.testing.assert_close(logits[0, 4:], model(torch.tensor([[3, 4]])).logits[0], rtol=1e-10, atol=1e-12)
+    with pytest.raises(InputError, match="count up by one"):
+        model(ids, position_ids=torch.tensor([[0, 1, 5, 6, 7, 8], pos[1].tolist()]))

@@ -16,6 +16,11 @@ Hugging Face calling convention:
   skip a position in the middle of a row. Later calls carry the mask transformers extends with
   ones; its length is checked, and its new columns when several come at once (a one-token step
   reads no mask value: no device sync per token).
+* Packed sequences. ``position_ids`` that restart at 0 inside a row (transformers' convention for
+  packing, as its data collators with flattening give) mark document starts: every document runs as
+  if alone (``MixerModel.forward(..., packing=...)``), and a decode step at position 0 begins a new
+  document in that row. Position ids that neither continue nor restart (a jump) are refused in one
+  line. The loss of a packed batch: labels should be -100 at each document's first token.
 * Decoding. The states live in a ``TokenmixCache`` (cache.py). A one-token call on a filled cache
   is ``MixerModel.step`` (recurrent mode), exactly what tokenmix's own ``generate`` runs, so
   ``model.generate`` gives tokenmix's tokens; a longer call continues in the default mode.
@@ -46,6 +51,7 @@ from transformers import GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
 
 from tokenmix.core.errors import InputError
+from tokenmix.core.packing import Packing
 from tokenmix.hf.cache import TokenmixCache
 from tokenmix.hf.configuration import TokenmixConfig
 from tokenmix.mixers.base import MixerState
@@ -99,6 +105,42 @@ def _check_later_mask(attention_mask: Tensor | None, seen: int, batch: int, leng
         )
 
 
+def document_starts(
+    position_ids: Tensor | None, first: Tensor, batch: int, length: int
+) -> tuple[Tensor | None, Packing | None]:
+    """transformers' packed-sequence convention -> tokenmix's: ``position_ids`` [B, T] that restart at 0
+    where a document begins (and count up by one inside it) -> (rows whose first column begins a
+    document [B] bool or None, the packing of the later columns or None).
+
+    ``first`` [B] long: the position each row's first column has when no document begins (the
+    continuation of what the cache has seen; negative for left padding, whose columns are not read).
+    Positions that simply continue (what ``generate`` passes) give (None, None)."""
+    if position_ids is None:
+        return None, None
+    pos = torch.as_tensor(position_ids)
+    if pos.dim() == 1:
+        pos = pos.expand(batch, -1)
+    if tuple(pos.shape) != (batch, length) or pos.dtype not in (torch.int32, torch.int64):
+        raise InputError(f"position_ids must be [batch, length] = {[batch, length]} integers, got {tuple(pos.shape)}")
+    pos = pos.to(first.device).long()
+    col = torch.arange(length, device=first.device)
+    expected = first[:, None] + col  # [B, T]: the positions without a new document
+    real = expected >= 0  # padding columns (at a padded prefill) are not read
+    begins = real & (pos == 0) & (expected != 0)
+    if not bool(begins.any()):
+        if bool((real & (pos != expected)).any()):
+            raise InputError("position_ids must count up by one from each document's 0 (packed sequences)")
+        return None, None
+    first_real = real & ~F.pad(real[:, :-1], (1, 0))  # a row's first column read
+    prev = torch.where(first_real, expected - 1, F.pad(pos[:, :-1], (1, 0)))  # the position before each column
+    if bool((real & (pos != 0) & (pos != prev + 1)).any()):
+        raise InputError("position_ids must count up by one from each document's 0 (packed sequences)")
+    reset = begins[:, 0] if bool(begins[:, 0].any()) else None
+    flags = begins.clone()
+    flags[:, 0] = False
+    return reset, (Packing.from_resets(flags) if bool(flags.any()) else None)
+
+
 def run_mixer_model(
     net: MixerModel,
     input_ids: Tensor | None,
@@ -106,6 +148,7 @@ def run_mixer_model(
     cache: TokenmixCache | None,
     use_cache: bool,
     head: bool = True,
+    position_ids: Tensor | None = None,
 ) -> tuple[Tensor, TokenmixCache | None]:
     """The one forward both classes share: ids [B, T] -> (logits [B, T, V], or with ``head=False``
     the final-norm hidden states [B, T, D] (``MixerModel.features``); the cache holding the new states).
@@ -113,7 +156,8 @@ def run_mixer_model(
     An empty cache (or none) means a prefill: padding from the mask, states from ``init_states``
     (none at all for an unpadded batch, as tokenmix's ``generate`` does, so the arithmetic is the
     same). A filled cache means a continuation from its states: one token per row runs the
-    recurrent step.
+    recurrent step. ``position_ids`` that restart at 0 mark packed documents (``document_starts``):
+    each runs as if alone, and a step whose position is 0 begins a new document in that row.
 
     Not in inference mode, though tokenmix's own loop is (docs/notes/design-measurements.md says what
     it saves): the logits and cache tensors go back to transformers, whose
@@ -130,15 +174,24 @@ def run_mixer_model(
         )
     b, t = input_ids.shape
     states: list[MixerState] | None
+    device = input_ids.device
     if cache is None or cache.states is None:
         seen, mode = 0, None
         start = left_padding(attention_mask, b, t)
         states = net.init_states(b, start=start) if start is not None else None
+        first = -start if start is not None else torch.zeros(b, dtype=torch.long, device=device)
     else:
         seen = cache.seen
         _check_later_mask(attention_mask, seen, b, t)
         states, mode = cache.states, ("recurrent" if t == 1 else None)
-    out, states = (net if head else net.features)(input_ids, states, mode)
+        state = next((s for s in states if s is not None), None)
+        position = state.position if state is not None else 0
+        first = position - (state.start if state is not None and state.start is not None else 0)
+        first = torch.as_tensor(first, dtype=torch.long, device=device).expand(b)
+    reset, packing = document_starts(position_ids, first, b, t)
+    if reset is not None:
+        states = net.reset_states(states, reset)
+    out, states = (net if head else net.features)(input_ids, states, mode, packing)
     if use_cache or cache is not None:
         cache = cache if cache is not None else TokenmixCache()
         cache.advance(states, t)
@@ -235,12 +288,15 @@ class TokenmixModel(TokenmixPreTrainedModel):
         inputs_embeds: Tensor | None = None,
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
+        position_ids: Tensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast | tuple:
         _refuse_unsupported(inputs_embeds, output_attentions, output_hidden_states)
         cache = cache if cache is not None else past_key_values
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        hidden, cache = run_mixer_model(self.net, input_ids, attention_mask, cache, use_cache, head=False)
+        hidden, cache = run_mixer_model(
+            self.net, input_ids, attention_mask, cache, use_cache, head=False, position_ids=position_ids
+        )
         out = BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache if use_cache else None)
         return out if (return_dict if return_dict is not None else self.config.return_dict) else out.to_tuple()
 
@@ -285,6 +341,7 @@ class TokenmixForCausalLM(TokenmixPreTrainedModel, GenerationMixin):
         output_attentions: bool | None = None,
         output_hidden_states: bool | None = None,
         num_items_in_batch: int | Tensor | None = None,
+        position_ids: Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast | tuple:
         """``cache`` is transformers 5's name for ``past_key_values`` (``generate`` passes ``cache``);
@@ -293,7 +350,9 @@ class TokenmixForCausalLM(TokenmixPreTrainedModel, GenerationMixin):
         _refuse_unsupported(inputs_embeds, output_attentions, output_hidden_states)
         cache = cache if cache is not None else past_key_values
         use_cache = self.config.use_cache if use_cache is None else use_cache
-        logits, cache = run_mixer_model(self.model.net, input_ids, attention_mask, cache, use_cache)
+        logits, cache = run_mixer_model(
+            self.model.net, input_ids, attention_mask, cache, use_cache, position_ids=position_ids
+        )
         loss = lm_loss(logits, labels, num_items_in_batch) if labels is not None else None
         out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
         return out if (return_dict if return_dict is not None else self.config.return_dict) else out.to_tuple()

@@ -313,11 +313,19 @@ class MixerModel(nn.Module):
     ) -> tuple[Tensor, list[MixerState]]:
         """Decode one token per sequence: idx_t [B] -> logits [B, vocab]; ``reset`` [B] bool: rows
         whose token begins a new document (every layer's state restarts fresh there)."""
-        if reset is not None and states is not None:
-            rows = check_reset(reset, idx_t.shape[0], idx_t.device)
-            states = [block.mixer.reset_rows(st, rows) for block, st in zip(self.blocks, states)]
+        if reset is not None:
+            states = self.reset_states(states, reset)
         logits, states = self.forward(idx_t.unsqueeze(1), states, mode="recurrent")
         return logits.squeeze(1), states
+
+    def reset_states(self, states: list[MixerState] | None, reset: Tensor) -> list[MixerState] | None:
+        """The layers' states in which rows ``reset`` ([B] bool) begin a new document: every layer's
+        state restarts fresh in those rows (``Mixer.reset_rows``)."""
+        if states is None:
+            return None
+        batch = next((s.batch_size for s in states if s is not None), len(reset))
+        rows = check_reset(reset, batch, next(self.parameters()).device)
+        return [block.mixer.reset_rows(st, rows) for block, st in zip(self.blocks, states)]
 
     def num_params(self, exclude_embedding: bool = False) -> int:
         n = sum(p.numel() for p in self.parameters())
