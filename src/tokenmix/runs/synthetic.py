@@ -66,6 +66,9 @@ class SyntheticTrainConfig:
     val_seed: int = 1_000_003
     test_seed: int = 2_000_003
     mode: str | None = None  # mixer mode used for training and evaluation (None = fast default)
+    # training rows of this many examples back to back, each a document of its own (core/packing.py):
+    # the same loss as one example per row, computed in fewer, longer rows (evaluation stays unpacked)
+    pack_examples: int = 1
     test_lengths: tuple[int, ...] = ()  # also test at these sequence lengths (the task's seq_len), e.g. 4x
     # the training length: extrapolation of models without a position code
 
@@ -76,7 +79,15 @@ class SyntheticTrainConfig:
                 raise InputError(f"train config: {name} must be a finite number, got {v!r}")
         if not 0.0 <= self.min_lr_ratio <= 1.0:
             raise InputError(f"train config: min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        for name in ("steps", "batch_size", "train_examples", "val_examples", "test_examples", "eval_every"):
+        for name in (
+            "steps",
+            "batch_size",
+            "train_examples",
+            "val_examples",
+            "test_examples",
+            "eval_every",
+            "pack_examples",
+        ):
             v = getattr(self, name)
             if not isinstance(v, int) or v <= 0:
                 raise InputError(f"train config: {name} must be a positive integer, got {v!r}")
@@ -98,6 +109,10 @@ class SyntheticTrainConfig:
             raise InputError(f"train config: test_lengths must be positive integers, got {self.test_lengths!r}")
         if self.val_seed == self.test_seed:
             raise InputError("train config: val_seed and test_seed must differ (held-out test set)")
+        if self.batch_size % self.pack_examples:
+            raise InputError(
+                f"train config: batch_size {self.batch_size} is not a multiple of pack_examples {self.pack_examples}"
+            )
 
 
 @dataclass(frozen=True)
@@ -173,6 +188,8 @@ class SyntheticRunConfig:
         for name in LEARNING_BUDGET_FIELDS:  # likewise for runs without a budget by learning
             if train[name] == 0:
                 del train[name]
+        if train["pack_examples"] == 1:
+            del train["pack_examples"]  # and for unpacked runs
         return {
             "label": self.label,
             "task": self.task,

@@ -39,6 +39,7 @@ from torch import Tensor
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_json, atomic_write_text, prepare_output_dir
 from tokenmix.core.lock import folder_lock
+from tokenmix.core.packing import Packing
 from tokenmix.core.processes import die_with_parent
 from tokenmix.core.progress import Progress
 from tokenmix.models import MixerModel
@@ -61,14 +62,22 @@ def dataset(task: TaskConfig, num_examples: int, seed: int) -> TaskData:
     return _dataset(json.dumps(task.to_dict(), sort_keys=True), num_examples, seed)
 
 
-def answer_logits(model: MixerModel, inputs: Tensor, labels: Tensor, mode: str | None = None) -> tuple[Tensor, Tensor]:
+def answer_logits(
+    model: MixerModel, inputs: Tensor, labels: Tensor, mode: str | None = None, pack: int = 1
+) -> tuple[Tensor, Tensor]:
     """(logits [M, V] at the M answer positions of the batch, their mask [N, T] bool).
 
     The head runs on the answer positions only (``MixerModel.features``): the loss and accuracy
     read nothing else, and with a large vocabulary (MQAR's 8192) a full [N, T, V] head would cost
-    more than the mixers. The same numbers as slicing the full logits.
+    more than the mixers. The same numbers as slicing the full logits. ``pack`` > 1: the examples
+    run ``pack`` to a row, each a document of its own (the same answers, in the same order).
     """
-    h, _ = model.features(inputs, mode=mode)
+    packing = None
+    if pack > 1:
+        n, t = inputs.shape
+        inputs, labels = inputs.reshape(n // pack, pack * t), labels.reshape(n // pack, pack * t)
+        packing = Packing.from_lengths([[t] * pack] * (n // pack))
+    h, _ = model.features(inputs, mode=mode, packing=packing)
     answered = labels != IGNORE_INDEX
     return model.head(h[answered]), answered
 
@@ -188,8 +197,10 @@ def steps_to_fraction(curve: Sequence[dict[str, float]], final: float, fraction:
 def train_step(model: MixerModel, opt: torch.optim.Optimizer, x: Tensor, y: Tensor, tc: SyntheticTrainConfig) -> Tensor:
     """One optimiser step on a batch (inputs x, labels y [B, T]): the loss over the answer positions,
     backward, gradient clipping, the update; returns the loss (not yet synchronised)."""
-    logits, answered = answer_logits(model, x, y, tc.mode)
-    loss = F.cross_entropy(logits, y[answered])  # the mean over answer positions, as ignore_index gives
+    logits, answered = answer_logits(model, x, y, tc.mode, tc.pack_examples)
+    loss = F.cross_entropy(
+        logits, y.reshape(answered.shape)[answered]
+    )  # the mean over answer positions, as ignore_index gives
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if tc.grad_clip > 0:
