@@ -365,7 +365,7 @@ def test_list_json_gives_every_mixer_with_its_config_fields(capsys):
 
 def test_every_mixers_option_takes_one_syntax(tmp_path, capsys, monkeypatch):
     from tokenmix.cli import compare_cmd
-    from tokenmix.cli.options import mixer_list
+    from tokenmix.cli.validate import mixer_list
     from tokenmix.mixers.registry import mixer_names
 
     assert mixer_list(" pow2, attention ,pow2") == ["pow2", "attention"]

@@ -68,20 +68,23 @@ from typing import Any, Callable, Sequence
 
 from matplotlib.colors import LogNorm
 
-from tokenmix.analysis.expressivity import GRAPH_PATH_LIMIT, UNREACHABLE, CommunicationGraph, pattern_metrics
+from tokenmix.analysis.defaults import (
+    DEFAULT_BASES,
+    DEFAULT_MIX_BASES,
+    DEFAULT_MIX_WINDOWS,
+    DEFAULT_POWERS,
+    DEFAULT_WINDOWS,
+    FAMILIES,
+    GRAPH_PATH_LIMIT,
+)
+from tokenmix.analysis.expressivity import UNREACHABLE, CommunicationGraph, pattern_metrics
 from tokenmix.analysis.labels import label_points
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_text
 from tokenmix.patterns import Lattice, Pattern, TranslationInvariant, get_pattern
 
-FAMILIES = ("geom", "poly", "mix")
 NAMED = ("pow2", "sq1", "pow2_ce", "sq1_ce", "fenwick", "first_order")  # then window:M, then dense
-DEFAULT_BASES = tuple(Fraction(6 + i, 4) for i in range(11))  # 1.5, 1.75, ..., 4
-DEFAULT_POWERS = (2, 3, 4)
-DEFAULT_MIX_WINDOWS = (2, 4, 8)
-DEFAULT_MIX_BASES = (Fraction(2), Fraction(3))
-DEFAULT_WINDOWS = (4, 16, 64)
 # Sizes: the lattice graphs are n^2 / 8 bytes of bitsets a candidate and the gap DP of dense n^2 steps,
 # so beyond 16384 a design run stops being interactive (docs/notes/design-measurements.md). The candidate
 # count and the denominators of rational bases keep the space and the

@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from tokenmix.analysis import matrices
+from tokenmix.analysis.defaults import DEFAULT_TABLE_N, GRAPH_PATH_LIMIT, OPERATOR_GRAPH_LIMIT
 from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator
@@ -50,12 +51,9 @@ from tokenmix.mixers.registry import build_mixer, get_mixer_spec
 from tokenmix.patterns import Pattern, TranslationInvariant, get_pattern, pattern_report
 from tokenmix.patterns.graph import UNREACHABLE, distance_matrix
 
-OPERATOR_GRAPH_LIMIT = 1024  # materialised-operator graphs: O(n^2) memory, up to O(n^3) time
-GRAPH_PATH_LIMIT = 8192  # pattern graphs that are not translation-invariant (lattice, Fenwick)
 CROSSCHECK_LIMIT = 1024  # the gap DP is checked against the graph distances up to this n
 GRAPH_CHECK_BUDGET = 3e8  # n^2 x levels of the graph BFS used for the cross-check
 GAP_DP_BUDGET = 4e8  # n x levels of the gap DP (dense patterns grow as n^2)
-DEFAULT_TABLE_N = (256, 512, 1024, 2048, 4096, 8192)
 
 
 # ----------------------------------------------------------------------------- translation-invariant

@@ -29,19 +29,18 @@ import json
 import platform
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from tokenmix.bench.settings import DEFAULT_MIXERS, LMBenchConfig
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_text
 from tokenmix.mixers.registry import mixer_names
 from tokenmix.models import MixerModel, ModelConfig
 
-DEFAULT_MIXERS = ("attention", "pow2", "mamba2")
 TRAIN_TARGET_AT_LONG = 3.0  # train tokens/s vs attention at the long context (the project's target)
 DECODE_TARGET_AT_LONG = 5.0  # decode speed-up per token vs attention at the long context
 WITHIN_AT_SHORT = 1.5  # at the short context: within this factor of attention
@@ -52,25 +51,6 @@ MAX_D_MODEL = 4096  # size_model searches widths up to this
 LOGIT_BYTES_PER_TOKEN_AND_VOCAB = 16
 ACTIVATION_BYTES_PER_TOKEN_AND_WIDTH = 4 * 48
 TRAIN_BYTES_PER_PARAM = 16
-
-
-@dataclass(frozen=True)
-class LMBenchConfig:
-    """Settings of ``tokenmix bench lm`` (the CLI's flags, one field each)."""
-
-    mixers: str = ",".join(DEFAULT_MIXERS)  # comma list; unregistered defaults are skipped; 'all' = every mixer
-    contexts: tuple[int, ...] = (512, 4096)
-    layers: int = 2  # layers of the one mixer per model
-    n_heads: int = 4
-    target_params: int = 1_000_000  # non-embedding parameters every model is sized to
-    vocab_size: int = 512  # small: embedding and head cost the same for every mixer and would dilute
-    batch_tokens: int = 8192  # tokens per training step
-    train_steps: int = 5  # timed training steps (the median is reported)
-    decode_tokens: int = 32  # timed decode steps at the end of the context (the median is reported)
-    decode_block: int = 8  # decode tokens a mixer runs back to back before the next mixer's turn
-    threads: int = 0  # torch threads (0 = default)
-    seed: int = 0
-    out: str | None = None  # also write the JSON here
 
 
 def _layers_config(mixer: str, d_model: int, args: LMBenchConfig) -> ModelConfig:

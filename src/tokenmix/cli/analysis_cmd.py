@@ -1,4 +1,5 @@
-"""tokenmix analyze matrix|cost|expressivity|norms ...   and   tokenmix report RUN_DIR_OR_PRESET
+"""tokenmix analyze matrix|cost|expressivity|norms ...   and   tokenmix report RUN_DIR_OR_PRESET: the
+handlers (their arguments: ``analysis_args.py``).
 
 Each analysis writes JSON, a Markdown table and figures into an output folder (default
 runs/analyze-<what>-<time>), prints the table (or JSON with --json) and the folder.
@@ -21,7 +22,7 @@ from tokenmix.analysis.outputs import check_formats, check_out_dir, json_text, p
 from tokenmix.analysis.report import check_run_dir
 from tokenmix.analysis.run_inputs import text_layer_input
 from tokenmix.cli.limits import check_size
-from tokenmix.cli.options import add_mixers_option, mixer_list
+from tokenmix.cli.validate import mixer_list
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
 from tokenmix.patterns import get_pattern
@@ -92,135 +93,6 @@ def _head_list(text: str | None) -> list[int] | None:
     if not heads:
         raise InputError("--show-heads is empty; give comma-separated head indices such as 0,1")
     return heads
-
-
-def _common(p, default_formats: str = "png,svg") -> None:
-    p.add_argument("--out", default=None, help="output folder (default runs/analyze-<what>-<time>)")
-    p.add_argument("--formats", default=default_formats, help="figure formats, comma-separated: png, svg")
-    p.add_argument("--json", action="store_true", help="print the results as JSON instead of a table")
-    p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-
-
-def register(sub) -> None:
-    an = sub.add_parser("analyze", help="mixing matrices, cost/cache accounting, expressivity metrics, operator norms")
-    asub = an.add_subparsers(dest="analysis", required=True)
-
-    p = asub.add_parser("matrix", help="heatmaps of A, B, M per head, B-dependency graph, decay profile")
-    p.add_argument("--mixer", help="registered mixer name (random input); or use --run with --text")
-    p.add_argument("--n", type=int, default=64, help="sequence length of the random input")
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--heads", type=int, default=2, help="number of heads of the mixer")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--position", type=int, default=None, help="position of the dependency graph (default: last)")
-    p.add_argument("--show-heads", default=None, help="heads to draw, comma-separated (default: first 4)")
-    p.add_argument("--channel", type=int, default=0, help="state channel g drawn for A/B when there is a G axis")
-    p.add_argument("--run", default=None, help="trained run directory: analyse a layer on --text")
-    p.add_argument("--text", default=None, help="text fed through the trained run")
-    p.add_argument("--layer", type=int, default=0, help="layer of the trained run")
-    _common(p)
-    p.set_defaults(func=run_matrix)
-
-    p = asub.add_parser("cost", help="derived vs measured decode cache and training time, flagged table")
-    add_mixers_option(p, "all")
-    p.add_argument("--cache-n", type=int, nargs="+", default=[16, 64, 256], help="decode lengths for the cache")
-    p.add_argument(
-        "--time-n",
-        type=int,
-        nargs="*",
-        default=[1024, 2048, 4096, 8192, 16384],
-        help="sequence lengths timed (forward + backward); none to skip timing",
-    )
-    p.add_argument("--d-model", type=int, default=256, help="model width of the timed mixers")
-    p.add_argument("--heads", type=int, default=4, help="heads (head dim = d_model / heads)")
-    p.add_argument("--batch", type=int, default=1, help="batch size of the timed forward+backward")
-    p.add_argument(
-        "--repeats", type=int, default=3, help="timed repeats per n at least (the fastest counts), after one warm-up"
-    )
-    p.add_argument(
-        "--min-time",
-        type=float,
-        default=2.0,
-        help="repeat a length (up to 25 times) until its timed calls add up to this many seconds",
-    )
-    p.add_argument(
-        "--time-budget",
-        type=float,
-        default=60.0,
-        help="seconds (on --clock) one forward+backward may take, predicted from the previous n via "
-        "the derived FLOPs; longer lengths are skipped and listed",
-    )
-    p.add_argument(
-        "--decode-budget",
-        type=float,
-        default=30.0,
-        help="seconds one n-token decode may take (predicted likewise); longer ones are skipped",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads for the timing (with --clock cpu, more threads also count their spin-waits)",
-    )
-    # validated in run_cost rather than by argparse choices: bad input prints one line
-    p.add_argument(
-        "--clock",
-        default="cpu",
-        help="cpu: process CPU time (user + system; steady on a shared machine), user: its user part, wall: wall time",
-    )
-    p.add_argument(
-        "--return-memory",
-        action="store_true",
-        help="time with the allocator's defaults (large buffers returned to the OS on free and "
-        "faulted in again on the next call) instead of keeping freed memory in the process",
-    )
-    p.add_argument("--seed", type=int, default=0)
-    _common(p, "png")
-    p.set_defaults(func=run_cost)
-
-    p = asub.add_parser("expressivity", help="shortest path, congestion, reach: the §4.2–4.3 table from code")
-    p.add_argument(
-        "--patterns",
-        default=None,
-        help="pattern specs, comma-separated (default: the paper's rows); 'none' for no pattern row",
-    )
-    add_mixers_option(p, "attention,local_attention", allow_none=True)
-    p.add_argument("--n", type=int, nargs="+", default=[256, 512, 1024, 2048, 4096, 8192])
-    p.add_argument("--offset", type=int, default=None, help="copy offset L (default n/2)")
-    p.add_argument("--layers", type=int, default=4, help="stacked layers for the reach")
-    p.add_argument(
-        "--path-limit",
-        type=int,
-        default=None,
-        help=f"largest n for graph distances of lattice/Fenwick (default {ex.GRAPH_PATH_LIMIT})",
-    )
-    p.add_argument(
-        "--operator-limit",
-        type=int,
-        default=None,
-        help=f"largest n for materialised-operator graphs (default {ex.OPERATOR_GRAPH_LIMIT})",
-    )
-    _common(p, "png")
-    p.set_defaults(func=run_expressivity_cmd)
-
-    p = asub.add_parser("norms", help="spectral norms of M and (I - B)^-1: Gram iteration vs SVD vs power iteration")
-    add_mixers_option(p, "all")
-    p.add_argument("--n", type=int, default=128)
-    p.add_argument("--gram-iters", type=int, default=10)
-    p.add_argument("--d-model", type=int, default=64)
-    p.add_argument("--heads", type=int, default=2)
-    p.add_argument("--seed", type=int, default=0)
-    _common(p, "png")
-    p.set_defaults(func=run_norms_cmd)
-
-    p = sub.add_parser("report", help="one self-contained HTML page + Markdown from a run directory or a preset")
-    p.add_argument(
-        "source",
-        metavar="RUN_DIR_OR_PRESET",
-        help="a run directory, or an analysis preset: " + ", ".join(pr.name for pr in presets("analysis")),
-    )
-    p.add_argument("--out", default=None, help="report folder (default <run dir>/report)")
-    p.add_argument("--quiet", action="store_true")
-    p.set_defaults(func=run_report)
 
 
 @contextmanager

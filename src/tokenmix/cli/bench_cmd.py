@@ -1,5 +1,5 @@
-"""tokenmix bench solver|decode|mixers|lm -- JSON on stdout (progress on stderr); tokenmix bench hf -- a
-table on stdout (``--out`` also writes the JSON)."""
+"""tokenmix bench solver|decode|mixers|lm|step -- JSON on stdout (progress on stderr); tokenmix bench hf -- a
+table on stdout (``--out`` also writes the JSON). The handlers (their arguments: ``bench_args.py``)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,10 @@ import sys
 from pathlib import Path
 
 from tokenmix.bench import decode, mixers, solver
-from tokenmix.bench.lm import LMBenchConfig
 from tokenmix.bench.lm import run as run_lm_bench
+from tokenmix.bench.settings import LMBenchConfig
 from tokenmix.cli.limits import check_size, fmt_bytes, memory_budget
-from tokenmix.cli.options import add_mixers_option, mixer_list
+from tokenmix.cli.validate import mixer_list
 from tokenmix.core.errors import InputError, MissingDependency
 from tokenmix.core.files import atomic_write_text
 from tokenmix.mixers.registry import get_mixer_spec
@@ -36,97 +36,7 @@ def _progress(r: dict) -> None:
     )
 
 
-def register(sub) -> None:
-    p = sub.add_parser("bench", help="benchmarks (JSON output)")
-    bsub = p.add_subparsers(dest="bench", required=True)
-    s = bsub.add_parser("solver", help="dense vs chunked fwd+bwd time and peak memory per pattern, SDPA baseline")
-    s.add_argument("--n", type=int, nargs="+", default=None, help="sequence lengths (default 1024 4096 16384)")
-    s.add_argument("--patterns", nargs="+", default=None, help="structured mixer names")
-    s.set_defaults(func=_run_solver)
-    d = bsub.add_parser("decode", help="per-token decode latency and cached positions, KV-attention baseline")
-    d.add_argument("--n", type=int, nargs="+", default=None)
-    add_mixers_option(d, "mamba2, the structured mixers and attention")
-    d.set_defaults(func=_run_decode)
-    m = bsub.add_parser("mixers", help="fwd+bwd time of every registered mixer vs SDPA, with achieved GFLOP/s")
-    m.add_argument("--n", type=int, nargs="+", default=None, help="sequence lengths (default 512 2048 8192)")
-    add_mixers_option(m, "every registered mixer")
-    m.add_argument(
-        "--busy", type=int, default=0, help="single-threaded matmul loops kept running during the run (contention test)"
-    )
-    m.set_defaults(func=_run_mixers)
-    lm = bsub.add_parser("lm", help="LM training and decode tokens/s per mixer at equal parameter count")
-    d = LMBenchConfig()
-    add_mixers_option(lm, f"{d.mixers}, those registered")
-    lm.add_argument("--contexts", type=int, nargs="+", default=list(d.contexts))
-    lm.add_argument("--layers", type=int, default=d.layers, help="layers of the one mixer per model")
-    lm.add_argument("--n-heads", type=int, default=d.n_heads)
-    lm.add_argument(
-        "--target-params", type=int, default=d.target_params, help="non-embedding parameters every model is sized to"
-    )
-    lm.add_argument(
-        "--vocab-size",
-        type=int,
-        default=d.vocab_size,
-        help="small by default: the embedding and head cost the same for every mixer and "
-        "would only dilute the differences between mixers",
-    )
-    lm.add_argument("--batch-tokens", type=int, default=d.batch_tokens, help="tokens per training step")
-    lm.add_argument(
-        "--train-steps", type=int, default=d.train_steps, help="timed training steps (the median is reported)"
-    )
-    lm.add_argument(
-        "--decode-tokens",
-        type=int,
-        default=d.decode_tokens,
-        help="timed decode steps at the end of the context (the median is reported)",
-    )
-    lm.add_argument(
-        "--decode-block",
-        type=int,
-        default=d.decode_block,
-        help="decode tokens a mixer runs back to back before the next mixer's turn",
-    )
-    lm.add_argument("--threads", type=int, default=d.threads, help="torch threads (0 = default)")
-    lm.add_argument("--seed", type=int, default=d.seed)
-    lm.add_argument("--out", default=None, help="also write the JSON here")
-    lm.set_defaults(func=_run_lm)
-    st = bsub.add_parser(
-        "step",
-        help="CPU ms per training step of a compare preset's runs, under the CLI's "
-        "settings and in a plain python process (~1 min at the defaults)",
-    )
-    st.add_argument(
-        "--preset", default="frontier", help="compare preset whose run configs are timed (default frontier)"
-    )
-    add_mixers_option(st, "attention, mamba2, pow2, sq1_ce")
-    st.add_argument("--steps", type=int, default=20, help="timed steps per block")
-    st.add_argument("--repeats", type=int, default=3, help="timed blocks (the best is reported)")
-    st.add_argument(
-        "--busy", type=int, default=0, help="single-threaded matmul loops kept running during the run (contention test)"
-    )
-    st.add_argument(
-        "--environments",
-        default="cli,python",
-        help="cli (the compare worker's settings), python (a plain process), or both",
-    )
-    st.set_defaults(func=_run_step)
-    hf = bsub.add_parser(
-        "hf", help="decode ms/token through transformers' generate() vs tokenmix's own loop (needs tokenmix[hf])"
-    )
-    add_mixers_option(hf, "attention,pow2_ce,mamba2")
-    hf.add_argument("--layers", type=int, default=4)
-    hf.add_argument("--d-model", type=int, default=256)
-    hf.add_argument("--n-heads", type=int, default=4)
-    hf.add_argument("--prompt", type=int, default=64, help="prompt tokens")
-    hf.add_argument("--new-tokens", type=int, default=128)
-    hf.add_argument("--warmup", type=int, default=8, help="decode steps not timed")
-    hf.add_argument("--repeats", type=int, default=3, help="runs of each loop, alternating (median)")
-    hf.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
-    hf.add_argument("--out", default=None, help="also write the JSON here")
-    hf.set_defaults(func=_run_hf)
-
-
-def _run_step(args) -> int:
+def run_step(args) -> int:
     names = mixer_list(args.mixers, default=["attention", "mamba2", "pow2", "sq1_ce"])
     envs = [e.strip() for e in args.environments.split(",") if e.strip()]
     bad = [e for e in envs if e not in step_bench.ENVIRONMENTS]
@@ -175,12 +85,12 @@ def lm_bench_config(args) -> LMBenchConfig:
     )
 
 
-def _run_lm(args) -> int:
+def run_lm(args) -> int:
     print(json.dumps(run_lm_bench(lm_bench_config(args), available_memory=memory_budget()), indent=2))
     return 0
 
 
-def _run_hf(args) -> int:
+def run_hf(args) -> int:
     # transformers is an optional dependency (the ``hf`` extra) and takes seconds to import, so the
     # benchmark is imported when it runs -- not on every tokenmix command, and not to dodge a cycle.
     try:
@@ -258,7 +168,7 @@ def _check_mixers(names, flag: str, modes: tuple[str, ...] = ()) -> None:
             )
 
 
-def _run_solver(args) -> int:
+def run_solver(args) -> int:
     _check_mixers(args.patterns, "--patterns", SOLVER_MODES)
     _check_sizes(
         args.n,
@@ -272,7 +182,7 @@ def _run_solver(args) -> int:
     return 0
 
 
-def _run_decode(args) -> int:
+def run_decode(args) -> int:
     args.mixers = None if args.mixers is None else mixer_list(args.mixers)  # None: the benchmark's own list
     _check_sizes(
         args.n,
@@ -283,7 +193,7 @@ def _run_decode(args) -> int:
     return 0
 
 
-def _run_mixers(args) -> int:
+def run_mixers(args) -> int:
     if not 0 <= args.busy <= 64:
         raise InputError(f"--busy must be in 0..64, got {args.busy}")
     args.mixers = None if args.mixers is None else mixer_list(args.mixers)  # None: every registered mixer

@@ -1,5 +1,6 @@
 """tokenmix compare [--preset NAME|FILE.py] [--mixers NAME,NAME...] [--out DIR] [--workers N] [--list-presets]
-and tokenmix presets [--kind compare|lm|analysis]: parse, call ``study.compare.run_compare``, print."""
+and tokenmix presets [--kind compare|lm|analysis]: call ``study.compare.run_compare``, print (the
+arguments: ``compare_args.py``)."""
 
 from __future__ import annotations
 
@@ -11,51 +12,10 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from tokenmix.cli.options import add_mixers_option, mixer_list
+from tokenmix.cli.validate import check_choice, mixer_list
 from tokenmix.study.compare import CompareRequest, run_compare
 from tokenmix.study.presets import KINDS, presets
 from tokenmix.study.table import RISING, RISING_NOTE
-
-
-def register(sub) -> None:
-    p = sub.add_parser(
-        "compare",
-        help="train each mixer structure on the synthetic tasks and print the "
-        "cost / cache / shortest path / accuracy table",
-    )
-    p.add_argument(
-        "--preset",
-        default="quick",
-        help="a compare preset (`tokenmix presets --kind compare` lists them; default quick, "
-        "≤ 10 min on 2 CPU cores) or a path to a preset .py file",
-    )
-    p.add_argument("--list-presets", action="store_true", help="list the compare presets and exit")
-    add_mixers_option(p, "none", allow_none=True, prefix="extra rows: ")
-    p.add_argument(
-        "--out",
-        default=None,
-        help="run directory (default runs/compare-<preset>); rerunning with the same directory skips finished runs",
-    )
-    p.add_argument(
-        "--workers",
-        type=int,
-        default=None,
-        help="parallel worker processes (default: 2 if the machine has 2+ cores, else 1)",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads per worker (default 1: the models are small, one thread per process is fastest)",
-    )
-    p.add_argument("--device", default="cpu", help="torch device for training, e.g. cuda (default cpu)")
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
-    p.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
-    p.set_defaults(func=run)
-
-    lp = sub.add_parser("presets", help="every preset (compare, lm, analysis) with one line each")
-    lp.add_argument("--kind", choices=KINDS, default=None, help="only presets of this kind")
-    lp.set_defaults(func=run_list)
 
 
 def _rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
@@ -68,6 +28,7 @@ def _rich_table(title: str, header: list[str], rows: list[list[str]]) -> Table:
 
 
 def run_list(args) -> int:
+    check_choice("--kind", args.kind, KINDS)
     console = Console() if sys.stdout.isatty() else Console(width=200)
     rows = [[p.kind, p.name, p.summary] for p in presets(args.kind)]
     console.print(_rich_table("tokenmix presets", ["kind", "name", "what it runs"], rows))

@@ -18,12 +18,6 @@ DEMO_PATTERNS = ("first_order", "window:4", "pow2", "pow2_ce", "sq1", "sq1_ce", 
 PATH_LIMIT = 2048
 
 
-def register(sub) -> None:
-    p = sub.add_parser("demo", help="short built-in demo of the core engine (patterns, modes, decode)")
-    p.add_argument("--n", type=int, default=512, help="sequence length of the demo")
-    p.set_defaults(func=run)
-
-
 def run(args) -> int:
     if args.n < 2:
         raise InputError(f"--n must be >= 2, got {args.n}")

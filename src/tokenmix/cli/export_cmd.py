@@ -5,16 +5,6 @@ from __future__ import annotations
 from tokenmix.core.errors import MissingDependency
 
 
-def register(sub) -> None:
-    p = sub.add_parser(
-        "export",
-        help="write an LM run as a Hugging Face model folder (AutoModelForCausalLM, AutoTokenizer; needs tokenmix[hf])",
-    )
-    p.add_argument("--run", required=True, help="run folder written by 'tokenmix train lm'")
-    p.add_argument("--hf", required=True, metavar="OUT", help="new (or empty) folder to write")
-    p.set_defaults(func=run_export)
-
-
 def run_export(args) -> int:
     # transformers is an optional dependency (the ``hf`` extra) and takes seconds to import, so it is
     # imported here, when the command runs -- not on every tokenmix command, and not to dodge a cycle.

@@ -1,4 +1,4 @@
-"""Language-modelling commands:
+"""Language-modelling commands, the handlers (their arguments: ``lm_args.py``):
 
     tokenmix data prepare --corpus NAME [--vocab-size N] [--out DIR]
     tokenmix train lm [--corpus NAME] [--preset default|small|tiny] [--config FILE] [--layers L] [--out DIR]
@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from tokenmix.analysis.run_inputs import check_run_config, check_text
+from tokenmix.cli.validate import check_choice
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import check_output_dir
 from tokenmix.data.prepare import prepare_data
@@ -42,153 +43,10 @@ from tokenmix.runs.lm import (
     read_run_config,
     resolve_device,
 )
-from tokenmix.study.presets import presets
 from tokenmix.study.presets.lm import build_run_config
 from tokenmix.training.lm import RESUME_KEYS, check_init_from, evaluate_run, train_lm
 
 
-def register(sub) -> None:
-    # ---- tokenmix data prepare
-    p_data = sub.add_parser("data", help="prepare text corpora for language modelling")
-    data_sub = p_data.add_subparsers(dest="data_command", required=True)
-    p = data_sub.add_parser("prepare", help="split a corpus by document, train a BPE tokenizer, write token arrays")
-    p.add_argument(
-        "--corpus",
-        default="excerpt",
-        help="excerpt | shakespeare | kjv | pydocs | PATH (a text, JSONL, JSON, Parquet or CSV file, or a folder)",
-    )
-    p.add_argument(
-        "--text-field",
-        default=None,
-        metavar="NAME",
-        help='column holding the text in JSONL/JSON/Parquet/CSV records (default: data.text_field, "text")',
-    )
-    p.add_argument(
-        "--install-missing",
-        action="store_true",
-        help="run apt-get to install a missing Debian package (kjv: bible-kjv, pydocs: python3-doc)",
-    )
-    p.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (default: data.vocab_size)")
-    p.add_argument("--out", default=None, help="directory for the prepared data (default: a cache entry)")
-    p.add_argument("--set", nargs="*", default=[], metavar="data.KEY=VALUE", help="data config overrides")
-    p.add_argument("--json", action="store_true", help="print the summary as JSON")
-    p.set_defaults(func=run_data_prepare)
-
-    # ---- tokenmix train lm
-    p_train = sub.add_parser("train", help="train models")
-    train_sub = p_train.add_subparsers(dest="train_command", required=True)
-    add_train_lm_parser(train_sub)
-
-    # ---- tokenmix generate
-    p = sub.add_parser("generate", help="generate text from a trained LM run (prefill + per-mixer decode cache)")
-    p.add_argument("--run", required=True, help="run directory written by `tokenmix train lm`")
-    p.add_argument(
-        "--prompt",
-        action="append",
-        default=None,
-        help="prompt text (repeat for a batch; prompts of different lengths are grouped exactly)",
-    )
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=0, help="0 = no top-k filter")
-    p.add_argument("--top-p", type=float, default=1.0, help="nucleus size; 1 = no filter")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--max-context",
-        type=int,
-        default=None,
-        help="longest prompt + continuation in tokens (default: the training context train.seq_len)",
-    )
-    p.add_argument("--json", action="store_true", help="print the generations as JSON instead of streaming")
-    p.add_argument(
-        "--device",
-        default="cpu",
-        choices=DEVICES,
-        help="where the model runs (default cpu; auto = cuda when available)",
-    )
-    p.set_defaults(func=run_generate)
-
-    # ---- tokenmix eval
-    p = sub.add_parser("eval", help="perplexity and per-position loss of a trained LM run")
-    p.add_argument("--run", required=True, help="run directory written by `tokenmix train lm`")
-    p.add_argument(
-        "--split", default=None, choices=["train", "val", "test"], help="a split of the run's data (default test)"
-    )
-    p.add_argument(
-        "--text",
-        default=None,
-        metavar="FILE",
-        help="score this text file (or folder) instead of a split, tokenized with the run's tokenizer",
-    )
-    p.add_argument(
-        "--context",
-        type=int,
-        default=None,
-        metavar="N",
-        help="window length in tokens (default: the training length train.seq_len); longer measures "
-        "length extrapolation (refused past learned positions)",
-    )
-    p.add_argument(
-        "--device",
-        default="cpu",
-        choices=DEVICES,
-        help="where the model runs (default cpu; auto = cuda when available)",
-    )
-    p.add_argument("--max-windows", type=int, default=0, help="evaluate only N windows, spread evenly (0 = all)")
-    p.add_argument("--json", action="store_true", help="print the result (with the full per-position loss) as JSON")
-    p.set_defaults(func=run_eval)
-
-
-def add_train_lm_parser(train_sub) -> None:
-    """``tokenmix train lm``; separate so that another ``train`` front end can host it."""
-    p = train_sub.add_parser("lm", help="train a language model on real text")
-    p.add_argument("--corpus", default=None, help="excerpt (default) | shakespeare | kjv | pydocs | PATH")
-    p.add_argument(
-        "--preset",
-        default=None,
-        help="an lm preset: " + " | ".join(pr.name for pr in presets("lm")) + " (`tokenmix presets`; default: default)",
-    )
-    p.add_argument(
-        "--config",
-        default=None,
-        metavar="FILE",
-        help="a JSON config in the shape of a run's config.json; fields it leaves out keep the preset's "
-        "values, --corpus/--layers/--set apply on top",
-    )
-    p.add_argument(
-        "--layers", default=None, help='layer pattern, e.g. "pow2,pow2,attention,pow2" or "pow2*3,attention"'
-    )
-    p.add_argument("--out", default=None, help="run directory (default: runs/lm-<corpus>-<time>)")
-    p.add_argument(
-        "--resume",
-        default=None,
-        metavar="RUN_DIR",
-        help="continue the run in RUN_DIR from its last checkpoint (takes only --set train.max_steps=N, "
-        "to extend its schedule)",
-    )
-    p.add_argument(
-        "--init-from",
-        default=None,
-        metavar="RUN_DIR",
-        help="start a new run from the weights of RUN_DIR's newest valid checkpoint (same model "
-        "settings; the optimizer and schedule start fresh)",
-    )
-    p.add_argument(
-        "--print-config", action="store_true", help="print the resolved config as JSON and exit without training"
-    )
-    p.add_argument(
-        "--set",
-        nargs="*",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="config overrides, e.g. train.lr=3e-4 model.d_model=256 train.parallel=fsdp",
-    )
-    p.add_argument("--quiet", action="store_true", help="print nothing but errors")
-    p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
-    p.set_defaults(func=run_train_lm)
-
-
-# ------------------------------------------------------------------------------------------ handlers
 def run_data_prepare(args) -> int:
     if args.vocab_size is not None:
         check_vocab_size(args.vocab_size, "--vocab-size")
@@ -297,6 +155,7 @@ def run_train_lm(args) -> int:
 
 
 def run_eval(args) -> int:
+    check_choice("--device", args.device, DEVICES)
     if args.max_windows < 0:
         raise InputError(f"--max-windows must be >= 0, got {args.max_windows}")
     if args.text is not None and args.split is not None:
@@ -337,6 +196,7 @@ def run_eval(args) -> int:
 
 
 def run_generate(args) -> int:
+    check_choice("--device", args.device, DEVICES)
     # the sampling settings and prompts are checked before the run is loaded
     SamplingConfig(
         max_new_tokens=args.max_new_tokens,

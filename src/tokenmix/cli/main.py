@@ -1,6 +1,12 @@
-"""``tokenmix`` command line: parsing only. Each subcommand lives in its own module of this package
-with ``register(subparsers)`` (adds its parser and sets ``func``) and does its work by calling the
-library.
+"""``tokenmix`` command line: parsing only, and fast to start.
+
+The parser is built from light modules, ``<group>_args.py`` (each a ``register(subparsers)`` adding its
+parsers), which import no torch, numpy or matplotlib and no registry: ``tokenmix --help`` and every
+``tokenmix <command> --help`` answer in a fraction of a second. Each parser names its handler as
+``"<module>:<function>"`` of this package (``set_defaults(handler=...)``, mostly ``<group>_cmd.py``);
+the handler's module, and with it torch and the library, is imported only once a command is
+dispatched. Values argparse would need a registry to check (mixer and preset names, devices) are
+checked by the handler (``validate.py``), with the same one line and exit status 2.
 
 Errors: bad input raises ``tokenmix.core.errors.InputError`` (or a subclass) somewhere in the
 library; it ends here as one line on stderr and exit status 2. A command line argparse cannot parse
@@ -15,39 +21,40 @@ import os
 
 # Before anything imports torch: OpenMP threads that spin while waiting for work burn whole cores on a
 # shared or loaded machine (docs/notes/design-measurements.md). libgomp reads
-# OMP_WAIT_POLICY once, when torch loads it, so it is set here, ahead of the command modules (which
-# import torch); a value the user set is kept. tokenmix/__init__.py and tokenmix/cli/__init__.py
+# OMP_WAIT_POLICY once, when torch loads it, so it is set here, ahead of the handler modules (which
+# import torch); a value the user set is kept. tokenmix/__init__.py and this package's parser modules
 # import no torch, so nothing has loaded it yet.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import argparse  # noqa: E402 -- below the OpenMP setting on purpose
+import importlib  # noqa: E402
 import sys  # noqa: E402
+from typing import Callable  # noqa: E402
 
-from tokenmix.cli import (
-    analysis_cmd,
-    bench_cmd,
-    compare_cmd,
-    demo_cmd,
-    design_cmd,
-    export_cmd,
-    lm_cmd,
-    patterns_cmd,
-    registry_cmd,
+from tokenmix.cli import (  # noqa: E402
+    analysis_args,
+    bench_args,
+    compare_args,
+    demo_args,
+    design_args,
+    export_args,
+    lm_args,
+    patterns_args,
+    registry_args,
 )
-from tokenmix.core.errors import InputError
 
-# Subcommand modules, one each: patterns; bench solver|decode|mixers|lm; demo; list / check;
-# compare / presets; data prepare / train lm / generate / eval; analyze / report.
+# Parser modules, one per group: patterns; bench solver|decode|mixers|lm|step|hf; demo; list / check;
+# compare / presets; data prepare / train lm / generate / eval; analyze / report; export; design.
 COMMAND_MODULES = (
-    patterns_cmd,
-    bench_cmd,
-    demo_cmd,
-    registry_cmd,
-    compare_cmd,
-    lm_cmd,
-    analysis_cmd,
-    export_cmd,
-    design_cmd,
+    patterns_args,
+    bench_args,
+    demo_args,
+    registry_args,
+    compare_args,
+    lm_args,
+    analysis_args,
+    export_args,
+    design_args,
 )
 
 
@@ -78,6 +85,12 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def load_handler(ref: str) -> Callable[[argparse.Namespace], int | None]:
+    """The function ``"<module>:<function>"`` of this package names, its module imported now."""
+    module, _, function = ref.partition(":")
+    return getattr(importlib.import_module(f"{__package__}.{module}"), function)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one command; returns its exit status (2 for bad input, also for arguments argparse refuses)."""
     parser = build_parser()
@@ -85,9 +98,11 @@ def main(argv: list[str] | None = None) -> int:
         args = parser.parse_args(argv)
     except SystemExit as e:  # a parse error (one line, status 2) or --help (status 0)
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 2)
+    handler = load_handler(args.handler)
+    input_error = importlib.import_module("tokenmix.core.errors").InputError  # loaded with the handler's library
     try:
-        return int(args.func(args) or 0)
-    except InputError as e:
+        return int(handler(args) or 0)
+    except input_error as e:
         print(f"tokenmix {command_label(args)}: error: {one_line(e)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -16,22 +16,6 @@ TABLE_BYTES_PER_ENTRY = 40
 PATH_BYTES_PER_PAIR = 24
 
 
-def register(sub) -> None:
-    p = sub.add_parser("patterns", help="derived facts of a sparsity pattern")
-    p.add_argument(
-        "--pattern",
-        required=True,
-        help="pow2, sq1, dense, first_order, window:M, fenwick, f:EXPR (suffix _ce = cache-efficient)",
-    )
-    p.add_argument("--cache-efficient", action="store_true", help="use the lattice variant (Prop. 4.12)")
-    p.add_argument("--n", type=int, nargs="+", default=[1024], help="sequence length(s)")
-    p.add_argument(
-        "--path-limit", type=int, default=4096, help="largest n for which shortest paths are computed (0 = none)"
-    )
-    p.add_argument("--json", action="store_true", help="print JSON")
-    p.set_defaults(func=run)
-
-
 def levels_up_to(pat: Pattern, n: int, cap: int) -> int:
     """Level slots of ``pat`` at length n, counted no further than cap + 1 (cap + 1 = more than cap).
 

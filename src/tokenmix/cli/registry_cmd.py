@@ -26,23 +26,6 @@ from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
 
 
-def register(sub) -> None:
-    p = sub.add_parser(
-        "list",
-        help="every registered mixer: family, modes, per-token time and cache "
-        "(--json: also its config fields, defaults and help)",
-    )
-    p.add_argument(
-        "--json", action="store_true", help="print JSON, with each mixer's config fields (name, type, default, help)"
-    )
-    p.set_defaults(func=run_list)
-    c = sub.add_parser("check", help="mode equivalence and independent cross-checks, with max errors")
-    c.add_argument("--mixer", nargs="+", default=None, help="mixer name(s)")
-    c.add_argument("--all", action="store_true", help="check every registered mixer")
-    c.add_argument("--json", action="store_true")
-    c.set_defaults(func=run_check)
-
-
 def _line_comments(cls: type) -> dict[str, str]:
     """Field name -> the comment on its line in ``cls``'s own source (continued by comment-only lines
     indented further, as multi-line field comments are written); {} when the source is not at hand."""
