@@ -180,6 +180,17 @@ def test_tensorboard_requested_but_missing_warns_once(tmp_path, capsys, monkeypa
     assert rc == 0 and "tensorboard" not in err
 
 
+def test_a_default_run_prints_no_warning(tmp_path, capsys, monkeypatch):
+    """TensorBoard is in no extra, so a run that does not ask for it is not told it is missing."""
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # missing, installed or not
+    argv = ["train", "lm", "--preset", "tiny", "--out", str(tmp_path / "run"), "--set", "train.max_steps=2"]
+    rc, out, err = run_cli([*argv, "train.threads=1", "train.eval_windows=1", "train.final_eval_windows=1"], capsys)
+    assert rc == 0, err
+    said = [line for line in (out + err).splitlines() if "warning" in line.lower() or "tensorboard" in line.lower()]
+    assert said == []
+    assert not (tmp_path / "run" / "tb").exists()
+
+
 def test_bpe_training_shows_progress_where_asked(monkeypatch):
     from tokenmix.data import tokenizer as tk
 

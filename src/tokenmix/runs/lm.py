@@ -11,8 +11,8 @@ both check it with one function (sections, keys, JSON types), so a hand-edited f
 
 A run directory (written by ``training/lm.py``) holds ``config.json`` (the resolved LMRunConfig),
 ``tokenizer.json``, ``metrics.jsonl`` (one JSON object per optimizer step, plus validation and
-baseline records), ``checkpoints/`` (``runs/checkpoint.py``), ``summary.json`` and, when
-tensorboard is installed, ``tb/``. ``load_run`` gives back the config, the model with the weights of
+baseline records), ``checkpoints/`` (``runs/checkpoint.py``), ``summary.json`` and, with ``train.tensorboard=true``
+and tensorboard installed, ``tb/``. ``load_run`` gives back the config, the model with the weights of
 the newest checkpoint that verifies (saying on stderr when a newer one did not), and the tokenizer.
 A config is refused when its model cannot fit in this machine's memory (``check_model_memory``,
 estimated on the meta device before anything is allocated). Named starting points (``tiny``,
@@ -74,7 +74,8 @@ class LMTrainConfig:
     parallel: str = "ddp"  # ddp | fsdp, used when launched with torchrun and world size > 1
     device: str = "auto"  # auto | cpu | cuda
     threads: int = 0  # torch intra-op threads; 0 = torch's default
-    tensorboard: bool = True  # also write TensorBoard events when tensorboard is installed
+    # also write TensorBoard events (tb/); off by default, since tensorboard is in none of the extras
+    tensorboard: bool = False
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))

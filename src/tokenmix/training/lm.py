@@ -7,7 +7,8 @@
 
 A run directory holds ``config.json`` (the resolved LMRunConfig), ``tokenizer.json``,
 ``metrics.jsonl`` (one JSON object per optimizer step, plus validation and baseline records),
-``checkpoints/`` (see checkpoint.py), ``summary.json`` and, when tensorboard is installed, ``tb/``.
+``checkpoints/`` (see checkpoint.py), ``summary.json`` and, with ``train.tensorboard=true`` (off by
+default) and tensorboard installed, ``tb/``.
 
 Validation: periodic passes score ``train.eval_windows`` windows spread over the split; the final
 pass (the number in summary.json and the closing line) scores ``train.final_eval_windows`` (all of
