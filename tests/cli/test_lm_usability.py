@@ -180,6 +180,41 @@ def test_tensorboard_requested_but_missing_warns_once(tmp_path, capsys, monkeypa
     assert rc == 0 and "tensorboard" not in err
 
 
+def test_one_bigram_baseline_from_the_first_line_to_the_summary(tmp_path, capsys):
+    """The baseline is counted once, on the targets of the final evaluation (the periodic passes here
+    score fewer windows): the start line, the validation lines, the closing line and summary.json
+    show the same number, and metrics.jsonl holds one baseline record."""
+    run = tmp_path / "run"
+    rc, out, err = run_cli(["train", "lm", "--out", str(run), *BASE, "train.max_steps=2", "train.eval_every=1"], capsys)
+    assert rc == 0, err
+    recs = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    bases = [r for r in recs if "bigram_ppl" in r and "event" in r and "baseline" in r["event"]]
+    assert len(bases) == 1 and bases[0]["event"] == "baseline"
+    bigram = json.loads((run / "summary.json").read_text())["bigram_ppl"]
+    assert bases[0]["bigram_ppl"] == bigram
+    shown = re.findall(r"bigram(?: ppl)? ([0-9.]+)|perplexity [0-9.]+ vs ([0-9.]+)", out)
+    values = {a or b for a, b in shown}
+    assert len(shown) >= 4 and values == {f"{bigram:.2f}"}, out
+
+
+def test_data_prepare_prepares_what_train_reads_and_says_where(tmp_path, capsys, monkeypatch):
+    """``data prepare --preset P`` prepares the data ``train lm --preset P`` reads (the presets differ in
+    vocabulary), and says where the cache is and which command reuses it."""
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("TOKENMIX_CACHE", str(cache))
+    rc, out, err = run_cli(["data", "prepare", "--corpus", "excerpt", "--preset", "tiny"], capsys)
+    assert rc == 0, err
+    prepared = sorted(p for p in (cache / "prepared").iterdir() if not p.name.startswith("."))
+    assert len(prepared) == 1
+    assert f"cache: {cache} ($TOKENMIX_CACHE)" in out.splitlines()
+    assert "`tokenmix train lm --corpus excerpt --preset tiny` reads it without preparing again" in out
+    run = tmp_path / "run"
+    argv = ["train", "lm", "--corpus", "excerpt", "--preset", "tiny", "--out", str(run), "--quiet"]
+    assert run_cli([*argv, "--set", "train.max_steps=1", "train.threads=1", "train.eval_windows=1"], capsys)[0] == 0
+    assert sorted(p for p in (cache / "prepared").iterdir() if not p.name.startswith(".")) == prepared
+    assert json.loads((run / "config.json").read_text())["data"]["dir"] == str(prepared[0])
+
+
 def test_a_default_run_prints_no_warning(tmp_path, capsys, monkeypatch):
     """TensorBoard is in no extra, so a run that does not ask for it is not told it is missing."""
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # missing, installed or not

@@ -29,8 +29,18 @@ def register(sub) -> None:
         action="store_true",
         help="run apt-get to install a missing Debian package (kjv: bible-kjv, pydocs: python3-doc)",
     )
-    p.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (default: data.vocab_size)")
-    p.add_argument("--out", default=None, help="directory for the prepared data (default: a cache entry)")
+    p.add_argument(
+        "--preset",
+        default=None,
+        help="prepare the data settings of this lm preset, so that `train lm --preset NAME` reads it without "
+        "preparing again (`tokenmix presets --kind lm` lists them; default: default)",
+    )
+    p.add_argument("--vocab-size", type=int, default=None, help="BPE vocabulary size (default: the preset's)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="directory for the prepared data (default: an entry of the cache, $TOKENMIX_CACHE or ~/.cache/tokenmix)",
+    )
     p.add_argument("--set", nargs="*", default=[], metavar="data.KEY=VALUE", help="data config overrides")
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler="lm_cmd:run_data_prepare")

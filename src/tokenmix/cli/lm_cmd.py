@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -29,6 +30,7 @@ from tokenmix.analysis.run_inputs import check_run_config, check_text
 from tokenmix.cli.validate import check_choice
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import check_output_dir
+from tokenmix.data.corpora import default_cache_dir
 from tokenmix.data.prepare import prepare_data
 from tokenmix.data.tokenizer import check_vocab_size, separator_id
 from tokenmix.generation import SamplingConfig, generate, position_limit
@@ -51,19 +53,30 @@ def run_data_prepare(args) -> int:
     if args.vocab_size is not None:
         check_vocab_size(args.vocab_size, "--vocab-size")
     overrides = [f"data.corpus={args.corpus}"]
+    given = []  # what the matching `train lm` needs besides --corpus and --preset
     if args.vocab_size is not None:
-        overrides.append(f"data.vocab_size={args.vocab_size}")
+        given.append(f"data.vocab_size={args.vocab_size}")
     if args.out:
-        overrides.append(f"data.dir={args.out}")
+        given.append(f"data.dir={args.out}")
     if args.text_field is not None:
-        overrides.append(f"data.text_field={args.text_field}")
+        given.append(f"data.text_field={args.text_field}")
     for item in args.set:
         if not item.startswith("data."):
             raise InputError(f"`data prepare` takes only data.* overrides, got '{item}'")
-    cfg = apply_overrides(LMRunConfig(), overrides + list(args.set)).data
+    given += list(args.set)
+    preset = args.preset if args.preset is not None else "default"
+    cfg = apply_overrides(build_run_config(preset), overrides + given).data  # the data `train lm` would prepare
     t0 = time.perf_counter()
     data = prepare_data(cfg, verbose=not args.json, install_missing=args.install_missing or None)
-    summary = data.summary() | {"seconds": round(time.perf_counter() - t0, 2)}
+    cache = default_cache_dir()
+    train = ["tokenmix", "train", "lm", "--corpus", args.corpus] + (["--preset", preset] if preset != "default" else [])
+    train += ["--set", *given] if given else []
+    summary = data.summary() | {
+        "seconds": round(time.perf_counter() - t0, 2),
+        "preset": preset,
+        "cache": str(cache),
+        "train_command": shlex.join(train),
+    }
     if args.json:
         print(json.dumps(summary, indent=2))
     else:
@@ -74,6 +87,9 @@ def run_data_prepare(args) -> int:
             f"({s['train']['documents']} docs), val {s['val']['tokens']:,} ({s['val']['documents']}), "
             f"test {s['test']['tokens']:,} ({s['test']['documents']})"
         )
+        where = "$TOKENMIX_CACHE" if os.environ.get("TOKENMIX_CACHE") else "default; set TOKENMIX_CACHE to move it"
+        print(f"cache: {cache} ({where})")
+        print(f"`{summary['train_command']}` reads it without preparing again")
     return 0
 
 

@@ -761,18 +761,13 @@ def _loop(
     ckpt_root = run_dir / "checkpoints"
     micro = tc.batch_size // (tc.grad_accum * ctx.world_size)
     eval_batch = max(micro, 1)
-    baseline = final_baseline = {}
+    baseline = {}
     if ctx.is_main:
-        baseline = bigram_baseline(train_ids=data.split("train"), windows=val_windows, vocab_size=data.vocab_size)
-        final_baseline = (
-            baseline
-            if final_windows is val_windows
-            else bigram_baseline(train_ids=data.split("train"), windows=final_windows, vocab_size=data.vocab_size)
-        )
+        # one baseline per run, scored on the targets of the reported (final) evaluation: the number the
+        # start line, every validation line, the closing line and summary.json all show
+        baseline = bigram_baseline(train_ids=data.split("train"), windows=final_windows, vocab_size=data.vocab_size)
         if not resumed:
             log.record({"step": 0, "event": "baseline", **baseline})
-            if final_windows is not val_windows:
-                log.record({"step": 0, "event": "final_baseline", **final_baseline})
         layers = ",".join(cfg.model.layers)
         log.say(
             f"model: {num_params:,} parameters, layers {layers}, d_model {cfg.model.d_model}, vocab "
@@ -781,12 +776,13 @@ def _loop(
             f"{f' on {ctx.world_size} ranks ({tc.parallel})' if ctx.distributed else ''}"
         )
         log.say(
-            f"baselines on validation ({baseline['tokens']:,} tokens): bigram ppl {baseline['bigram_ppl']:.2f}, "
+            f"baselines on the {baseline['tokens']:,} validation tokens of the final evaluation: bigram ppl "
+            f"{baseline['bigram_ppl']:.2f}, "
             f"unigram ppl {baseline['unigram_ppl']:.2f}"
         )
         if resumed:
             log.say(f"resumed from step {step} ({tokens_seen:,} tokens)")
-    baseline, final_baseline = ctx.broadcast_object((baseline, final_baseline))
+    baseline = ctx.broadcast_object(baseline)
 
     def checkpoint_meta() -> dict:
         return {
@@ -877,17 +873,15 @@ def _loop(
         step,
         final["loss"],
         final["ppl"],
-        final_baseline["bigram_ppl"],
-        final_baseline["unigram_ppl"],
+        baseline["bigram_ppl"],
+        baseline["unigram_ppl"],
         tokens_seen,
         seconds,
         num_params,
     )
     if ctx.is_main:
         bpc = _bits_per_char(final, data)
-        bigram_bpc = _bits_per_char(
-            {"loss": final_baseline.get("bigram_loss", math.nan), "tokens": final_baseline["tokens"]}, data
-        )
+        bigram_bpc = _bits_per_char({"loss": baseline.get("bigram_loss", math.nan), "tokens": baseline["tokens"]}, data)
         log.record(
             {
                 "step": step,
@@ -896,7 +890,7 @@ def _loop(
                 "final_val_loss": final["loss"],
                 "final_val_ppl": final["ppl"],
                 "final_val_tokens": final["tokens"],
-                "final_bigram_ppl": final_baseline["bigram_ppl"],
+                "final_bigram_ppl": baseline["bigram_ppl"],
                 **({"bits_per_char": bpc} if bpc else {}),
                 **({"bigram_bits_per_char": bigram_bpc} if bigram_bpc else {}),
             }
@@ -906,9 +900,9 @@ def _loop(
             "val_loss": final["loss"],
             "val_ppl": final["ppl"],
             "val_tokens": final["tokens"],
-            "bigram_ppl": final_baseline["bigram_ppl"],
-            "unigram_ppl": final_baseline["unigram_ppl"],
-            "bigram_ratio": final_baseline["bigram_ppl"] / final["ppl"],
+            "bigram_ppl": baseline["bigram_ppl"],
+            "unigram_ppl": baseline["unigram_ppl"],
+            "bigram_ratio": baseline["bigram_ppl"] / final["ppl"],
             "val_bits_per_char": bpc,
             "bigram_bits_per_char": bigram_bpc,
             "num_params": num_params,
@@ -920,8 +914,8 @@ def _loop(
         }
         atomic_write_json(run_dir / "summary.json", summary, indent=1)
         log.say(
-            f"done: validation {bigram_verdict(final['ppl'], final_baseline['bigram_ppl'])}; "
-            f"unigram ppl {final_baseline['unigram_ppl']:.2f}; on {final['tokens']:,} validation tokens"
+            f"done: validation {bigram_verdict(final['ppl'], baseline['bigram_ppl'])}; "
+            f"unigram ppl {baseline['unigram_ppl']:.2f}; on {final['tokens']:,} validation tokens"
             f"{f' ({bpc:.3f} bits/char, bigram {bigram_bpc:.3f})' if bpc and bigram_bpc else ''}; "
             f"{session_seconds:.0f} s wall, {cpu_seconds:.0f} s CPU "
             f"(this process, all threads); run directory {run_dir}"
