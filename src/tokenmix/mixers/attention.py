@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.mixers.base import Linear, Mixer, MixerConfig
+from tokenmix.core.packing import Packing
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig, begin_last_documents
 from tokenmix.mixers.pattern_cache import PatternCache
 from tokenmix.mixers.registry import register_mixer
 
@@ -70,16 +71,23 @@ class KVCache(PatternCache):
 
 
 def allowed_keys(
-    p: int, t: int, window: int | None, device: torch.device | str = "cpu", key_start: Tensor | None = None
+    p: int,
+    t: int,
+    window: int | None,
+    device: torch.device | str = "cpu",
+    key_start: Tensor | None = None,
+    query_start: Tensor | None = None,
 ) -> Tensor:
     """Boolean mask: query i of the segment (buffer position P + i) may read buffer key j.
 
     Causal (j <= P + i) and, with a window w, within the last w positions (P + i - j < w). With
     ``key_start`` [B] (leading padding keys of each row's buffer, ``MixerState.padded_keys``) also
-    not padding: j >= key_start[b], or j = P + i (a padding query reads only itself).
+    not padding: j >= key_start[b], or j = P + i (a padding query reads only itself). With
+    ``query_start`` [B, T] (where each query's document begins in the buffer, ``document_starts``
+    of a packed segment) also in the query's document: j >= query_start[b, i].
 
     Returns:
-        [T, P + T], or [B, 1, T, P + T] with key_start (broadcasts over heads).
+        [T, P + T], or [B, 1, T, P + T] with key_start or query_start (broadcasts over heads).
     """
     rows = torch.arange(t, device=device)[:, None] + p
     cols = torch.arange(p + t, device=device)[None, :]
@@ -88,8 +96,17 @@ def allowed_keys(
         mask = mask & (rows - cols < window)
     if key_start is not None:
         real = cols >= key_start[:, None]  # [B, P + T]
-        mask = (mask & (real[:, None, :] | (cols == rows)))[:, None]
-    return mask
+        mask = mask & (real[:, None, :] | (cols == rows))  # [B, T, P + T]
+    if query_start is not None:
+        mask = mask & (cols >= query_start[:, :, None])  # [B, T, P + T]
+    return mask[:, None] if mask.dim() == 3 else mask
+
+
+def document_starts(packing: Packing, p: int) -> Tensor:
+    """[B, T] long: the buffer position (P cached positions first) where each query's document
+    begins; 0 for each row's first document, which continues the cache."""
+    s = packing.starts
+    return torch.where(s > 0, s + p, torch.zeros_like(s))
 
 
 def mask_padding_keys(scores: Tensor, key_start: Tensor | None) -> Tensor:
@@ -150,6 +167,101 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
 
 
+#: grouped attention of a packed segment: documents whose lengths are within this factor of their
+#: group's longest share one causal call; documents up to GROUP_SHORT positions long share one
+GROUP_LENGTH_RATIO = 0.8
+GROUP_SHORT = 64
+
+
+def document_groups(packing: Packing, skip_first: bool) -> tuple[Tensor, list[tuple[int, int]], Tensor]:
+    """How ``packed_attention`` batches the documents of a packed segment: by length.
+
+    The documents (each row's first one too unless ``skip_first``) sorted by length form groups of
+    similar lengths (``GROUP_LENGTH_RATIO``); a group of n documents, the longest L positions, is one
+    [n, L] batch, each document right-padded with repeats of its first position (a causal query of
+    the document never reads them, and their own outputs are dropped).
+
+    Returns:
+        gather: [N] long, flat positions b * T + t of the groups' padded batches, one after the other.
+        shapes: (n, L) of each group, in that order.
+        place: [B * T] long, each grouped token's row in the N gathered rows (-1 for skipped tokens).
+    """
+    b, t = packing.shape
+    device = packing.starts.device
+    flags = packing.boundaries.clone()
+    flags[:, 0] = True
+    begins = torch.nonzero(flags.flatten())[:, 0]  # [D] flat positions of the documents' first tokens
+    lengths = torch.diff(begins, append=begins.new_tensor([b * t]))
+    if skip_first:
+        keep = begins % t != 0
+        begins, lengths = begins[keep], lengths[keep]
+    order = torch.argsort(lengths, descending=True, stable=True)
+    sorted_lengths = lengths[order].tolist()
+    gather, shapes, place = [], [], torch.full((b * t,), -1, dtype=torch.long, device=device)
+    i, rows = 0, 0
+    while i < len(sorted_lengths):
+        lead, j = sorted_lengths[i], i + 1
+        while j < len(sorted_lengths) and (sorted_lengths[j] >= GROUP_LENGTH_RATIO * lead or lead <= GROUP_SHORT):
+            j += 1
+        sel = order[i:j]
+        first = begins[sel][:, None]  # [n, 1]
+        offsets = torch.arange(lead, device=device)
+        inside = offsets[None, :] < lengths[sel][:, None]  # [n, L]
+        positions = first + offsets[None, :]
+        gather.append(torch.where(inside, positions, first).flatten())
+        place[positions[inside]] = rows + torch.nonzero(inside.flatten())[:, 0]
+        shapes.append((j - i, lead))
+        rows += (j - i) * lead
+        i = j
+    return torch.cat(gather), shapes, place
+
+
+def packed_attention(
+    qkv: Tensor, kbuf: Tensor, vbuf: Tensor, packing: Packing, key_start: Tensor | None = None
+) -> Tensor:
+    """Causal attention of a packed segment: query t reads key j iff j is in its document (j >=
+    starts[b, t]) and j <= t; the cached keys before the segment only from the row's first document
+    (which continues them), and of those only the keys at or after ``key_start``.
+
+    Args:
+        qkv: [B, T, 3, H, K] the segment's queries, keys and values.
+        kbuf, vbuf: [B, P + T, H, K] the P cached keys / values followed by the segment's.
+        packing: the segment's documents (non-trivial).
+        key_start: [B] leading padding keys of each row's buffer (``MixerState.padded_keys``), or None.
+    Returns:
+        [B, T, H, K].
+
+    Documents are batched by length (``document_groups``), each group one causal fused call
+    (``fused_attention``): the work is that of the documents alone, sum_d L_d^2 / 2 plus the padding
+    of a group to its longest, never a [T, T] mask. The rows' first documents read the cache when
+    there is one (P > 0 or padding keys): those run as one [B, L_1] batch over the cache and their own
+    keys with the explicit mask (``allowed_keys``), the same call an unpacked segment makes.
+    """
+    b, t, _, h, k = qkv.shape
+    p = kbuf.shape[1] - t
+    with_cache = p > 0 or key_start is not None
+    gather, shapes, place = document_groups(packing, skip_first=with_cache)
+    rows = qkv.reshape(b * t, 3 * h * k).index_select(0, gather)  # [N, 3 H K]
+    outs, at = [], 0
+    for n, length in shapes:
+        group = rows[at : at + n * length].view(n, length, 3, h, k).permute(2, 0, 3, 1, 4)  # [3, n, H, L, K]
+        outs.append(fused_attention(group[0], group[1], group[2]).transpose(1, 2).reshape(n * length, h * k))
+        at += n * length
+    if with_cache:
+        # the first documents: queries 0 .. L_1 - 1 of every row over the cache and their own keys;
+        # a row whose first document is shorter reads no key beyond it (causal), and its queries
+        # past it are dropped
+        first_len = int((packing.starts == 0).sum(1).max())
+        q1 = qkv[:, :first_len, 0].transpose(1, 2)
+        k1, v1 = (z[:, : p + first_len].transpose(1, 2) for z in (kbuf, vbuf))
+        mask = allowed_keys(p, first_len, None, qkv.device, key_start)
+        outs.append(fused_attention(q1, k1, v1, mask).transpose(1, 2).reshape(b * first_len, h * k))
+        t_idx = torch.arange(t, device=qkv.device)
+        first_rows = at + torch.arange(b, device=qkv.device)[:, None] * first_len + t_idx[None, :]
+        place = torch.where(place >= 0, place, first_rows.flatten())
+    return torch.cat(outs).index_select(0, place).view(b, t, h, k)
+
+
 def attention_probs(q: Tensor, kbuf: Tensor, p: int, window: int | None, key_start: Tensor | None = None) -> Tensor:
     """Softmax weights of the segment queries over the buffer keys.
 
@@ -172,6 +284,7 @@ class SoftmaxAttention(Mixer):
 
     config_cls = AttentionConfig
     modes = ("sdpa", "dense", "recurrent")
+    packing_modes = ("sdpa",)
     time_complexity = "O(n)"
     cache_complexity = "O(n)"
 
@@ -209,7 +322,9 @@ class SoftmaxAttention(Mixer):
         return self.out(y.flatten(2)), grown.keeping(self._kept(grown.position))
 
     # ---------------------------------------------------------------- modes
-    def forward_sdpa(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
+    def forward_sdpa(self, x: Tensor, state: KVCache | None, packing: Packing | None = None) -> tuple[Tensor, KVCache]:
+        if packing is not None:
+            return self._packed_sdpa(x, state, packing)
         state, q, grown = self._start(x, state)
         kbuf, vbuf = grown.keys, grown.values
         p, t = state.cached_positions(), x.shape[1]
@@ -222,6 +337,19 @@ class SoftmaxAttention(Mixer):
             # offset by P cached keys: pass the causal (and window, padding) mask explicitly.
             y = fused_attention(qh, kh, vh, allowed_keys(p, t, self.window, x.device, key_start))
         return self._finish(grown, y.transpose(1, 2))
+
+    def _packed_sdpa(self, x: Tensor, state: KVCache | None, packing: Packing) -> tuple[Tensor, KVCache]:
+        """``sdpa`` of a packed segment (``packed_attention``). The next cache holds the whole row, its
+        ``start`` at each row's last document, so later reads mask the earlier documents as padding."""
+        if state is None:
+            state = self.empty_state(x.shape[0], x.device, x.dtype)
+        b, t, _ = x.shape
+        qkv = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim)
+        _, k, v = qkv.unbind(2)
+        grown = state.appended(k, v)
+        key_start = state.padded_keys(state.cached_positions())
+        y, new = self._finish(grown, packed_attention(qkv, grown.keys, grown.values, packing, key_start))
+        return y, begin_last_documents(new, state, packing)
 
     def forward_dense(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
         state, q, grown = self._start(x, state)

@@ -230,6 +230,20 @@ def padding_start(
     return start.to(device=device, dtype=torch.long)
 
 
+def begin_last_documents(state: MixerState, before: MixerState, packing: Packing) -> MixerState:
+    """``state``, the state after a packed segment that ``before`` began, with its ``start`` set to
+    where each row's last document begins on the batch clock (before.position + packing.starts[b, -1]
+    for a row with a boundary in the segment, else the row's start as it was): a native packed path
+    whose state keeps positions of earlier documents (a whole-row KV cache) lets every later read
+    mask them as it masks left padding (``padded_keys``), and the model counts positions from there.
+    Returns ``state`` (updated in place)."""
+    last = packing.starts[:, -1]
+    previous = before.start if before.start is not None else torch.zeros_like(last)
+    start = torch.where(last > 0, before.position + last, previous)
+    state.start, state.max_start, state.min_start = start, int(start.max()), int(start.min())
+    return state
+
+
 class RowGroupState(MixerState):
     """Decode state of a batch whose rows run on different clocks: groups of rows, each an ordinary
     batch on its own state, begun at a position of its own.
