@@ -155,6 +155,21 @@ class PatternCache(MixerState):
         cache.strategy = strategy
         return cache
 
+    @classmethod
+    def holding(
+        cls, like: "PatternCache", position: int, positions: Tensor, keys: Tensor, values: Tensor
+    ) -> "PatternCache":
+        """A cache at ``position`` holding exactly the sorted ``positions`` [n] (keys [B', n, H, K],
+        values [B', n, H, V], B' rows of its own), with ``like``'s owner, decode strategy and
+        measured peaks, and no row padding: e.g. a group of rows cut from a batch, on a clock of
+        their own (the state after a packed segment of a pattern on the document's clock)."""
+        n = positions.shape[0]
+        store = _Storage.holding([(keys, values, positions.to(torch.long))], max(_MIN_CAPACITY, n))
+        contiguous = n == 0 or (int(positions[0]) == position - n and int(positions[-1]) == position - 1)
+        cache = cls(like.owner, keys.shape[0], position, store, 0, n, contiguous=contiguous).carry_over(like)
+        cache.start, cache.max_start, cache.min_start = None, 0, 0
+        return cache
+
     def carry_over(self, other: MixerState) -> "PatternCache":
         """``MixerState.carry_over`` and the decode strategy, which outlives every update."""
         super().carry_over(other)

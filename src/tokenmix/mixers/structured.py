@@ -25,6 +25,17 @@ the same absolute positions) keep the batch's shared index table and mask, per r
 j < start[b] exactly like nonexistent ones (t - start[b] < f(k) <=> t - f(k) < start[b]); the
 matmul path masks the padding keys. The lattice and other patterns whose neighbour sets depend on
 the row's own clock pad by row groups (``RowGroupState``: rows of equal start run together).
+
+Packed rows (``forward(..., packing=...)``, native in ``compiled`` and ``chunked``): token t of a
+document that begins at s reads the neighbours of its position t - s in the document, shifted by s.
+For exact-distance patterns that is the shared table clipped at s: the neighbours j < s are masked
+exactly like left padding (per token instead of per row), and the returned cache keeps the whole
+row with ``start`` = where each row's last document begins, so decoding masks the earlier
+documents as it masks padding. The lattice and the other patterns on the document's own clock
+read per-row tables (``pattern_solve.packed_table``: the document's own table shifted by s; the
+first document continues the state's clock and cache); their returned state is a
+``RowGroupState`` of one group per last-document start, each an ordinary cache on that document's
+clock. Score softmaxes and gates normalise over the document's neighbours only.
 """
 
 from __future__ import annotations
@@ -41,7 +52,8 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.mixers.base import Linear, Mixer, MixerConfig
+from tokenmix.core.packing import Packing
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig, RowGroupState
 from tokenmix.mixers.pattern_cache import PatternCache
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.pattern_kernels import (
@@ -54,8 +66,10 @@ from tokenmix.ops.pattern_kernels import (
 )
 from tokenmix.ops.pattern_solve import (
     PatternPlan,
+    RowPatternPlan,
     chunked_pattern_solve,
     chunked_window_softmax,
+    packed_table,
     pattern_scores,
     plan_pattern,
 )
@@ -130,6 +144,27 @@ class _LazyPlan:
             return None
         return self._absolute_dev[None] >= start[:, None, None]
 
+    @torch.inference_mode(False)
+    def document_valid(self, begins: Tensor) -> Tensor:
+        """[B, T, W] bool: the entries that read a position of their token's own document, which
+        begins at begins[b, t] (absolute positions; packed rows of an exact-distance pattern)."""
+        if self._absolute_dev is None:
+            self.padded_valid(begins[:, 0], 0)  # moves the absolute table to the device
+        return self._absolute_dev[None] >= begins[:, :, None]
+
+
+class _RowsPlan:
+    """Per-row tables of a packed segment (``packed_table``) and their ``RowPatternPlan``, built on
+    first use (the compiled kernels read the tables alone)."""
+
+    def __init__(self, idx: Tensor, prefix: int, chunk: int) -> None:
+        self.idx, self.idx_cpu, self._args, self._plan = idx, idx.cpu(), (prefix, chunk), None
+
+    def get(self) -> RowPatternPlan:
+        if self._plan is None:
+            self._plan = plan_pattern(self.idx_cpu, *self._args)
+        return self._plan
+
 
 @functools.cache
 def _warn_no_kernel() -> None:
@@ -160,6 +195,7 @@ def _complexities(p: Pattern) -> tuple[str, str]:
 class StructuredRecurrence(Mixer):
     config_cls = StructuredConfig
     modes = ("compiled", "chunked", "dense", "recurrent")
+    packing_modes = ("compiled", "chunked")
 
     def __init__(self, config: StructuredConfig, d_model: int) -> None:
         super().__init__(config, d_model)
@@ -176,6 +212,7 @@ class StructuredRecurrence(Mixer):
         self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, _LazyPlan)
         self._offsets: list = []  # (lo, hi, distances, reach) spans of fixed-distance steps
         self._rows: OrderedDict = OrderedDict()  # first position -> table rows, for neighbour-cache steps
+        self._relative: OrderedDict = OrderedDict()  # (T, device) -> the table of positions 0 .. T - 1
 
     @property
     def pads_by_row_groups(self) -> bool:  # type: ignore[override]
@@ -232,11 +269,12 @@ class StructuredRecurrence(Mixer):
         if self.gates is not None:
             return None
         b, t, h, _ = q.shape
-        w = idx.shape[1]
+        w = idx.shape[-1]
         if 2 * w >= kbuf.shape[1]:
             # (nearly) every earlier position is a neighbour: one q @ k^T matmul is cheapest
             full = torch.einsum("bthk,bshk->bths", q, kbuf)  # [B, T, H, P+T]
-            return full.gather(-1, idx.clamp(min=0)[None, :, None, :].expand(b, t, h, w)) * (idx >= 0)[None, :, None, :]
+            rows = idx[None] if idx.dim() == 2 else idx  # [1 or B, T, W] (per-row tables: packed rows)
+            return full.gather(-1, rows.clamp(min=0)[:, :, None, :].expand(b, t, h, w)) * (rows >= 0)[:, :, None, :]
         if compiled:
             return compiled_pattern_scores(q, kbuf, plan.idx_cpu)
         return pattern_scores(q, kbuf, idx, plan.get())
@@ -264,23 +302,97 @@ class StructuredRecurrence(Mixer):
             self._plans.popitem(last=False)
         return plan.idx, plan
 
-    def _segment(self, x: Tensor, state: PatternCache | None, compiled: bool = False):
-        """Everything the chunked and dense modes share for a segment: projections, buffer indices,
-        the table's plan, coefficients."""
+    def _segment(self, x: Tensor, state: PatternCache | None, compiled: bool = False, packing: Packing | None = None):
+        """Everything the chunked and dense modes share for a segment: projections, buffer indices
+        (per-row tables [B, T, W] for a packed segment of a pattern on the document's clock), the
+        table's plan, coefficients."""
         b, t, _ = x.shape
         q, k, v = self._project(x)
         if state is None:
             state = self.empty_state(b, x.device, x.dtype)
         idx, plan = self._table(state, t, x.device)
         kbuf = torch.cat([state.keys, k], 1)
-        # left padding: per row, the neighbours before the row's start do not exist
-        valid = None if state.start is None else plan.padded_valid(state.start, state.max_start)  # [B, T, W]
-        valid = idx >= 0 if valid is None else valid
+        if packing is not None and not isinstance(self.pattern, TranslationInvariant):
+            # each later document reads its own table, shifted by its start
+            rel = self._relative_table(t, x.device)
+            idx = packed_table(idx, rel, packing.starts.to(x.device), state.cached_positions())
+            plan, valid = _RowsPlan(idx, state.cached_positions(), self.config.chunk_size), idx >= 0
+        elif packing is not None:
+            # exact distances: the shared table, the neighbours before the token's document masked
+            valid = plan.document_valid(self._begins(state, packing, x.device))
+        else:
+            # left padding: per row, the neighbours before the row's start do not exist
+            valid = None if state.start is None else plan.padded_valid(state.start, state.max_start)  # [B, T, W]
+            valid = idx >= 0 if valid is None else valid
         alpha, beta = self._coefficients(x, q, k, self._scores(q, kbuf, idx, plan, compiled), valid)
         return state, q, k, v, idx, plan, alpha, beta
 
-    def _finish(self, state: PatternCache, k: Tensor, y: Tensor, t: int) -> tuple[Tensor, PatternCache]:
-        return self.out(y.flatten(2)), self._extend(state, k, y, state.position + t)
+    def _finish(
+        self, state: PatternCache, k: Tensor, y: Tensor, t: int, packing: Packing | None = None
+    ) -> tuple[Tensor, PatternCache | RowGroupState]:
+        if packing is None:
+            return self.out(y.flatten(2)), self._extend(state, k, y, state.position + t)
+        if not isinstance(self.pattern, TranslationInvariant):
+            return self.out(y.flatten(2)), self._grouped_state(state, k, y, packing)
+        after = self._extend(state, k, y, state.position + t)
+        # decode masks every position before the row's last document, as it masks left padding
+        last = packing.starts[:, -1].to(y.device)
+        before = after.start if after.start is not None else torch.zeros_like(last)
+        start = torch.where(last > 0, state.position + last, before)
+        after.start, after.max_start, after.min_start = start, int(start.max()), int(start.min())
+        if not after.max_start:
+            after.start = None
+        return self.out(y.flatten(2)), after
+
+    @staticmethod
+    def _begins(state: PatternCache, packing: Packing, device) -> Tensor:
+        """[B, T] long: the absolute position where each token's document begins (the first
+        document of a row continues the state: its start, 0 if unpadded)."""
+        starts = packing.starts.to(device)
+        first = state.start[:, None] if state.start is not None else 0
+        return torch.where(starts > 0, state.position + starts, first)
+
+    @torch.inference_mode(False)  # kept across calls (as _table)
+    def _relative_table(self, t: int, device) -> Tensor:
+        """The pattern's table of positions 0 .. t - 1 (a document alone), on ``device``; kept."""
+        key = (t, str(device))
+        hit = self._relative.get(key)
+        if hit is None:
+            hit = self._relative[key] = self.pattern.neighbor_table(0, t).to(device)
+            while len(self._relative) > _PLANS_KEPT:
+                self._relative.popitem(last=False)
+        return hit
+
+    def _grouped_state(self, state: PatternCache, k: Tensor, y: Tensor, packing: Packing) -> RowGroupState:
+        """The state after a packed segment of a pattern on the document's own clock: one group of
+        rows per last-document start, each an ordinary cache on that document's clock holding the
+        positions its next token's pattern needs (rows without a boundary continue the state's
+        clock: the extended cache, cut to their rows)."""
+        b, t = packing.shape
+        p, end = state.cached_positions(), state.position + t
+        kbuf, ybuf = torch.cat([state.keys, k], 1), torch.cat([state.values, y], 1)
+        last = packing.starts[:, -1].cpu()
+        groups, live = [], torch.empty(b, dtype=torch.long)
+        for s in sorted(set(last.tolist())):
+            rows = torch.nonzero(last == s)[:, 0]
+            rows_dev = rows.to(k.device)
+            if s == 0:  # the first document goes on: the cache an unpacked segment leaves, these rows
+                whole = self._extend(state, k, y, end)
+                begin, clock, held, keys, values = 0, end, whole.positions, whole.keys, whole.values
+            else:
+                begin, clock = state.position + s, t - s
+                keep_from = self.pattern.needed_from(clock)
+                held = torch.as_tensor(
+                    self.pattern.needed(clock) if keep_from is None else range(keep_from, clock), dtype=torch.long
+                )
+                read = (p + s + held).to(k.device)
+                keys, values = kbuf.index_select(1, read), ybuf.index_select(1, read)
+            keys, values = keys.index_select(0, rows_dev), values.index_select(0, rows_dev)
+            sub = PatternCache.holding(state, clock, held, keys, values)
+            live[rows] = len(groups)
+            groups.append((begin, rows_dev, sub))
+        start = torch.where(last > 0, state.position + last, 0).to(k.device)
+        return RowGroupState(self.owner, b, end, start, groups, live.to(k.device))
 
     def _extend(self, state: PatternCache, k: Tensor, y: Tensor, new_position: int) -> PatternCache:
         """Add the segment's keys and outputs, evict what no later token reads."""
@@ -298,18 +410,21 @@ class StructuredRecurrence(Mixer):
         return m if m is not None and m >= self.config.chunk_size else None
 
     # ---------------------------------------------------------------- modes
-    def forward_compiled(self, x: Tensor, state: PatternCache | None):
+    def forward_compiled(self, x: Tensor, state: PatternCache | None, packing: Packing | None = None):
         """The training default: the chunked mode with the pattern solve and the neighbour scores
         by the compiled sweeps of ops/pattern_kernels.py (one pass per head over t, forward and
         backward). Where they cannot run -- numba missing (warned once), a CUDA or half-precision
-        tensor -- this is exactly the chunked mode. Window patterns keep their matmul path."""
+        tensor -- this is exactly the chunked mode. Window patterns keep their matmul path.
+        ``packing``: document boundaries in the rows (module docstring), honoured by the tables."""
         if not supported(x):
             if not kernel_available():
                 _warn_no_kernel()
-            return self.forward_chunked(x, state)
-        return self.forward_chunked(x, state, compiled=True)
+            return self.forward_chunked(x, state, packing=packing)
+        return self.forward_chunked(x, state, compiled=True, packing=packing)
 
-    def forward_chunked(self, x: Tensor, state: PatternCache | None, compiled: bool = False):
+    def forward_chunked(
+        self, x: Tensor, state: PatternCache | None, compiled: bool = False, packing: Packing | None = None
+    ):
         window = self._window(x.shape[1] + (state.position if state is not None else 0))
         if window is not None:
             # (nearly) dense: scores, softmax and the earlier-chunk contribution as matmuls, no index table
@@ -317,7 +432,10 @@ class StructuredRecurrence(Mixer):
                 state = self.empty_state(x.shape[0], x.device, x.dtype)
             q, k, v = self._project(x)
             # the cache of a window pattern is the positions just before the segment, contiguous
-            key_start = state.padded_keys(state.cached_positions())
+            p = state.cached_positions()
+            key_start = state.padded_keys(p)
+            if packing is not None:  # per query: the buffer position its document begins at
+                key_start = (self._begins(state, packing, x.device) - (state.position - p)).clamp(min=0)
             y = chunked_window_softmax(
                 q,
                 torch.cat([state.keys, k], 1),
@@ -328,13 +446,13 @@ class StructuredRecurrence(Mixer):
                 1.0 / math.sqrt(self.head_dim),
                 key_start,
             )
-            return self._finish(state, k, y, x.shape[1])
-        state, q, k, v, idx, plan, alpha, beta = self._segment(x, state, compiled)
+            return self._finish(state, k, y, x.shape[1], packing)
+        state, q, k, v, idx, plan, alpha, beta = self._segment(x, state, compiled, packing)
         if compiled:
             y = compiled_pattern_solve(alpha, beta, plan.idx_cpu, v, state.values)
         else:
             y = chunked_pattern_solve(alpha, beta, idx, v, state.values, self.config.chunk_size, plan=plan.get())
-        return self._finish(state, k, y, x.shape[1])
+        return self._finish(state, k, y, x.shape[1], packing)
 
     def forward_dense(self, x: Tensor, state: PatternCache | None):
         state, q, k, v, idx, plan, alpha, beta = self._segment(x, state)

@@ -30,6 +30,14 @@ missing). Both paths are checked against the dense
 reference in float64 by the generic mixer matrix (the ``compiled`` and ``chunked`` modes).
 Reference for the tests: ``pattern_solve.recurrent_pattern_solve`` and
 ``pattern_solve.pattern_scores_reference``.
+
+Packed rows (documents back to back, ``core/packing.py``). The table may be per row, idx [B, T, W]
+(``pattern_solve.packed_table``): row b's sweeps read row b's table, so a row's tokens read the
+neighbours of their own document (the document's own neighbour set, shifted by its start; -1 for
+the ones before the start) and nothing else, and no gradient crosses a boundary; the cost is that
+of the shared table. Exact-distance patterns may keep the shared table instead and give the
+neighbours before a token's document start a zero coefficient (their outputs are read and
+multiplied by 0; d beta there is computed and discarded by the masked normalisation).
 """
 
 from __future__ import annotations
@@ -54,19 +62,20 @@ if numba is not None:
     # the V-loops (it cannot prove that y[t] and y[j] do not overlap).
     @njit(**_JIT)
     def _solve_forward(alpha, beta, idx, x, yp, y):  # pragma: no cover - compiled
-        # alpha [B,T,H], beta [B,T,H,W], idx [T,W], x [B,T,H,V], yp [B,P,H,V] -> y [B,T,H,V] (written)
+        # alpha [B,T,H], beta [B,T,H,W], idx [1 or B,T,W], x [B,T,H,V], yp [B,P,H,V] -> y [B,T,H,V] (written)
         nb, nt, nh, nv = x.shape
-        nw = idx.shape[1]
+        nw = idx.shape[2]
         p = yp.shape[1]
         for bh in prange(nb * nh):
             b, h = bh // nh, bh % nh
+            ib = b if idx.shape[0] > 1 else 0  # the row's own table, or the one all rows share
             acc = np.empty(nv, dtype=y.dtype)
             for t in range(nt):
                 a = alpha[b, t, h]
                 for v in range(nv):
                     acc[v] = a * x[b, t, h, v]
                 for w in range(nw):
-                    j = idx[t, w]
+                    j = idx[ib, t, w]
                     if j < 0:
                         continue
                     c = beta[b, t, h, w]
@@ -84,10 +93,11 @@ if numba is not None:
         # g [B,T,H,V] holds dY on entry and G = (I - B)^{-T} dY on exit (accumulated in place);
         # galpha [B,T,H], gbeta [B,T,H,W], gx [B,T,H,V], gp [B,P,H,V] (zeros) are written
         nb, nt, nh, nv = x.shape
-        nw = idx.shape[1]
+        nw = idx.shape[2]
         p = yp.shape[1]
         for bh in prange(nb * nh):
             b, h = bh // nh, bh % nh
+            ib = b if idx.shape[0] > 1 else 0
             gt = np.empty(nv, dtype=g.dtype)
             for t in range(nt - 1, -1, -1):
                 a = alpha[b, t, h]
@@ -98,7 +108,7 @@ if numba is not None:
                     gx[b, t, h, v] = a * gt[v]
                 galpha[b, t, h] = acc
                 for w in range(nw):
-                    j = idx[t, w]
+                    j = idx[ib, t, w]
                     if j < 0:
                         gbeta[b, t, h, w] = 0.0
                         continue
@@ -116,14 +126,15 @@ if numba is not None:
 
     @njit(**_JIT)
     def _scores_forward(q, kb, idx, s):  # pragma: no cover - compiled
-        # q [B,T,H,K], kb [B,P+T,H,K], idx [T,W] -> s [B,T,H,W] (written; 0 where idx < 0)
+        # q [B,T,H,K], kb [B,P+T,H,K], idx [1 or B,T,W] -> s [B,T,H,W] (written; 0 where idx < 0)
         nb, nt, nh, nk = q.shape
-        nw = idx.shape[1]
+        nw = idx.shape[2]
         for bh in prange(nb * nh):
             b, h = bh // nh, bh % nh
+            ib = b if idx.shape[0] > 1 else 0
             for t in range(nt):
                 for w in range(nw):
-                    j = idx[t, w]
+                    j = idx[ib, t, w]
                     acc = 0.0
                     if j >= 0:
                         for k in range(nk):
@@ -134,9 +145,10 @@ if numba is not None:
     def _scores_backward(q, kb, idx, ds, dq, dkb):  # pragma: no cover - compiled
         # ds [B,T,H,W] -> dq [B,T,H,K] (written), dkb [B,P+T,H,K] (zeros on entry, accumulated)
         nb, nt, nh, nk = q.shape
-        nw = idx.shape[1]
+        nw = idx.shape[2]
         for bh in prange(nb * nh):
             b, h = bh // nh, bh % nh
+            ib = b if idx.shape[0] > 1 else 0
             qt = np.empty(nk, dtype=q.dtype)
             dqt = np.empty(nk, dtype=q.dtype)
             for t in range(nt):
@@ -144,7 +156,7 @@ if numba is not None:
                     qt[k] = q[b, t, h, k]
                     dqt[k] = 0.0
                 for w in range(nw):
-                    j = idx[t, w]
+                    j = idx[ib, t, w]
                     if j < 0:
                         continue
                     d = ds[b, t, h, w]
@@ -284,7 +296,7 @@ class _CompiledScores(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, kbuf, idx):
         q, kbuf = q.contiguous(), kbuf.contiguous()
-        s = q.new_empty(*q.shape[:3], idx.shape[1])
+        s = q.new_empty(*q.shape[:3], idx.shape[-1])
         with launch():
             _scores_forward(_np(q), _np(kbuf), _np(idx), _np(s))
         ctx.save_for_backward(q, kbuf, idx)
@@ -413,11 +425,23 @@ def lattice_step_reference(
 
 
 def _check_causal(idx: Tensor, prefix: int) -> Tensor:
-    """idx as a contiguous int64 CPU table after the causality check (the kernels trust it)."""
-    tab = idx.detach().to("cpu", torch.int64).contiguous()
-    if tab.numel() and (tab >= prefix + torch.arange(tab.shape[0])[:, None]).any():
+    """idx [T, W] or per row [B, T, W] as a contiguous int64 CPU table [1 or B, T, W] after the
+    causality check (the kernels trust it)."""
+    tab = idx.detach().to("cpu", torch.int64)
+    tab = (tab[None] if tab.dim() == 2 else tab).contiguous()
+    if tab.numel() and (tab >= prefix + torch.arange(tab.shape[1])[:, None]).any():
         raise InputError("idx reads a position that is not strictly earlier (not causal)")
     return tab
+
+
+def _check_table(idx: Tensor, b: int, t: int, w: int | None = None) -> bool:
+    """Whether idx is a [T, W] table or per-row [B, T, W] tables for a [B, T] batch (W: beta's)."""
+    return (
+        idx.dim() in (2, 3)
+        and idx.shape[-2] == t
+        and (idx.dim() == 2 or idx.shape[0] == b)
+        and (w is None or idx.shape[-1] == w)
+    )
 
 
 def compiled_pattern_solve(
@@ -427,7 +451,8 @@ def compiled_pattern_solve(
 
     Args:
         alpha: [B, T, H]; beta: [B, T, H, W]; idx: [T, W] long buffer positions (-1 = none,
-            idx[t] < P + t); x: [B, T, H, V]; y_prefix: [B, P, H, V] or None.
+            idx[t] < P + t), or per-row tables [B, T, W] (packed rows); x: [B, T, H, V];
+            y_prefix: [B, P, H, V] or None.
         chunk_size, plan: used only by the pure-PyTorch fallback.
     Returns:
         y: [B, T, H, V].
@@ -437,13 +462,7 @@ def compiled_pattern_solve(
         y_prefix = x.new_zeros(b, 0, h, v)
     if not supported(alpha, beta, x, y_prefix):
         return chunked_pattern_solve(alpha, beta, idx, x, y_prefix, chunk_size, plan=plan)
-    if (
-        idx.dim() != 2
-        or idx.shape[0] != t
-        or beta.shape[:3] != (b, t, h)
-        or beta.shape[3] != idx.shape[1]
-        or alpha.shape != (b, t, h)
-    ):
+    if not _check_table(idx, b, t, beta.shape[3]) or beta.shape[:3] != (b, t, h) or alpha.shape != (b, t, h):
         raise InputError(
             f"shape mismatch: x {tuple(x.shape)}, alpha {tuple(alpha.shape)}, beta {tuple(beta.shape)}, "
             f"idx {tuple(idx.shape)}"
@@ -455,12 +474,13 @@ def compiled_pattern_solve(
 
 def compiled_pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan=None) -> Tensor:
     """``pattern_scores`` with the same arguments, compiled: s[t, w] = q_t . kbuf[idx[t, w]] (0
-    where idx < 0), [B, T, H, W]. ``plan`` is used only by the pure-PyTorch fallback."""
+    where idx < 0), [B, T, H, W]; idx [T, W] or per-row [B, T, W]. ``plan`` is used only by the
+    pure-PyTorch fallback."""
     b, t, h, k = q.shape
     p = kbuf.shape[1] - t
     if not supported(q, kbuf):
         return pattern_scores(q, kbuf, idx, plan)
-    if kbuf.shape[0] != b or kbuf.shape[2:] != (h, k) or p < 0 or idx.dim() != 2 or idx.shape[0] != t:
+    if kbuf.shape[0] != b or kbuf.shape[2:] != (h, k) or p < 0 or not _check_table(idx, b, t):
         raise InputError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}, idx {tuple(idx.shape)}")
     return _CompiledScores.apply(q, kbuf, _check_causal(idx, p))
 

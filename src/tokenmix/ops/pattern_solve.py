@@ -40,6 +40,18 @@ backward: the backward recomputes from the slices). ``chunked_window_softmax`` i
 patterns whose neighbour set is every one of the previous M positions (M = all for the dense
 pattern): scores, softmax coefficients and the solve per chunk as matmuls, recomputed in backward
 flash-style, memory O(T (K + V) + C T).
+
+Packed rows (documents back to back in a row, ``core/packing.py``): a token reads only its own
+document's neighbours, and the first document of a row continues the cached prefix. Two forms,
+both exact. Exact-distance patterns keep the shared table, whose runs stay intact, and the caller
+zeroes the coefficients of neighbours before the token's document start (the solve then reads
+them with weight 0 and no gradient reaches them). Patterns whose neighbour set follows the
+document's own clock (the lattice, Fenwick) get per-row tables idx [B, T, W] (``packed_table``:
+the document's own table shifted by its start, -1 for absent neighbours): ``RowPatternPlan``
+scatters each row's near reads into its band blocks as above, and gathers the far reads of a chunk
+from the rows already solved (one gather per chunk, no runs: a run would end at every boundary),
+so a boundary costs nothing; no read crosses it, so neither does a gradient. The window path
+takes per-query key starts [B, T] (``key_start``) in place of the per-row left padding.
 """
 
 from __future__ import annotations
@@ -304,18 +316,134 @@ class PatternPlan:
         return self._cache[key]
 
 
+class RowPatternPlan:
+    """How the kernels cover per-row tables idx [B, T, W] (packed rows, ``packed_table``).
+
+    Runs are not looked for: in a packed row every level's run ends at each boundary. The near
+    reads (distance <= R) go into each row's band blocks exactly as for a shared table; the far
+    reads of a chunk are gathered from the rows already solved, one gather per chunk; d beta
+    gathers every read, in blocks of rows. Same attributes as ``PatternPlan`` where they mean the
+    same (``band_col`` and the masks per row: [B, T, .]), plus:
+
+    Attributes:
+        far_cols: [Wf] the level slots with far reads; far_keys [B, T, Wf] their buffer positions
+            (0 where not far: read with a zero coefficient); keys [B, T, W] every read (0 = none).
+        has_far: per chunk, whether any row reads at distance > R.
+    """
+
+    def __init__(self, idx: Tensor, prefix: int, chunk: int, reach: int | None = None) -> None:
+        if chunk <= 0:
+            raise InputError(f"chunk_size must be > 0, got {chunk}")
+        tab = idx.detach().cpu().numpy().astype(np.int64)
+        nb, t, w = tab.shape
+        self.b, self.t, self.w, self.p, self.chunk = nb, t, w, prefix, chunk
+        rows = np.arange(t)[None, :, None]
+        valid = tab >= 0
+        dist = prefix + rows - tab
+        if reach is None:
+            reach = _band_chunks(dist[valid], nb * t, chunk)
+        elif reach < 1:
+            raise InputError(f"reach must be >= 1 chunk, got {reach}")
+        self.reach = chunk * reach
+        far = valid & (dist > self.reach)
+        near = valid & ~far
+        start = prefix + (rows // chunk) * chunk  # buffer position of each row's chunk start
+        near_cols, far_cols = np.nonzero(near.any((0, 1)))[0], np.nonzero(far.any((0, 1)))[0]
+        self.near_cols, self.far_cols = torch.from_numpy(near_cols), torch.from_numpy(far_cols)
+        self.band_col = torch.from_numpy(
+            np.ascontiguousarray(np.where(near, tab - start + self.reach, 0)[..., near_cols])
+        )
+        self.far_keys = torch.from_numpy(np.ascontiguousarray(np.where(far, tab, 0)[..., far_cols]))
+        self.keys = torch.from_numpy(np.where(valid, tab, 0))
+        self._np = {
+            "valid": valid,
+            "near_compact": np.ascontiguousarray(near[..., near_cols]),
+            "far": np.ascontiguousarray(far[..., far_cols]),
+        }
+        self.chunks = [(s, min(s + chunk, t)) for s in range(0, t, chunk)]
+        prev_rows = (near & (tab < start)).any((0, 2))
+        far_rows = far.any((0, 2))
+        self.has_prev = [bool(prev_rows[s:e].any()) for s, e in self.chunks]
+        self.has_far = [bool(far_rows[s:e].any()) for s, e in self.chunks]
+        self._cache: dict = {}
+
+    @torch.inference_mode(False)  # cached across calls: never an inference tensor
+    def mask(self, name: str, like: Tensor) -> Tensor:
+        """A [B, T, .] mask as a 0/1 tensor of like's dtype and device (cached)."""
+        key = (name, like.dtype, like.device)
+        if key not in self._cache:
+            self._cache[key] = torch.from_numpy(self._np[name]).to(device=like.device, dtype=like.dtype)
+        return self._cache[key]
+
+    @torch.inference_mode(False)
+    def on(self, t: Tensor, device) -> Tensor:
+        """One of the plan's index tensors on ``device`` (cached)."""
+        key = (id(t), device)
+        if key not in self._cache:
+            self._cache[key] = t.to(device)
+        return self._cache[key]
+
+    @torch.inference_mode(False)
+    def flat(self, name: str, heads: int | None, device) -> Tensor:
+        """Row indices of the reads ``name`` ("keys" or "far_keys", [B, T, W']) into a flattened
+        buffer: [B, T, W'] into [B * N, ...] for heads None (keys [B, N, H, K]), else [B, H, T, W']
+        into [B * H * N, V] (head-first outputs); N = P + T. Gathers and scatters of whole rows
+        (``index_select`` / ``index_add_``) run several times faster than ``gather`` on expanded
+        indices."""
+        key = ("flat", name, heads, device)
+        if key not in self._cache:
+            keys, n = getattr(self, name), self.p + self.t
+            rows = torch.arange(self.b)[:, None, None]
+            if heads is None:
+                out = rows * n + keys
+            else:
+                out = ((rows[:, None] * heads + torch.arange(heads)[None, :, None, None]) * n) + keys[:, None]
+            self._cache[key] = out.to(device)
+        return self._cache[key]
+
+
 def _check_table(idx: Tensor, prefix: int, t: int) -> None:
-    if idx.dim() != 2 or idx.shape[0] != t:
+    if idx.dim() not in (2, 3) or idx.shape[-2] != t:
         raise InputError(f"shape mismatch: idx {tuple(idx.shape)} for T = {t}")
     if idx.numel() and (idx >= prefix + torch.arange(t, device=idx.device)[:, None]).any():
         raise InputError("idx reads a position that is not strictly earlier (not causal)")
 
 
-def plan_pattern(idx: Tensor, prefix: int, chunk_size: int = 64, reach: int | None = None) -> PatternPlan:
+def plan_pattern(
+    idx: Tensor, prefix: int, chunk_size: int = 64, reach: int | None = None
+) -> PatternPlan | RowPatternPlan:
     """Validate idx [T, W] (buffer positions < P + t, -1 = none) and build its ``PatternPlan``
-    (``reach``: chunks the dense band covers, None = chosen from the table's distances)."""
-    _check_table(idx, prefix, idx.shape[0])
+    (``reach``: chunks the dense band covers, None = chosen from the table's distances); per-row
+    tables [B, T, W] (packed rows) get a ``RowPatternPlan``."""
+    _check_table(idx, prefix, idx.shape[-2])
+    if idx.dim() == 3:
+        return RowPatternPlan(idx, prefix, chunk_size, reach)
     return PatternPlan(idx, prefix, chunk_size, reach)
+
+
+def packed_table(idx: Tensor, relative: Tensor, starts: Tensor, prefix: int) -> Tensor:
+    """Per-row tables [B, T, W] of a packed segment, buffer positions (-1 = none).
+
+    A token of a row's first document (starts[b, t] = 0) reads what the segment's shared table
+    says (it continues the cached prefix); a token at position p of a later document that begins
+    at s = starts[b, t] reads that document's own neighbours, P + s + relative[p] (those of the
+    document run alone, shifted by its start). W = the wider of the two tables.
+
+    Args:
+        idx: [T, W1] long, the segment's table on the clock of the state it continues.
+        relative: [T', W2] long (T' >= T), the pattern's table of positions 0 .. T' - 1 (absolute
+            positions of a sequence from 0, -1 = none).
+        starts: [B, T] long, ``Packing.starts`` of the segment.
+        prefix: P, the cached positions before the segment in the buffer.
+    """
+    t = idx.shape[0]
+    w = max(idx.shape[1], relative.shape[1])
+    idx = torch.nn.functional.pad(idx, (0, w - idx.shape[1]), value=-1)
+    rel = torch.nn.functional.pad(relative[:t], (0, w - relative.shape[1]), value=-1)
+    starts = starts.to(idx.device)
+    own = rel[torch.arange(t, device=idx.device) - starts]  # [B, T, W]: the document's own table
+    later = torch.where(own >= 0, own + (prefix + starts)[..., None], own)
+    return torch.where((starts > 0)[..., None], later, idx)
 
 
 def _leftover_blocks(n: int, per_entry: int):
@@ -392,14 +520,56 @@ class _PatternScores(torch.autograd.Function):
         return dq, dk, None
 
 
+def _gather_keys(kbuf: Tensor, flat: Tensor) -> Tensor:
+    """kbuf [B, N, H, K] (contiguous) at flat row indices [B, n, W] (``RowPatternPlan.flat``) ->
+    [B, n, W, H, K]."""
+    h, k = kbuf.shape[2:]
+    return kbuf.view(-1, h, k).index_select(0, flat.reshape(-1)).view(*flat.shape, h, k)
+
+
+class _RowPatternScores(torch.autograd.Function):
+    """``_PatternScores`` on per-row tables (``RowPatternPlan``): the keys gathered in blocks of rows."""
+
+    @staticmethod
+    def forward(ctx, q, kbuf, plan):
+        b, t, h, k = q.shape
+        keys = plan.flat("keys", None, q.device)
+        out = q.new_empty(b, t, h, plan.w)
+        _, step = _leftover_blocks(t, b * plan.w * h * k)
+        for r0 in range(0, t, step):
+            r1 = min(t, r0 + step)
+            out[:, r0:r1] = torch.linalg.vecdot(_gather_keys(kbuf, keys[:, r0:r1]), q[:, r0:r1, None]).transpose(-1, -2)
+        out *= plan.mask("valid", out)[:, :, None, :]
+        ctx.save_for_backward(q, kbuf)
+        ctx.plan = plan
+        return out
+
+    @staticmethod
+    def backward(ctx, ds):
+        q, kbuf = ctx.saved_tensors
+        plan = ctx.plan
+        b, t, h, k = q.shape
+        w = plan.w
+        ds = ds * plan.mask("valid", ds)[:, :, None, :]
+        keys = plan.flat("keys", None, q.device)
+        dq, dk = torch.empty_like(q), torch.zeros_like(kbuf)
+        _, step = _leftover_blocks(t, b * w * h * k)
+        for r0 in range(0, t, step):
+            r1 = min(t, r0 + step)
+            d = ds[:, r0:r1].transpose(-1, -2)[..., None]  # [B, n, W, H, 1]
+            dq[:, r0:r1] = (d * _gather_keys(kbuf, keys[:, r0:r1])).sum(2)
+            dk.view(-1, h, k).index_add_(0, keys[:, r0:r1].reshape(-1), (d * q[:, r0:r1, None]).reshape(-1, h, k))
+        return dq, dk, None
+
+
 def pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan: PatternPlan | None = None) -> Tensor:
     """Neighbour scores s[t, w] = q_t . kbuf[idx[t, w]] (0 where idx < 0).
 
     Args:
         q: [B, T, H, K] queries of the segment.
         kbuf: [B, P + T, H, K] keys of the P cached positions, then of the segment.
-        idx: [T, W] long buffer positions, -1 for none; idx[t] < P + t.
-        plan: the table's ``PatternPlan`` (built here if None).
+        idx: [T, W] long buffer positions, -1 for none; idx[t] < P + t; or per-row [B, T, W].
+        plan: the table's ``PatternPlan`` (``RowPatternPlan`` for per-row tables; built here if None).
     Returns:
         [B, T, H, W].
     """
@@ -408,17 +578,22 @@ def pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan: PatternPlan | Non
     if kbuf.shape[0] != b or kbuf.shape[2:] != (h, k) or p < 0:
         raise InputError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}")
     plan = plan if plan is not None else plan_pattern(idx, p)
-    if (plan.t, plan.w, plan.p) != (t, idx.shape[1], p):
+    if (plan.t, plan.w, plan.p) != (t, idx.shape[-1], p) or isinstance(plan, RowPatternPlan) != (idx.dim() == 3):
         raise InputError(f"plan for T={plan.t}, W={plan.w}, P={plan.p} used with idx {tuple(idx.shape)}, P={p}")
     # contiguous operands: the per-level slices are then dense blocks (strided q, e.g. a view of a
     # fused qkv projection, makes every level's product several times slower)
-    return _PatternScores.apply(q.contiguous(), kbuf.contiguous(), plan)
+    scores = _RowPatternScores if isinstance(plan, RowPatternPlan) else _PatternScores
+    return scores.apply(q.contiguous(), kbuf.contiguous(), plan)
 
 
 def pattern_scores_reference(q: Tensor, kbuf: Tensor, idx: Tensor) -> Tensor:
-    """Reference for ``pattern_scores``: gather every neighbour key, plain autograd. [B, T, H, W]."""
+    """Reference for ``pattern_scores``: gather every neighbour key, plain autograd. [B, T, H, W]
+    (idx [T, W] or per-row [B, T, W])."""
     b, t, h, k = q.shape
-    w = idx.shape[1]
+    w = idx.shape[-1]
+    if idx.dim() == 3:
+        nb = kbuf[torch.arange(b)[:, None, None], idx.clamp(min=0)]  # [B, T, W, H, K]
+        return torch.einsum("bthk,btwhk->bthw", q, nb) * (idx >= 0)[:, :, None, :]
     nb = kbuf.index_select(1, idx.clamp(min=0).reshape(-1)).view(b, t, w, h, k)  # [B, T, W, H, K]
     return torch.einsum("bthk,btwhk->bthw", q, nb) * (idx >= 0)[None, :, None, :]
 
@@ -429,9 +604,12 @@ def _band(beta: Tensor, plan: PatternPlan) -> Tensor:
     previous R / C chunks then its own), from the entries read at distance <= R."""
     b, h, t, _ = beta.shape
     band = beta.new_zeros(b, h, t, plan.reach + plan.chunk)
-    col = plan.on(plan.band_col, beta.device)  # [T, Wn] over the near level slots
-    src = beta.index_select(-1, plan.on(plan.near_cols, beta.device)) * plan.mask("near_compact", beta)
-    return band.scatter_add_(-1, col.expand(b, h, t, col.shape[1]), src)
+    col = plan.on(plan.band_col, beta.device)  # [T, Wn] over the near level slots ([B, T, Wn] per row)
+    near = plan.mask("near_compact", beta)
+    if col.dim() == 3:  # per-row tables
+        col, near = col[:, None], near[:, None]
+    src = beta.index_select(-1, plan.on(plan.near_cols, beta.device)) * near
+    return band.scatter_add_(-1, col.expand(b, h, t, col.shape[-1]), src)
 
 
 def _level_major(beta: Tensor, mask: Tensor) -> Tensor:
@@ -548,6 +726,76 @@ class _PatternSolve(torch.autograd.Function):
         return galpha, gbeta, gx, gacc[:, :, :p], None
 
 
+def _gather_rows(buf: Tensor, flat: Tensor) -> Tensor:
+    """buf [B, H, N, V] (contiguous) at flat row indices [B, H, n, W] (``RowPatternPlan.flat``) ->
+    [B, H, n, W, V]."""
+    v = buf.shape[-1]
+    return buf.view(-1, v).index_select(0, flat.reshape(-1)).view(*flat.shape, v)
+
+
+class _RowPatternSolve(torch.autograd.Function):
+    """``_PatternSolve`` on per-row tables (``RowPatternPlan``): the same band blocks and chunk
+    inverses, the far reads gathered per chunk instead of added by runs."""
+
+    @staticmethod
+    def forward(ctx, alpha, beta, x, y_prefix, plan):
+        # head-first inside: alpha [B,H,T], beta [B,H,T,W], x [B,H,T,V], y_prefix [B,H,P,V]
+        b, h, t, v = x.shape
+        p, reach = plan.p, plan.reach
+        band = _band(beta, plan)
+        inv = _chunk_inverses(band, plan)
+        beta_far = beta.index_select(-1, plan.on(plan.far_cols, x.device)) * plan.mask("far", beta)[:, None]
+        far = plan.flat("far_keys", h, x.device)  # [B, H, T, Wf]
+        buf = x.new_zeros(b, h, p + t, v)
+        buf[:, :, :p] = y_prefix
+        rhs = alpha[..., None] * x
+        for ci, (s, e) in enumerate(plan.chunks):
+            r_c = rhs[:, :, s:e]
+            if plan.has_far[ci]:  # far reads are at distance > R >= C: rows solved before this chunk
+                ys = _gather_rows(buf, far[:, :, s:e])  # [B, H, n, Wf, V]
+                r_c = r_c + (beta_far[:, :, s:e, :, None] * ys).sum(3)
+            lo = max(0, p + s - reach)
+            if plan.has_prev[ci]:
+                r_c = r_c + band[:, :, s:e, lo - (p + s - reach) : reach] @ buf[:, :, lo : p + s]
+            buf[:, :, p + s : p + e] = (inv[:, :, ci, : e - s, : e - s] @ r_c.to(inv.dtype)).to(x.dtype)
+        ctx.save_for_backward(alpha, beta, x, buf, band, inv)
+        ctx.plan = plan
+        return buf[:, :, p:].clone()
+
+    @staticmethod
+    def backward(ctx, gy):
+        alpha, beta, x, buf, band, inv = ctx.saved_tensors
+        plan = ctx.plan
+        p, reach = plan.p, plan.reach
+        b, h, t, v = x.shape
+        inv_t = inv.transpose(-1, -2)
+        beta_far = beta.index_select(-1, plan.on(plan.far_cols, x.device)) * plan.mask("far", beta)[:, None]
+        far = plan.flat("far_keys", h, x.device)
+        gacc = gy.new_zeros(b, h, p + t, v)
+        g_all = gy.new_empty(b, h, t, v)
+        for ci in reversed(range(len(plan.chunks))):
+            s, e = plan.chunks[ci]
+            g = gy[:, :, s:e] + gacc[:, :, p + s : p + e]
+            g = (inv_t[:, :, ci, : e - s, : e - s] @ g.to(inv_t.dtype)).to(gy.dtype)
+            g_all[:, :, s:e] = g
+            lo = max(0, p + s - reach)
+            if plan.has_prev[ci]:
+                gacc[:, :, lo : p + s] += band[:, :, s:e, lo - (p + s - reach) : reach].transpose(-1, -2) @ g
+            if plan.has_far[ci]:
+                src = beta_far[:, :, s:e, :, None] * g[:, :, :, None, :]  # [B, H, n, Wf, V]
+                gacc.view(-1, v).index_add_(0, far[:, :, s:e].reshape(-1), src.view(-1, v))
+        galpha = (g_all * x).sum(-1)
+        gx = alpha[..., None] * g_all
+        gbeta = gy.new_empty(b, h, t, plan.w)
+        keys = plan.flat("keys", h, x.device)
+        _, step = _leftover_blocks(t, b * h * plan.w * v)
+        for r0 in range(0, t, step):
+            r1 = min(t, r0 + step)
+            gbeta[:, :, r0:r1] = torch.linalg.vecdot(_gather_rows(buf, keys[:, :, r0:r1]), g_all[:, :, r0:r1, None])
+        gbeta *= plan.mask("valid", gbeta)[:, None]
+        return galpha, gbeta, gx, gacc[:, :, :p], None
+
+
 def chunked_pattern_solve(
     alpha: Tensor,
     beta: Tensor,
@@ -563,6 +811,7 @@ def chunked_pattern_solve(
         alpha: [B, T, H] self coefficients (the diagonal of A).
         beta: [B, T, H, W] neighbour coefficients; entries where idx < 0 are ignored.
         idx: [T, W] long, buffer position read by (t, w), -1 for none; must satisfy idx[t] < P + t.
+            Or per-row tables [B, T, W] (packed rows, ``packed_table``; module docstring).
         x: [B, T, H, V] inputs (values).
         y_prefix: [B, P, H, V] outputs of cached earlier positions (buffer positions 0..P-1), or None.
         chunk_size: C, the block size of the triangular solves.
@@ -575,19 +824,27 @@ def chunked_pattern_solve(
     b, t, h, v = x.shape
     if y_prefix is None:
         y_prefix = x.new_zeros(b, 0, h, v)
-    if idx.shape[0] != t or beta.shape[:3] != (b, t, h) or beta.shape[3] != idx.shape[1]:
+    if (
+        idx.dim() not in (2, 3)
+        or idx.shape[-2] != t
+        or (idx.dim() == 3 and idx.shape[0] != b)
+        or beta.shape[:3] != (b, t, h)
+        or beta.shape[3] != idx.shape[-1]
+    ):
         raise InputError(f"shape mismatch: x {tuple(x.shape)}, beta {tuple(beta.shape)}, idx {tuple(idx.shape)}")
     p = y_prefix.shape[1]
     if plan is None:
         plan = plan_pattern(idx, p, chunk_size)
-    elif (plan.t, plan.w, plan.p, plan.chunk) != (t, idx.shape[1], p, chunk_size):
+    elif (plan.t, plan.w, plan.p, plan.chunk) != (t, idx.shape[-1], p, chunk_size) or isinstance(
+        plan, RowPatternPlan
+    ) != (idx.dim() == 3):
         raise InputError(
-            f"plan for T={plan.t}, W={plan.w}, P={plan.p}, C={plan.chunk} used with "
+            f"plan for T={plan.t}, W={plan.w}, P={plan.p}, C={plan.chunk} "
+            f"({'per-row' if isinstance(plan, RowPatternPlan) else 'shared'} table) used with "
             f"idx {tuple(idx.shape)}, P={p}, C={chunk_size}"
         )
-    y = _PatternSolve.apply(
-        alpha.transpose(1, 2), beta.transpose(1, 2), x.transpose(1, 2), y_prefix.transpose(1, 2), plan
-    )
+    solve = _RowPatternSolve if isinstance(plan, RowPatternPlan) else _PatternSolve
+    y = solve.apply(alpha.transpose(1, 2), beta.transpose(1, 2), x.transpose(1, 2), y_prefix.transpose(1, 2), plan)
     return y.transpose(1, 2)
 
 
@@ -595,8 +852,13 @@ def recurrent_pattern_solve(
     alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y_prefix: Tensor | None = None
 ) -> Tensor:
     """Reference for ``chunked_pattern_solve``: forward substitution one position at a time, plain
-    autograd. Same arguments (no chunking); O(T W V) time, for tests."""
+    autograd. Same arguments (no chunking; per-row tables [B, T, W] row by row); O(T W V) time,
+    for tests."""
     b, t, h, v = x.shape
+    if idx.dim() == 3:
+        yp = y_prefix if y_prefix is not None else x.new_zeros(b, 0, h, v)
+        rows = [slice(i, i + 1) for i in range(b)]
+        return torch.cat([recurrent_pattern_solve(alpha[r], beta[r], idx[r][0], x[r], yp[r]) for r in rows])
     ys = list((y_prefix if y_prefix is not None else x.new_zeros(b, 0, h, v)).unbind(1))
     p = len(ys)
     for s in range(t):
@@ -614,13 +876,16 @@ def _window_scores(
 ) -> Tensor:
     """Masked scores of rows s.. of the segment against buffer positions lo..: [B, H, C, L], -inf
     outside {t - window, ..., t} (the row's own position included: its self score) and, with
-    ``key_start`` [B], at the padding positions < key_start[b] other than the row's own."""
+    ``key_start`` [B] (or per query [B, T]), at the positions < key_start[b] (key_start[b, t])
+    other than the row's own."""
     sc = (q_c @ kwin.transpose(-1, -2)) * scale
-    own = p + s + torch.arange(q_c.shape[2], device=q_c.device)[:, None]  # buffer position of each row
+    c = q_c.shape[2]
+    own = p + s + torch.arange(c, device=q_c.device)[:, None]  # buffer position of each row
     pos = lo + torch.arange(kwin.shape[2], device=q_c.device)[None, :]
     out = (pos > own) | (pos < own - window)  # [C, L]
     if key_start is not None:
-        out = out | ((pos[None] < key_start[:, None, None]) & (pos != own))[:, None]  # [B, 1, C, L]
+        first = key_start[:, None, None] if key_start.dim() == 1 else key_start[:, s : s + c, None]
+        out = out | ((pos[None] < first) & (pos != own))[:, None]  # [B, 1, C, L]
     return sc.masked_fill_(out, float("-inf"))
 
 
@@ -706,7 +971,9 @@ def chunked_window_softmax(
         chunk_size: C.
         scale: score scale, 1 / sqrt(K) if None.
         key_start: [B] long, leading padding positions of each row's buffer (left-padded batches):
-            excluded from every row's neighbours but a padding row's own self term; or None.
+            excluded from every row's neighbours but a padding row's own self term; or [B, T], the
+            buffer position where each query's document begins (packed rows: a query reads no
+            key before it); or None.
     Returns:
         y: [B, T, H, V].
     """
