@@ -71,6 +71,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.operator import MixOperator, solve_dense
+from tokenmix.core.packing import Packing
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
 from tokenmix.ops.chunked_channel_delta import channel_delta_operator, channel_delta_step, chunked_channel_delta_rule
 from tokenmix.ops.chunked_delta import chunked_delta_rule, delta_rule_operator, delta_rule_step
@@ -155,11 +156,22 @@ class DeltaRuleMixer(Mixer):
         return new.carry_over(state) if state is not None else new
 
     # ---------------------------------------------------------------- modes
-    def forward_chunked(self, x: Tensor, state: DeltaState | None) -> tuple[Tensor, DeltaState]:
+    def forward_chunked(
+        self, x: Tensor, state: DeltaState | None, packing: Packing | None = None
+    ) -> tuple[Tensor, DeltaState]:
+        """The UT-transform kernel; with ``packing`` (a member that lists ``chunked`` in
+        ``packing_modes``) the kernel resets the state at each document boundary and the returned
+        memory is each row's last document's."""
         q, k, v, beta, g = self._segment(x, state)
         s0 = None if state is None else state.memory
+        n = self.substeps
+        doc_starts = None
+        if packing is not None:  # on the sub-step clock: token t's sub-steps are positions n t .. n t + n - 1
+            doc_starts = packing.starts if n == 1 else (packing.starts * n).repeat_interleave(n, 1)
         # on a sub-step clock only each token's last sub-step is read out: the other rows are never formed
-        o, s = chunked_delta_rule(q, k, v, beta, g, self.scale, s0, self.config.chunk_size, read_every=self.substeps)
+        o, s = chunked_delta_rule(
+            q, k, v, beta, g, self.scale, s0, self.config.chunk_size, read_every=n, doc_starts=doc_starts
+        )
         return self.out(o.flatten(2)), self._next_state(state, s, x.shape[1], x.shape[0])
 
     def forward_dense(self, x: Tensor, state: DeltaState | None) -> tuple[Tensor, DeltaState]:

@@ -55,3 +55,4 @@ class DeltaNetConfig(MixerConfig):
 )
 class DeltaNet(DeltaRuleMixer):
     config_cls = DeltaNetConfig
+    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries

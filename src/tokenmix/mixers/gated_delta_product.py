@@ -74,6 +74,7 @@ class GatedDeltaProductConfig(GatedDeltaNetConfig):
 )
 class GatedDeltaProduct(DeltaRuleMixer):
     config_cls = GatedDeltaProductConfig
+    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     decay_gate = "head"
 
     def __init__(self, config: GatedDeltaProductConfig, d_model: int) -> None:

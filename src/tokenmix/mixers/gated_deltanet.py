@@ -53,4 +53,5 @@ class GatedDeltaNetConfig(DeltaNetConfig):
 )
 class GatedDeltaNet(DeltaRuleMixer):
     config_cls = GatedDeltaNetConfig
+    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     decay_gate = "head"

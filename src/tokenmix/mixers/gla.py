@@ -56,6 +56,7 @@ class GLAConfig(MixerConfig):
 )
 class GLA(GatedLinearMixer):
     config_cls = GLAConfig
+    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     reassociates = True  # the chunked form factors the decay products as exp(G_i - G_j)
 
     def __init__(self, config: GLAConfig, d_model: int) -> None:

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from tokenmix.core.operator import MixOperator, solve_dense
+from tokenmix.core.packing import Packing
 from tokenmix.mixers.base import Mixer, MixerState
 from tokenmix.ops.chunked_gla import chunked_gla
 from tokenmix.ops.recurrent_gla import gla_step
@@ -131,9 +132,12 @@ class GatedLinearMixer(Mixer):
         new = MatrixState(self.owner, batch, pos + t, memory)
         return new.carry_over(state) if state is not None else new
 
-    def _mix_chunked(self, f: LinearFeatures, s0: Tensor | None) -> tuple[Tensor, Tensor]:
-        """The chunked mixing alone: o [B, T, H, V] and the final state [B, H, K, V] from the features."""
-        return chunked_gla(f.q, f.k, f.v, f.g, f.scale, s0, self.config.chunk_size)
+    def _mix_chunked(
+        self, f: LinearFeatures, s0: Tensor | None, doc_starts: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The chunked mixing alone: o [B, T, H, V] and the final state [B, H, K, V] from the features
+        (``doc_starts``: ``Packing.starts`` of a packed segment, the state resetting at each boundary)."""
+        return chunked_gla(f.q, f.k, f.v, f.g, f.scale, s0, self.config.chunk_size, doc_starts)
 
     def mixing_core(self, x: Tensor) -> tuple[Callable[..., tuple[Tensor, Tensor]], tuple[Tensor | None, ...]]:
         """(fn, inputs) such that fn(*inputs) is the chunked mode's mixing of x without the projections.
@@ -151,10 +155,15 @@ class GatedLinearMixer(Mixer):
         return fn, leaves
 
     # ---------------------------------------------------------------- modes
-    def forward_chunked(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
+    def forward_chunked(
+        self, x: Tensor, state: MatrixState | None, packing: Packing | None = None
+    ) -> tuple[Tensor, MatrixState]:
+        """The chunked kernel; with ``packing`` (a member that lists ``chunked`` in ``packing_modes``)
+        the kernel resets the state at each document boundary and the returned memory is each row's
+        last document's."""
         f = self._segment_features(x, state)
         s0 = None if state is None else state.memory
-        o, s = self._mix_chunked(f, s0)
+        o, s = self._mix_chunked(f, s0) if packing is None else self._mix_chunked(f, s0, packing.starts)
         return self._output(o, f), self._next_state(state, s, x.shape[1], x.shape[0])
 
     def forward_dense(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:

@@ -75,6 +75,7 @@ def hgrn2_gates(f_logits: Tensor, lower_bound: float) -> tuple[Tensor, Tensor]:
 )
 class HGRN2(GatedLinearMixer):
     config_cls = HGRN2Config
+    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     reassociates = True  # the chunked form factors the forget-gate products as exp(G_i - G_j)
 
     def __init__(self, config: HGRN2Config, d_model: int) -> None:

@@ -55,6 +55,7 @@ class LinearAttentionConfig(MixerConfig):
 )
 class LinearAttention(GatedLinearMixer):
     config_cls = LinearAttentionConfig
+    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
 
     def __init__(self, config: LinearAttentionConfig, d_model: int) -> None:
         super().__init__(config, d_model)

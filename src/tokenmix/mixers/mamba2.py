@@ -85,6 +85,7 @@ def inverse_softplus_dt(n: int, dt_min: float, dt_max: float) -> Tensor:
 )
 class Mamba2(GatedLinearMixer):
     config_cls = Mamba2Config
+    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     reassociates = True  # the chunked form factors prod a_s as exp(G_i - G_j)
     test_overrides = {"state_dim": 4}
 
@@ -98,9 +99,11 @@ class Mamba2(GatedLinearMixer):
         self.D = nn.Parameter(torch.ones(h)) if config.d_skip else None
         self.out = Linear(h * p, d_model, bias=False)
 
-    def _mix_chunked(self, f: LinearFeatures, s0: Tensor | None) -> tuple[Tensor, Tensor]:
+    def _mix_chunked(
+        self, f: LinearFeatures, s0: Tensor | None, doc_starts: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         """SSD over all heads at once: q and k are C and B broadcast over the heads, [:, :, 0] is the shared one."""
-        return chunked_ssd(f.q[:, :, 0], f.k[:, :, 0], f.v, f.g, f.scale, s0, self.config.chunk_size)
+        return chunked_ssd(f.q[:, :, 0], f.k[:, :, 0], f.v, f.g, f.scale, s0, self.config.chunk_size, doc_starts)
 
     def mixing_core(self, x: Tensor):
         """(fn, inputs): the SSD mixing of x without the projections (C, B as [B, T, N] leaves)."""

@@ -52,6 +52,7 @@ class RetNetConfig(MixerConfig):
 )
 class RetNet(GatedLinearMixer):
     config_cls = RetNetConfig
+    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     reassociates = True  # the chunked form factors gamma^(t-j) as exp(G_t - G_j)
 
     def __init__(self, config: RetNetConfig, d_model: int) -> None:

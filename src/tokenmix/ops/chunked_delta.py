@@ -35,6 +35,7 @@ from torch.autograd.function import once_differentiable
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.threads import one_thread
+from tokenmix.ops.chunk_boundaries import check_doc_starts, chunk_boundaries
 
 
 def time_chunks(x: Tensor, n: int, c: int) -> Tensor:
@@ -198,8 +199,17 @@ def chunked_delta_rule(
     initial_state: Tensor | None = None,
     chunk_size: int = 64,
     read_every: int = 1,
+    doc_starts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """(Gated) delta rule, chunkwise.
+
+    Packed rows (``doc_starts``): the state resets at every document boundary, as if each document
+    ran alone (the first of a row from ``initial_state``, the others from zero). Inside a chunk the
+    decays between tokens of different documents are zero, in the readout Q Kᵀ and in the UT
+    transform's strictly lower matrix alike (so T is block-diagonal over the chunk's documents); a
+    document that begins inside the chunk neither reads nor erases the state entering it (its rows of
+    W and of the state readout are zero); the state leaving a chunk with a boundary holds the writes
+    of the chunk's last document alone (ops/chunk_boundaries.py: 0 / 1 masks of O(T C)).
 
     Args:
         q, k: [B, T, H, K] queries and keys (the caller L2-normalises k; the rule assumes |k| <= 1
@@ -213,8 +223,10 @@ def chunked_delta_rule(
         read_every: r; only positions r - 1, 2r - 1, ... are read out (T must be a multiple of r):
             DeltaProduct's sub-step clock, where only a token's last sub-step has an output row.
             The other rows of q are ignored and their read-out is never formed.
+        doc_starts: [B, T] long on the op's clock (``Packing.starts``; sub-steps included), or None
+            for one document per row.
     Returns:
-        o: [B, T / r, H, V];  final state S_T: [B, H, K, V].
+        o: [B, T / r, H, V];  final state S_T: [B, H, K, V] (of each row's last document).
 
     Examples:
         >>> q, k = torch.randn(1, 10, 2, 4), torch.nn.functional.normalize(torch.randn(1, 10, 2, 4), dim=-1)
@@ -235,6 +247,8 @@ def chunked_delta_rule(
         )
     if g is not None and g.shape != (b, t, h):
         raise InputError(f"g must be [B, T, H] = {(b, t, h)}, got {tuple(g.shape)}")
+    if doc_starts is not None:
+        check_doc_starts(doc_starts, b, t)
     scale = dk**-0.5 if scale is None else scale
     c = max(r, chunk_size - chunk_size % r)  # chunks hold whole groups of r, so the read rows sit at r-1::r in each
     n = -(-t // c)
@@ -242,9 +256,17 @@ def chunked_delta_rule(
     chunks = lambda x: time_chunks(x, n, c)  # noqa: E731  [B, T, H, ...] -> [B, H, N, C, ...]
     qc, kc, vc, bc = chunks(q), chunks(k), chunks(v), chunks(beta)  # [B,H,N,C,K|V], beta [B,H,N,C]
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
+    reads = writes = carry = None
+    if doc_starts is not None:
+        # packed rows: j is visible from i only inside i's document (so the UT matrix and its inverse
+        # are block-diagonal over the documents of a chunk); [N, B, ...] masks -> [B, 1, N, ...]
+        bounds = chunk_boundaries(doc_starts, n, c, torch.bool)
+        causal = causal & bounds.same.transpose(0, 1)[:, None]  # [B, 1, N, C, C]
+        reads, writes = (z.transpose(0, 1)[:, None, ..., 0].to(q.dtype) for z in (bounds.reads, bounds.writes))
+        carry = bounds.carry.transpose(0, 1)[:, None, :, None, None].to(q.dtype)  # [B, 1, N, 1, 1]
     if g is None:
         gc = None
-        gamma = causal.to(q.dtype)  # [C, C]
+        gamma = causal.to(q.dtype)  # [C, C] ([B, 1, N, C, C] packed)
     else:
         gc = chunks(g).cumsum(-1)  # [B,H,N,C], G restarted at every chunk start
         # mask before exp: the upper triangle holds positive exponents that could overflow
@@ -253,13 +275,28 @@ def chunked_delta_rule(
     kb = kc * bc[..., None]
     eye = torch.eye(c, dtype=q.dtype, device=q.device)
     a_kk = ((kb @ kc.transpose(-1, -2)) * gamma).tril(-1)  # strictly lower, [B,H,N,C,C]
-    kw = kb if gc is None else kb * gc.exp()[..., None]
+    if reads is None:
+        kw = kb if gc is None else kb * gc.exp()[..., None]
+    else:  # only the documents that began before the chunk read (and erase from) its entering state
+        kw = kb * (reads if gc is None else gc.exp() * reads)[..., None]
     t_ut = unit_lower_inverse(eye + a_kk)  # the UT transform T, [B,H,N,C,C]
     u0, w = t_ut @ (vc * bc[..., None]), t_ut @ kw  # [B,H,N,C,V], [B,H,N,C,K]
     rows = slice(r - 1, None, r)  # the read-out rows of each chunk (all of them for r = 1)
     q_read = qc[..., rows, :]
     qk = (q_read @ kc.transpose(-1, -2)) * gamma[..., rows, :] * scale  # [B,H,N,C/r,C], lower incl. diagonal
-    if gc is None:
+    if reads is not None:  # packed: the masked reads, writes and carries (module docstring of chunk_boundaries)
+        if gc is None:
+            q_state, k_state, chunk_decay = (
+                q_read * (reads[..., rows] * scale)[..., None],
+                kc * writes[..., None],
+                carry,
+            )
+        else:
+            q_state = q_read * (gc[..., rows].exp() * scale * reads[..., rows])[..., None]
+            g_last = gc[..., -1:]
+            k_state = kc * ((g_last - gc).exp() * writes)[..., None]
+            chunk_decay = g_last.exp()[..., None] * carry
+    elif gc is None:
         q_state, k_state, chunk_decay = q_read * scale, kc, None
     else:
         q_state = q_read * (gc[..., rows].exp() * scale)[..., None]

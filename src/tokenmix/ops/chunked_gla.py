@@ -59,6 +59,7 @@ from torch.autograd.function import once_differentiable
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.threads import one_thread
+from tokenmix.ops.chunk_boundaries import ChunkBoundaries, check_doc_starts, chunk_boundaries
 
 _NONE, _PER_HEAD, _PER_KEY = "none", "per_head", "per_key"
 _BASE_BLOCK = 4  # safe per-key scores: pairs inside blocks of at most this many tokens are built elementwise
@@ -209,12 +210,13 @@ def _safe_score_grads(da: Tensor, q: Tensor, k: Tensor, decays: list, kind: str)
 #             state), delta = the chunk's own write decayed to the chunk end [r, K, V], saved tensors;
 #   backward: dqs, dk, dv (and dG = qs ⊙ dqs - k ⊙ dk) of the rows, given dO, the gradient d_next of
 #             the state leaving each chunk and the state entering it.
-def _fast_forward(qs, k, v, gc, own=False, delta_out=None):
+def _fast_forward(qs, k, v, gc, own=False, delta_out=None, masks=None):
     """Factored form; |G| <= factored_bound on these rows.
 
     ``own``: qs and k are this call's own row copies, not needed afterwards, so they are scaled in
     place into q_in and k_t (saving two [r, C, K] allocations); ``delta_out`` [r, K, V]: where the
-    chunk writes go (the state buffer), instead of a new tensor.
+    chunk writes go (the state buffer), instead of a new tensor; ``masks``: the rows' document masks
+    (packed rows, ``_RowMasks``).
     """
     e_g = gc.exp()  # [r, C, K|1]
     e_ng = e_g.reciprocal()  # exp(-G), normal by the bound
@@ -224,52 +226,74 @@ def _fast_forward(qs, k, v, gc, own=False, delta_out=None):
         q_in, k_t = qs * e_g, k * e_ng  # qs ⊙ e^G, k ⊙ e^-G
     a = torch.bmm(q_in, k_t.transpose(1, 2)).tril_()
     e_gamma = e_g[:, -1:, :].transpose(1, 2)  # [r, K|1, 1]: decay across the whole chunk
-    delta = torch.bmm(k_t.transpose(1, 2), v, out=delta_out).mul_(e_gamma)  # (k ⊙ e^(Gamma - G))ᵀ v
+    k_w = k_t if masks is None else masks.written(k_t)
+    if masks is not None:
+        masks.same_(a)
+    delta = torch.bmm(k_w.transpose(1, 2), v, out=delta_out).mul_(e_gamma)  # (k ⊙ e^(Gamma - G))ᵀ v
     return a, q_in, delta, (q_in, k_t, e_g, e_ng, e_gamma)
 
 
-def _fast_backward(do, v, a, d_next, starts, saved, want_dg):
+def _fast_backward(do, v, a, d_next, starts, saved, want_dg, masks=None, do_read=None):
+    """``do_read``: the output gradient of the queries that read the entering state (packed rows;
+    None: ``do``)."""
     q_in, k_t, e_g, e_ng, e_gamma = saved
     dn = d_next * e_gamma  # k_out = k_t ⊙ e^Gamma: fold e^Gamma into dS'
     da = torch.bmm(do, v.transpose(1, 2)).tril_()
-    dv = torch.bmm(a.transpose(1, 2), do).baddbmm_(k_t, dn)
-    dq_t = torch.bmm(da, k_t).baddbmm_(do, starts.transpose(1, 2))  # d(qs ⊙ e^G)
-    dk_t = torch.bmm(da.transpose(1, 2), q_in).baddbmm_(v, dn.transpose(1, 2))  # d(k ⊙ e^-G)
+    k_w, v_w, do_read = k_t, v, do if do_read is None else do_read
+    if masks is not None:
+        masks.same_(da)
+        k_w, v_w = masks.written(k_t), masks.written(v)
+    dv = torch.bmm(a.transpose(1, 2), do).baddbmm_(k_w, dn)
+    dq_t = torch.bmm(da, k_t).baddbmm_(do_read, starts.transpose(1, 2))  # d(qs ⊙ e^G)
+    dk_t = torch.bmm(da.transpose(1, 2), q_in).baddbmm_(v_w, dn.transpose(1, 2))  # d(k ⊙ e^-G)
     dg = (q_in * dq_t).addcmul_(k_t, dk_t, value=-1) if want_dg else None  # qs⊙dqs - k⊙dk
     return dq_t.mul_(e_g), dk_t.mul_(e_ng), dv, dg
 
 
-def _safe_forward(qs, k, v, gc, kind):
+def _safe_forward(qs, k, v, gc, kind, masks=None):
     """Exponents <= 0 only; any decay strength."""
     a, decays = _safe_scores(qs, k, gc, kind)
     e_in = gc.exp()
     e_out = (gc[:, -1:, :] - gc).exp_()  # token j's write decayed to the chunk end
     q_in, k_out = qs * e_in, k * e_out
+    if masks is not None:
+        masks.same_(a)
+        masks.writes_(k_out)
     delta = torch.bmm(k_out.transpose(1, 2), v)
     return a, q_in, delta, (qs, k, decays, e_in, e_out, k_out)
 
 
-def _safe_backward(do, v, a, d_next, starts, saved, kind, want_dg):
-    qs, k, decays, e_in, e_out, k_out = saved
+def _safe_backward(do, v, a, d_next, starts, saved, kind, want_dg, masks=None, do_read=None):
+    qs, k, decays, e_in, e_out, k_out = saved  # k_out: the writing keys only (packed rows)
     da = torch.bmm(do, v.transpose(1, 2))
+    if masks is not None:
+        masks.same_(da)
     dv = torch.bmm(a.transpose(1, 2), do).baddbmm_(k_out, d_next)
     dq, dk = _safe_score_grads(da, qs, k, decays, kind)
-    dq.addcmul_(torch.bmm(do, starts.transpose(1, 2)), e_in)
-    dk.addcmul_(torch.bmm(v, d_next.transpose(1, 2)), e_out)
+    dq.addcmul_(torch.bmm(do if do_read is None else do_read, starts.transpose(1, 2)), e_in)
+    d_write = torch.bmm(v, d_next.transpose(1, 2))
+    dk.addcmul_(d_write if masks is None else masks.writes_(d_write), e_out)
     dg = (qs * dq).addcmul_(k, dk, value=-1) if want_dg else None
     return dq, dk, dv, dg
 
 
-def _none_forward(qs, k, v, delta_out=None):
+def _none_forward(qs, k, v, delta_out=None, masks=None):
     a = torch.bmm(qs, k.transpose(1, 2)).tril_()
-    return a, qs, torch.bmm(k.transpose(1, 2), v, out=delta_out)
+    if masks is None:
+        return a, qs, torch.bmm(k.transpose(1, 2), v, out=delta_out)
+    masks.same_(a)
+    return a, qs, torch.bmm(masks.written(k).transpose(1, 2), v, out=delta_out)
 
 
-def _none_backward(do, qs, k, v, a, d_next, starts):
+def _none_backward(do, qs, k, v, a, d_next, starts, masks=None, do_read=None):
     da = torch.bmm(do, v.transpose(1, 2)).tril_()
-    dv = torch.bmm(a.transpose(1, 2), do).baddbmm_(k, d_next)
-    dq = torch.bmm(da, k).baddbmm_(do, starts.transpose(1, 2))
-    dk = torch.bmm(da.transpose(1, 2), qs).baddbmm_(v, d_next.transpose(1, 2))
+    k_w, v_w, do_read = k, v, do if do_read is None else do_read
+    if masks is not None:
+        masks.same_(da)
+        k_w, v_w = masks.written(k), masks.written(v)
+    dv = torch.bmm(a.transpose(1, 2), do).baddbmm_(k_w, d_next)
+    dq = torch.bmm(da, k).baddbmm_(do_read, starts.transpose(1, 2))
+    dk = torch.bmm(da.transpose(1, 2), qs).baddbmm_(v_w, d_next.transpose(1, 2))
     return dq, dk, dv
 
 
@@ -299,13 +323,66 @@ def _rows(x: Tensor, idx: Tensor | None) -> Tensor:
     return x if idx is None else x.index_select(0, idx)
 
 
+class _RowMasks:
+    """The document masks of packed chunk rows (ops/chunk_boundaries.py): ``same`` [M, C, C],
+    ``reads`` and ``writes`` [M, C, 1], each mask row covering ``h`` consecutive chunk rows (the heads
+    of one chunk of one batch row). Applied by multiplication, in place (``*_``) or into a new tensor."""
+
+    def __init__(self, same: Tensor, reads: Tensor, writes: Tensor, h: int) -> None:
+        self.same, self.reads, self.writes, self.h = same, reads, writes, h
+
+    @classmethod
+    def of(cls, bounds: ChunkBoundaries, h: int) -> "_RowMasks":
+        n, b, c = bounds.reads.shape[:3]
+        return cls(bounds.same.view(n * b, c, c), bounds.reads.view(n * b, c, 1), bounds.writes.view(n * b, c, 1), h)
+
+    def rows(self) -> tuple[Tensor, Tensor, Tensor]:
+        return self.same, self.reads, self.writes
+
+    def select(self, idx: Tensor | None) -> "_RowMasks":
+        """The masks of chunk rows ``idx`` (None: all), one mask row per chunk row."""
+        if idx is None:
+            return self
+        m = idx // self.h
+        return _RowMasks(self.same.index_select(0, m), self.reads.index_select(0, m), self.writes.index_select(0, m), 1)
+
+    def _mul(self, x: Tensor, m: Tensor, out: Tensor | None = None) -> Tensor:
+        out = torch.empty_like(x) if out is None else out
+        if self.h == 1:
+            return torch.mul(x, m, out=out)
+        torch.mul(x.view(-1, self.h, *x.shape[1:]), m[:, None], out=out.view(-1, self.h, *x.shape[1:]))
+        return out
+
+    def same_(self, x: Tensor) -> Tensor:
+        return self._mul(x, self.same, x)
+
+    def reads_(self, x: Tensor) -> Tensor:
+        return self._mul(x, self.reads, x)
+
+    def writes_(self, x: Tensor) -> Tensor:
+        return self._mul(x, self.writes, x)
+
+    def read(self, x: Tensor) -> Tensor:
+        """x [r, C, .] with the rows of the queries that do not read the entering state zeroed (a new tensor)."""
+        return self._mul(x, self.reads)
+
+    def written(self, x: Tensor) -> Tensor:
+        """x [r, C, .] with the rows of the keys that do not write the leaving state zeroed (a new tensor)."""
+        return self._mul(x, self.writes)
+
+
 class _ChunkedGLA(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, g, s0, scale, chunk):
+    def forward(ctx, q, k, v, g, s0, scale, chunk, doc_starts):
         b, t, h, dk = q.shape
         dv = v.shape[-1]
         n = -(-t // chunk)
         kind = _NONE if g is None else (_PER_HEAD if g.dim() == 3 else _PER_KEY)
+        masks = carry = None
+        if doc_starts is not None:
+            bounds = chunk_boundaries(doc_starts, n, chunk, q.dtype)
+            masks = _RowMasks.of(bounds, h)
+            carry = bounds.carry[:, :, None].expand(n, b, h).reshape(n, b * h, 1, 1)  # [N, BH, 1, 1]
         qs, kc, vc = _to_rows(q, n, chunk, scale), _to_rows(k, n, chunk), _to_rows(v, n, chunk)  # [R, C, .]
         rows = n * b * h
         # sbuf[i] = state entering chunk i (i < N), sbuf[N] = final state; chunk-major, so that
@@ -316,7 +393,7 @@ class _ChunkedGLA(torch.autograd.Function):
         # the chunk writes go straight into sbuf[1:] where one form covers every row
         writes = sbuf[1:].view(rows, dk, dv)
         if kind == _NONE:
-            a, q_in, delta = _none_forward(qs, kc, vc, writes)
+            a, q_in, delta = _none_forward(qs, kc, vc, writes, masks)
             saved = ()
         else:
             gl = g if kind == _PER_KEY else g[..., None]
@@ -324,19 +401,13 @@ class _ChunkedGLA(torch.autograd.Function):
             fast, safe = _split_rows(gc)
             parts = []
             if fast is None:  # every row factored: qs and kc become q_in and k_t in place
-                parts.append(("fast", None, _fast_forward(qs, kc, vc, gc, own=True, delta_out=writes)))
+                parts.append(("fast", None, _fast_forward(qs, kc, vc, gc, own=True, delta_out=writes, masks=masks)))
             elif fast.numel():
-                parts.append(
-                    ("fast", fast, _fast_forward(_rows(qs, fast), _rows(kc, fast), _rows(vc, fast), _rows(gc, fast)))
-                )
+                rows_in = (_rows(qs, fast), _rows(kc, fast), _rows(vc, fast), _rows(gc, fast))
+                parts.append(("fast", fast, _fast_forward(*rows_in, masks=masks and masks.select(fast))))
             if safe is None or safe.numel():
-                parts.append(
-                    (
-                        "safe",
-                        safe,
-                        _safe_forward(_rows(qs, safe), _rows(kc, safe), _rows(vc, safe), _rows(gc, safe), kind),
-                    )
-                )
+                rows_in = (_rows(qs, safe), _rows(kc, safe), _rows(vc, safe), _rows(gc, safe))
+                parts.append(("safe", safe, _safe_forward(*rows_in, kind, masks=masks and masks.select(safe))))
             if len(parts) == 1:
                 _, _, (a, q_in, delta, _) = parts[0]
             else:  # mixed: assemble the rows of both forms
@@ -348,6 +419,8 @@ class _ChunkedGLA(torch.autograd.Function):
                     delta.index_copy_(0, idx, d_p)
             saved = tuple((name, idx, p[3]) for name, idx, p in parts)
             decay = gc[:, -1, :].exp().view(n, b * h, -1, 1)  # [N, BH, K|1, 1]
+        if carry is not None:  # a chunk in which a document begins carries nothing through
+            decay = carry if decay is None else decay.mul_(carry)
         if delta.data_ptr() != writes.data_ptr():
             writes.copy_(delta)
         # the only sequential part: T / C steps on [K, V] (a loop of small adds is much faster than
@@ -359,10 +432,13 @@ class _ChunkedGLA(torch.autograd.Function):
                 else:
                     sbuf[i + 1].addcmul_(decay[i], sbuf[i])
         starts = sbuf[:n].view(rows, dk, dv)
-        o = torch.bmm(a, vc).baddbmm_(q_in, starts)
+        if masks is None:
+            o = torch.bmm(a, vc).baddbmm_(q_in, starts)
+        else:  # only the queries whose document began before the chunk read its entering state
+            o = masks.reads_(torch.bmm(q_in, starts)).baddbmm_(a, vc)
         ctx.save_for_backward(qs, kc, vc, a, q_in, sbuf)
         # intermediates (not inputs or outputs) may live on ctx; keeping them saves their exps
-        ctx.parts = (saved, decay)
+        ctx.parts = (saved, decay, masks)
         ctx.meta = (kind, scale, b, t, h, s0 is not None)
         return _from_rows(o, b, t, h), sbuf[n].view(b, h, dk, dv).clone()
 
@@ -370,16 +446,18 @@ class _ChunkedGLA(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, d_o, d_s):
         qs, kc, vc, a, q_in, sbuf = ctx.saved_tensors
-        saved, decay = ctx.parts
+        saved, decay, masks = ctx.parts
         kind, scale, b, t, h, has_s0 = ctx.meta
         rows, c, dk = qs.shape
         dv_dim = vc.shape[-1]
         n = rows // (b * h)
         do = _to_rows(d_o, n, c)
+        do_read = None if masks is None else masks.read(do)  # the output gradient of the reading queries
         # reverse carry: dbuf[i] = dL/dS_i, the gradient of the state entering chunk i (dbuf[N] = dS_T)
         dbuf = torch.empty_like(sbuf)
         dbuf[n] = 0 if d_s is None else d_s.reshape(b * h, dk, dv_dim)
-        torch.bmm(q_in.transpose(1, 2), do, out=dbuf[:n].view(rows, dk, dv_dim))  # each chunk's read
+        read_grad = do if masks is None else do_read
+        torch.bmm(q_in.transpose(1, 2), read_grad, out=dbuf[:n].view(rows, dk, dv_dim))  # each chunk's read
         with one_thread():
             for i in reversed(range(n)):
                 if decay is None:
@@ -390,12 +468,16 @@ class _ChunkedGLA(torch.autograd.Function):
         want_dg = kind != _NONE and ctx.needs_input_grad[3]  # RetNet's constant decays need no gradient
         dg = None
         if kind == _NONE:
-            dq, dk_, dv = _none_backward(do, qs, kc, vc, a, d_next, starts)
+            dq, dk_, dv = _none_backward(do, qs, kc, vc, a, d_next, starts, masks, do_read)
         else:
             results = []
             for name, idx, part in saved:
                 args = (_rows(do, idx), _rows(vc, idx), _rows(a, idx), _rows(d_next, idx), _rows(starts, idx), part)
-                res = _fast_backward(*args, want_dg) if name == "fast" else _safe_backward(*args, kind, want_dg)
+                packed = {} if masks is None else {"masks": masks.select(idx), "do_read": _rows(do_read, idx)}
+                if name == "fast":
+                    res = _fast_backward(*args, want_dg, **packed)
+                else:
+                    res = _safe_backward(*args, kind, want_dg, **packed)
                 results.append((idx, res))
             if len(results) == 1:
                 dq, dk_, dv, dgc = results[0][1]
@@ -418,7 +500,16 @@ class _ChunkedGLA(torch.autograd.Function):
                 if kind == _PER_HEAD:
                     dg = dg[..., 0]
         ds0 = dbuf[0].view(b, h, dk, dv_dim) if has_s0 else None
-        return (_from_rows(dq, b, t, h, scale), _from_rows(dk_, b, t, h), _from_rows(dv, b, t, h), dg, ds0, None, None)
+        return (
+            _from_rows(dq, b, t, h, scale),
+            _from_rows(dk_, b, t, h),
+            _from_rows(dv, b, t, h),
+            dg,
+            ds0,
+            None,
+            None,
+            None,
+        )
 
 
 def chunked_gla(
@@ -429,8 +520,15 @@ def chunked_gla(
     scale: float = 1.0,
     initial_state: Tensor | None = None,
     chunk_size: int = 64,
+    doc_starts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Gated linear attention, chunkwise (same results as ``recurrent_gla`` up to rounding).
+
+    Packed rows (``doc_starts``): the state resets at every document boundary, as if each document
+    ran alone (the first of a row from ``initial_state``, the others from zero). Inside a chunk the
+    scores between tokens of different documents are zero, a query whose document begins inside the
+    chunk does not read the state entering it, and the state leaving a chunk with a boundary holds
+    the writes of the chunk's last document alone (ops/chunk_boundaries.py: 0 / 1 masks of O(T C)).
 
     Args:
         q, k: [B, T, H, K] queries and keys.
@@ -440,8 +538,10 @@ def chunked_gla(
         scale: readout scale.
         initial_state: [B, H, K, V] or None (zeros).
         chunk_size: C (any positive size; powers of two use the most matmuls in the safe per-key form).
+        doc_starts: [B, T] long (``Packing.starts``: where each position's document begins), or None
+            for one document per row.
     Returns:
-        o: [B, T, H, V];  final state S_T: [B, H, K, V].
+        o: [B, T, H, V];  final state S_T: [B, H, K, V] (of each row's last document).
 
     Examples:
         >>> q, k, v = torch.randn(1, 10, 2, 4), torch.randn(1, 10, 2, 4), torch.randn(1, 10, 2, 3)
@@ -464,4 +564,6 @@ def chunked_gla(
         raise InputError(
             f"initial_state must be [B, H, K, V] = {(b, h, dk, v.shape[-1])}, got {tuple(initial_state.shape)}"
         )
-    return _ChunkedGLA.apply(q, k, v, g, initial_state, float(scale), int(chunk_size))
+    if doc_starts is not None:
+        check_doc_starts(doc_starts, b, t)
+    return _ChunkedGLA.apply(q, k, v, g, initial_state, float(scale), int(chunk_size), doc_starts)

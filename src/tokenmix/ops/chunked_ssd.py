@@ -39,7 +39,8 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from tokenmix.core.errors import InputError
-from tokenmix.ops.chunked_gla import _PER_HEAD, _safe_backward, _safe_forward, chunked_gla, factored_bound
+from tokenmix.ops.chunk_boundaries import check_doc_starts, chunk_boundaries
+from tokenmix.ops.chunked_gla import _PER_HEAD, _RowMasks, _safe_backward, _safe_forward, chunked_gla, factored_bound
 
 
 def _rows(x: Tensor, n: int, c: int, mult: Tensor | None = None) -> Tensor:
@@ -118,12 +119,16 @@ def _shared(x: Tensor, h: int) -> Tensor:
 
 class _ChunkedSSD(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, cq, bk, x, g, s0, scale, chunk, safe_rows):
+    def forward(ctx, cq, bk, x, g, s0, scale, chunk, safe_rows, doc_starts):
         bsz, t, nd = cq.shape
         h, p = x.shape[2], x.shape[3]
         hp = h * p
         n = -(-t // chunk)
         rows = n * bsz
+        masks = None
+        if doc_starts is not None:  # packed rows: one mask row per chunk row, shared by the heads
+            bounds = chunk_boundaries(doc_starts, n, chunk, cq.dtype)
+            masks = _RowMasks.of(bounds, 1)
         qs = _rows(cq, n, chunk)
         if scale != 1.0:
             qs.mul_(scale)  # scale folded into C once
@@ -138,6 +143,10 @@ class _ChunkedSSD(torch.autograd.Function):
         e_k = e_q.reciprocal()
         xt = _rows(x.reshape(bsz, t, hp), n, chunk, e_k)  # e^{r - G} ⊙ x [R, C, H P], in the layout copy
         m = torch.bmm(qs, kb.transpose(1, 2)).tril_()  # [R, C, C], shared by the heads
+        kb_w, qs_r = kb, qs  # the keys that write the leaving state, the queries that read the entering one
+        if masks is not None:
+            masks.same_(m)
+            kb_w, qs_r = masks.written(kb), masks.read(qs)
         gamma = gc[:, -1, :]  # [R, H]
         w_out = (gamma - ref[:, 0]).exp_()  # e^{Gamma - r}: x̃ written to the chunk end
         if safe_rows is not None:
@@ -145,10 +154,12 @@ class _ChunkedSSD(torch.autograd.Function):
         # sbuf[i] = state entering chunk i as [B, N, H P] (heads side by side), sbuf[N] = final state
         sbuf = cq.new_empty(n + 1, bsz, nd, hp)
         sbuf[0] = 0 if s0 is None else s0.permute(0, 2, 1, 3).reshape(bsz, nd, hp)
-        torch.bmm(kb.transpose(1, 2), xt, out=sbuf[1:].view(rows, nd, hp))
+        torch.bmm(kb_w.transpose(1, 2), xt, out=sbuf[1:].view(rows, nd, hp))
         sbuf[1:].view(rows, nd, h, p).mul_(w_out[:, None, :, None])
         safe = None
         if safe_rows is not None:
+            # the safe rows' masks: one mask row covers the H per-head rows of one chunk row
+            masks_s = None if masks is None else _RowMasks(*(z.index_select(0, safe_rows) for z in masks.rows()), h)
             # rows whose span the factors cannot carry: chunked_gla's safe per-head form (exponents <= 0),
             # on these rows only; their writes replace the placeholders before the carry
             v_s = _per_head(xt.index_select(0, safe_rows), h)  # plain x there (e_k = 1)
@@ -159,23 +170,31 @@ class _ChunkedSSD(torch.autograd.Function):
                 v_s,
                 g_s,
                 _PER_HEAD,
+                masks_s,
             )
             sbuf[1:].view(rows, nd, hp).index_copy_(0, safe_rows, _from_heads(delta_s, h))
-            safe = (safe_rows, v_s, a_s, q_in_s, saved_s)
+            safe = (safe_rows, v_s, a_s, q_in_s, saved_s, masks_s)
         decay = gamma.exp().view(n, bsz, 1, h, 1)
+        if masks is not None:  # a chunk in which a document begins carries nothing through
+            decay.mul_(bounds.carry.view(n, bsz, 1, 1, 1))
         for i in range(n):  # the only sequential part: T / C steps on [N, H P]
             sbuf[i + 1].view(bsz, nd, h, p).addcmul_(decay[i], sbuf[i].view(bsz, nd, h, p))
         e_ref = ref[:, 0].exp()  # [R, H]
         st = (sbuf[:n].view(rows, nd, h, p) * e_ref[:, None, :, None]).view(rows, nd, hp)  # e^{r} S
-        z = torch.bmm(m, xt).baddbmm_(qs, st)  # [R, C, H P]
+        z = torch.bmm(m, xt).baddbmm_(qs_r, st)  # [R, C, H P]
         if safe is not None:  # their outputs o themselves (e_q = 1 there)
             starts_s = _per_head(sbuf[:n].view(rows, nd, hp).index_select(0, safe_rows), h)
-            z.index_copy_(0, safe_rows, _from_heads(torch.bmm(a_s, v_s).baddbmm_(q_in_s, starts_s), h))
+            if masks_s is None:
+                z_s = torch.bmm(a_s, v_s).baddbmm_(q_in_s, starts_s)
+            else:
+                z_s = masks_s.reads_(torch.bmm(q_in_s, starts_s)).baddbmm_(a_s, v_s)
+            z.index_copy_(0, safe_rows, _from_heads(z_s, h))
             safe = (*safe, starts_s)  # the backward reads the same entering states
         # z, not o = e^{G - r} ⊙ z, is saved: the backward's rowsum_P(dO ⊙ o) equals rowsum_P(dZ ⊙ z),
         # so o only exists in the output layout, scaled during the copy
         ctx.save_for_backward(qs, kb, xt, m, st, z, sbuf, e_q, e_k, e_ref, w_out, decay)
         ctx.safe = safe
+        ctx.masks = masks
         ctx.meta = (scale, bsz, t, h, p, s0 is not None)
         final = sbuf[n].view(bsz, nd, h, p).permute(0, 2, 1, 3).contiguous()
         return _unrows(z, bsz, t, e_q).view(bsz, t, h, p), final
@@ -194,26 +213,38 @@ class _ChunkedSSD(torch.autograd.Function):
         # reverse carry over [N, H P] states: dbuf[i] = dL/dS_i (dbuf[N] = dS_T)
         dbuf = torch.empty_like(sbuf)
         dbuf[n] = 0 if d_s is None else d_s.permute(0, 2, 1, 3).reshape(bsz, nd, hp)
-        torch.bmm(qs.transpose(1, 2), dz, out=dbuf[:n].view(rows, nd, hp))
+        masks = ctx.masks
+        kb_w, qs_r = (kb, qs) if masks is None else (masks.written(kb), masks.read(qs))
+        torch.bmm(qs_r.transpose(1, 2), dz, out=dbuf[:n].view(rows, nd, hp))
         dbuf[:n].view(rows, nd, h, p).mul_(e_ref[:, None, :, None])
         safe = ctx.safe
         if safe is not None:  # the safe rows' reads: (C ⊙ e^G)ᵀ dO per head (dZ = dO there)
-            safe_rows, v_s, a_s, q_in_s, saved_s, starts_s = safe
+            safe_rows, v_s, a_s, q_in_s, saved_s, masks_s, starts_s = safe
             do_s = _per_head(dz.index_select(0, safe_rows), h)
+            do_s_read = do_s if masks_s is None else masks_s.read(do_s)
             dbuf[:n].view(rows, nd, hp).index_copy_(
-                0, safe_rows, _from_heads(torch.bmm(q_in_s.transpose(1, 2), do_s), h)
+                0, safe_rows, _from_heads(torch.bmm(q_in_s.transpose(1, 2), do_s_read), h)
             )
         for i in reversed(range(n)):
             dbuf[i].view(bsz, nd, h, p).addcmul_(decay[i], dbuf[i + 1].view(bsz, nd, h, p))
         d_next = dbuf[1:].view(rows, nd, hp)
         dn = (d_next.view(rows, nd, h, p) * w_out[:, None, :, None]).view(rows, nd, hp)
         dm = torch.bmm(dz, xt.transpose(1, 2)).tril_()  # [R, C, C]
-        dxt = torch.bmm(m.transpose(1, 2), dz).baddbmm_(kb, dn)  # [R, C, H P]
-        dq = torch.bmm(dm, kb).baddbmm_(dz, st.transpose(1, 2))  # [R, C, N]
-        dk = torch.bmm(dm.transpose(1, 2), qs).baddbmm_(xt, dn.transpose(1, 2))
+        if masks is None:
+            dxt = torch.bmm(m.transpose(1, 2), dz).baddbmm_(kb, dn)  # [R, C, H P]
+            dq = torch.bmm(dm, kb).baddbmm_(dz, st.transpose(1, 2))  # [R, C, N]
+            dk = torch.bmm(dm.transpose(1, 2), qs).baddbmm_(xt, dn.transpose(1, 2))
+        else:  # reads and writes of the masked rows only
+            masks.same_(dm)
+            dxt = torch.bmm(m.transpose(1, 2), dz).baddbmm_(kb_w, dn)
+            dq = masks.reads_(torch.bmm(dz, st.transpose(1, 2))).baddbmm_(dm, kb)
+            dk = masks.writes_(torch.bmm(xt, dn.transpose(1, 2))).baddbmm_(dm.transpose(1, 2), qs)
         if safe is not None:
             d_next_s = _per_head(d_next.index_select(0, safe_rows), h)
-            dq_s, dk_s, dv_s, dg_s = _safe_backward(do_s, v_s, a_s, d_next_s, starts_s, saved_s, _PER_HEAD, True)
+            packed = {} if masks_s is None else {"masks": masks_s, "do_read": do_s_read}
+            dq_s, dk_s, dv_s, dg_s = _safe_backward(
+                do_s, v_s, a_s, d_next_s, starts_s, saved_s, _PER_HEAD, True, **packed
+            )
             dq.index_copy_(0, safe_rows, dq_s.view(-1, h, chunk, nd).sum(1))  # C, B shared: summed over heads
             dk.index_copy_(0, safe_rows, dk_s.view(-1, h, chunk, nd).sum(1))
             dxt.index_copy_(0, safe_rows, _from_heads(dv_s, h))  # dx itself (e_k = 1 there)
@@ -236,6 +267,7 @@ class _ChunkedSSD(torch.autograd.Function):
             None,
             None,
             None,
+            None,
         )
 
 
@@ -247,8 +279,16 @@ def chunked_ssd(
     scale: float = 1.0,
     initial_state: Tensor | None = None,
     chunk_size: int = 64,
+    doc_starts: Tensor | None = None,
 ) -> tuple[Tensor, Tensor]:
     """Mamba-2 SSD with one group, chunkwise: ``chunked_gla(C, B, x, g)`` with C, B shared by the heads.
+
+    Packed rows (``doc_starts``): the state resets at every document boundary, as if each document
+    ran alone (the first of a row from ``initial_state``, the others from zero). Inside a chunk the
+    shared score matrix C Bᵀ is zero between tokens of different documents, a query whose document
+    begins inside the chunk does not read the state entering it, and the state leaving a chunk with a
+    boundary holds the writes of the chunk's last document alone (ops/chunk_boundaries.py: 0 / 1
+    masks of O(T C), shared by the heads).
 
     Args:
         c: [B, T, N] readout (C_t, the queries), shared by the heads.
@@ -258,8 +298,10 @@ def chunked_ssd(
         scale: readout scale (Mamba-2: 1).
         initial_state: [B, H, N, P] or None (zeros).
         chunk_size: C.
+        doc_starts: [B, T] long (``Packing.starts``: where each position's document begins), or None
+            for one document per row.
     Returns:
-        o: [B, T, H, P];  final state S_T: [B, H, N, P].
+        o: [B, T, H, P];  final state S_T: [B, H, N, P] (of each row's last document).
 
     Examples:
         >>> c, b, x = torch.randn(1, 10, 4), torch.randn(1, 10, 4), torch.randn(1, 10, 2, 3)
@@ -281,6 +323,8 @@ def chunked_ssd(
         raise InputError(f"g must be [B, T, H] = {(bsz, t, h)}, got {tuple(g.shape)}")
     if initial_state is not None and initial_state.shape != (bsz, h, nd, p):
         raise InputError(f"initial_state must be [B, H, N, P] = {(bsz, h, nd, p)}, got {tuple(initial_state.shape)}")
+    if doc_starts is not None:
+        check_doc_starts(doc_starts, bsz, t)
     n = -(-t // chunk_size)
     with torch.no_grad():
         gc = _chunk_log_decay(g.detach(), n, chunk_size)
@@ -296,6 +340,7 @@ def chunked_ssd(
             scale,
             initial_state,
             chunk_size,
+            doc_starts,
         )
     safe_rows = wide.nonzero()[:, 0] if n_wide else None
-    return _ChunkedSSD.apply(c, b, x, g, initial_state, float(scale), int(chunk_size), safe_rows)
+    return _ChunkedSSD.apply(c, b, x, g, initial_state, float(scale), int(chunk_size), safe_rows, doc_starts)
