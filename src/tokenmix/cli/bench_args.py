@@ -25,6 +25,18 @@ def register(sub) -> None:
         "--busy", type=int, default=0, help="single-threaded matmul loops kept running during the run (contention test)"
     )
     m.set_defaults(handler="bench_cmd:run_mixers")
+    pk = bsub.add_parser(
+        "packed",
+        help="fwd+bwd time of a batch packed with a corpus' documents against the same tokens unpacked "
+        "and the documents padded to rows of their own (~1 min at the defaults)",
+    )
+    add_mixers_option(pk, "pow2, pow2_ce, sq1_ce, mamba2, gla, gated_deltanet, attention")
+    pk.add_argument("--corpus", default="excerpt", help="whose document lengths fill the rows (default excerpt)")
+    pk.add_argument("--rows", type=int, default=4, help="rows of the batch (default 4)")
+    pk.add_argument("--row-length", type=int, default=2048, help="tokens per row (default 2048)")
+    pk.add_argument("--repeats", type=int, default=3, help="timed calls of each way (the best is reported)")
+    pk.add_argument("--seed", type=int, default=0)
+    pk.set_defaults(handler="bench_cmd:run_packed")
     lm = bsub.add_parser("lm", help="LM training and decode tokens/s per mixer at equal parameter count")
     d = LMBenchConfig()
     add_mixers_option(lm, f"{d.mixers}, those registered")

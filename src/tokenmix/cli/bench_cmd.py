@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from tokenmix.bench import decode, mixers, solver
+from tokenmix.bench import decode, mixers, packed, solver
 from tokenmix.bench.lm import run as run_lm_bench
 from tokenmix.bench.settings import LMBenchConfig
 from tokenmix.cli.limits import check_size, fmt_bytes, memory_budget
@@ -29,6 +29,7 @@ SOLVER_MODES = ("compiled", "chunked", "dense")
 
 def _progress(r: dict) -> None:
     keys = ("mixer", "label", "environment", "mode", "n", "time_s", "latency_ms", "cpu_ms_per_step", "peak_mb", "error")
+    keys += ("packed_over_unpacked", "padded_over_unpacked")
     print(
         "  " + " ".join(f"{k}={r[k]:.4g}" if isinstance(r.get(k), float) else f"{k}={r[k]}" for k in keys if k in r),
         file=sys.stderr,
@@ -190,6 +191,24 @@ def run_decode(args) -> int:
         f"the prefilled contexts of every --n (about {fmt_bytes(DECODE_BYTES_PER_POSITION)} a position)",
     )
     print(json.dumps(decode.run(args.n, args.mixers, _progress), indent=1))
+    return 0
+
+
+def run_packed(args) -> int:
+    names = None if args.mixers is None else mixer_list(args.mixers)  # None: the benchmark's own list
+    for flag, v, lo in (("--rows", args.rows, 1), ("--row-length", args.row_length, 2), ("--repeats", args.repeats, 1)):
+        if v < lo:
+            raise InputError(f"{flag} must be >= {lo}, got {v}")
+    check_size(
+        "--row-length",
+        args.row_length,
+        lambda n: 3 * args.rows * TRAIN_BYTES_PER_POSITION * float(n),
+        f"forward+backward passes over {args.rows} rows (three batches)",
+    )
+    if names:
+        _check_mixers(names, "--mixers")
+    result = packed.run(names, args.corpus, args.rows, args.row_length, args.repeats, args.seed, _progress)
+    print(json.dumps(result, indent=1))
     return 0
 
 
