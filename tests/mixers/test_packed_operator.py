@@ -10,6 +10,7 @@ import torch
 from mixer_helpers import small_mixer
 from tokenmix.core.operator import solve_dense
 from tokenmix.core.packing import Packing
+from tokenmix.mixers.registry import get_mixer_spec, mixer_names
 from tolerances import FLOAT64_EXACT, assert_close
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -46,3 +47,11 @@ def test_packed_operator_is_block_diagonal_over_documents(name):
             for t0, t1 in packing.documents(b):
                 alone = solve_dense(m.materialize(x[b : b + 1, t0:t1]), v[b : b + 1, r * t0 : r * t1])
                 assert_close(y[b, r * t0 : r * t1], alone[0], FLOAT64_EXACT, f"{name} solve of [{t0}, {t1})")
+
+
+def test_native_packing_modes_are_modes_of_the_mixer():
+    """A mode listed in ``packing_modes`` that the mixer does not have would never run natively (the
+    packed column then tests only the piece-wise path and says nothing about a kernel)."""
+    wrong = {n: get_mixer_spec(n).cls.packing_modes for n in mixer_names()}
+    wrong = {n: p for n, p in wrong.items() if not set(p) <= set(get_mixer_spec(n).cls.modes)}
+    assert not wrong, wrong

@@ -104,6 +104,12 @@ def register(sub) -> None:
         help="where the model runs: cpu, cuda or auto (default cpu; auto = cuda when available)",
     )
     p.add_argument("--max-windows", type=int, default=0, help="evaluate only N windows, spread evenly (0 = all)")
+    p.add_argument(
+        "--per-document",
+        action="store_true",
+        help="also score every document alone (from its separator, no other document in its context): "
+        "each one's perplexity (in --json) and the perplexity over all of them",
+    )
     p.add_argument("--json", action="store_true", help="print the result (with the full per-position loss) as JSON")
     p.set_defaults(handler="lm_cmd:run_eval")
 

@@ -183,7 +183,13 @@ def run_eval(args) -> int:
     resolve_device(args.device)  # a missing CUDA is refused before the run is read
     check_run_config(args.run)
     res = evaluate_run(
-        args.run, args.split or "test", args.max_windows, text=args.text, context=args.context, device=args.device
+        args.run,
+        args.split or "test",
+        args.max_windows,
+        text=args.text,
+        context=args.context,
+        device=args.device,
+        per_document=args.per_document,
     )
     if args.json:
         print(json.dumps(res, indent=2))
@@ -208,6 +214,13 @@ def run_eval(args) -> int:
         )
         lo = hi
     print("per-position loss (positions in the window): " + ", ".join(buckets))
+    if args.per_document:
+        worst = max(res["documents"], key=lambda d: d["ppl"])
+        print(
+            f"per document (each alone): perplexity {res['document_ppl']:.2f} over {len(res['documents'])} "
+            f"documents, median {res['document_ppl_median']:.2f}, highest {worst['ppl']:.2f} ({worst['name']}); "
+            "each document's in --json"
+        )
     return 0
 
 

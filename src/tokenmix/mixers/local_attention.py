@@ -96,6 +96,7 @@ class LocalAttention(SoftmaxAttention):
 
     config_cls = LocalAttentionConfig
     modes = ("banded", "dense", "recurrent")
+    packing_modes = ()  # the banded kernel has no document masks: packed rows run piece by piece (exact)
     time_complexity = "O(w)"
     cache_complexity = "O(w)"
     test_overrides = {"window": 3}

@@ -76,6 +76,9 @@ class LMTrainConfig:
     threads: int = 0  # torch intra-op threads; 0 = torch's default
     # also write TensorBoard events (tb/); off by default, since tensorboard is in none of the extras
     tensorboard: bool = False
+    # packed rows: the windows still cut the stream, but no state or attention crosses a document's
+    # separator (each document is computed as if alone; docs/packing.md)
+    pack: bool = False
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))

@@ -63,6 +63,7 @@ from tokenmix.core.files import (
     remove_temporaries,
 )
 from tokenmix.core.lock import folder_lock
+from tokenmix.core.packing import Packing
 from tokenmix.data.corpora import path_documents
 from tokenmix.data.loader import DataPosition, TokenBatches, eval_windows, shard
 from tokenmix.data.prepare import PreparedData, prepare_data
@@ -206,6 +207,17 @@ def _autocast(device: torch.device, precision: str):
     return contextlib.nullcontext()
 
 
+def document_packing(inputs: Tensor, separator: int | None) -> Packing | None:
+    """The documents of a batch of token windows [B, T]: each begins at a separator (the stream is
+    ``[sep, doc..., sep, doc...]``, data/prepare.py), the part before a row's first separator
+    continues a document begun before the window. None without a separator (unpacked).
+
+    What the loss then sees: the separator is predicted from the document it ends (the model learns
+    where a document stops, which generation relies on), and each document's first token is
+    predicted from the separator alone, never from the previous document's text."""
+    return None if separator is None else Packing.from_resets(inputs == separator)
+
+
 @torch.no_grad()
 def evaluate_windows(
     model: nn.Module,
@@ -214,8 +226,13 @@ def evaluate_windows(
     device: torch.device,
     precision: str = "fp32",
     ctx: DistContext | None = None,
+    separator: int | None = None,
 ) -> dict:
     """Mean next-token loss over ``windows`` (each [L + 1]), and the mean loss at each position.
+
+    With ``separator`` (the document separator's id) every window runs packed (``document_packing``):
+    each token is scored on its own document's context alone, as a model trained with
+    ``train.pack`` was trained.
 
     Under torchrun the windows are dealt round-robin to ranks; every rank runs the same number of
     forward passes (a rank without a window of its own repeats one with weight 0), which FSDP needs
@@ -241,7 +258,7 @@ def evaluate_windows(
                 rows, weight = group[:1], 0.0
             x = torch.stack(rows).to(device)
             with _autocast(device, precision):
-                logits, _ = model(x[:, :-1])
+                logits, _ = model(x[:, :-1], packing=document_packing(x[:, :-1], separator))
             nll = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten(), reduction="none")
             nll = nll.view(x.shape[0], -1).double().cpu()
             pos_sum[: length - 1] += weight * nll.sum(0)
@@ -758,6 +775,7 @@ def _loop(
     session_t0: float,
 ) -> TrainResult:
     tc = cfg.train
+    separator = separator_id(data.tokenizer) if tc.pack else None  # documents keep to themselves
     ckpt_root = run_dir / "checkpoints"
     micro = tc.batch_size // (tc.grad_accum * ctx.world_size)
     eval_batch = max(micro, 1)
@@ -773,6 +791,7 @@ def _loop(
             f"model: {num_params:,} parameters, layers {layers}, d_model {cfg.model.d_model}, vocab "
             f"{cfg.model.vocab_size}, positions {cfg.model.positions}; {tc.max_steps} steps of "
             f"{tc.batch_size} x {tc.seq_len} tokens"
+            f"{', documents packed (no token reads another document)' if tc.pack else ''}"
             f"{f' on {ctx.world_size} ranks ({tc.parallel})' if ctx.distributed else ''}"
         )
         log.say(
@@ -815,7 +834,7 @@ def _loop(
             x = shard(batch, a, tc.grad_accum, ctx.rank, ctx.world_size).to(ctx.device)
             last_micro = a == tc.grad_accum - 1
             with _grad_sync(wrapped, enabled=last_micro), _autocast(ctx.device, tc.precision):
-                logits, _ = wrapped(x[:, :-1])
+                logits, _ = wrapped(x[:, :-1], packing=document_packing(x[:, :-1], separator))
             loss = F.cross_entropy(logits.float().flatten(0, 1), x[:, 1:].flatten())
             (loss / tc.grad_accum).backward()
             loss_sum += loss.detach().double().cpu()
@@ -849,7 +868,7 @@ def _loop(
                 log.say(f"step {step}/{tc.max_steps}  {info}")
         if step % tc.eval_every == 0 or step == tc.max_steps:
             last_val, last_val_step = (
-                evaluate_windows(wrapped, val_windows, eval_batch, ctx.device, tc.precision, ctx),
+                evaluate_windows(wrapped, val_windows, eval_batch, ctx.device, tc.precision, ctx, separator),
                 step,
             )
             log.record({"step": step, "split": "val", "val_loss": last_val["loss"], "val_ppl": last_val["ppl"]})
@@ -864,7 +883,7 @@ def _loop(
     if final_windows is val_windows and last_val_step == step:
         final = last_val
     else:
-        final = evaluate_windows(wrapped, final_windows, eval_batch, ctx.device, tc.precision, ctx)
+        final = evaluate_windows(wrapped, final_windows, eval_batch, ctx.device, tc.precision, ctx, separator)
     now = time.perf_counter()
     # wall from the call (data preparation included), CPU of the whole process (all threads, imports included)
     seconds, session_seconds, cpu_seconds = now - start_time, now - session_t0, time.process_time()
@@ -970,11 +989,16 @@ def evaluate_run(
     text: str | Path | None = None,
     context: int | None = None,
     device: str = "cpu",
+    per_document: bool = False,
 ) -> dict:
     """Perplexity and per-position loss of a run's latest checkpoint on a split of its data, or on
     a text file (``text``, tokenized with the run's tokenizer), in windows of ``context`` tokens
     (default train.seq_len), with the bigram and unigram baselines (counted on the train split) on
-    the same tokens.
+    the same tokens. A run trained with ``train.pack`` is scored packed, as it was trained
+    (``document_packing``: no token reads another document).
+
+    ``per_document``: also every document alone (``document_scores``): its perplexity from its own
+    separator on, in windows of ``context`` tokens, and the perplexity over all of them.
 
     A context longer than training measures length extrapolation: position-free mixers and
     sinusoidal codes run at any length, learned positions stop at model.max_seq_len (refused).
@@ -1000,17 +1024,59 @@ def evaluate_run(
         raise InputError(
             f"'{text}' has fewer than 2 tokens" if text is not None else f"the {split} split of {data.dir} is empty"
         )
-    res = evaluate_windows(run.model, windows, batch_size, dev, "fp32")
+    separator = separator_id(run.tokenizer)
+    res = evaluate_windows(run.model, windows, batch_size, dev, "fp32", separator=separator if cfg.train.pack else None)
     base = bigram_baseline(data.split("train"), windows, data.vocab_size)
+    if per_document:
+        names = data.meta["splits"][split]["documents"] if text is None else None
+        res |= document_scores(run.model, ids, separator, seq, batch_size, dev, names)
     return {
         "split": split if text is None else None,
         "text": None if text is None else str(text),
         "context": seq,
         "train_seq_len": run.config.train.seq_len,
+        "packed": cfg.train.pack,
         "device": str(dev),
         "step": run.meta["step"],
         "checkpoint": str(run.checkpoint),
         **res,
         "bigram_ppl": base["bigram_ppl"],
         "unigram_ppl": base["unigram_ppl"],
+    }
+
+
+def document_scores(
+    model: nn.Module,
+    ids: np.ndarray,
+    separator: int,
+    context: int,
+    batch_size: int,
+    device: torch.device,
+    names: list[str] | None = None,
+) -> dict:
+    """Every document of a token stream ``[sep, doc..., sep, doc...]`` scored alone: its tokens from
+    its separator on, in consecutive windows of ``context`` (each window from a fresh state), the
+    separator that ends it included as its last target.
+
+    Returns {"documents": [{"name", "tokens", "loss", "ppl"}], "document_ppl": the perplexity over
+    all documents' tokens, "document_ppl_median": the median of the documents' perplexities}.
+    """
+    starts = np.flatnonzero(np.asarray(ids) == separator).tolist()
+    if not starts or starts[0] != 0:
+        starts = [0, *starts]
+    ends = [*starts[1:], len(ids) - 1]
+    docs, total_nll, total_tokens = [], 0.0, 0
+    for i, (s, e) in enumerate(zip(starts, ends)):
+        if e <= s:
+            continue
+        res = evaluate_windows(model, eval_windows(ids[s : e + 1], context), batch_size, device)
+        total_nll, total_tokens = total_nll + res["loss"] * res["tokens"], total_tokens + res["tokens"]
+        name = names[i] if names is not None and len(names) == len(starts) else f"document {i}"
+        docs.append({"name": name, "tokens": res["tokens"], "loss": res["loss"], "ppl": res["ppl"]})
+    if not docs:
+        raise InputError("no document to score: the stream holds fewer than 2 tokens")
+    return {
+        "documents": docs,
+        "document_ppl": math.exp(total_nll / total_tokens),
+        "document_ppl_median": float(np.median([d["ppl"] for d in docs])),
     }
