@@ -577,8 +577,11 @@ def table_rows(result: DesignResult, rows: Sequence[DesignRow] | None = None) ->
             d["front"] = "yes" if r.on_front else "no"
             if r.reads_one_hop is not None:
                 d["reads 1 / 2 hops %"] = f"{100 * r.reads_one_hop:.1f} / {100 * (r.reads_two_hops or 0):.1f}"
+            spread = len(result.training.get("seeds", ())) > 1  # one seed has no spread to show
             d[f"{result.training['task']} acc %"] = (
-                None if r.accuracy is None else f"{100 * r.accuracy:.1f} ± {100 * (r.accuracy_std or 0):.1f}"
+                None
+                if r.accuracy is None
+                else f"{100 * r.accuracy:.1f}" + (f" ± {100 * (r.accuracy_std or 0):.1f}" if spread else "")
             )
         out.append(d)
     return out

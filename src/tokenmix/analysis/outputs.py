@@ -96,6 +96,11 @@ def write_json(path: Path, data: Any) -> Path:
     return atomic_write_text(path, json_text(data) + "\n")
 
 
+def plural(n: int, noun: str) -> str:
+    """'1 section', '2 sections', '0 sections'."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+
+
 def fmt_value(v: Any, digits: int = 4) -> str:
     if v is None:
         return "—"

@@ -33,7 +33,7 @@ from typing import Sequence
 
 from markdown_it import MarkdownIt
 
-from tokenmix.analysis.outputs import fmt_value, markdown_table, prepare_out_dir
+from tokenmix.analysis.outputs import fmt_value, markdown_table, plural, prepare_out_dir
 from tokenmix.core.errors import InputError, MissingInput
 from tokenmix.core.files import inside, read_json, read_regular_bytes, read_text_file
 
@@ -379,7 +379,8 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: 
     page = html_page(
         title,
         f'<h1>{_esc(title)}</h1><p class="muted">Source: <code>{_esc(run_dir)}</code> — generated '
-        f"{_esc(time.strftime('%Y-%m-%d %H:%M:%S'))}; {len(sections)} sections, {n_figures} figures "
+        f"{_esc(time.strftime('%Y-%m-%d %H:%M:%S'))}; {plural(len(sections), 'section')}, "
+        f"{plural(n_figures, 'figure')} "
         "(embedded).</p>\n<nav><ul>" + "".join(toc) + "</ul></nav>\n" + "\n".join(html_parts),
     )
     html_path, md_path = out / "report.html", out / "report.md"

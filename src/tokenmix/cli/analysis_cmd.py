@@ -18,7 +18,7 @@ from tokenmix.analysis.accounting import CLOCKS, run_accounting
 from tokenmix.analysis.lm_report import build_lm_report, is_lm_run
 from tokenmix.analysis.matrices import analyze_matrix, build_analysis_mixer, check_dense_length, random_input
 from tokenmix.analysis.norms import run_norms
-from tokenmix.analysis.outputs import check_formats, check_out_dir, json_text, prepare_out_dir, text_table
+from tokenmix.analysis.outputs import check_formats, check_out_dir, json_text, plural, prepare_out_dir, text_table
 from tokenmix.analysis.report import check_run_dir
 from tokenmix.analysis.run_inputs import text_layer_input
 from tokenmix.cli.limits import check_size
@@ -331,8 +331,8 @@ def run_report(args) -> int:
     names = [pr.name for pr in presets("analysis")]
     if args.out is not None:  # before a preset runs or a page is made
         check_out_dir(args.out)
-    if args.source in names and not Path(args.source).exists():  # a preset runs into runs/report-<preset>-<time>
-        check_out_dir(None)
+    if args.source in names and not Path(args.source).exists() and args.out is None:
+        check_out_dir(None)  # a preset runs into runs/report-<preset>-<time> (with --out: inside it)
     if is_lm_run(Path(args.source)):  # a `train lm` run: its own page (result, curves, generations)
         res = build_lm_report(args.source, args.out)
         print(f"report: {res['html']}")
@@ -348,5 +348,5 @@ def run_report(args) -> int:
     )
     print(f"report: {res['html']}")
     print(f"markdown: {res['markdown']}")
-    print(f"run directory: {res['run_dir']} ({res['sections']} sections, {res['figures']} figures)")
+    print(f"run directory: {res['run_dir']} ({plural(res['sections'], 'section')}, {plural(res['figures'], 'figure')})")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from tokenmix.bench import decode, mixers, packed, solver
@@ -14,7 +15,8 @@ from tokenmix.cli.limits import check_size, fmt_bytes, memory_budget
 from tokenmix.cli.validate import mixer_list
 from tokenmix.core.errors import InputError, MissingDependency
 from tokenmix.core.files import atomic_write_text
-from tokenmix.mixers.registry import get_mixer_spec
+from tokenmix.core.progress import Progress
+from tokenmix.mixers.registry import get_mixer_spec, mixer_names
 from tokenmix.study import step_bench
 from tokenmix.study.presets import compare_preset
 
@@ -27,14 +29,27 @@ DENSE_MODE_BYTES_PER_PAIR = 128  # solver's dense mode: [1, 4, n, n] float32 mat
 SOLVER_MODES = ("compiled", "chunked", "dense")
 
 
-def _progress(r: dict) -> None:
+def _describe(r: dict) -> str:
     keys = ("mixer", "label", "environment", "mode", "n", "time_s", "latency_ms", "cpu_ms_per_step", "peak_mb", "error")
     keys += ("packed_over_unpacked", "padded_over_unpacked")
-    print(
-        "  " + " ".join(f"{k}={r[k]:.4g}" if isinstance(r.get(k), float) else f"{k}={r[k]}" for k in keys if k in r),
-        file=sys.stderr,
-        flush=True,
-    )
+    return " ".join(f"{k}={r[k]:.4g}" if isinstance(r.get(k), float) else f"{k}={r[k]}" for k in keys if k in r)
+
+
+def _progress(r: dict) -> None:
+    print("  " + _describe(r), file=sys.stderr, flush=True)
+
+
+def _cases(what: str, total: int) -> tuple[Progress, Callable[[dict], None]]:
+    """A benchmark's progress over its ``total`` cases: in a log, a line per finished case (k/total,
+    elapsed, ETA, the case's numbers), on a terminal the live bar; one warning at the start when other
+    work already loads the machine (its timings then move)."""
+    bar = Progress(f"bench {what}", total, unit="cases", check_load=True)
+
+    def done(r: dict) -> None:
+        bar.advance(1)
+        bar.milestone(_describe(r))
+
+    return bar, done
 
 
 def run_step(args) -> int:
@@ -179,7 +194,10 @@ def run_solver(args) -> int:
         ),
         "a forward+backward over n tokens",
     )
-    print(json.dumps(solver.run(args.n, args.patterns, _progress), indent=1))
+    bar, done = _cases("solver", len(solver.cases(args.n or solver.SIZES, args.patterns or solver.PATTERNS)))
+    with bar:
+        result = solver.run(args.n, args.patterns, done)
+    print(json.dumps(result, indent=1))
     return 0
 
 
@@ -207,7 +225,9 @@ def run_packed(args) -> int:
     )
     if names:
         _check_mixers(names, "--mixers")
-    result = packed.run(names, args.corpus, args.rows, args.row_length, args.repeats, args.seed, _progress)
+    bar, done = _cases("packed", len(names or packed.MIXERS))
+    with bar:
+        result = packed.run(names, args.corpus, args.rows, args.row_length, args.repeats, args.seed, done)
     print(json.dumps(result, indent=1))
     return 0
 
@@ -219,5 +239,8 @@ def run_mixers(args) -> int:
     _check_sizes(
         args.n, lambda n: 2 * TRAIN_BYTES_PER_POSITION * float(n), "a forward+backward over n tokens at batch 2"
     )
-    print(json.dumps(mixers.run(args.n, args.mixers, _progress, busy=args.busy), indent=1))
+    bar, done = _cases("mixers", len(args.n or mixers.SIZES) * (1 + len(args.mixers or mixer_names())))
+    with bar:
+        result = mixers.run(args.n, args.mixers, done, busy=args.busy)
+    print(json.dumps(result, indent=1))
     return 0

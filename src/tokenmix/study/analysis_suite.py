@@ -67,13 +67,15 @@ def report(
     progress: Callable[[str], None] | None = None,
     runs_root: str | Path = "runs",
 ) -> dict:
-    """Report a run directory, or run an analysis preset into a fresh ``runs/report-<preset>-<time>``
-    first and report that."""
+    """Report a run directory, or run an analysis preset into a fresh ``report-<preset>-<time>`` folder
+    (under ``out_dir`` when given, so that nothing else is written; else under ``runs_root``) first
+    and report that."""
     path = Path(source)
     if path.is_dir():
         return {"run_dir": path, **build_report(path, out_dir)}
     names = [p.name for p in presets("analysis")]
     if source in names:
+        runs_root = runs_root if out_dir is None else out_dir
         stamp = time.strftime("%Y%m%d-%H%M%S")
         run_dir = Path(runs_root) / f"report-{source}-{stamp}"
         k = 1
