@@ -9,6 +9,14 @@ from dataclasses import dataclass
 # bench lm
 DEFAULT_MIXERS = ("attention", "pow2", "mamba2")
 
+# bench mixers / solver: defaults that answer in about a minute on 2 cores; --full is the whole sweep
+QUICK_MIXERS = ("attention", "mamba2", "gla", "gated_deltanet", "pow2", "pow2_ce", "sq1_ce")
+QUICK_MIXER_SIZES = (2048,)
+FULL_MIXER_SIZES = (512, 2048, 8192)  # with every registered mixer
+QUICK_SOLVER_SIZES = (4096,)
+QUICK_SOLVER_PATTERNS = ("pow2", "pow2_ce", "sq1", "sq1_ce")  # --full: bench/solver.py's PATTERNS
+FULL_SOLVER_SIZES = (1024, 4096, 16384)
+
 
 @dataclass(frozen=True)
 class LMBenchConfig:

@@ -3,7 +3,16 @@
 
 from __future__ import annotations
 
-from tokenmix.analysis.defaults import DEFAULT_TABLE_N, GRAPH_PATH_LIMIT, OPERATOR_GRAPH_LIMIT
+from tokenmix.analysis.defaults import (
+    COST_FULL_MIN_TIME,
+    COST_FULL_TIME_N,
+    COST_QUICK_MIN_TIME,
+    COST_QUICK_MIXERS,
+    COST_QUICK_TIME_N,
+    DEFAULT_TABLE_N,
+    GRAPH_PATH_LIMIT,
+    OPERATOR_GRAPH_LIMIT,
+)
 from tokenmix.cli.options import add_mixers_option
 
 
@@ -33,15 +42,21 @@ def register(sub) -> None:
     _common(p)
     p.set_defaults(handler="analysis_cmd:run_matrix")
 
-    p = asub.add_parser("cost", help="derived vs measured decode cache and training time, flagged table")
-    add_mixers_option(p, "all")
+    p = asub.add_parser(
+        "cost",
+        help="derived vs measured decode cache and training time, flagged table (~1 min; --full: every mixer, "
+        "30 min or more)",
+    )
+    add_mixers_option(p, f"{', '.join(COST_QUICK_MIXERS)}; --full: all")
+    p.add_argument("--full", action="store_true", help="every registered mixer, timed over the longer lengths")
     p.add_argument("--cache-n", type=int, nargs="+", default=[16, 64, 256], help="decode lengths for the cache")
     p.add_argument(
         "--time-n",
         type=int,
         nargs="*",
-        default=[1024, 2048, 4096, 8192, 16384],
-        help="sequence lengths timed (forward + backward); none to skip timing",
+        default=None,
+        help=f"sequence lengths timed (forward + backward); none to skip timing (default "
+        f"{' '.join(map(str, COST_QUICK_TIME_N))}; --full: {' '.join(map(str, COST_FULL_TIME_N))})",
     )
     p.add_argument("--d-model", type=int, default=256, help="model width of the timed mixers")
     p.add_argument("--heads", type=int, default=4, help="heads (head dim = d_model / heads)")
@@ -52,8 +67,9 @@ def register(sub) -> None:
     p.add_argument(
         "--min-time",
         type=float,
-        default=2.0,
-        help="repeat a length (up to 25 times) until its timed calls add up to this many seconds",
+        default=None,
+        help="repeat a length (up to 25 times) until its timed calls add up to this many seconds (default "
+        f"{COST_QUICK_MIN_TIME}; --full: {COST_FULL_MIN_TIME})",
     )
     p.add_argument(
         "--time-budget",

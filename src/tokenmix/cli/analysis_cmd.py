@@ -15,6 +15,13 @@ import torch
 
 from tokenmix.analysis import expressivity as ex
 from tokenmix.analysis.accounting import CLOCKS, run_accounting
+from tokenmix.analysis.defaults import (
+    COST_FULL_MIN_TIME,
+    COST_FULL_TIME_N,
+    COST_QUICK_MIN_TIME,
+    COST_QUICK_MIXERS,
+    COST_QUICK_TIME_N,
+)
 from tokenmix.analysis.lm_report import build_lm_report, is_lm_run
 from tokenmix.analysis.matrices import analyze_matrix, build_analysis_mixer, check_dense_length, random_input
 from tokenmix.analysis.norms import run_norms
@@ -24,6 +31,7 @@ from tokenmix.analysis.run_inputs import text_layer_input
 from tokenmix.cli.limits import check_size
 from tokenmix.cli.validate import mixer_list
 from tokenmix.core.errors import InputError
+from tokenmix.core.progress import Progress
 from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
 from tokenmix.patterns import get_pattern
 from tokenmix.study.analysis_suite import report
@@ -35,6 +43,28 @@ def _progress(args):
     if getattr(args, "json", False) or getattr(args, "quiet", False):
         return None
     return lambda msg: print(f"  {msg}", file=sys.stderr, flush=True)
+
+
+@contextmanager
+def _counted(args, label: str, total: int, unit: str):
+    """Progress over ``total`` items whose start is announced as a message ('cost: NAME'): a line as
+    each item starts in a log ('analyze cost: NAME k/total mixers, elapsed, ETA'), the live bar on a
+    terminal, one load warning at the start; nothing with --json or --quiet."""
+    enabled = not (getattr(args, "json", False) or getattr(args, "quiet", False))
+    bar = Progress(label, total, unit=unit, enabled=enabled, check_load=enabled)
+    started = [0]
+
+    def on_message(msg: str) -> None:
+        if started[0]:
+            bar.advance(1)
+        started[0] += 1
+        bar.note(msg.split(": ", 1)[-1])  # 'cost: NAME' -> NAME
+        bar.milestone("")
+
+    with bar:
+        yield on_message if enabled else None
+        if started[0]:
+            bar.advance(1)
 
 
 def _positive(values, flag: str, minimum: int = 1) -> None:
@@ -180,6 +210,10 @@ def run_matrix(args) -> int:
 
 def run_cost(args) -> int:
     formats = check_formats(args.formats.split(","))
+    if args.time_n is None:
+        args.time_n = list(COST_FULL_TIME_N if args.full else COST_QUICK_TIME_N)
+    if args.min_time is None:
+        args.min_time = COST_FULL_MIN_TIME if args.full else COST_QUICK_MIN_TIME
     if args.clock not in CLOCKS:
         raise InputError(f"--clock must be one of {', '.join(CLOCKS)}, got '{args.clock}'")
     _positive(args.cache_n, "--cache-n")
@@ -213,15 +247,15 @@ def run_cost(args) -> int:
             lambda m: TRAIN_BYTES_PER_POSITION_AND_WIDTH * width * m,
             f"a forward+backward over n tokens at batch {args.batch} and d_model {args.d_model}",
         )
-    names = mixer_list(args.mixers)
+    names = mixer_list(args.mixers, default=None if args.full else COST_QUICK_MIXERS)
     check_out_dir(args.out)
     _check_mixers_build(names, args.d_model, args.heads)
-    with _out_dir(args.out, "cost") as out_dir:
+    with _out_dir(args.out, "cost") as out_dir, _counted(args, "analyze cost", len(names), "mixers") as progress:
         res = run_accounting(
             names,
             out_dir,
             formats=formats,
-            progress=_progress(args),
+            progress=progress,
             cache_ns=args.cache_n,
             time_ns=args.time_n,
             d_model=args.d_model,

@@ -3,24 +3,60 @@ imports no torch and no registry (cli/main.py)."""
 
 from __future__ import annotations
 
-from tokenmix.bench.settings import LMBenchConfig
+from tokenmix.bench.settings import (
+    FULL_MIXER_SIZES,
+    FULL_SOLVER_SIZES,
+    QUICK_MIXER_SIZES,
+    QUICK_MIXERS,
+    QUICK_SOLVER_PATTERNS,
+    QUICK_SOLVER_SIZES,
+    LMBenchConfig,
+)
 from tokenmix.cli.options import add_mixers_option
+
+
+def _sizes(values) -> str:
+    return " ".join(str(n) for n in values)
 
 
 def register(sub) -> None:
     p = sub.add_parser("bench", help="benchmarks (JSON output)")
     bsub = p.add_subparsers(dest="bench", required=True)
-    s = bsub.add_parser("solver", help="dense vs chunked fwd+bwd time and peak memory per pattern, SDPA baseline")
-    s.add_argument("--n", type=int, nargs="+", default=None, help="sequence lengths (default 1024 4096 16384)")
-    s.add_argument("--patterns", nargs="+", default=None, help="structured mixer names")
+    s = bsub.add_parser(
+        "solver",
+        help="dense vs chunked fwd+bwd time and peak memory per pattern, SDPA baseline (~1 min; --full ~5 min)",
+    )
+    s.add_argument(
+        "--n",
+        type=int,
+        nargs="+",
+        default=None,
+        help=f"sequence lengths (default {_sizes(QUICK_SOLVER_SIZES)}; --full: {_sizes(FULL_SOLVER_SIZES)})",
+    )
+    s.add_argument("--full", action="store_true", help="the whole sweep (the lengths above, every pattern)")
+    s.add_argument(
+        "--patterns",
+        nargs="+",
+        default=None,
+        help=f"structured mixer names (default {' '.join(QUICK_SOLVER_PATTERNS)}; --full: every structured one)",
+    )
     s.set_defaults(handler="bench_cmd:run_solver")
     d = bsub.add_parser("decode", help="per-token decode latency and cached positions, KV-attention baseline")
     d.add_argument("--n", type=int, nargs="+", default=None)
     add_mixers_option(d, "mamba2, the structured mixers and attention")
     d.set_defaults(handler="bench_cmd:run_decode")
-    m = bsub.add_parser("mixers", help="fwd+bwd time of every registered mixer vs SDPA, with achieved GFLOP/s")
-    m.add_argument("--n", type=int, nargs="+", default=None, help="sequence lengths (default 512 2048 8192)")
-    add_mixers_option(m, "every registered mixer")
+    m = bsub.add_parser(
+        "mixers", help="fwd+bwd time of mixers vs SDPA, with achieved GFLOP/s (~1 min; --full: every mixer, ~15 min)"
+    )
+    m.add_argument(
+        "--n",
+        type=int,
+        nargs="+",
+        default=None,
+        help=f"sequence lengths (default {_sizes(QUICK_MIXER_SIZES)}; --full: {_sizes(FULL_MIXER_SIZES)})",
+    )
+    add_mixers_option(m, f"{', '.join(QUICK_MIXERS)}; --full: every registered mixer")
+    m.add_argument("--full", action="store_true", help="every registered mixer at every length above")
     m.add_argument(
         "--busy", type=int, default=0, help="single-threaded matmul loops kept running during the run (contention test)"
     )

@@ -10,13 +10,21 @@ from pathlib import Path
 
 from tokenmix.bench import decode, mixers, packed, solver
 from tokenmix.bench.lm import run as run_lm_bench
-from tokenmix.bench.settings import LMBenchConfig
+from tokenmix.bench.settings import (
+    FULL_MIXER_SIZES,
+    FULL_SOLVER_SIZES,
+    QUICK_MIXER_SIZES,
+    QUICK_MIXERS,
+    QUICK_SOLVER_PATTERNS,
+    QUICK_SOLVER_SIZES,
+    LMBenchConfig,
+)
 from tokenmix.cli.limits import check_size, fmt_bytes, memory_budget
 from tokenmix.cli.validate import mixer_list
 from tokenmix.core.errors import InputError, MissingDependency
 from tokenmix.core.files import atomic_write_text
 from tokenmix.core.progress import Progress
-from tokenmix.mixers.registry import get_mixer_spec, mixer_names
+from tokenmix.mixers.registry import get_mixer_spec
 from tokenmix.study import step_bench
 from tokenmix.study.presets import compare_preset
 
@@ -186,6 +194,10 @@ def _check_mixers(names, flag: str, modes: tuple[str, ...] = ()) -> None:
 
 def run_solver(args) -> int:
     _check_mixers(args.patterns, "--patterns", SOLVER_MODES)
+    if args.n is None:
+        args.n = list(FULL_SOLVER_SIZES if args.full else QUICK_SOLVER_SIZES)
+    if args.patterns is None and not args.full:
+        args.patterns = list(QUICK_SOLVER_PATTERNS)
     _check_sizes(
         args.n,
         lambda n: (
@@ -194,7 +206,7 @@ def run_solver(args) -> int:
         ),
         "a forward+backward over n tokens",
     )
-    bar, done = _cases("solver", len(solver.cases(args.n or solver.SIZES, args.patterns or solver.PATTERNS)))
+    bar, done = _cases("solver", len(solver.cases(args.n, args.patterns or solver.PATTERNS)))
     with bar:
         result = solver.run(args.n, args.patterns, done)
     print(json.dumps(result, indent=1))
@@ -235,11 +247,13 @@ def run_packed(args) -> int:
 def run_mixers(args) -> int:
     if not 0 <= args.busy <= 64:
         raise InputError(f"--busy must be in 0..64, got {args.busy}")
-    args.mixers = None if args.mixers is None else mixer_list(args.mixers)  # None: every registered mixer
+    args.mixers = mixer_list(args.mixers, default=None if args.full else QUICK_MIXERS)  # --full: every mixer
+    if args.n is None:
+        args.n = list(FULL_MIXER_SIZES if args.full else QUICK_MIXER_SIZES)
     _check_sizes(
         args.n, lambda n: 2 * TRAIN_BYTES_PER_POSITION * float(n), "a forward+backward over n tokens at batch 2"
     )
-    bar, done = _cases("mixers", len(args.n or mixers.SIZES) * (1 + len(args.mixers or mixer_names())))
+    bar, done = _cases("mixers", len(args.n) * (1 + len(args.mixers)))
     with bar:
         result = mixers.run(args.n, args.mixers, done, busy=args.busy)
     print(json.dumps(result, indent=1))

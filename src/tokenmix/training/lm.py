@@ -64,6 +64,7 @@ from tokenmix.core.files import (
 )
 from tokenmix.core.lock import folder_lock
 from tokenmix.core.packing import Packing
+from tokenmix.core.progress import format_seconds, load_warning
 from tokenmix.data.corpora import path_documents
 from tokenmix.data.loader import DataPosition, TokenBatches, eval_windows, shard
 from tokenmix.data.prepare import PreparedData, prepare_data
@@ -721,6 +722,9 @@ def _train(
         progress = sys.stderr.isatty()
     log = RunLogger(run_dir, ctx.is_main, tc.max_steps, step, progress, tc.tensorboard, quiet)
     log.say(precision_note)
+    busy = load_warning() if ctx.is_main and not quiet else None  # once: stated durations assume a quiet machine
+    if busy:
+        log.say(f"warning: {busy}")
     if source is not None:
         log.record(
             {
@@ -822,7 +826,7 @@ def _loop(
     last_val, last_val_step = None, -1
     wrapped.train()
     window_t0, window_tokens = time.perf_counter(), 0
-    start_time = time.perf_counter()
+    start_time, first_step = time.perf_counter(), step
     tokens_per_step = tc.batch_size * tc.seq_len
     while step < tc.max_steps:
         lr = tc.lr * warmup_cosine(step, tc.max_steps, tc.warmup_steps, tc.min_lr_ratio)  # a function of the step alone
@@ -864,8 +868,13 @@ def _loop(
             window_t0, window_tokens = now, 0
             info = f"loss {loss_value:.3f}  lr {lr:.2e}  {tps:,.0f} tok/s"
             log.advance(step, info)
-            if log._progress is None:
-                log.say(f"step {step}/{tc.max_steps}  {info}")
+            if log._progress is None:  # a log: where the run is, how long it took, how long it will take
+                elapsed = now - start_time
+                eta = elapsed / (step - first_step) * (tc.max_steps - step)
+                log.say(
+                    f"step {step}/{tc.max_steps}  {info}  {format_seconds(elapsed)} elapsed"
+                    + (f", ETA {format_seconds(eta)}" if step < tc.max_steps else "")
+                )
         if step % tc.eval_every == 0 or step == tc.max_steps:
             last_val, last_val_step = (
                 evaluate_windows(wrapped, val_windows, eval_batch, ctx.device, tc.precision, ctx, separator),
