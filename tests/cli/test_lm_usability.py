@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 from lm_helpers import one_line_error, run_cli
 from tokenmix.cli.main import main
+from tokenmix.core import progress
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -216,8 +217,10 @@ def test_data_prepare_prepares_what_train_reads_and_says_where(tmp_path, capsys,
 
 
 def test_a_default_run_prints_no_warning(tmp_path, capsys, monkeypatch):
-    """TensorBoard is in no extra, so a run that does not ask for it is not told it is missing."""
+    """TensorBoard is in no extra, so a run that does not ask for it is not told it is missing (on a
+    quiet machine: a busy one is worth its one warning, tests/cli/test_progress_in_logs.py)."""
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # missing, installed or not
+    monkeypatch.setattr(progress, "busy_cores", lambda: 0.0)
     argv = ["train", "lm", "--preset", "tiny", "--out", str(tmp_path / "run"), "--set", "train.max_steps=2"]
     rc, out, err = run_cli([*argv, "train.threads=1", "train.eval_windows=1", "train.final_eval_windows=1"], capsys)
     assert rc == 0, err

@@ -230,7 +230,7 @@ def padding_start(
     return start.to(device=device, dtype=torch.long)
 
 
-def begin_last_documents(state: MixerState, before: MixerState, packing: Packing) -> MixerState:
+def begin_last_documents(state: MixerState, before: MixerState | None, packing: Packing) -> MixerState:
     """``state``, the state after a packed segment that ``before`` began, with its ``start`` set to
     where each row's last document begins on the batch clock (before.position + packing.starts[b, -1]
     for a row with a boundary in the segment, else the row's start as it was): a native packed path
@@ -238,8 +238,8 @@ def begin_last_documents(state: MixerState, before: MixerState, packing: Packing
     mask them as it masks left padding (``padded_keys``), and the model counts positions from there.
     Returns ``state`` (updated in place)."""
     last = packing.starts[:, -1]
-    previous = before.start if before.start is not None else torch.zeros_like(last)
-    start = torch.where(last > 0, before.position + last, previous)
+    previous = before.start if before is not None and before.start is not None else torch.zeros_like(last)
+    start = torch.where(last > 0, (0 if before is None else before.position) + last, previous)
     state.start, state.max_start, state.min_start = start, int(start.max()), int(start.min())
     return state
 
@@ -424,7 +424,10 @@ class Mixer(nn.Module, metaclass=ABCMeta):
         # native kernels take an ordinary state whose padding (if any) is behind it
         native = not isinstance(state, RowGroupState) and (state is None or state.position >= state.max_start)
         if mode in self.packing_modes and native:
-            return getattr(self, f"forward_{mode}")(x, state, packing=packing)
+            y, after = getattr(self, f"forward_{mode}")(x, state, packing=packing)
+            if not isinstance(after, RowGroupState):  # the model's positions and later reads start there
+                after = begin_last_documents(after, state, packing)
+            return y, after
         return self._forward_documents(x, state, mode, packing)
 
     def _forward_mode(self, x: Tensor, state: MixerState | None, mode: str) -> tuple[Tensor, MixerState]:
