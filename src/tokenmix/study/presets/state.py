@@ -17,7 +17,7 @@ its validation has gained neither ``MIN_GAIN`` of accuracy nor ``MIN_LOSS_GAIN``
 claims (``study/state.py``) are decided at the training length; a group no row learns within the
 budget leaves its claims "untested", with the runs' curves as the evidence (development runs of
 DeltaProduct and PaTH on A5, 5000-8000 steps at widths 32 and 64, lengths 8 and 16, both learning
-rates: docs/notes/compare-presets.md).
+rates: docs/notes/frontier.md).
 """
 
 from __future__ import annotations
