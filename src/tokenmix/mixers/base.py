@@ -418,6 +418,8 @@ class Mixer(nn.Module, metaclass=ABCMeta):
                     f"but the first segment has only {x.shape[1]} positions: the prefill must "
                     "contain every row's whole padding"
                 )
+        if packing is None:  # the unpacked path (a decode step's) without the packing checks
+            return self._forward_mode(x, state, mode)
         packing = as_packing(packing, x.shape[0], x.shape[1])
         if packing is None:
             return self._forward_mode(x, state, mode)

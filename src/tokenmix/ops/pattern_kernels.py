@@ -42,6 +42,8 @@ multiplied by 0; d beta there is computed and discarded by the masked normalisat
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import torch
 from torch import Tensor
@@ -311,6 +313,13 @@ class _CompiledScores(torch.autograd.Function):
         return dq, dk, None
 
 
+@functools.cache
+def _all_visible(rows: int, width: int) -> np.ndarray:
+    """[rows, width] uint8 ones, made once per shape: a decode step whose rows read every neighbour
+    (nothing writes it)."""
+    return np.ones((rows, width), np.uint8)
+
+
 def step_read(
     qkv: Tensor,
     keys: Tensor,
@@ -336,7 +345,7 @@ def step_read(
         out.
     """
     if visible is None:
-        visible = np.ones((qkv.shape[0], slots.shape[0]), np.uint8)
+        visible = _all_visible(qkv.shape[0], slots.shape[0])
     if supported(qkv, keys, values, out):
         _read(_np(qkv), _np(keys), _np(values), slots, visible.astype(np.uint8, copy=False), scale, _np(out))
         return out
