@@ -39,7 +39,7 @@ from torch import Tensor
 
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.core.packing import Packing
-from tokenmix.mixers.base import Linear, Mixer, MixerConfig, begin_last_documents
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig
 from tokenmix.mixers.pattern_cache import PatternCache
 from tokenmix.mixers.registry import register_mixer
 
@@ -349,7 +349,7 @@ class SoftmaxAttention(Mixer):
         grown = state.appended(k, v)
         key_start = state.padded_keys(state.cached_positions())
         y, new = self._finish(grown, packed_attention(qkv, grown.keys, grown.values, packing, key_start))
-        return y, begin_last_documents(new, state, packing)
+        return y, new  # Mixer.forward starts it at each row's last document (begin_last_documents)
 
     def forward_dense(self, x: Tensor, state: KVCache | None) -> tuple[Tensor, KVCache]:
         state, q, grown = self._start(x, state)

@@ -241,6 +241,8 @@ def begin_last_documents(state: MixerState, before: MixerState | None, packing: 
     previous = before.start if before is not None and before.start is not None else torch.zeros_like(last)
     start = torch.where(last > 0, (0 if before is None else before.position) + last, previous)
     state.start, state.max_start, state.min_start = start, int(start.max()), int(start.min())
+    if not state.max_start:  # no row begins past position 0: nothing to mask
+        state.start = None
     return state
 
 

@@ -334,15 +334,9 @@ class StructuredRecurrence(Mixer):
             return self.out(y.flatten(2)), self._extend(state, k, y, state.position + t)
         if not isinstance(self.pattern, TranslationInvariant):
             return self.out(y.flatten(2)), self._grouped_state(state, k, y, packing)
-        after = self._extend(state, k, y, state.position + t)
-        # decode masks every position before the row's last document, as it masks left padding
-        last = packing.starts[:, -1].to(y.device)
-        before = after.start if after.start is not None else torch.zeros_like(last)
-        start = torch.where(last > 0, state.position + last, before)
-        after.start, after.max_start, after.min_start = start, int(start.max()), int(start.min())
-        if not after.max_start:
-            after.start = None
-        return self.out(y.flatten(2)), after
+        # Mixer.forward starts the cache at each row's last document (begin_last_documents): decode
+        # masks the positions before it as it masks left padding
+        return self.out(y.flatten(2)), self._extend(state, k, y, state.position + t)
 
     @staticmethod
     def _begins(state: PatternCache, packing: Packing, device) -> Tensor:
