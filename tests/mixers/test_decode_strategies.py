@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tokenmix.mixers import build_mixer
+from tokenmix.mixers.base import first_parameter
 from tokenmix.mixers.gla_family import GatedLinearMixer
 from tokenmix.mixers.structured import StructuredRecurrence
 from tokenmix.models import MixerModel, ModelConfig
@@ -158,6 +159,32 @@ def test_model_linear_transposed_weight_follows_weight_updates():
     assert "up.weight" in dict(model.blocks[0].mlp.named_parameters()) and not any(
         "_kept" in k for k in model.state_dict()
     )
+
+
+def test_linear_decode_product_reads_a_parametrized_weight():
+    """A parametrization (weight norm, spectral norm, ...) keeps the weight out of ``_parameters``:
+    the decode product multiplies by the parametrized weight, not the raw one."""
+    torch.manual_seed(7)
+    lin = Linear(6, 5, bias=True).double()
+    torch.nn.utils.parametrize.register_parametrization(lin, "weight", _Doubled())
+    x = torch.randn(1, 1, 6, dtype=torch.float64)
+    with torch.no_grad():
+        assert_close(lin(x), torch.nn.functional.linear(x, lin.weight, lin.bias), FLOAT64_EXACT, "parametrized")
+        assert_close(lin.weight, 2 * lin.parametrizations.weight.original, FLOAT64_EXACT, "the weight doubled")
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, w: torch.Tensor) -> torch.Tensor:
+        return 2 * w
+
+
+def test_input_check_reads_the_first_parameter_in_parameters_order():
+    for name in ("pow2", "mamba2", "attention", "gated_deltanet"):
+        m = build_mixer(name, 16, n_heads=2)
+        assert first_parameter(m) is next(m.parameters())
+    assert first_parameter(torch.nn.ReLU()) is None
+    nested = torch.nn.Sequential(torch.nn.ReLU(), torch.nn.Sequential(torch.nn.Identity(), torch.nn.Linear(2, 3)))
+    assert first_parameter(nested) is next(nested.parameters())
 
 
 def test_fixed_distance_step_leaves_a_tracked_cache_to_autograd(steps):

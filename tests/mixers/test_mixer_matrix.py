@@ -172,8 +172,10 @@ def check_state_misuse_is_refused(name):
         m(x, foreign)
     with pytest.raises(ValueError, match="shape"):
         m(torch.randn(2, 5, 7, dtype=torch.float64))
-    with pytest.raises(TypeError):
+    with pytest.raises(TypeError, match="parameters are torch.float64"):
         m(torch.randn(2, 5, 12, dtype=torch.float32))
+    with pytest.raises(TypeError, match="parameters are torch.float64"):  # a decode step checks too
+        m.step(torch.randn(2, 12, dtype=torch.float32), state)
     with pytest.raises(ValueError, match="mode"):
         m(x, mode="nonexistent")
 

@@ -144,8 +144,9 @@ class Mamba2(GatedLinearMixer):
             outs.append((memory * c_t).sum(2))  # o_t = S_tᵀ C_t [B, H, P]
             state = MatrixState(state.owner, b, state.position + 1, memory).carry_over(state)
         o = outs[0].unsqueeze(1) if t == 1 else torch.stack(outs, 1)  # [B, T, H, P]
-        if self.D is not None:
-            o = torch.addcmul(o, self.D.view(h, 1), xs)  # + D_h x_t
+        skip = self.D
+        if skip is not None:
+            o = torch.addcmul(o, skip.view(h, 1), xs)  # + D_h x_t
         return self.out(o.flatten(2)), state
 
     def _minus_a(self) -> Tensor:

@@ -66,15 +66,14 @@ class _Storage:
         self, keys: Tensor, values: Tensor, positions: Tensor | None, end: int, kv: Tensor | None = None
     ) -> None:
         self.keys, self.values, self.positions, self.end = keys, values, positions, end
+        # fixed with the buffers; read on every decode step (plain attributes: no shape lookups there)
+        self.capacity = keys.shape[1]
+        self.entry_numel = keys.shape[2] * keys.shape[3] + values.shape[2] * values.shape[3]  # scalars per position
         # slot-stable storage of the lattice decode: keys and values are kv[0] and kv[1] of one
         # [2, B, cap, H, K] tensor (with its numpy view, what the compiled step reads); its slots
         # are written once each, in order, and positions live in the caches, not here
         self.kv = kv
         self.kv_np = kv.numpy() if kv is not None and kv.device.type == "cpu" and not kv.requires_grad else None
-
-    @property
-    def capacity(self) -> int:
-        return self.keys.shape[1]
 
     @classmethod
     def holding(cls, parts: list[tuple[Tensor, Tensor, Tensor]], capacity: int) -> "_Storage":
@@ -172,8 +171,8 @@ class PatternCache(MixerState):
 
     def carry_over(self, other: MixerState) -> "PatternCache":
         """``MixerState.carry_over`` and the decode strategy, which outlives every update."""
-        super().carry_over(other)
-        self.strategy = getattr(other, "strategy", self.strategy)
+        MixerState.carry_over(self, other)
+        self.strategy = other.strategy
         return self
 
     def __repr__(self) -> str:
@@ -217,10 +216,9 @@ class PatternCache(MixerState):
         return self._size
 
     def numel_per_batch(self) -> int:
-        # from the shapes alone: ``observe`` calls this before every decoded token, and building
+        # from the storage's shapes: ``observe`` calls this before every decoded token, and building
         # the ``tensors()`` views there would cost more than an append
-        keys, values = self._store.keys, self._store.values
-        return self._size * (keys.shape[2] * keys.shape[3] + values.shape[2] * values.shape[3])
+        return self._size * self._store.entry_numel
 
     def next_slot(self) -> tuple["PatternCache", int]:
         """(cache, at): this cache, or a copy of it in fresh doubled storage, whose storage slot
