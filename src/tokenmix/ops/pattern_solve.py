@@ -638,7 +638,125 @@ def _chunk_inverses(band: Tensor, plan: PatternPlan) -> Tensor:
     return torch.linalg.solve_triangular(mats, eye.expand_as(mats), upper=False, unitriangular=True)
 
 
+class _RunFarReads:
+    """The far reads (distance > R) of a shared table (``PatternPlan``) inside ``_PatternSolve``: a
+    run's reads are added to a whole block of rows when the block starts (``far_blocks``, one slice
+    operation per run and block), the irregular entries are gathered per chunk (``left_chunks``).
+
+    Args:
+        plan: the table's plan.
+        beta: [B, H, T, W] head-first neighbour coefficients.
+    """
+
+    def __init__(self, plan: PatternPlan, beta: Tensor) -> None:
+        self.plan, self.beta = plan, beta
+        self.coef = _level_major(beta, plan.mask("run_far", beta))  # [W, B, H, T]: a level's rows one slice
+
+    def add(self, rhs: Tensor, buf: Tensor, ci: int) -> None:
+        """rhs [B, H, T, V] += the far reads from buf [B, H, P + T, V] that become due at chunk ci
+        (every position they read is solved)."""
+        plan, (b, h, _, v) = self.plan, rhs.shape
+        for pc in plan.far_blocks.get(plan.chunks[ci][0], ()):
+            ys = buf[:, :, pc.keys]  # [B, H, n, V]
+            bw = self.coef[pc.col, :, :, pc.rows]
+            if pc.g == 1:
+                rhs[:, :, pc.rows].addcmul_(bw[..., None], ys)
+            else:
+                rhs[:, :, pc.rows].view(b, h, pc.n, pc.g, v).addcmul_(
+                    bw.reshape(b, h, pc.n, pc.g, 1), ys[:, :, :, None]
+                )
+        left = plan.left_chunks[ci]
+        if left is not None:
+            r, cc, j = (plan.on(a, rhs.device) for a in left)
+            rhs.index_add_(2, r, self.beta[:, :, r, cc][..., None] * buf[:, :, j])
+
+    def pass_back(self, gacc: Tensor, g_all: Tensor, ci: int) -> None:
+        """The transpose of ``add``: gacc [B, H, P + T, V] += what the far reads of the rows whose G
+        (g_all [B, H, T, V]) is complete once chunk ci is solved pass back to the positions they read."""
+        plan, (b, h, _, v) = self.plan, g_all.shape
+        left = plan.left_chunks[ci]
+        if left is not None:
+            r, cc, j = (plan.on(a, g_all.device) for a in left)
+            gacc.index_add_(2, j, self.beta[:, :, r, cc][..., None] * g_all[:, :, r])
+        for pc in plan.far_blocks.get(plan.chunks[ci][0], ()):  # the blocks starting here are complete
+            bw = self.coef[pc.col, :, :, pc.rows]
+            gr = g_all[:, :, pc.rows]
+            if pc.g == 1:
+                gacc[:, :, pc.keys].addcmul_(bw[..., None], gr)
+            else:
+                _add_group_sums(gacc[:, :, pc.keys], bw.view(b, h, pc.n, pc.g, 1), gr.view(b, h, pc.n, pc.g, v), 3)
+
+    def coefficient_grads(self, g_all: Tensor, buf: Tensor) -> Tensor:
+        """d beta [B, H, T, W] = G_t . y_{idx[t, w]} for every read (near and far), by runs and
+        then the irregular entries in blocks; 0 where idx < 0."""
+        plan, (b, h, t, v) = self.plan, g_all.shape
+        gbeta = g_all.new_zeros(plan.w, b, h, t)
+        for pc in plan.pieces:
+            ys = buf[:, :, pc.keys]
+            if pc.g == 1:
+                gbeta[pc.col, :, :, pc.rows] = torch.linalg.vecdot(g_all[:, :, pc.rows], ys)
+            else:
+                gr = g_all[:, :, pc.rows].reshape(b, h, pc.n, pc.g, v)
+                gbeta[pc.col, :, :, pc.rows] = torch.linalg.vecdot(gr, ys[:, :, :, None]).reshape(b, h, -1)
+        rows, cols = (plan.on(a, g_all.device) for a in plan.left)
+        keys = plan.on(plan.left_keys, g_all.device)
+        starts, step = _leftover_blocks(len(rows), b * h * v)
+        for s in starts:
+            r, cc, j = rows[s : s + step], cols[s : s + step], keys[s : s + step]
+            gbeta[cc, :, :, r] = torch.linalg.vecdot(g_all[:, :, r], buf[:, :, j]).permute(2, 0, 1)
+        return gbeta.permute(1, 2, 3, 0) * plan.mask("valid", gbeta)
+
+
+def _gather_rows(buf: Tensor, flat: Tensor) -> Tensor:
+    """buf [B, H, N, V] (contiguous) at flat row indices [B, H, n, W] (``RowPatternPlan.flat``) ->
+    [B, H, n, W, V]."""
+    v = buf.shape[-1]
+    return buf.view(-1, v).index_select(0, flat.reshape(-1)).view(*flat.shape, v)
+
+
+class _GatheredFarReads:
+    """The far reads of per-row tables (``RowPatternPlan``) inside ``_PatternSolve``: a chunk's far
+    reads gathered from the rows solved before it (one gather per chunk: in a packed row a run
+    would end at every document boundary). Same methods as ``_RunFarReads``."""
+
+    def __init__(self, plan: RowPatternPlan, beta: Tensor) -> None:
+        self.plan = plan
+        self.coef = beta.index_select(-1, plan.on(plan.far_cols, beta.device)) * plan.mask("far", beta)[:, None]
+        self.rows = plan.flat("far_keys", beta.shape[1], beta.device)  # [B, H, T, Wf] into the flat buffer
+
+    def add(self, rhs: Tensor, buf: Tensor, ci: int) -> None:
+        s, e = self.plan.chunks[ci]
+        if self.plan.has_far[ci]:  # far reads are at distance > R >= C: rows solved before this chunk
+            rhs[:, :, s:e] += (self.coef[:, :, s:e, :, None] * _gather_rows(buf, self.rows[:, :, s:e])).sum(3)
+
+    def pass_back(self, gacc: Tensor, g_all: Tensor, ci: int) -> None:
+        s, e = self.plan.chunks[ci]
+        if self.plan.has_far[ci]:
+            v = g_all.shape[-1]
+            src = self.coef[:, :, s:e, :, None] * g_all[:, :, s:e, None, :]  # [B, H, n, Wf, V]
+            gacc.view(-1, v).index_add_(0, self.rows[:, :, s:e].reshape(-1), src.view(-1, v))
+
+    def coefficient_grads(self, g_all: Tensor, buf: Tensor) -> Tensor:
+        """d beta [B, H, T, W]: every read gathered, in blocks of rows."""
+        plan, (b, h, t, v) = self.plan, g_all.shape
+        gbeta = g_all.new_empty(b, h, t, plan.w)
+        keys = plan.flat("keys", h, g_all.device)
+        _, step = _leftover_blocks(t, b * h * plan.w * v)
+        for r0 in range(0, t, step):
+            r1 = min(t, r0 + step)
+            gbeta[:, :, r0:r1] = torch.linalg.vecdot(_gather_rows(buf, keys[:, :, r0:r1]), g_all[:, :, r0:r1, None])
+        return gbeta.mul_(plan.mask("valid", gbeta)[:, None])
+
+
+def _far_reads(plan: PatternPlan | RowPatternPlan, beta: Tensor) -> _RunFarReads | _GatheredFarReads:
+    return _GatheredFarReads(plan, beta) if isinstance(plan, RowPatternPlan) else _RunFarReads(plan, beta)
+
+
 class _PatternSolve(torch.autograd.Function):
+    """(I - B) Y = diag(alpha) X chunk by chunk, for a shared table or per-row tables (module
+    docstring): the near reads through each chunk's band block and its inverse, the far reads by
+    the plan's kind (``_RunFarReads``, ``_GatheredFarReads``)."""
+
     @staticmethod
     def forward(ctx, alpha, beta, x, y_prefix, plan):
         # head-first inside: alpha [B,H,T], beta [B,H,T,W], x [B,H,T,V], y_prefix [B,H,P,V]
@@ -646,26 +764,14 @@ class _PatternSolve(torch.autograd.Function):
         p, reach = plan.p, plan.reach
         band = _band(beta, plan)
         inv = _chunk_inverses(band, plan)
-        beta_far = _level_major(beta, plan.mask("run_far", beta))  # [W, B, H, T]
+        far = _far_reads(plan, beta)
         # outputs by buffer position; zeros, as a lattice piece may read a not-yet-solved position
         # with a zero coefficient
         buf = x.new_zeros(b, h, p + t, v)
         buf[:, :, :p] = y_prefix
         rhs = alpha[..., None] * x  # accumulates every contribution a row receives before its solve
         for ci, (s, e) in enumerate(plan.chunks):
-            for pc in plan.far_blocks.get(s, ()):
-                ys = buf[:, :, pc.keys]  # [B, H, n, V]
-                bw = beta_far[pc.col, :, :, pc.rows]
-                if pc.g == 1:
-                    rhs[:, :, pc.rows].addcmul_(bw[..., None], ys)
-                else:
-                    rhs[:, :, pc.rows].view(b, h, pc.n, pc.g, v).addcmul_(
-                        bw.reshape(b, h, pc.n, pc.g, 1), ys[:, :, :, None]
-                    )
-            left = plan.left_chunks[ci]
-            if left is not None:
-                r, cc, j = (plan.on(a, x.device) for a in left)
-                rhs.index_add_(2, r, beta[:, :, r, cc][..., None] * buf[:, :, j])
+            far.add(rhs, buf, ci)
             r_c = rhs[:, :, s:e]
             lo = max(0, p + s - reach)
             if plan.has_prev[ci]:
@@ -682,7 +788,7 @@ class _PatternSolve(torch.autograd.Function):
         p, reach = plan.p, plan.reach
         b, h, t, v = x.shape
         inv_t = inv.transpose(-1, -2)  # (I - B_cc)^{-T}
-        beta_far = _level_major(beta, plan.mask("run_far", beta))  # [W, B, H, T]
+        far = _far_reads(plan, beta)
         gacc = gy.new_zeros(b, h, p + t, v)  # gradient reaching each buffer position from later reads
         g_all = gy.new_empty(b, h, t, v)  # G = (I - B)^{-T} dY
         for ci in reversed(range(len(plan.chunks))):
@@ -694,106 +800,10 @@ class _PatternSolve(torch.autograd.Function):
             lo = max(0, p + s - reach)
             if plan.has_prev[ci]:
                 gacc[:, :, lo : p + s] += band[:, :, s:e, lo - (p + s - reach) : reach].transpose(-1, -2) @ g
-            left = plan.left_chunks[ci]
-            if left is not None:
-                r, cc, j = (plan.on(a, x.device) for a in left)
-                gacc.index_add_(2, j, beta[:, :, r, cc][..., None] * g_all[:, :, r])
-            # the blocks starting here are complete: pass their far reads back to earlier rows
-            for pc in plan.far_blocks.get(s, ()):
-                bw = beta_far[pc.col, :, :, pc.rows]
-                gr = g_all[:, :, pc.rows]
-                if pc.g == 1:
-                    gacc[:, :, pc.keys].addcmul_(bw[..., None], gr)
-                else:
-                    _add_group_sums(gacc[:, :, pc.keys], bw.view(b, h, pc.n, pc.g, 1), gr.view(b, h, pc.n, pc.g, v), 3)
+            far.pass_back(gacc, g_all, ci)
         galpha = (g_all * x).sum(-1)
         gx = alpha[..., None] * g_all
-        gbeta = gy.new_zeros(plan.w, b, h, t)
-        for pc in plan.pieces:
-            ys = buf[:, :, pc.keys]
-            if pc.g == 1:
-                gbeta[pc.col, :, :, pc.rows] = torch.linalg.vecdot(g_all[:, :, pc.rows], ys)
-            else:
-                gr = g_all[:, :, pc.rows].reshape(b, h, pc.n, pc.g, v)
-                gbeta[pc.col, :, :, pc.rows] = torch.linalg.vecdot(gr, ys[:, :, :, None]).reshape(b, h, -1)
-        rows, cols = (plan.on(a, x.device) for a in plan.left)
-        keys = plan.on(plan.left_keys, x.device)
-        starts, step = _leftover_blocks(len(rows), b * h * v)
-        for s in starts:
-            r, cc, j = rows[s : s + step], cols[s : s + step], keys[s : s + step]
-            gbeta[cc, :, :, r] = torch.linalg.vecdot(g_all[:, :, r], buf[:, :, j]).permute(2, 0, 1)
-        gbeta = gbeta.permute(1, 2, 3, 0) * plan.mask("valid", gbeta)
-        return galpha, gbeta, gx, gacc[:, :, :p], None
-
-
-def _gather_rows(buf: Tensor, flat: Tensor) -> Tensor:
-    """buf [B, H, N, V] (contiguous) at flat row indices [B, H, n, W] (``RowPatternPlan.flat``) ->
-    [B, H, n, W, V]."""
-    v = buf.shape[-1]
-    return buf.view(-1, v).index_select(0, flat.reshape(-1)).view(*flat.shape, v)
-
-
-class _RowPatternSolve(torch.autograd.Function):
-    """``_PatternSolve`` on per-row tables (``RowPatternPlan``): the same band blocks and chunk
-    inverses, the far reads gathered per chunk instead of added by runs."""
-
-    @staticmethod
-    def forward(ctx, alpha, beta, x, y_prefix, plan):
-        # head-first inside: alpha [B,H,T], beta [B,H,T,W], x [B,H,T,V], y_prefix [B,H,P,V]
-        b, h, t, v = x.shape
-        p, reach = plan.p, plan.reach
-        band = _band(beta, plan)
-        inv = _chunk_inverses(band, plan)
-        beta_far = beta.index_select(-1, plan.on(plan.far_cols, x.device)) * plan.mask("far", beta)[:, None]
-        far = plan.flat("far_keys", h, x.device)  # [B, H, T, Wf]
-        buf = x.new_zeros(b, h, p + t, v)
-        buf[:, :, :p] = y_prefix
-        rhs = alpha[..., None] * x
-        for ci, (s, e) in enumerate(plan.chunks):
-            r_c = rhs[:, :, s:e]
-            if plan.has_far[ci]:  # far reads are at distance > R >= C: rows solved before this chunk
-                ys = _gather_rows(buf, far[:, :, s:e])  # [B, H, n, Wf, V]
-                r_c = r_c + (beta_far[:, :, s:e, :, None] * ys).sum(3)
-            lo = max(0, p + s - reach)
-            if plan.has_prev[ci]:
-                r_c = r_c + band[:, :, s:e, lo - (p + s - reach) : reach] @ buf[:, :, lo : p + s]
-            buf[:, :, p + s : p + e] = (inv[:, :, ci, : e - s, : e - s] @ r_c.to(inv.dtype)).to(x.dtype)
-        ctx.save_for_backward(alpha, beta, x, buf, band, inv)
-        ctx.plan = plan
-        return buf[:, :, p:].clone()
-
-    @staticmethod
-    def backward(ctx, gy):
-        alpha, beta, x, buf, band, inv = ctx.saved_tensors
-        plan = ctx.plan
-        p, reach = plan.p, plan.reach
-        b, h, t, v = x.shape
-        inv_t = inv.transpose(-1, -2)
-        beta_far = beta.index_select(-1, plan.on(plan.far_cols, x.device)) * plan.mask("far", beta)[:, None]
-        far = plan.flat("far_keys", h, x.device)
-        gacc = gy.new_zeros(b, h, p + t, v)
-        g_all = gy.new_empty(b, h, t, v)
-        for ci in reversed(range(len(plan.chunks))):
-            s, e = plan.chunks[ci]
-            g = gy[:, :, s:e] + gacc[:, :, p + s : p + e]
-            g = (inv_t[:, :, ci, : e - s, : e - s] @ g.to(inv_t.dtype)).to(gy.dtype)
-            g_all[:, :, s:e] = g
-            lo = max(0, p + s - reach)
-            if plan.has_prev[ci]:
-                gacc[:, :, lo : p + s] += band[:, :, s:e, lo - (p + s - reach) : reach].transpose(-1, -2) @ g
-            if plan.has_far[ci]:
-                src = beta_far[:, :, s:e, :, None] * g[:, :, :, None, :]  # [B, H, n, Wf, V]
-                gacc.view(-1, v).index_add_(0, far[:, :, s:e].reshape(-1), src.view(-1, v))
-        galpha = (g_all * x).sum(-1)
-        gx = alpha[..., None] * g_all
-        gbeta = gy.new_empty(b, h, t, plan.w)
-        keys = plan.flat("keys", h, x.device)
-        _, step = _leftover_blocks(t, b * h * plan.w * v)
-        for r0 in range(0, t, step):
-            r1 = min(t, r0 + step)
-            gbeta[:, :, r0:r1] = torch.linalg.vecdot(_gather_rows(buf, keys[:, :, r0:r1]), g_all[:, :, r0:r1, None])
-        gbeta *= plan.mask("valid", gbeta)[:, None]
-        return galpha, gbeta, gx, gacc[:, :, :p], None
+        return galpha, far.coefficient_grads(g_all, buf), gx, gacc[:, :, :p], None
 
 
 def chunked_pattern_solve(
@@ -843,8 +853,9 @@ def chunked_pattern_solve(
             f"({'per-row' if isinstance(plan, RowPatternPlan) else 'shared'} table) used with "
             f"idx {tuple(idx.shape)}, P={p}, C={chunk_size}"
         )
-    solve = _RowPatternSolve if isinstance(plan, RowPatternPlan) else _PatternSolve
-    y = solve.apply(alpha.transpose(1, 2), beta.transpose(1, 2), x.transpose(1, 2), y_prefix.transpose(1, 2), plan)
+    y = _PatternSolve.apply(
+        alpha.transpose(1, 2), beta.transpose(1, 2), x.transpose(1, 2), y_prefix.transpose(1, 2), plan
+    )
     return y.transpose(1, 2)
 
 
