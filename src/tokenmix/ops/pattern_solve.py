@@ -205,7 +205,32 @@ def _band_chunks(dist: np.ndarray, t: int, chunk: int) -> int:
     return m
 
 
-class PatternPlan:
+class _PlanTensors:
+    """What both plans share: their masks (numpy bool arrays in ``_np``) and index tensors handed
+    to the kernels as tensors of the asked dtype and device, made once per plan (``_cache``)."""
+
+    _np: dict[str, np.ndarray]
+    _cache: dict
+
+    @torch.inference_mode(False)  # cached across calls: never an inference tensor
+    def mask(self, name: str, like: Tensor) -> Tensor:
+        """A mask ([T, W] for a shared table, [B, T, .] for per-row tables) as a 0/1 tensor of
+        like's dtype and device."""
+        key = (name, like.dtype, like.device)
+        if key not in self._cache:
+            self._cache[key] = torch.from_numpy(self._np[name]).to(device=like.device, dtype=like.dtype)
+        return self._cache[key]
+
+    @torch.inference_mode(False)
+    def on(self, t: Tensor, device: torch.device) -> Tensor:
+        """One of the plan's index tensors on ``device``."""
+        key = (id(t), device)
+        if key not in self._cache:
+            self._cache[key] = t.to(device)
+        return self._cache[key]
+
+
+class PatternPlan(_PlanTensors):
     """How the kernels cover an index table: regular runs, a near band, irregular leftovers.
 
     Built once per call from idx [T, W] (buffer positions, -1 = none), the prefix length P and the
@@ -299,24 +324,8 @@ class PatternPlan:
                 cur = end
         return blocks
 
-    @torch.inference_mode(False)  # cached across calls: never an inference tensor
-    def mask(self, name: str, like: Tensor) -> Tensor:
-        """A [T, W] mask as a 0/1 tensor of like's dtype and device (cached)."""
-        key = (name, like.dtype, like.device)
-        if key not in self._cache:
-            self._cache[key] = torch.from_numpy(self._np[name]).to(device=like.device, dtype=like.dtype)
-        return self._cache[key]
 
-    @torch.inference_mode(False)  # cached across calls: never an inference tensor
-    def on(self, t: Tensor, device: torch.device) -> Tensor:
-        """One of the plan's index tensors on ``device`` (cached)."""
-        key = (id(t), device)
-        if key not in self._cache:
-            self._cache[key] = t.to(device)
-        return self._cache[key]
-
-
-class RowPatternPlan:
+class RowPatternPlan(_PlanTensors):
     """How the kernels cover per-row tables idx [B, T, W] (packed rows, ``packed_table``).
 
     Runs are not looked for: in a packed row every level's run ends at each boundary. The near
@@ -366,22 +375,6 @@ class RowPatternPlan:
         self.has_prev = [bool(prev_rows[s:e].any()) for s, e in self.chunks]
         self.has_far = [bool(far_rows[s:e].any()) for s, e in self.chunks]
         self._cache: dict = {}
-
-    @torch.inference_mode(False)  # cached across calls: never an inference tensor
-    def mask(self, name: str, like: Tensor) -> Tensor:
-        """A [B, T, .] mask as a 0/1 tensor of like's dtype and device (cached)."""
-        key = (name, like.dtype, like.device)
-        if key not in self._cache:
-            self._cache[key] = torch.from_numpy(self._np[name]).to(device=like.device, dtype=like.dtype)
-        return self._cache[key]
-
-    @torch.inference_mode(False)
-    def on(self, t: Tensor, device) -> Tensor:
-        """One of the plan's index tensors on ``device`` (cached)."""
-        key = (id(t), device)
-        if key not in self._cache:
-            self._cache[key] = t.to(device)
-        return self._cache[key]
 
     @torch.inference_mode(False)
     def flat(self, name: str, heads: int | None, device) -> Tensor:
