@@ -25,10 +25,10 @@ FIGURE_FORMATS = ("png", "svg")
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
-def default_out_dir(kind: str, root: str | os.PathLike = "runs") -> Path:
-    """A fresh ``runs/analyze-<kind>-<YYYYmmdd-HHMMSS>[-k]`` folder (created)."""
+def default_out_dir(kind: str, root: str | os.PathLike = "runs", prefix: str = "analyze") -> Path:
+    """A fresh ``runs/<prefix>-<kind>-<YYYYmmdd-HHMMSS>[-k]`` folder (created)."""
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    base = Path(root) / f"analyze-{kind}-{stamp}"
+    base = Path(root) / f"{prefix}-{kind}-{stamp}"
     out, k = base, 1
     while out.exists() or out.is_symlink():
         k += 1

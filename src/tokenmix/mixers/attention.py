@@ -76,18 +76,15 @@ def allowed_keys(
     window: int | None,
     device: torch.device | str = "cpu",
     key_start: Tensor | None = None,
-    query_start: Tensor | None = None,
 ) -> Tensor:
     """Boolean mask: query i of the segment (buffer position P + i) may read buffer key j.
 
     Causal (j <= P + i) and, with a window w, within the last w positions (P + i - j < w). With
     ``key_start`` [B] (leading padding keys of each row's buffer, ``MixerState.padded_keys``) also
-    not padding: j >= key_start[b], or j = P + i (a padding query reads only itself). With
-    ``query_start`` [B, T] (where each query's document begins in the buffer, ``document_starts``
-    of a packed segment) also in the query's document: j >= query_start[b, i].
+    not padding: j >= key_start[b], or j = P + i (a padding query reads only itself).
 
     Returns:
-        [T, P + T], or [B, 1, T, P + T] with key_start or query_start (broadcasts over heads).
+        [T, P + T], or [B, 1, T, P + T] with key_start (broadcasts over heads).
     """
     rows = torch.arange(t, device=device)[:, None] + p
     cols = torch.arange(p + t, device=device)[None, :]
@@ -96,17 +93,8 @@ def allowed_keys(
         mask = mask & (rows - cols < window)
     if key_start is not None:
         real = cols >= key_start[:, None]  # [B, P + T]
-        mask = mask & (real[:, None, :] | (cols == rows))  # [B, T, P + T]
-    if query_start is not None:
-        mask = mask & (cols >= query_start[:, :, None])  # [B, T, P + T]
-    return mask[:, None] if mask.dim() == 3 else mask
-
-
-def document_starts(packing: Packing, p: int) -> Tensor:
-    """[B, T] long: the buffer position (P cached positions first) where each query's document
-    begins; 0 for each row's first document, which continues the cache."""
-    s = packing.starts
-    return torch.where(s > 0, s + p, torch.zeros_like(s))
+        return (mask & (real[:, None, :] | (cols == rows)))[:, None]  # [B, 1, T, P + T]
+    return mask
 
 
 def mask_padding_keys(scores: Tensor, key_start: Tensor | None) -> Tensor:

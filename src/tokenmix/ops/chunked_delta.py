@@ -275,34 +275,25 @@ def chunked_delta_rule(
     kb = kc * bc[..., None]
     eye = torch.eye(c, dtype=q.dtype, device=q.device)
     a_kk = ((kb @ kc.transpose(-1, -2)) * gamma).tril(-1)  # strictly lower, [B,H,N,C,C]
-    if reads is None:
-        kw = kb if gc is None else kb * gc.exp()[..., None]
-    else:  # only the documents that began before the chunk read (and erase from) its entering state
-        kw = kb * (reads if gc is None else gc.exp() * reads)[..., None]
+    kw = kb if gc is None else kb * gc.exp()[..., None]
+    if reads is not None:  # only the documents that began before the chunk read (and erase from) its entering state
+        kw = kw * reads[..., None]
     t_ut = unit_lower_inverse(eye + a_kk)  # the UT transform T, [B,H,N,C,C]
     u0, w = t_ut @ (vc * bc[..., None]), t_ut @ kw  # [B,H,N,C,V], [B,H,N,C,K]
     rows = slice(r - 1, None, r)  # the read-out rows of each chunk (all of them for r = 1)
     q_read = qc[..., rows, :]
     qk = (q_read @ kc.transpose(-1, -2)) * gamma[..., rows, :] * scale  # [B,H,N,C/r,C], lower incl. diagonal
-    if reads is not None:  # packed: the masked reads, writes and carries (module docstring of chunk_boundaries)
-        if gc is None:
-            q_state, k_state, chunk_decay = (
-                q_read * (reads[..., rows] * scale)[..., None],
-                kc * writes[..., None],
-                carry,
-            )
-        else:
-            q_state = q_read * (gc[..., rows].exp() * scale * reads[..., rows])[..., None]
-            g_last = gc[..., -1:]
-            k_state = kc * ((g_last - gc).exp() * writes)[..., None]
-            chunk_decay = g_last.exp()[..., None] * carry
-    elif gc is None:
+    if gc is None:
         q_state, k_state, chunk_decay = q_read * scale, kc, None
     else:
         q_state = q_read * (gc[..., rows].exp() * scale)[..., None]
         g_last = gc[..., -1:]
         k_state = kc * (g_last - gc).exp()[..., None]  # decay from each token to the chunk end
         chunk_decay = g_last.exp()[..., None]  # [B,H,N,1,1]
+    if reads is not None:  # packed: the masked reads, writes and carries (module docstring of chunk_boundaries)
+        q_state = q_state * reads[..., rows, None]
+        k_state = k_state * writes[..., None]
+        chunk_decay = carry if chunk_decay is None else chunk_decay * carry
 
     u, starts, s = chunk_state_recurrence(u0, w, k_state, chunk_decay, initial_state)
     o = q_state @ starts + qk @ u  # [B,H,N,C/r,V]

@@ -344,12 +344,11 @@ def step_read(
     Returns:
         out.
     """
-    if supported(qkv, keys, values, out):
-        seen = _all_visible(qkv.shape[0], slots.shape[0]) if visible is None else visible.astype(np.uint8, copy=False)
-        _read(_np(qkv), _np(keys), _np(values), slots, seen, scale, _np(out))
-        return out
     if visible is None:
         visible = _all_visible(qkv.shape[0], slots.shape[0])
+    if supported(qkv, keys, values, out):
+        _read(_np(qkv), _np(keys), _np(values), slots, visible.astype(np.uint8, copy=False), scale, _np(out))
+        return out
     return step_read_reference(qkv, keys, values, slots, scale, out, visible)
 
 

@@ -6,7 +6,6 @@ Each analysis writes its own sub-folder (``matrix-<mixer>/``, ``cost/``, ``expre
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -14,7 +13,7 @@ from tokenmix.analysis.accounting import run_accounting
 from tokenmix.analysis.expressivity import run_expressivity
 from tokenmix.analysis.matrices import analyze_registered
 from tokenmix.analysis.norms import run_norms
-from tokenmix.analysis.outputs import prepare_out_dir
+from tokenmix.analysis.outputs import default_out_dir, prepare_out_dir
 from tokenmix.analysis.report import build_report
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.registry import mixer_names
@@ -75,14 +74,7 @@ def report(
         return {"run_dir": path, **build_report(path, out_dir)}
     names = [p.name for p in presets("analysis")]
     if source in names:
-        runs_root = runs_root if out_dir is None else out_dir
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        run_dir = Path(runs_root) / f"report-{source}-{stamp}"
-        k = 1
-        while run_dir.exists():
-            k += 1
-            run_dir = Path(runs_root) / f"report-{source}-{stamp}-{k}"
-        run_dir.mkdir(parents=True)
+        run_dir = default_out_dir(source, runs_root if out_dir is None else out_dir, prefix="report")
         run_analysis_plan(get_preset("analysis", source).build(), run_dir, progress)
         return {"run_dir": run_dir, **build_report(run_dir, out_dir, title=f"tokenmix report: preset '{source}'")}
     if path.exists():

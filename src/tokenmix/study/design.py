@@ -141,8 +141,7 @@ def run_config(row: DesignRow, training: DesignTraining, seed: int) -> Synthetic
 
 def plan_training(result: DesignResult, training: DesignTraining) -> tuple[list[DesignRow], list[SyntheticRunConfig]]:
     """The candidates ``train_top`` trains and their run configs, every one validated: what is
-    refused is refused before anything is written."""
-    check_device(training.device)
+    refused is refused before anything is written (the device was checked with ``training``)."""
     if training.task == "assoc_recall":
         attach_recall_ceilings(result, training)
     rows = pick_top(result, training.top)
@@ -154,13 +153,13 @@ def train_top(
     result: DesignResult,
     training: DesignTraining,
     out: Path,
+    plan: tuple[list[DesignRow], list[SyntheticRunConfig]],
     console: Any = None,
-    plan: tuple[list[DesignRow], list[SyntheticRunConfig]] | None = None,
 ) -> None:
     """Train the top candidates under ``out/train`` (finished runs are skipped) and write their mean test
     accuracy over seeds into the rows (``accuracy``, ``accuracy_std``, ``task``); ``plan``: what
-    ``plan_training`` returned, when it was called already."""
-    rows, configs = plan if plan is not None else plan_training(result, training)
+    ``plan_training`` returned."""
+    rows, configs = plan
     outcome = run_sweep(
         configs,
         Path(out) / "train",
@@ -207,6 +206,6 @@ def run_design(
     out = prepare_out_dir(out, "design")
     files = write_outputs(result, out, formats, plots)
     if training is not None:
-        train_top(result, training, out, console, plan)
+        train_top(result, training, out, plan, console)
         files = write_outputs(result, out, formats, plots)
     return result, files

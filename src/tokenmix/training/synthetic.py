@@ -72,14 +72,14 @@ def answer_logits(
     more than the mixers. The same numbers as slicing the full logits. ``pack`` > 1: the examples
     run ``pack`` to a row, each a document of its own (the same answers, in the same order).
     """
+    answered = labels != IGNORE_INDEX
+    n, t = inputs.shape
     packing = None
     if pack > 1:
-        n, t = inputs.shape
-        inputs, labels = inputs.reshape(n // pack, pack * t), labels.reshape(n // pack, pack * t)
+        inputs = inputs.reshape(n // pack, pack * t)
         packing = Packing.from_lengths([[t] * pack] * (n // pack))
     h, _ = model.features(inputs, mode=mode, packing=packing)
-    answered = labels != IGNORE_INDEX
-    return model.head(h[answered]), answered
+    return model.head(h.reshape(n, t, -1)[answered]), answered
 
 
 @dataclass(frozen=True)
@@ -198,9 +198,7 @@ def train_step(model: MixerModel, opt: torch.optim.Optimizer, x: Tensor, y: Tens
     """One optimiser step on a batch (inputs x, labels y [B, T]): the loss over the answer positions,
     backward, gradient clipping, the update; returns the loss (not yet synchronised)."""
     logits, answered = answer_logits(model, x, y, tc.mode, tc.pack_examples)
-    loss = F.cross_entropy(
-        logits, y.reshape(answered.shape)[answered]
-    )  # the mean over answer positions, as ignore_index gives
+    loss = F.cross_entropy(logits, y[answered])  # the mean over answer positions, as ignore_index gives
     opt.zero_grad(set_to_none=True)
     loss.backward()
     if tc.grad_clip > 0:
