@@ -45,6 +45,7 @@ checks both against the documents run alone. ``materialize_packed`` is the block
 
 from __future__ import annotations
 
+import copy
 import functools
 from abc import ABC, ABCMeta, abstractmethod
 from collections.abc import Sequence
@@ -318,7 +319,8 @@ class RowGroupState(MixerState):
         live[picked] = len(self.groups)
         groups = [*self.groups, (self.position, picked, None)]
         # drop the groups no row reads any more, renumbering the live indices
-        kept = [i for i in range(len(groups)) if bool((live == i).any())]
+        readers = torch.bincount(live, minlength=len(groups)).tolist()
+        kept = [i for i in range(len(groups)) if readers[i]]
         renumber = torch.full((len(groups),), -1, dtype=torch.long, device=live.device)
         renumber[torch.tensor(kept, device=live.device)] = torch.arange(len(kept), device=live.device)
         start = self.start.clone()
@@ -370,11 +372,23 @@ class RowGroupState(MixerState):
             if whole:
                 y = yg
                 continue
-            mine = self.live.index_select(0, rows) == i  # the group's rows that read it
             if y is None:
                 y = x.new_zeros(x.shape[0], t, mixer.d_model)
-            y = y.index_copy(0, rows[mine], yg[mine])
-        return y, RowGroupState(self.owner, self.batch_size, self.position + t, self.start, groups, self.live)
+            read, dst = self._readers[i]
+            y.index_copy_(0, dst, yg.index_select(0, read))
+        after = copy.copy(self)  # the same rows, starts and readers (a decode step recomputes none of them)
+        after.position, after.groups = self.position + t, groups
+        return y, after
+
+    @functools.cached_property
+    def _readers(self) -> list[tuple[Tensor, Tensor]]:
+        """Per group, (the indices within its rows of the rows that read it, those batch rows):
+        where ``run`` puts the group's outputs. Fixed until ``with_reset`` makes another state."""
+        out = []
+        for i, (_, rows, _) in enumerate(self.groups):
+            read = torch.nonzero(self.live.index_select(0, rows) == i)[:, 0]
+            out.append((read, rows.index_select(0, read)))
+        return out
 
 
 class Mixer(nn.Module, metaclass=ABCMeta):
