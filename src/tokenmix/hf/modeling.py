@@ -106,17 +106,19 @@ def _check_later_mask(attention_mask: Tensor | None, seen: int, batch: int, leng
 
 
 def document_starts(
-    position_ids: Tensor | None, first: Tensor, batch: int, length: int
+    position_ids: Tensor | None, first: Tensor | int, batch: int, length: int, device: torch.device | str = "cpu"
 ) -> tuple[Tensor | None, Packing | None]:
     """transformers' packed-sequence convention -> tokenmix's: ``position_ids`` [B, T] that restart at 0
     where a document begins (and count up by one inside it) -> (rows whose first column begins a
     document [B] bool or None, the packing of the later columns or None).
 
-    ``first`` [B] long: the position each row's first column has when no document begins (the
-    continuation of what the cache has seen; negative for left padding, whose columns are not read).
-    Positions that simply continue (what ``generate`` passes) give (None, None)."""
+    ``first`` [B] long (or one int for every row): the position each row's first column has when no
+    document begins (the continuation of what the cache has seen; negative for left padding, whose
+    columns are not read); ``device``: the batch's. Positions that simply continue (what ``generate``
+    passes with every token) give (None, None) after one device sync."""
     if position_ids is None:
         return None, None
+    first = torch.as_tensor(first, dtype=torch.long, device=device).expand(batch)
     pos = torch.as_tensor(position_ids)
     if pos.dim() == 1:
         pos = pos.expand(batch, -1)
@@ -127,8 +129,9 @@ def document_starts(
     expected = first[:, None] + col  # [B, T]: the positions without a new document
     real = expected >= 0  # padding columns (at a padded prefill) are not read
     begins = real & (pos == 0) & (expected != 0)
-    if not bool(begins.any()):
-        if bool((real & (pos != expected)).any()):
+    any_begins, any_jump = torch.stack([begins.any(), (real & (pos != expected)).any()]).tolist()  # one sync
+    if not any_begins:
+        if any_jump:
             raise InputError("position_ids must count up by one from each document's 0 (packed sequences)")
         return None, None
     first_real = real & ~F.pad(real[:, :-1], (1, 0))  # a row's first column read
@@ -179,7 +182,7 @@ def run_mixer_model(
         seen, mode = 0, None
         start = left_padding(attention_mask, b, t)
         states = net.init_states(b, start=start) if start is not None else None
-        first = -start if start is not None else torch.zeros(b, dtype=torch.long, device=device)
+        first = -start if start is not None else 0
     else:
         seen = cache.seen
         _check_later_mask(attention_mask, seen, b, t)
@@ -187,8 +190,7 @@ def run_mixer_model(
         state = next((s for s in states if s is not None), None)
         position = state.position if state is not None else 0
         first = position - (state.start if state is not None and state.start is not None else 0)
-        first = torch.as_tensor(first, dtype=torch.long, device=device).expand(b)
-    reset, packing = document_starts(position_ids, first, b, t)
+    reset, packing = document_starts(position_ids, first, b, t, device)
     if reset is not None:
         states = net.reset_states(states, reset)
     out, states = (net if head else net.features)(input_ids, states, mode, packing)
