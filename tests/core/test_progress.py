@@ -47,3 +47,21 @@ def test_a_busy_machine_is_said_once_at_the_start(monkeypatch):
     with P.Progress("x", 10, stream=log, check_load=True) as bar:
         bar.advance(10)
     assert sum("busy" in line for line in log.getvalue().splitlines()) == 1
+
+
+def test_an_item_finished_after_the_period_is_one_line_with_its_event(monkeypatch):
+    """A benchmark case that took longer than the period: one line carrying the case, not a periodic
+    line and then the same count again with the case."""
+    clock = [0.0]
+    monkeypatch.setattr(P.time, "monotonic", lambda: clock[0])
+    log = io.StringIO()
+    with P.Progress("bench solver", 3, "cases", stream=log, every=30) as bar:
+        clock[0] += 45
+        bar.advance(1, event="mixer=pow2 n=4096")
+        clock[0] += 1
+        bar.advance(1)  # within the period: no line
+    lines = log.getvalue().splitlines()
+    assert lines[1:] == [
+        "bench solver: 1/3 cases (33%), 0:45 elapsed, ETA 1:30 -- mixer=pow2 n=4096",
+        lines[-1],
+    ] and lines[-1].endswith("-- done")

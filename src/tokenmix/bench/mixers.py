@@ -38,11 +38,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenmix.bench.settings import FULL_MIXER_SIZES
 from tokenmix.bench.worker import case_main, run_in_subprocess
 from tokenmix.mixers.registry import build_mixer, mixer_names
 from tokenmix.runs.clocks import time_call
 
-SIZES = [512, 2048, 8192]
+SIZES = list(FULL_MIXER_SIZES)
 MAX_QUADRATIC_N = 8192  # O(n^2)-memory mixers beyond this are skipped
 CASE_MODULE = "tokenmix.bench.mixers"  # each case runs as `python -m CASE_MODULE <json>`
 

@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from tokenmix.bench.settings import PACKED_MIXERS, PACKED_ROW_LENGTH, PACKED_ROWS
 from tokenmix.core.errors import InputError
 from tokenmix.core.packing import Packing
 from tokenmix.data.prepare import DataConfig, prepare_data
@@ -34,8 +35,8 @@ from tokenmix.data.tokenizer import separator_id
 from tokenmix.mixers.registry import build_mixer
 from tokenmix.runs.clocks import time_repeats
 
-MIXERS = ("pow2", "pow2_ce", "sq1_ce", "mamba2", "gla", "gated_deltanet", "attention")
-ROW_LENGTH, ROWS, WIDTH, HEADS = 2048, 4, 256, 4
+MIXERS, ROWS, ROW_LENGTH = PACKED_MIXERS, PACKED_ROWS, PACKED_ROW_LENGTH  # (settings.py: the CLI's help states them)
+WIDTH, HEADS = 256, 4
 WAYS = ("unpacked", "packed", "padded")
 
 

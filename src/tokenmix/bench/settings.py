@@ -17,6 +17,10 @@ QUICK_SOLVER_SIZES = (4096,)
 QUICK_SOLVER_PATTERNS = ("pow2", "pow2_ce", "sq1", "sq1_ce")  # --full: bench/solver.py's PATTERNS
 FULL_SOLVER_SIZES = (1024, 4096, 16384)
 
+# bench packed
+PACKED_MIXERS = ("pow2", "pow2_ce", "sq1_ce", "mamba2", "gla", "gated_deltanet", "attention")
+PACKED_ROWS, PACKED_ROW_LENGTH = 4, 2048
+
 
 @dataclass(frozen=True)
 class LMBenchConfig:

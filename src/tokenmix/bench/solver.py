@@ -20,11 +20,12 @@ import time
 import torch
 import torch.nn.functional as F
 
+from tokenmix.bench.settings import FULL_SOLVER_SIZES
 from tokenmix.bench.worker import case_main, run_in_subprocess
 from tokenmix.mixers import build_mixer
 
 PATTERNS = ["pow2", "sq1", "pow2_ce", "sq1_ce", "first_order", "dense_recurrence"]
-SIZES = [1024, 4096, 16384]
+SIZES = list(FULL_SOLVER_SIZES)
 MAX_DENSE_N = 4096
 MAX_DENSE_PATTERN_N = 4096
 CASE_MODULE = "tokenmix.bench.solver"  # each case runs as `python -m CASE_MODULE <json>`

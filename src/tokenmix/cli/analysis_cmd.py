@@ -55,11 +55,9 @@ def _counted(args, label: str, total: int, unit: str):
     started = [0]
 
     def on_message(msg: str) -> None:
-        if started[0]:
-            bar.advance(1)
-        started[0] += 1
         bar.note(msg.split(": ", 1)[-1])  # 'cost: NAME' -> NAME
-        bar.milestone("")
+        bar.advance(1 if started[0] else 0, event="")  # the previous item is done: one line
+        started[0] += 1
 
     with bar:
         yield on_message if enabled else None

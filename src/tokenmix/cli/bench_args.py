@@ -6,6 +6,9 @@ from __future__ import annotations
 from tokenmix.bench.settings import (
     FULL_MIXER_SIZES,
     FULL_SOLVER_SIZES,
+    PACKED_MIXERS,
+    PACKED_ROW_LENGTH,
+    PACKED_ROWS,
     QUICK_MIXER_SIZES,
     QUICK_MIXERS,
     QUICK_SOLVER_PATTERNS,
@@ -66,10 +69,12 @@ def register(sub) -> None:
         help="fwd+bwd time of a batch packed with a corpus' documents against the same tokens unpacked "
         "and the documents padded to rows of their own (~1 min at the defaults)",
     )
-    add_mixers_option(pk, "pow2, pow2_ce, sq1_ce, mamba2, gla, gated_deltanet, attention")
+    add_mixers_option(pk, ", ".join(PACKED_MIXERS))
     pk.add_argument("--corpus", default="excerpt", help="whose document lengths fill the rows (default excerpt)")
-    pk.add_argument("--rows", type=int, default=4, help="rows of the batch (default 4)")
-    pk.add_argument("--row-length", type=int, default=2048, help="tokens per row (default 2048)")
+    pk.add_argument("--rows", type=int, default=PACKED_ROWS, help=f"rows of the batch (default {PACKED_ROWS})")
+    pk.add_argument(
+        "--row-length", type=int, default=PACKED_ROW_LENGTH, help=f"tokens per row (default {PACKED_ROW_LENGTH})"
+    )
     pk.add_argument("--repeats", type=int, default=3, help="timed calls of each way (the best is reported)")
     pk.add_argument("--seed", type=int, default=0)
     pk.set_defaults(handler="bench_cmd:run_packed")

@@ -54,8 +54,7 @@ def _cases(what: str, total: int) -> tuple[Progress, Callable[[dict], None]]:
     bar = Progress(f"bench {what}", total, unit="cases", check_load=True)
 
     def done(r: dict) -> None:
-        bar.advance(1)
-        bar.milestone(_describe(r))
+        bar.advance(1, event=_describe(r))
 
     return bar, done
 
@@ -235,8 +234,6 @@ def run_packed(args) -> int:
         lambda n: 3 * args.rows * TRAIN_BYTES_PER_POSITION * float(n),
         f"forward+backward passes over {args.rows} rows (three batches)",
     )
-    if names:
-        _check_mixers(names, "--mixers")
     bar, done = _cases("packed", len(names or packed.MIXERS))
     with bar:
         result = packed.run(names, args.corpus, args.rows, args.row_length, args.repeats, args.seed, done)

@@ -158,9 +158,9 @@ def run_train_lm(args) -> int:
         run_dir = _default_run_dir(cfg.data.corpus)
     if args.resume is None:  # what training would refuse, --print-config refuses too
         check_output_dir(run_dir, "run folder")
-        if args.init_from is not None:
-            check_init_from(args.init_from, cfg)
     if args.print_config:
+        if args.resume is None and args.init_from is not None:  # (train_lm checks it itself)
+            check_init_from(args.init_from, cfg)
         print(cfg.to_json())
         return 0
     progress = False if args.no_progress else None

@@ -10,6 +10,12 @@ catching ``ValueError`` keep working.
 from __future__ import annotations
 
 
+def shown(value: object) -> str:
+    """A value as an error line quotes it: its repr, cut to 60 characters."""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 class InputError(ValueError):
     """Bad input: printed by the CLI as ``tokenmix <command>: error: <message>``, exit status 2."""
 

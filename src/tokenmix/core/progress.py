@@ -173,7 +173,9 @@ class Progress:
         )
 
     # ------------------------------------------------------------------------------------------
-    def advance(self, k: int, credited: bool = False) -> None:
+    def advance(self, k: int, credited: bool = False, event: str | None = None) -> None:
+        """``k`` more units done (``credited``: done before, e.g. a resumed run's). ``event``: in a
+        log, a line now carrying it (``milestone``), instead of the periodic line."""
         self.done += k
         if credited:
             self.credited += k
@@ -183,8 +185,8 @@ class Progress:
             return
         if self._bar is not None:
             self._bar.update(self._task, completed=self.done)
-        elif time.monotonic() - self._last_line >= self.every:
-            self._line()
+        elif event is not None or time.monotonic() - self._last_line >= self.every:
+            self._line(event or "")
 
     def note(self, text: str) -> None:
         """What the job is doing now (shown in the bar, and in the next plain line)."""

@@ -44,6 +44,7 @@ from importlib import resources
 from pathlib import Path
 
 from tokenmix.core.errors import InputError, MissingDependency, MissingInput
+from tokenmix.core.files import file_kind
 
 BUILTIN_CORPORA = ("excerpt", "shakespeare", "kjv", "pydocs")
 RECORD_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}  # suffix -> datasets builder
@@ -249,14 +250,6 @@ def pydocs_documents(install_missing: bool = False) -> list[Document]:
     return [Document(f"pydocs/{f.relative_to(root)}", _decode(f.read_bytes(), str(f))) for f in files]
 
 
-_SPECIAL_FILES = (
-    (stat.S_ISFIFO, "a FIFO (named pipe)"),
-    (stat.S_ISCHR, "a character device"),
-    (stat.S_ISBLK, "a block device"),
-    (stat.S_ISSOCK, "a socket"),
-)
-
-
 def check_corpus_path(path: Path) -> None:
     """A corpus path must be a regular file or a folder: a FIFO or a device would be read forever
     (``/dev/zero``) or block until someone writes to it."""
@@ -266,8 +259,7 @@ def check_corpus_path(path: Path) -> None:
         raise MissingInput(f"corpus path '{path}' cannot be read: {e.strerror}") from None
     if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
         return
-    kind = next((name for test, name in _SPECIAL_FILES if test(mode)), "not a regular file")
-    raise CorpusError(f"corpus path '{path}' is {kind}, not a text file or a folder of text files")
+    raise CorpusError(f"corpus path '{path}' is {file_kind(mode)}, not a text file or a folder of text files")
 
 
 def path_documents(path: Path, doc_chars: int, text_field: str = DEFAULT_TEXT_FIELD) -> list[Document]:

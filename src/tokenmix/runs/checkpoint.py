@@ -48,7 +48,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.torch import load_file, save_file
 from torch import nn
 
-from tokenmix.core.errors import InputError
+from tokenmix.core.errors import InputError, shown
 from tokenmix.core.files import (
     atomic_path,
     atomic_write_json,
@@ -209,20 +209,15 @@ def read_latest(ckpt_root: Path) -> dict | None:
     name, step, sha = rec.get("checkpoint"), rec.get("step"), rec.get("meta_sha256")
     if not isinstance(name, str) or CHECKPOINT_NAME.fullmatch(name) is None:
         raise CheckpointError(
-            f"{path} is corrupt: 'checkpoint' must name a step_N folder of {ckpt_root}, got {_shown(name)}"
+            f"{path} is corrupt: 'checkpoint' must name a step_N folder of {ckpt_root}, got {shown(name)}"
         )
     if not isinstance(step, int) or isinstance(step, bool) or step != int(name[5:]):
         raise CheckpointError(
-            f"{path} is corrupt: 'step' must be the integer {int(name[5:])} of {name}, got {_shown(step)}"
+            f"{path} is corrupt: 'step' must be the integer {int(name[5:])} of {name}, got {shown(step)}"
         )
     if not isinstance(sha, str) or re.fullmatch(r"[0-9a-f]{64}", sha) is None:
-        raise CheckpointError(f"{path} is corrupt: 'meta_sha256' must be 64 hex digits, got {_shown(sha)}")
+        raise CheckpointError(f"{path} is corrupt: 'meta_sha256' must be 64 hex digits, got {shown(sha)}")
     return rec
-
-
-def _shown(value) -> str:
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _latest_name(ckpt_root: Path) -> str | None:
@@ -370,11 +365,11 @@ def _check_meta(ckpt_dir: Path, meta) -> None:
         raise bad(f"it holds {type(meta).__name__}, not a JSON object")
     if meta.get("format") != FORMAT_VERSION:
         raise CheckpointError(
-            f"checkpoint {ckpt_dir} has format {_shown(meta.get('format'))}, expected {FORMAT_VERSION}"
+            f"checkpoint {ckpt_dir} has format {shown(meta.get('format'))}, expected {FORMAT_VERSION}"
         )
     step = meta.get("step")
     if not _is_int(step) or step < 0:
-        raise bad(f"'step' must be a non-negative integer, got {_shown(step)}")
+        raise bad(f"'step' must be a non-negative integer, got {shown(step)}")
     if _step_of(ckpt_dir) is not None and _step_of(ckpt_dir) != step:
         raise bad(f"'step' is {step} in the folder of step {_step_of(ckpt_dir)}")
     files = meta.get("files")
@@ -391,10 +386,10 @@ def _check_meta(ckpt_dir: Path, meta) -> None:
     ):
         raise bad("'shapes' must map parameter names to lists of sizes")
     if "tokens" in meta and not (_is_int(meta["tokens"]) and meta["tokens"] >= 0):
-        raise bad(f"'tokens' must be a non-negative integer, got {_shown(meta['tokens'])}")
+        raise bad(f"'tokens' must be a non-negative integer, got {shown(meta['tokens'])}")
     pos = meta.get("data_position", {"epoch": 0, "cursor": 0})
     if not isinstance(pos, dict) or not all(_is_int(pos.get(k)) and pos[k] >= 0 for k in ("epoch", "cursor")):
-        raise bad(f"'data_position' must hold non-negative integers epoch and cursor, got {_shown(pos)}")
+        raise bad(f"'data_position' must hold non-negative integers epoch and cursor, got {shown(pos)}")
 
 
 def _tensor_shapes(path: Path) -> dict[str, list[int]]:

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from tokenmix.core.errors import InputError, MissingInput
+from tokenmix.core.errors import InputError, MissingInput, shown
 from tokenmix.core.files import MAX_JSON_BYTES, parse_json, read_json, read_text_file
 from tokenmix.core.memory import available_memory
 from tokenmix.data.prepare import DataConfig
@@ -235,12 +235,7 @@ def check_override_types(overrides: Any) -> None:
         spec = get_mixer_spec(name)
         if not isinstance(values, dict):
             raise InputError(f"model.mixer_overrides.{name} must be a dictionary of config fields, got {values!r}")
-        hints = typing.get_type_hints(spec.config_cls)
-        for key, value in values.items():
-            tp = hints.get(key)
-            if tp is not None and not _has_type(value, tp):
-                shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-                raise InputError(f"model.mixer_overrides.{name}.{key} must be {_type_name(tp)}, got {shown}")
+        _check_types(spec.config_cls, values, f"model.mixer_overrides.{name}")
 
 
 # ------------------------------------------------------------------------------------ memory
@@ -371,12 +366,16 @@ def _type_name(tp: Any) -> str:
 def check_field_types(cls: type, values: dict, section: str, where: str | Path) -> None:
     """Refuse (InputError naming the field) a value of the wrong JSON type for a config dataclass
     field, before the dataclass compares or iterates it; unknown keys are left to the loader."""
+    _check_types(cls, values, f"'{where}': {section}")
+
+
+def _check_types(cls: type, values: dict, label: str) -> None:
+    """InputError '<label>.<field> must be <type>, got <value>' for the first value of the wrong type."""
     hints = typing.get_type_hints(cls)
     for key, value in values.items():
         tp = hints.get(key)
         if tp is not None and not _has_type(value, tp):
-            shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-            raise InputError(f"'{where}': {section}.{key} must be {_type_name(tp)}, got {shown}")
+            raise InputError(f"{label}.{key} must be {_type_name(tp)}, got {shown(value)}")
 
 
 def _coerce_json(value: Any, tp: Any) -> Any:
