@@ -25,6 +25,7 @@ Bad boundaries (not increasing, not covering the row, a shape that does not matc
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
@@ -67,7 +68,7 @@ class Packing:
     def shape(self) -> tuple[int, int]:
         return tuple(self.starts.shape)  # type: ignore[return-value]
 
-    @property
+    @functools.cached_property  # (read by every layer of a packed batch)
     def boundaries(self) -> Tensor:
         """[B, T] bool: a later document starts here (t > 0 and starts[b, t] = t): the state resets."""
         t = torch.arange(self.starts.shape[1], device=self.starts.device)
@@ -78,10 +79,17 @@ class Packing:
         """[B, T] long: the position within the document (t - starts[b, t])."""
         return torch.arange(self.starts.shape[1], device=self.starts.device) - self.starts
 
-    @property
+    @functools.cached_property
     def trivial(self) -> bool:
         """One document per row from position 0: the unpacked batch."""
         return not bool(self.starts.any())
+
+    def begins(self, position: int, start: Tensor | None = None) -> Tensor:
+        """[B, T] long: where each token's document begins on the clock of a state at ``position``
+        (the segment's first token is there); a row's first document continues that state, whose
+        rows begin at ``start`` [B] (left padding or an earlier document; None: 0)."""
+        first = 0 if start is None else start[:, None]
+        return torch.where(self.starts > 0, position + self.starts, first)
 
     def visible(self, keys: Tensor | None = None) -> Tensor:
         """[B, T, T] bool: query t may read key j (same document, j <= t); with ``keys`` [T'] absolute
@@ -206,14 +214,17 @@ class Packing:
         return self.positions
 
 
-def as_packing(value, batch_size: int, length: int) -> Packing | None:
-    """``value`` (a Packing, document start flags, or None) as a checked Packing for a [B, T] batch;
-    None for None or a trivial packing (one document per row: the unpacked path)."""
+def as_packing(value, batch_size: int, length: int, device: torch.device | str | None = None) -> Packing | None:
+    """``value`` (a Packing, document start flags, or None) as a checked Packing for a [B, T] batch on
+    ``device`` (the batch's; None: where it is); None for None or a trivial packing (one document per
+    row: the unpacked path)."""
     if value is None:
         return None
     packing = value if isinstance(value, Packing) else Packing.from_resets(torch.as_tensor(value))
     packing.check(batch_size, length)
-    return None if packing.trivial else packing
+    if packing.trivial:
+        return None
+    return packing if device is None or packing.starts.device == torch.device(device) else packing.to(device)
 
 
 __all__ = ["Packing", "as_packing"]

@@ -254,9 +254,10 @@ def begin_last_documents(state: MixerState, before: MixerState | None, packing: 
     whose state keeps positions of earlier documents (a whole-row KV cache) lets every later read
     mask them as it masks left padding (``padded_keys``), and the model counts positions from there.
     Returns ``state`` (updated in place)."""
-    last = packing.starts[:, -1]
-    previous = before.start if before is not None and before.start is not None else torch.zeros_like(last)
-    start = torch.where(last > 0, (0 if before is None else before.position) + last, previous)
+    if before is None:
+        start = packing.begins(0)[:, -1]
+    else:
+        start = packing.begins(before.position, before.start)[:, -1]
     state.start, state.max_start, state.min_start = start, int(start.max()), int(start.min())
     if not state.max_start:  # no row begins past position 0: nothing to mask
         state.start = None
@@ -452,7 +453,7 @@ class Mixer(nn.Module, metaclass=ABCMeta):
                 )
         if packing is None:  # the unpacked path (a decode step's) without the packing checks
             return self._forward_mode(x, state, mode)
-        packing = as_packing(packing, x.shape[0], x.shape[1])
+        packing = as_packing(packing, x.shape[0], x.shape[1], x.device)
         if packing is None:
             return self._forward_mode(x, state, mode)
         # native kernels take an ordinary state whose padding (if any) is behind it

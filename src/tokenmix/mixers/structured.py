@@ -319,7 +319,7 @@ class StructuredRecurrence(Mixer):
             plan, valid = _RowsPlan(idx, state.cached_positions(), self.config.chunk_size), idx >= 0
         elif packing is not None:
             # exact distances: the shared table, the neighbours before the token's document masked
-            valid = plan.document_valid(self._begins(state, packing, x.device))
+            valid = plan.document_valid(packing.begins(state.position, state.start))
         else:
             # left padding: per row, the neighbours before the row's start do not exist
             valid = None if state.start is None else plan.padded_valid(state.start, state.max_start)  # [B, T, W]
@@ -337,14 +337,6 @@ class StructuredRecurrence(Mixer):
         # Mixer.forward starts the cache at each row's last document (begin_last_documents): decode
         # masks the positions before it as it masks left padding
         return self.out(y.flatten(2)), self._extend(state, k, y, state.position + t)
-
-    @staticmethod
-    def _begins(state: PatternCache, packing: Packing, device) -> Tensor:
-        """[B, T] long: the absolute position where each token's document begins (the first
-        document of a row continues the state: its start, 0 if unpadded)."""
-        starts = packing.starts.to(device)
-        first = state.start[:, None] if state.start is not None else 0
-        return torch.where(starts > 0, state.position + starts, first)
 
     @torch.inference_mode(False)  # kept across calls (as _table)
     def _relative_table(self, t: int, device) -> Tensor:
@@ -385,7 +377,7 @@ class StructuredRecurrence(Mixer):
             sub = PatternCache.holding(state, clock, held, keys, values)
             live[rows] = len(groups)
             groups.append((begin, rows_dev, sub))
-        start = torch.where(last > 0, state.position + last, 0).to(k.device)
+        start = packing.begins(state.position, state.start)[:, -1]
         return RowGroupState(self.owner, b, end, start, groups, live.to(k.device))
 
     def _extend(self, state: PatternCache, k: Tensor, y: Tensor, new_position: int) -> PatternCache:
@@ -429,7 +421,7 @@ class StructuredRecurrence(Mixer):
             p = state.cached_positions()
             key_start = state.padded_keys(p)
             if packing is not None:  # per query: the buffer position its document begins at
-                key_start = (self._begins(state, packing, x.device) - (state.position - p)).clamp(min=0)
+                key_start = (packing.begins(state.position, state.start) - (state.position - p)).clamp(min=0)
             y = chunked_window_softmax(
                 q,
                 torch.cat([state.keys, k], 1),

@@ -267,7 +267,7 @@ class MixerModel(nn.Module):
         states = states if states is not None else [None] * len(self.blocks)
         if len(states) != len(self.blocks):
             raise InputError(f"got {len(states)} layer states for {len(self.blocks)} layers")
-        packing = as_packing(packing, idx.shape[0], idx.shape[1])
+        packing = as_packing(packing, idx.shape[0], idx.shape[1], idx.device)
         x = self.embed(idx)
         if self.cfg.positions != "none":
             x = x + self._position_codes(states, idx.shape[1], x, packing)
@@ -290,9 +290,7 @@ class MixerModel(nn.Module):
         pos = torch.arange(first, first + t, device=x.device)  # [T]
         padded = state is not None and state.start is not None
         if packing is not None:
-            row_start = state.start[:, None] if padded else 0  # the first document continues the state
-            begins = torch.where(packing.starts > 0, first + packing.starts, row_start)  # [B, T]
-            pos = (pos[None, :] - begins).clamp(min=0)
+            pos = (pos[None, :] - packing.begins(first, state.start if padded else None)).clamp(min=0)
         elif padded:
             pos = (pos[None, :] - state.start[:, None]).clamp(min=0)  # [B, T], padding at 0
         if self.pos_embed is None:
