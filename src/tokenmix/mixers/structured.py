@@ -108,8 +108,10 @@ class StructuredConfig(MixerConfig):
 
 
 class _LazyPlan:
-    """A segment's device index table and its ``PatternPlan``, the plan built on first use; the
-    table in absolute positions ``absolute`` [T, W] (CPU, -1 = none) serves left-padded batches.
+    """A segment's device index table and its plan (``PatternPlan``; ``RowPatternPlan`` for the
+    per-row tables of a packed segment, ``packed_table``), built on first use: the compiled kernels
+    read the tables alone. The shared table in absolute positions ``absolute`` [T, W] (CPU, -1 =
+    none; None for per-row tables) serves left-padded and packed batches of exact distances.
 
     Kept across calls (``StructuredMixer._table``), so everything here is built outside inference
     mode even when the call that builds it runs inside (generation): an inference tensor kept in a
@@ -117,7 +119,7 @@ class _LazyPlan:
     backward").
     """
 
-    def __init__(self, idx: Tensor, idx_cpu: Tensor, absolute: Tensor, prefix: int, chunk: int) -> None:
+    def __init__(self, idx: Tensor, idx_cpu: Tensor, absolute: Tensor | None, prefix: int, chunk: int) -> None:
         self.idx, self._args, self._plan = idx, (idx_cpu, prefix, chunk), None
         self.absolute, self._lowest, self._absolute_dev = absolute, None, None  # the last two on first use
 
@@ -127,7 +129,7 @@ class _LazyPlan:
         return self._args[0]
 
     @torch.inference_mode(False)
-    def get(self) -> PatternPlan:
+    def get(self) -> PatternPlan | RowPatternPlan:
         if self._plan is None:
             self._plan = plan_pattern(*self._args)
         return self._plan
@@ -136,34 +138,25 @@ class _LazyPlan:
     def padded_valid(self, start: Tensor, max_start: int) -> Tensor | None:
         """[B, T, W] bool: the entries that read a real position of their row (>= start[b]); None
         if the table reads no position below ``max_start`` (then the shared idx >= 0 is exact)."""
-        if self._absolute_dev is None:
-            read = self.absolute[self.absolute >= 0]
-            self._lowest = int(read.min()) if read.numel() else None  # None: reads nothing
-            self._absolute_dev = self.absolute.to(self.idx.device)
+        absolute = self._absolute_on_device()
         if self._lowest is None or self._lowest >= max_start:
             return None
-        return self._absolute_dev[None] >= start[:, None, None]
+        return absolute[None] >= start[:, None, None]
 
     @torch.inference_mode(False)
     def document_valid(self, begins: Tensor) -> Tensor:
         """[B, T, W] bool: the entries that read a position of their token's own document, which
         begins at begins[b, t] (absolute positions; packed rows of an exact-distance pattern)."""
+        return self._absolute_on_device()[None] >= begins[:, :, None]
+
+    def _absolute_on_device(self) -> Tensor:
+        """``absolute`` on the table's device, with the lowest position it reads (``_lowest``; None:
+        none), both made on first use."""
         if self._absolute_dev is None:
-            self.padded_valid(begins[:, 0], 0)  # moves the absolute table to the device
-        return self._absolute_dev[None] >= begins[:, :, None]
-
-
-class _RowsPlan:
-    """Per-row tables of a packed segment (``packed_table``) and their ``RowPatternPlan``, built on
-    first use (the compiled kernels read the tables alone)."""
-
-    def __init__(self, idx: Tensor, prefix: int, chunk: int) -> None:
-        self.idx, self.idx_cpu, self._args, self._plan = idx, idx.cpu(), (prefix, chunk), None
-
-    def get(self) -> RowPatternPlan:
-        if self._plan is None:
-            self._plan = plan_pattern(self.idx_cpu, *self._args)
-        return self._plan
+            read = self.absolute[self.absolute >= 0]
+            self._lowest = int(read.min()) if read.numel() else None  # None: reads nothing
+            self._absolute_dev = self.absolute.to(self.idx.device)
+        return self._absolute_dev
 
 
 @functools.cache
@@ -316,7 +309,8 @@ class StructuredRecurrence(Mixer):
             # each later document reads its own table, shifted by its start
             rel = self._relative_table(t, x.device)
             idx = packed_table(idx, rel, packing.starts.to(x.device), state.cached_positions())
-            plan, valid = _RowsPlan(idx, state.cached_positions(), self.config.chunk_size), idx >= 0
+            plan = _LazyPlan(idx, idx.cpu(), None, state.cached_positions(), self.config.chunk_size)
+            valid = idx >= 0
         elif packing is not None:
             # exact distances: the shared table, the neighbours before the token's document masked
             valid = plan.document_valid(packing.begins(state.position, state.start))
@@ -330,12 +324,10 @@ class StructuredRecurrence(Mixer):
     def _finish(
         self, state: PatternCache, k: Tensor, y: Tensor, t: int, packing: Packing | None = None
     ) -> tuple[Tensor, PatternCache | RowGroupState]:
-        if packing is None:
-            return self.out(y.flatten(2)), self._extend(state, k, y, state.position + t)
-        if not isinstance(self.pattern, TranslationInvariant):
+        if packing is not None and not isinstance(self.pattern, TranslationInvariant):
             return self.out(y.flatten(2)), self._grouped_state(state, k, y, packing)
-        # Mixer.forward starts the cache at each row's last document (begin_last_documents): decode
-        # masks the positions before it as it masks left padding
+        # (packed exact distances: Mixer.forward starts the cache at each row's last document,
+        # begin_last_documents, and decode masks the positions before it as it masks left padding)
         return self.out(y.flatten(2)), self._extend(state, k, y, state.position + t)
 
     @torch.inference_mode(False)  # kept across calls (as _table)
