@@ -24,35 +24,14 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError, MissingInput
 from tokenmix.core.files import check_regular_file, read_json
-from tokenmix.data.prepare import DataConfig
 from tokenmix.data.tokenizer import load_tokenizer
 from tokenmix.models.model import MixerModel, ModelConfig
 from tokenmix.runs.lm import (
-    LMTrainConfig,
     check_field_types,
     load_run,
 )  # the LM run layout, with checkpoint verification
 
 _CONFIG_KEYS = ("model", "model_config")
-_SECTIONS = {"model": ModelConfig, "data": DataConfig, "train": LMTrainConfig}
-
-
-def check_run_config(run_dir: str | Path) -> None:
-    """The value types of a run's config.json (model, data and train sections), each field named
-    when wrong; a missing file is left to the loader, which says so. The file is read by the one
-    guarded reader (``core.files.read_json``): a FIFO, a link out of the run folder, a file too large
-    or nested too deep is refused in one line, never waited on."""
-    path = Path(run_dir) / "config.json"
-    if not Path(run_dir).is_dir() or not (path.exists() or path.is_symlink()):
-        return
-    raw = read_json(path, "run config", within=run_dir)
-    if not isinstance(raw, dict):
-        raise InputError(f"'{path}' must hold a JSON object with model, data and train sections")
-    for section, cls in _SECTIONS.items():
-        values = raw.get(section, {})
-        if not isinstance(values, dict):
-            raise InputError(f"'{path}': section '{section}' must be a JSON object, got {type(values).__name__}")
-        check_field_types(cls, values, section, path)
 
 
 def _model_config(raw: dict, path: Path) -> ModelConfig:
@@ -96,8 +75,7 @@ def load_run_model(run_dir: str | Path) -> tuple[MixerModel, Callable[[str], lis
     if not run.is_dir():
         raise MissingInput(f"run directory '{run}' does not exist")
     if (run / "checkpoints" / "latest.json").exists() or (run / "checkpoints" / "latest.json").is_symlink():
-        check_run_config(run)
-        loaded = load_run(run)
+        loaded = load_run(run)  # (its config checked by the one config reader, read_run_config)
         return loaded.model, lambda text: loaded.tokenizer.encode(text).ids
     cfg_path = run / "config.json"
     if not (cfg_path.exists() or cfg_path.is_symlink()):

@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from tokenmix.analysis.run_inputs import check_run_config, check_text
+from tokenmix.analysis.run_inputs import check_text
 from tokenmix.cli.validate import check_choice
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import check_output_dir
@@ -181,7 +181,6 @@ def run_eval(args) -> int:
     if args.context is not None and args.context < 1:
         raise InputError(f"--context must be >= 1, got {args.context}")
     resolve_device(args.device)  # a missing CUDA is refused before the run is read
-    check_run_config(args.run)
     res = evaluate_run(
         args.run,
         args.split or "test",
@@ -237,7 +236,6 @@ def run_generate(args) -> int:
     for text in args.prompt or []:
         check_text(text, "--prompt")
     device = resolve_device(args.device)
-    check_run_config(args.run)
     run = load_run(args.run, device)
     tok = run.tokenizer
     max_context = args.max_context if args.max_context is not None else run.config.train.seq_len
