@@ -109,7 +109,7 @@ def json_tables(data) -> list[tuple[str, list[dict]]]:
     return tables
 
 
-def csv_table(path: Path, within: Path | None = None) -> list[dict]:
+def csv_table(path: Path, within: Path) -> list[dict]:
     text = read_text_file(path, "CSV file", max_bytes=MAX_EMBED_BYTES, within=within)
     return list(csv.DictReader(io.StringIO(text, newline="")))
 
@@ -134,12 +134,12 @@ def html_table(rows: Sequence[dict]) -> str:
 _ORDER = {".md": 0, ".json": 1, ".csv": 2, ".txt": 3, ".png": 4, ".svg": 5}
 
 
-def _leaves(path: Path, root: Path | None) -> bool:
+def _leaves(path: Path, root: Path) -> bool:
     """Whether ``path`` is a symbolic link that leads out of the folder ``root`` (never followed)."""
-    return root is not None and path.is_symlink() and not inside(path, root)
+    return path.is_symlink() and not inside(path, root)
 
 
-def _section_files(folder: Path, root: Path | None = None) -> list[Path]:
+def _section_files(folder: Path, root: Path) -> list[Path]:
     """Files of one folder: text first (Markdown, JSON, CSV), then figures, each by name; links out of
     ``root`` and anything but regular files left out."""
     files = [
@@ -150,10 +150,9 @@ def _section_files(folder: Path, root: Path | None = None) -> list[Path]:
     return sorted(files, key=lambda p: (_ORDER.get(p.suffix.lower(), 9), p.name))
 
 
-def _is_bench_json(path: Path, root: Path | None = None) -> bool:
-    """A JSON file written by ``tokenmix bench`` (its top-level object names the benchmark)."""
-    if _leaves(path, root):
-        return False
+def _is_bench_json(path: Path, root: Path) -> bool:
+    """A JSON file written by ``tokenmix bench`` (its top-level object names the benchmark); a link
+    out of ``root`` is not read (``read_json`` refuses it)."""
     try:
         data = read_json(path, "JSON file", max_bytes=MAX_EMBED_BYTES, within=root)
     except InputError:
