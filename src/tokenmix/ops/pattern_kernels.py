@@ -52,7 +52,7 @@ from tokenmix.core.errors import InputError
 from tokenmix.ops.numba_runtime import PARALLEL_JIT as _JIT
 from tokenmix.ops.numba_runtime import as_numpy as _np
 from tokenmix.ops.numba_runtime import kernel_available, launch, numba, supported
-from tokenmix.ops.pattern_solve import chunked_pattern_solve, pattern_scores
+from tokenmix.ops.pattern_solve import check_causal, chunked_pattern_solve, pattern_scores, table_fits
 
 if numba is not None:
     from numba import njit, prange
@@ -438,19 +438,8 @@ def _check_causal(idx: Tensor, prefix: int) -> Tensor:
     causality check (the kernels trust it)."""
     tab = idx.detach().to("cpu", torch.int64)
     tab = (tab[None] if tab.dim() == 2 else tab).contiguous()
-    if tab.numel() and (tab >= prefix + torch.arange(tab.shape[1])[:, None]).any():
-        raise InputError("idx reads a position that is not strictly earlier (not causal)")
+    check_causal(tab, prefix)
     return tab
-
-
-def _check_table(idx: Tensor, b: int, t: int, w: int | None = None) -> bool:
-    """Whether idx is a [T, W] table or per-row [B, T, W] tables for a [B, T] batch (W: beta's)."""
-    return (
-        idx.dim() in (2, 3)
-        and idx.shape[-2] == t
-        and (idx.dim() == 2 or idx.shape[0] == b)
-        and (w is None or idx.shape[-1] == w)
-    )
 
 
 def compiled_pattern_solve(
@@ -471,7 +460,12 @@ def compiled_pattern_solve(
         y_prefix = x.new_zeros(b, 0, h, v)
     if not supported(alpha, beta, x, y_prefix):
         return chunked_pattern_solve(alpha, beta, idx, x, y_prefix, chunk_size, plan=plan)
-    if not _check_table(idx, b, t, beta.shape[3]) or beta.shape[:3] != (b, t, h) or alpha.shape != (b, t, h):
+    if (
+        beta.dim() != 4
+        or beta.shape[:3] != (b, t, h)
+        or alpha.shape != (b, t, h)
+        or not table_fits(idx, b, t, beta.shape[3])
+    ):
         raise InputError(
             f"shape mismatch: x {tuple(x.shape)}, alpha {tuple(alpha.shape)}, beta {tuple(beta.shape)}, "
             f"idx {tuple(idx.shape)}"
@@ -489,7 +483,7 @@ def compiled_pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan=None) -> 
     p = kbuf.shape[1] - t
     if not supported(q, kbuf):
         return pattern_scores(q, kbuf, idx, plan)
-    if kbuf.shape[0] != b or kbuf.shape[2:] != (h, k) or p < 0 or not _check_table(idx, b, t):
+    if kbuf.shape[0] != b or kbuf.shape[2:] != (h, k) or p < 0 or not table_fits(idx, b, t):
         raise InputError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}, idx {tuple(idx.shape)}")
     return _CompiledScores.apply(q, kbuf, _check_causal(idx, p))
 

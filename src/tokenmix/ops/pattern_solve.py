@@ -395,11 +395,27 @@ class RowPatternPlan(_PlanTensors):
         return self._cache[key]
 
 
+def table_fits(idx: Tensor, b: int, t: int, w: int | None = None) -> bool:
+    """Whether idx is a [T, W] table or per-row [B, T, W] tables for a [B, T] batch (W: beta's)."""
+    return (
+        idx.dim() in (2, 3)
+        and idx.shape[-2] == t
+        and (idx.dim() == 2 or idx.shape[0] == b)
+        and (w is None or idx.shape[-1] == w)
+    )
+
+
+def check_causal(idx: Tensor, prefix: int) -> None:
+    """InputError unless every entry of idx [.., T, W] reads a buffer position before its row's own
+    (P + t; -1 = none)."""
+    if idx.numel() and (idx >= prefix + torch.arange(idx.shape[-2], device=idx.device)[:, None]).any():
+        raise InputError("idx reads a position that is not strictly earlier (not causal)")
+
+
 def _check_table(idx: Tensor, prefix: int, t: int) -> None:
     if idx.dim() not in (2, 3) or idx.shape[-2] != t:
         raise InputError(f"shape mismatch: idx {tuple(idx.shape)} for T = {t}")
-    if idx.numel() and (idx >= prefix + torch.arange(t, device=idx.device)[:, None]).any():
-        raise InputError("idx reads a position that is not strictly earlier (not causal)")
+    check_causal(idx, prefix)
 
 
 def plan_pattern(
@@ -827,13 +843,7 @@ def chunked_pattern_solve(
     b, t, h, v = x.shape
     if y_prefix is None:
         y_prefix = x.new_zeros(b, 0, h, v)
-    if (
-        idx.dim() not in (2, 3)
-        or idx.shape[-2] != t
-        or (idx.dim() == 3 and idx.shape[0] != b)
-        or beta.shape[:3] != (b, t, h)
-        or beta.shape[3] != idx.shape[-1]
-    ):
+    if beta.dim() != 4 or beta.shape[:3] != (b, t, h) or not table_fits(idx, b, t, beta.shape[3]):
         raise InputError(f"shape mismatch: x {tuple(x.shape)}, beta {tuple(beta.shape)}, idx {tuple(idx.shape)}")
     p = y_prefix.shape[1]
     if plan is None:
