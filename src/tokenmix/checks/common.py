@@ -22,6 +22,13 @@ from tokenmix.ops.chunked_gla import chunked_gla
 from tokenmix.ops.recurrent_gla import recurrent_gla
 
 PIECES = (5, 1, 20, 11)  # uneven pieces of T = 37
+# the op and two-segment mixer cases of the linear-recurrence families' checks (linear attention,
+# state space models, gated linear recurrences)
+OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = 2, 50, 3, 8, 6, 16  # T = 50: chunks of 16 do not divide it
+MIXER_D, MIXER_HEADS, MIXER_CHUNK = 24, 3, 8
+MIXER_SEGMENTS = (21, 13)  # two calls, the second starting from the first's final state
+GLA_OPS = ("chunked_gla", "recurrent_gla")
+SEGMENT_QUANTITIES = (".output", ".continued.output", ".state")
 
 
 def identity_readout(m: Mixer) -> None:
@@ -45,6 +52,19 @@ def mixer_case(
     m = build_mixer(name, heads * head_dim, n_heads=heads, **overrides).to(dtype)
     identity_readout(m)
     return m, torch.randn(2, t, heads * head_dim, dtype=dtype)
+
+
+def segment_mixer(name: str, dtype: torch.dtype = torch.float32, **overrides) -> Mixer:
+    """The registered mixer of the segment cases (MIXER_D wide, MIXER_HEADS heads, chunk size
+    MIXER_CHUNK, config ``overrides``), built after seeding 0."""
+    torch.manual_seed(0)
+    return build_mixer(name, MIXER_D, n_heads=MIXER_HEADS, chunk_size=MIXER_CHUNK, **overrides).to(dtype)
+
+
+def segments_case(name: str, dtype: torch.dtype = torch.float32, **overrides) -> tuple[Mixer, list[Tensor]]:
+    """``segment_mixer`` and random inputs [2, t, MIXER_D] for each t of MIXER_SEGMENTS."""
+    m = segment_mixer(name, dtype, **overrides)
+    return m, [torch.randn(2, t, MIXER_D, dtype=dtype) for t in MIXER_SEGMENTS]
 
 
 def run_in_pieces(m: Mixer, x: Tensor, mode: str, sizes: Sequence[int]):
@@ -141,9 +161,15 @@ def gla_ops_against(
         f"chunked_gla(C={chunk_size})": chunked_gla(q, k, v, g, scale, s0, chunk_size),
         "recurrent_gla": recurrent_gla(q, k, v, g, scale, s0),
     }
+    return op_errors(runs, o_ref, s_ref, prefix)
+
+
+def op_errors(runs: dict, o_ref: Tensor, s_ref: Tensor | None, prefix: str = "") -> dict[str, float]:
+    """Max relative errors of each op run ``{what: (o, s)}`` against o_ref and, when given, s_ref:
+    keys ``<prefix><what>.output`` and ``<prefix><what>.state``."""
     out = {}
-    for impl, (o, s) in runs.items():
-        out[f"{prefix}{impl}.output"] = max_rel_err(o, o_ref)
+    for what, (o, s) in runs.items():
+        out[f"{prefix}{what}.output"] = max_rel_err(o, o_ref)
         if s_ref is not None:
-            out[f"{prefix}{impl}.state"] = max_rel_err(s, s_ref)
+            out[f"{prefix}{what}.state"] = max_rel_err(s, s_ref)
     return out

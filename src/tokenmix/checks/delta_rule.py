@@ -25,8 +25,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tokenmix.checks import fla_naive, register_crosscheck
-from tokenmix.checks.common import PIECES, mixer_case, outputs_and_states_in_pieces
-from tokenmix.checks.tolerances import FLOAT32_REL_TOL, max_rel_err
+from tokenmix.checks.common import PIECES, mixer_case, op_errors, outputs_and_states_in_pieces
+from tokenmix.checks.tolerances import FLOAT32_REL_TOL
 from tokenmix.mixers.base import Mixer
 from tokenmix.ops.chunked_channel_delta import chunked_channel_delta_rule, recurrent_channel_delta_rule
 from tokenmix.ops.chunked_delta import chunked_delta_rule, recurrent_delta_rule
@@ -61,14 +61,6 @@ def _mixer_case(name: str, seed: int, **overrides) -> tuple[Mixer, Tensor]:
     return mixer_case(name, seed, chunk_size=16, **overrides)
 
 
-def _op_runs(out: dict[str, float], runs: dict, o_ref: Tensor, s_ref: Tensor | None) -> None:
-    """Errors of each op run ``{what: (o, s)}`` against o_ref and, when given, s_ref, into ``out``."""
-    for what, (o, s) in runs.items():
-        out[f"{what}.output"] = max_rel_err(o, o_ref)
-        if s_ref is not None:
-            out[f"{what}.state"] = max_rel_err(s, s_ref)
-
-
 # ---------------------------------------------------------------- DeltaNet
 @register_crosscheck(
     "deltanet",
@@ -97,7 +89,7 @@ def deltanet_vs_fla() -> dict[str, float]:
         o_ref = _head_first(o_ref)  # back to [B, T, H, V]
         runs = {f"op.chunked(C={c})": chunked_delta_rule(q, k, v, beta, None, None, s0, c) for c in DELTA_CHUNKS}
         runs["op.recurrent"] = recurrent_delta_rule(q, k, v, beta, None, None, s0)
-        _op_runs(out, runs, o_ref, s_ref)
+        out.update(op_errors(runs, o_ref, s_ref))
         for neg in (False, True):
             m, x = _mixer_case("deltanet", seed=int(neg), allow_neg_eigval=neg)
             qm, km, vm, bm, _ = m._project(x)
@@ -139,7 +131,7 @@ def _gated_delta_vs(reference: str) -> dict[str, float]:
         o_ref, s_ref = fla_ref(q, k, v, beta, g, scale, s0.clone())
         runs = {f"op.chunked(C={c})": chunked_delta_rule(q, k, v, beta, g, scale, s0, c) for c in DELTA_CHUNKS}
         runs["op.recurrent"] = recurrent_delta_rule(q, k, v, beta, g, scale, s0)
-        _op_runs(out, runs, o_ref, s_ref)
+        out.update(op_errors(runs, o_ref, s_ref))
         m, x = _mixer_case("gated_deltanet", seed=2)
         qm, km, vm, bm, gm = m._project(x)
         o_ref, s_ref = fla_ref(qm, km, vm, bm, gm, m.scale, None)
@@ -206,7 +198,7 @@ def gated_delta_product_vs_fla() -> dict[str, float]:
                 for c in DELTA_CHUNKS
             }
             runs[f"n_h={nh} op.recurrent"] = recurrent_delta_rule(q_sub, k, v, beta, g_sub, scale, s0)
-            _op_runs(out, {w: (o[:, nh - 1 :: nh], s) for w, (o, s) in runs.items()}, o_ref, s_ref)
+            out.update(op_errors({w: (o[:, nh - 1 :: nh], s) for w, (o, s) in runs.items()}, o_ref, s_ref))
         for nh in (1, 2, 3):
             for neg in (False, True):
                 m, x = _mixer_case("gated_delta_product", seed=10 * nh + neg, n_h=nh, allow_neg_eigval=neg)
@@ -250,7 +242,7 @@ def _kda_vs(reference: str) -> dict[str, float]:
         bv, bk = beta[..., None] * v, beta[..., None] * k
         runs = {f"op.chunked(C={c})": chunked_channel_delta_rule(q, k, bv, bk, g, scale, s0, c) for c in DELTA_CHUNKS}
         runs["op.recurrent"] = recurrent_channel_delta_rule(q, k, bv, bk, g, scale, s0)
-        _op_runs(out, runs, o_ref, s_ref)
+        out.update(op_errors(runs, o_ref, s_ref))
         for neg in (False, True):
             m, x = _mixer_case("kda", seed=20 + neg, allow_neg_eigval=neg)
             x = x if reference == "recurrent" else torch.randn(2, sum(pieces), x.shape[-1])
@@ -307,7 +299,7 @@ def _gdn2_vs(reference: str) -> dict[str, float]:
         wv, bk = w * v, b * k
         runs = {f"op.chunked(C={c})": chunked_channel_delta_rule(q, k, wv, bk, g, scale, s0, c) for c in DELTA_CHUNKS}
         runs["op.recurrent"] = recurrent_channel_delta_rule(q, k, wv, bk, g, scale, s0)
-        _op_runs(out, runs, o_ref, s_ref)
+        out.update(op_errors(runs, o_ref, s_ref))
         for neg in (False, True):
             m, x = _mixer_case("gdn2", seed=30 + neg, allow_neg_eigval=neg)
             qm, km, vm, _, _, gm = m._terms(x)

@@ -30,24 +30,25 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tokenmix.checks import fla_naive, register_crosscheck
-from tokenmix.checks.common import gla_ops_against, modes_over_segments, outputs_in_pieces
+from tokenmix.checks.common import (
+    MIXER_D,
+    OP_B,
+    OP_CHUNK,
+    OP_H,
+    OP_K,
+    OP_T,
+    OP_V,
+    SEGMENT_QUANTITIES,
+    gla_ops_against,
+    modes_over_segments,
+    outputs_in_pieces,
+    segments_case,
+)
 from tokenmix.checks.equivalence import small_mixer
 from tokenmix.checks.tolerances import FLOAT32_REL_TOL, FLOAT64_ABS_TOL, FLOAT64_REL_TOL, max_abs_err, max_rel_err
 from tokenmix.mixers.base import Mixer
-from tokenmix.mixers.registry import build_mixer
 
 FAMILY = "gated linear recurrence"
-OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = 2, 50, 3, 8, 6, 16  # T = 50: chunks of 16 do not divide it
-MIXER_D, MIXER_HEADS, MIXER_CHUNK = 24, 3, 8
-MIXER_SEGMENTS = (21, 13)  # two calls, the second starting from the first's final state
-SEGMENT_QUANTITIES = (".output", ".continued.output", ".state")
-
-
-def _segments_case(name: str, dtype=torch.float32) -> tuple[Mixer, list[Tensor]]:
-    """The registered mixer (seed 0) and random inputs for MIXER_SEGMENTS."""
-    torch.manual_seed(0)
-    m = build_mixer(name, MIXER_D, n_heads=MIXER_HEADS, chunk_size=MIXER_CHUNK).to(dtype)
-    return m, [torch.randn(2, t, MIXER_D, dtype=dtype) for t in MIXER_SEGMENTS]
 
 
 # ---------------------------------------------------------------- H-LRU
@@ -156,7 +157,7 @@ def hgrn2_vs_fla() -> dict[str, float]:
         }
         out.update(gla_ops_against(q, k, v, log_f, OP_K**-0.5, s0, o_ref, s_ref, OP_CHUNK))
 
-        m, xs = _segments_case("hgrn2")
+        m, xs = segments_case("hgrn2")
         h, hd = m.n_heads, m.head_dim
 
         def reference(x, s):
@@ -203,7 +204,7 @@ def rg_lru_vs_paper_loop() -> dict[str, float]:
     """The mixer in every mode (two segments, state carried) against ``rg_lru_paper_loop``; also the
     initialisation: a^c = sigmoid(Lambda)^c within [a_min, a_max] (key ``init.a^c outside``, 0 or 1)."""
     with torch.random.fork_rng(devices=[]), torch.no_grad():
-        m, xs = _segments_case("rg_lru", torch.float64)
+        m, xs = segments_case("rg_lru", torch.float64)
         ac = torch.sigmoid(m.Lambda) ** m.config.c
         outside = float(bool(((ac < m.config.a_min - 1e-9) | (ac > m.config.a_max + 1e-9)).any()))
 

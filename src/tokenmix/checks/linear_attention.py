@@ -28,11 +28,26 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tokenmix.checks import fla_naive, register_crosscheck
-from tokenmix.checks.common import gla_ops_against, modes_over_segments, run_in_pieces
+from tokenmix.checks.common import (
+    GLA_OPS,
+    MIXER_D,
+    MIXER_SEGMENTS,
+    OP_B,
+    OP_CHUNK,
+    OP_H,
+    OP_K,
+    OP_T,
+    OP_V,
+    SEGMENT_QUANTITIES,
+    gla_ops_against,
+    modes_over_segments,
+    run_in_pieces,
+    segment_mixer,
+    segments_case,
+)
 from tokenmix.checks.tolerances import FLOAT32_REL_TOL, max_rel_err
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Mixer
-from tokenmix.mixers.registry import build_mixer
 from tokenmix.ops.chunked_gla import chunked_gla
 from tokenmix.ops.chunked_mesa import (
     chunked_key_covariance,
@@ -43,11 +58,6 @@ from tokenmix.ops.chunked_mesa import (
 )
 
 FAMILY = "linear attention"
-OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = 2, 50, 3, 8, 6, 16  # T = 50: chunks of 16 do not divide it
-MIXER_D, MIXER_HEADS, MIXER_CHUNK = 24, 3, 8
-MIXER_SEGMENTS = (21, 13)  # two calls, the second starting from the first's final state
-GLA_OPS = ("chunked_gla", "recurrent_gla")
-SEGMENT_QUANTITIES = (".output", ".continued.output", ".state")
 
 
 # ---------------------------------------------------------------- helpers
@@ -63,11 +73,6 @@ def _retention_log_decay(h: int) -> Tensor:
 def _naive_retention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
     """fla's naive_retention on [B, T, H, D] inputs (it is head-first); returns [B, T, H, D]."""
     return fla_naive("retention").naive_retention(*(z.transpose(1, 2) for z in (q, k, v))).transpose(1, 2)
-
-
-def _small_mixer(name: str) -> Mixer:
-    torch.manual_seed(0)
-    return build_mixer(name, MIXER_D, n_heads=MIXER_HEADS, chunk_size=MIXER_CHUNK)
 
 
 def reference_features(name: str, m: Mixer, x: Tensor) -> dict:
@@ -87,8 +92,7 @@ def reference_features(name: str, m: Mixer, x: Tensor) -> dict:
 def _mixer_against(name: str, fla_run) -> dict[str, float]:
     """Every mode of the mixer, over MIXER_SEGMENTS with the state passed along, against
     ``fla_run(features, s0) -> (o [B, T, H, V], final state [B, H, K, V], {extra quantity: error})``."""
-    m = _small_mixer(name)
-    xs = [torch.randn(2, t, MIXER_D) for t in MIXER_SEGMENTS]
+    m, xs = segments_case(name)
 
     def reference(x, s):
         f = reference_features(name, m, x)
@@ -149,7 +153,7 @@ def linear_attention_vs_fla_chunk() -> dict[str, float]:
         q, k, v = _op_qkv(t=LINEAR_ATTN_CHUNK_T)
         scale = OP_K**-0.5
         out = gla_ops_against(q, k, v, None, scale, None, ref.naive_chunk_linear_attn(q, k, v, scale), None, OP_CHUNK)
-        m = _small_mixer("linear_attention")
+        m = segment_mixer("linear_attention")
         x = torch.randn(2, LINEAR_ATTN_CHUNK_T, MIXER_D)
         f = reference_features("linear_attention", m, x)
         y_ref = m.out(ref.naive_chunk_linear_attn(f["q"], f["k"], f["v"], f["q"].shape[-1] ** -0.5).flatten(2))
@@ -282,7 +286,7 @@ def mesa_net_vs_fla() -> dict[str, float]:
                 out[f"op.{cov_name}+{solve_name}+chunked_gla.output"] = max_rel_err(o, o_ref)
                 out[f"op.{cov_name}+{solve_name}+chunked_gla.state_kv"] = max_rel_err(s, kv_ref)
 
-        m = _small_mixer("mesa_net")
+        m = segment_mixer("mesa_net")
         nh, hd = m.n_heads, m.head_dim
         xs = [torch.randn(2, t, MIXER_D) for t in MIXER_SEGMENTS]
 

@@ -25,18 +25,25 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tokenmix.checks import fla_naive, register_crosscheck
-from tokenmix.checks.common import gla_ops_against, modes_over_segments
+from tokenmix.checks.common import (
+    GLA_OPS,
+    OP_B,
+    OP_CHUNK,
+    OP_H,
+    OP_K,
+    OP_T,
+    OP_V,
+    SEGMENT_QUANTITIES,
+    gla_ops_against,
+    modes_over_segments,
+    segments_case,
+)
 from tokenmix.checks.tolerances import FLOAT32_REL_TOL
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Mixer
-from tokenmix.mixers.registry import build_mixer
 
 FAMILY = "state space model"
-OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = 2, 50, 3, 8, 6, 16  # T = 50: chunks of 16 do not divide it
-MIXER_D, MIXER_HEADS, MIXER_CHUNK, MIXER_STATE_DIM = 24, 3, 8, 4
-MIXER_SEGMENTS = (21, 13)  # two calls, the second starting from the first's final state
-GLA_OPS = ("chunked_gla", "recurrent_gla")
-SEGMENT_QUANTITIES = (".output", ".continued.output", ".state")
+MIXER_STATE_DIM = 4
 
 
 def reference_features(name: str, m: Mixer, x: Tensor) -> dict:
@@ -76,9 +83,7 @@ def reference_features(name: str, m: Mixer, x: Tensor) -> dict:
 def _mixer_against(name: str, fla_run) -> dict[str, float]:
     """Every mode of the mixer, over MIXER_SEGMENTS with the state passed along, against
     ``fla_run(features, s0) -> (o [B, T, H, V], final state [B, H, K, V])``."""
-    torch.manual_seed(0)
-    m = build_mixer(name, MIXER_D, n_heads=MIXER_HEADS, chunk_size=MIXER_CHUNK, state_dim=MIXER_STATE_DIM)
-    xs = [torch.randn(2, t, MIXER_D) for t in MIXER_SEGMENTS]
+    m, xs = segments_case(name, state_dim=MIXER_STATE_DIM)
 
     def reference(x, s):
         f = reference_features(name, m, x)
