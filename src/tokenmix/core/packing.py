@@ -167,11 +167,9 @@ class Packing:
             )
         if bool((cu[1:] <= cu[:-1]).any()):
             raise InputError("cu_seqlens must be strictly increasing (documents of at least one token)")
-        row_ends = torch.arange(1, batch_size + 1) * length
         for begin, end in zip(cu[:-1].tolist(), cu[1:].tolist()):
             if (end - 1) // length != begin // length:
                 raise InputError(f"a document [{begin}, {end}) of cu_seqlens crosses the end of row {begin // length}")
-        del row_ends
         resets = torch.zeros(n, dtype=torch.bool)
         resets[cu[:-1]] = True
         return cls.from_resets(resets.view(batch_size, length))

@@ -54,7 +54,9 @@ from tokenmix.core.files import (
     atomic_write_json,
     check_regular_file,
     inside,
+    parse_json,
     read_json,
+    read_regular_bytes,
     remove_temporaries,
 )
 from tokenmix.core.lock import holds_lock
@@ -317,18 +319,25 @@ def read_checkpoint_meta(ckpt_dir: Path) -> dict:
     meta_path = ckpt_dir / "meta.json"
     if not (meta_path.exists() or meta_path.is_symlink()):
         raise CheckpointError(f"checkpoint {ckpt_dir} is incomplete: meta.json is missing")
-    _regular(meta_path, root, "checkpoint metadata", MAX_META_BYTES)
+    try:  # read once: the bytes whose checksum is verified are the bytes parsed
+        data = read_regular_bytes(meta_path, "checkpoint metadata", max_bytes=MAX_META_BYTES, within=root)
+    except InputError as e:
+        raise CheckpointError(str(e)) from None
     try:
         rec = read_latest(ckpt_dir.parent)
     except CheckpointError:
         rec = None
-    if rec is not None and rec["checkpoint"] == ckpt_dir.name and rec["meta_sha256"] != _sha256(meta_path):
+    if (
+        rec is not None
+        and rec["checkpoint"] == ckpt_dir.name
+        and rec["meta_sha256"] != hashlib.sha256(data).hexdigest()
+    ):
         raise CheckpointError(
             f"checkpoint {ckpt_dir}: meta.json does not match its recorded checksum (corrupt or tampered)"
         )
     try:
-        meta = read_json(meta_path, "checkpoint metadata", max_bytes=MAX_META_BYTES, within=root)
-    except InputError as e:
+        meta = parse_json(data.decode("utf-8"), f"checkpoint metadata '{meta_path}'")
+    except (InputError, UnicodeDecodeError) as e:
         raise CheckpointError(f"checkpoint {ckpt_dir}: meta.json is corrupt ({e})") from None
     _check_meta(ckpt_dir, meta)
     files = meta["files"]
