@@ -24,7 +24,7 @@ from tokenmix.ops.recurrent_gla import recurrent_gla
 PIECES = (5, 1, 20, 11)  # uneven pieces of T = 37
 # the op and two-segment mixer cases of the linear-recurrence families' checks (linear attention,
 # state space models, gated linear recurrences)
-OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = 2, 50, 3, 8, 6, 16  # T = 50: chunks of 16 do not divide it
+OP_SHAPE = (2, 50, 3, 8, 6, 16)  # an op case's B, T, H, K, V and chunk size (T = 50: chunks of 16 do not divide it)
 MIXER_D, MIXER_HEADS, MIXER_CHUNK = 24, 3, 8
 MIXER_SEGMENTS = (21, 13)  # two calls, the second starting from the first's final state
 GLA_OPS = ("chunked_gla", "recurrent_gla")

@@ -32,12 +32,7 @@ from torch import Tensor
 from tokenmix.checks import fla_naive, register_crosscheck
 from tokenmix.checks.common import (
     MIXER_D,
-    OP_B,
-    OP_CHUNK,
-    OP_H,
-    OP_K,
-    OP_T,
-    OP_V,
+    OP_SHAPE,
     SEGMENT_QUANTITIES,
     gla_ops_against,
     modes_over_segments,
@@ -49,6 +44,7 @@ from tokenmix.checks.tolerances import FLOAT32_REL_TOL, FLOAT64_ABS_TOL, FLOAT64
 from tokenmix.mixers.base import Mixer
 
 FAMILY = "gated linear recurrence"
+OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = OP_SHAPE
 
 
 # ---------------------------------------------------------------- H-LRU

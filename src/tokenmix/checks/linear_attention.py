@@ -32,12 +32,7 @@ from tokenmix.checks.common import (
     GLA_OPS,
     MIXER_D,
     MIXER_SEGMENTS,
-    OP_B,
-    OP_CHUNK,
-    OP_H,
-    OP_K,
-    OP_T,
-    OP_V,
+    OP_SHAPE,
     SEGMENT_QUANTITIES,
     gla_ops_against,
     modes_over_segments,
@@ -58,6 +53,7 @@ from tokenmix.ops.chunked_mesa import (
 )
 
 FAMILY = "linear attention"
+OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = OP_SHAPE
 
 
 # ---------------------------------------------------------------- helpers

@@ -27,12 +27,7 @@ from torch import Tensor
 from tokenmix.checks import fla_naive, register_crosscheck
 from tokenmix.checks.common import (
     GLA_OPS,
-    OP_B,
-    OP_CHUNK,
-    OP_H,
-    OP_K,
-    OP_T,
-    OP_V,
+    OP_SHAPE,
     SEGMENT_QUANTITIES,
     gla_ops_against,
     modes_over_segments,
@@ -43,6 +38,7 @@ from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Mixer
 
 FAMILY = "state space model"
+OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = OP_SHAPE
 MIXER_STATE_DIM = 4
 
 
