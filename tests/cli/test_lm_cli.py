@@ -331,3 +331,24 @@ def test_tensorboard_events_when_installed(tmp_path, corpus_file, capsys, monkey
     acc.Reload()
     assert [e.step for e in acc.Scalars("loss")] == [1, 2]
     assert acc.Scalars("final_val_ppl")[0].value > 1
+
+
+def test_a_repeated_set_keeps_every_override(tmp_path, capsys):
+    """``--set a=1 --set b=2`` applies both (argparse kept only the last ``--set``), in every command
+    taking ``--set`` (and ``analyze cost --time-n``, the other option that takes a list)."""
+    from tokenmix.cli.main import build_parser
+
+    argv = ["train", "lm", "--preset", "tiny", "--set", "train.pack=true", "--set", "train.max_steps=50"]
+    rc, out, err = run_cli([*argv, "--print-config"], capsys)
+    assert rc == 0, err
+    cfg = json.loads(out)
+    assert cfg["train"]["pack"] is True and cfg["train"]["max_steps"] == 50
+    parser = build_parser()
+    args = parser.parse_args(["data", "prepare", "--set", "data.vocab_size=300", "--set", "data.val_fraction=0.2"])
+    assert args.set == ["data.vocab_size=300", "data.val_fraction=0.2"]
+    args = parser.parse_args(["train", "lm", "--set", "a=1", "b=2", "--set", "c=3"])
+    assert args.set == ["a=1", "b=2", "c=3"]
+    assert parser.parse_args(["train", "lm"]).set == []
+    assert parser.parse_args(["analyze", "cost", "--time-n", "64", "--time-n", "128"]).time_n == [64, 128]
+    assert parser.parse_args(["analyze", "cost", "--time-n"]).time_n == []
+    assert parser.parse_args(["analyze", "cost"]).time_n is None

@@ -54,6 +54,7 @@ def register(sub) -> None:
         "--time-n",
         type=int,
         nargs="*",
+        action="extend",
         default=None,
         help=f"sequence lengths timed (forward + backward); none to skip timing (default "
         f"{' '.join(map(str, COST_QUICK_TIME_N))}; --full: {' '.join(map(str, COST_FULL_TIME_N))})",

@@ -41,7 +41,14 @@ def register(sub) -> None:
         default=None,
         help="directory for the prepared data (default: an entry of the cache, $TOKENMIX_CACHE or ~/.cache/tokenmix)",
     )
-    p.add_argument("--set", nargs="*", default=[], metavar="data.KEY=VALUE", help="data config overrides")
+    p.add_argument(
+        "--set",
+        nargs="*",
+        action="extend",
+        default=[],
+        metavar="data.KEY=VALUE",
+        help="data config overrides (repeat --set or give several after one)",
+    )
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler="lm_cmd:run_data_prepare")
 
@@ -154,9 +161,11 @@ def add_train_lm_parser(train_sub) -> None:
     p.add_argument(
         "--set",
         nargs="*",
+        action="extend",
         default=[],
         metavar="SECTION.KEY=VALUE",
-        help="config overrides, e.g. train.lr=3e-4 model.d_model=256 train.parallel=fsdp",
+        help="config overrides, e.g. train.lr=3e-4 model.d_model=256 train.parallel=fsdp (repeat --set or give "
+        "several after one)",
     )
     p.add_argument("--quiet", action="store_true", help="print nothing but errors")
     p.add_argument("--no-progress", action="store_true", help="plain log lines instead of a progress bar")
