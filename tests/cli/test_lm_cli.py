@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -352,3 +354,27 @@ def test_a_repeated_set_keeps_every_override(tmp_path, capsys):
     assert parser.parse_args(["analyze", "cost", "--time-n", "64", "--time-n", "128"]).time_n == [64, 128]
     assert parser.parse_args(["analyze", "cost", "--time-n"]).time_n == []
     assert parser.parse_args(["analyze", "cost"]).time_n is None
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["train", "lm", "--set", "train.steps=50"],
+        ["train", "lm", "--preset", "tiny", "--set", "train.max_steps=50", "--set", "train.lr=nan"],
+        ["train", "lm", "--set", "model.d_model=wide"],
+        ["data", "prepare", "--set", "data.nosuch=1"],
+    ],
+    ids=["unknown key", "nan", "not a number", "data prepare"],
+)
+def test_a_bad_set_is_refused_before_the_presets_load(argv):
+    """An unknown key or a value of the wrong type is answered before the preset registry (and the
+    analysis modules and matplotlib it loads) is imported, not after: a fresh process."""
+    code = (
+        "import sys\n"
+        "from tokenmix.cli.main import main\n"
+        f"rc = main({argv!r})\n"
+        "print(rc, 'tokenmix.study.presets' in sys.modules, 'matplotlib' in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert proc.stdout.split() == ["2", "False", "False"], (proc.stdout, proc.stderr)
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr

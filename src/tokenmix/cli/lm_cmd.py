@@ -39,17 +39,27 @@ from tokenmix.runs.lm import (
     LMRunConfig,
     apply_overrides,
     bigram_verdict,
+    check_overrides,
     load_run,
     merge_config,
     read_config_file,
     read_run_config,
     resolve_device,
 )
-from tokenmix.study.presets.lm import build_run_config
 from tokenmix.training.lm import RESUME_KEYS, check_init_from, evaluate_run, train_lm
 
 
+def _build_run_config(preset: str) -> LMRunConfig:
+    """The config of an lm preset. The preset registry is imported here, not with this module: it
+    loads every preset and their analysis modules (matplotlib; a third of the start-up), which a
+    command refused on its --set never needs."""
+    from tokenmix.study.presets.lm import build_run_config
+
+    return build_run_config(preset)
+
+
 def run_data_prepare(args) -> int:
+    check_overrides(args.set)  # keys and types first: before the presets are loaded
     if args.vocab_size is not None:
         check_vocab_size(args.vocab_size, "--vocab-size")
     overrides = [f"data.corpus={args.corpus}"]
@@ -65,7 +75,7 @@ def run_data_prepare(args) -> int:
             raise InputError(f"`data prepare` takes only data.* overrides, got '{item}'")
     given += list(args.set)
     preset = args.preset if args.preset is not None else "default"
-    cfg = apply_overrides(build_run_config(preset), overrides + given).data  # the data `train lm` would prepare
+    cfg = apply_overrides(_build_run_config(preset), overrides + given).data  # the data `train lm` would prepare
     t0 = time.perf_counter()
     data = prepare_data(cfg, verbose=not args.json, install_missing=args.install_missing or None)
     cache = default_cache_dir()
@@ -137,8 +147,9 @@ def resolved_train_config(args) -> tuple[LMRunConfig, Path | None]:
             raise InputError(f"--resume continues a run with its saved config; it takes no {', '.join(given)}")
         run_dir = Path(args.resume)
         return apply_overrides(read_run_config(run_dir), _resume_overrides(args.set)), run_dir
+    check_overrides(args.set)  # keys and types first: before the presets, the config file and the data
     preset = args.preset if args.preset is not None else "default"
-    cfg = build_run_config(preset)
+    cfg = _build_run_config(preset)
     if args.config is not None:
         cfg = merge_config(cfg, read_config_file(args.config), args.config)
     overrides = []

@@ -415,40 +415,63 @@ def parse_value(text: str, tp: Any, key: str) -> Any:
     raise InputError(f"override {key}: fields of type {tp} cannot be set from the command line")
 
 
+def _parse_override(item: str) -> tuple[str, list[str], Any]:
+    """One ``section.field[.key...]=value`` override: (section, the dotted key's parts, the value
+    parsed by the field's type; for a path into a dict field, the JSON value or the text). Refuses
+    (InputError) a malformed item, an unknown section or field, and a value of the wrong type."""
+    key, eq, text = item.partition("=")
+    key = key.strip()
+    if not eq or not key:
+        raise InputError(f"override '{item}' must look like section.field=value (e.g. train.lr=3e-4)")
+    parts = key.split(".")
+    section_cls = _section_classes()
+    if parts[0] not in section_cls or len(parts) < 2:
+        raise InputError(f"unknown config key '{key}'; sections: model, data, train (e.g. train.lr=3e-4)")
+    sec, name = parts[0], parts[1]
+    hints = typing.get_type_hints(section_cls[sec])
+    if name not in hints or name not in {f.name for f in fields(section_cls[sec])}:
+        known = ", ".join(f"{sec}.{f.name}" for f in fields(section_cls[sec]))
+        raise InputError(f"unknown config key '{key}'; known keys: {known}")
+    tp = hints[name]
+    if len(parts) == 2:
+        value = parse_value(text, tp, key)
+        if tp is float and not math.isfinite(value):
+            raise InputError(f"{key} must be a finite number, got {text.strip()}")
+        return sec, parts, value
+    # a dotted path into a dict field: model.mixer_overrides.pow2.chunk_size=32
+    if typing.get_origin(tp) is not dict:
+        raise InputError(f"unknown config key '{key}': {sec}.{name} is not a dictionary")
+    try:
+        return sec, parts, parse_json(text, f"override {key}")
+    except InputError:
+        return sec, parts, text
+
+
+def check_overrides(overrides: list[str]) -> None:
+    """Refuse (InputError) a malformed override, an unknown key or a value of the wrong type, each
+    alone: what can be said before the preset and the data are read (``train lm`` and ``data
+    prepare`` call it first). Ranges that depend on other fields are checked by ``apply_overrides``."""
+    for item in overrides:
+        _parse_override(item)
+
+
 def apply_overrides(cfg: LMRunConfig, overrides: list[str]) -> LMRunConfig:
     """Return ``cfg`` with ``section.field=value`` overrides applied (later ones win)."""
     sections = {s: _section_dict(getattr(cfg, s)) for s in ("model", "data", "train")}
-    section_cls = {"model": ModelConfig, "data": DataConfig, "train": LMTrainConfig}
+    section_cls = _section_classes()
     for item in overrides:
-        key, eq, text = item.partition("=")
-        key = key.strip()
-        if not eq or not key:
-            raise InputError(f"override '{item}' must look like section.field=value (e.g. train.lr=3e-4)")
-        parts = key.split(".")
-        if parts[0] not in sections or len(parts) < 2:
-            raise InputError(f"unknown config key '{key}'; sections: model, data, train (e.g. train.lr=3e-4)")
-        sec, name = parts[0], parts[1]
-        hints = typing.get_type_hints(section_cls[sec])
-        if name not in hints or name not in {f.name for f in fields(section_cls[sec])}:
-            known = ", ".join(f"{sec}.{f.name}" for f in fields(section_cls[sec]))
-            raise InputError(f"unknown config key '{key}'; known keys: {known}")
-        tp = hints[name]
-        if len(parts) > 2:  # a dotted path into a dict field: model.mixer_overrides.pow2.chunk_size=32
-            if typing.get_origin(tp) is not dict:
-                raise InputError(f"unknown config key '{key}': {sec}.{name} is not a dictionary")
-            target = sections[sec].setdefault(name, {})
-            target = dict(target)
-            sections[sec][name] = target
-            node = target
-            for p in parts[2:-1]:
-                node[p] = dict(node.get(p, {}))
-                node = node[p]
-            try:
-                node[parts[-1]] = parse_json(text, f"override {key}")
-            except InputError:
-                node[parts[-1]] = text
+        sec, parts, value = _parse_override(item)
+        name = parts[1]
+        if len(parts) == 2:
+            sections[sec][name] = value
             continue
-        sections[sec][name] = parse_value(text, tp, key)
+        target = dict(sections[sec].get(name) or {})
+        sections[sec][name] = target
+        node = target
+        for p in parts[2:-1]:
+            node[p] = dict(node.get(p, {}))
+            node = node[p]
+        node[parts[-1]] = value
     # before ModelConfig expands "pow2*100000000" into that many names: a model whose weights alone
     # cannot be held in memory is refused here, with the sizes that decide it
     check_model_memory(sections["model"], 4, "its fp32 weights alone")
