@@ -156,6 +156,35 @@ def test_prepared_arrays_round_trip_to_the_text(prepared):
     assert set(prepared.meta["splits"]["train"]["documents"]).isdisjoint(prepared.meta["splits"]["val"]["documents"])
 
 
+def test_a_literal_separator_in_text_is_text_not_a_document_boundary(tmp_path):
+    """``<|endoftext|>`` written in a document is encoded as ordinary text: the separator id appears
+    once per document, where prepare puts it, and every document decodes back to its text (the
+    literal in a document used to become the separator, cutting it in two)."""
+    from tokenmix.data.tokenizer import encode_documents, load_tokenizer, separator_id, train_bpe
+
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for i in range(12):
+        body = "\n\n".join(f"doc {i} paragraph {j} " + "word " * 40 + DOC_SEPARATOR for j in range(6))
+        (corpus / f"d{i:02d}.txt").write_text(body)
+    data = prepare_data(DataConfig(corpus=str(corpus), vocab_size=300, dir=str(tmp_path / "prep")))
+    sep = separator_id(data.tokenizer)
+    texts = {d.name: d.text for d in load_corpus(str(corpus))}
+    for split in ("train", "val", "test"):
+        ids = np.asarray(data.split(split))
+        names = data.meta["splits"][split]["documents"]
+        starts = np.flatnonzero(ids == sep).tolist()
+        assert len(starts) == len(names), (split, len(starts), len(names))
+        for name, a, b in zip(names, starts, starts[1:] + [len(ids)]):
+            assert data.tokenizer.decode(ids[a + 1 : b].tolist()) == texts[name]
+    tok = train_bpe(["plain words " * 20], 300)
+    (tmp_path / "tok.json").write_text(tok.to_str())
+    for t in (tok, load_tokenizer(tmp_path / "tok.json")):
+        text = f"a {DOC_SEPARATOR} b"
+        for ids in (encode_documents(t, [text])[0], t.encode(text, add_special_tokens=False).ids, t.encode(text).ids):
+            assert separator_id(t) not in ids and t.decode(ids) == text
+
+
 def test_prepared_data_is_reused_and_mismatches_refused(prepared):
     again = prepare_data(DataConfig(corpus="excerpt", vocab_size=300, dir=str(prepared.dir)))
     assert again.dir == prepared.dir

@@ -2,6 +2,13 @@
 
 Byte-level means every string round-trips: the 256 byte symbols are in the initial alphabet, so
 no text is ever unknown. One special token separates documents in the packed id stream.
+
+Text never becomes that token: every tokenizer made or loaded here encodes its input as plain text
+(``encode_special_tokens``), so a literal ``<|endoftext|>`` in a corpus, an ``eval --text`` file or a
+prompt is byte-level BPE like any other string, and the separator id enters a stream only where the
+code that joins documents puts it (``separator_id``). Without this, text could cut a document in two
+under ``train.pack=true``, ``eval --per-document`` and ``data prepare``. The setting is not saved in
+tokenizer.json: an exported Hugging Face tokenizer keeps the library's usual behaviour.
 """
 
 from __future__ import annotations
@@ -60,6 +67,12 @@ def train_bpe(
         show_progress=show_progress,
     )
     tok.train_from_iterator(texts, trainer=trainer)
+    return _text_only(tok)
+
+
+def _text_only(tok: Tokenizer) -> Tokenizer:
+    """``tok``, set to encode any input as text: special tokens' strings are split like other text."""
+    tok.encode_special_tokens = True
     return tok
 
 
@@ -69,10 +82,11 @@ def load_tokenizer(path: str | Path, within: str | Path | None = None) -> Tokeni
     path = Path(path)
     text = read_text_file(path, "tokenizer file", max_bytes=MAX_TOKENIZER_BYTES, within=within)
     try:
-        return Tokenizer.from_str(text)
+        tok = Tokenizer.from_str(text)
     except Exception as e:  # the tokenizers library raises a bare Exception on malformed JSON
         why = str(e).splitlines()[0] if str(e) else type(e).__name__
         raise InputError(f"tokenizer file '{path}' is unreadable: {why}") from None
+    return _text_only(tok)
 
 
 def separator_id(tok: Tokenizer) -> int:
