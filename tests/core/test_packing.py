@@ -3,10 +3,14 @@ conventions agree, and bad boundaries are one clear error."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
+from tokenmix.core.errors import InputError
 from tokenmix.core.packing import Packing, as_packing
+from tokenmix.mixers.registry import build_mixer
+from tokenmix.models import MixerModel, ModelConfig
 
 
 def test_conversions_round_trip():
@@ -46,3 +50,60 @@ def test_conversions_round_trip():
 def test_bad_boundaries_are_one_clear_error(make, needle):
     with pytest.raises(ValueError, match=needle):
         make()
+
+
+BAD_LENGTHS = [
+    [[2.5, 5.5]],  # silently truncated to [2, 5] before
+    [[2.0, 6.0]],
+    [[float("nan")]],
+    [[float("inf")]],
+    [[2**70]],
+    [[10**12]],  # a 1 TB allocation before
+    [[4, 4], [2**40]],
+    "3,5",
+    None,
+    {"a": 1},
+    [3, 5],  # a row that is no list
+    [[1, [2]]],
+    [["3", "5"]],
+    [[True, 7]],
+    torch.tensor([[1.5, 6.5]]),
+]
+
+
+@pytest.mark.parametrize("lengths", BAD_LENGTHS, ids=[repr(v)[:30] for v in BAD_LENGTHS])
+def test_document_lengths_that_are_no_counts_are_one_input_error(lengths):
+    """Sizes that are not positive integers, or a packing that cannot fit in memory, are InputError
+    (one line), never a truncation, a TypeError / OverflowError / RuntimeError or a huge allocation."""
+    with pytest.raises(InputError) as err:
+        Packing.from_lengths(lengths)
+    assert type(err.value) is InputError and "\n" not in str(err.value)
+    with pytest.raises(InputError):
+        Packing.from_lengths([[4, 4]], length=8.0)
+
+
+def test_integer_lengths_of_any_kind_are_taken():
+    want = [[0, 0, 0, 3, 3, 3, 3, 3], [0, 0, 0, 0, 0, 0, 0, 0]]
+    assert Packing.from_lengths([[3, 5], [8]]).starts.tolist() == want
+    assert Packing.from_lengths(torch.tensor([[3, 5], [4, 4]])).starts.tolist()[0] == want[0]
+    assert Packing.from_lengths([[np.int64(3), np.int32(5)]]).starts.tolist() == [want[0]]
+    assert Packing.from_lengths([[1, 2], [3]]).shape == (2, 3)  # rows may hold different counts
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [torch.tensor([[0.0, 0.5, 0.0, 0.0]]), torch.tensor([[0, 1, 0, 0]]), [[0.0, 1.0, 0.0, 0.0]], [[True], [1, 2]], "x"],
+    ids=["float", "int", "float list", "ragged", "str"],
+)
+def test_start_flags_must_be_bool_in_forward_as_in_step(flags):
+    """``forward(packing=...)`` takes bool start flags only (0.5 counted as a start before), as
+    ``step(reset=...)`` does; a ragged list or a string is one InputError too."""
+    model = MixerModel(ModelConfig(vocab_size=50, d_model=16, n_heads=2, layers="pow2"))
+    with pytest.raises(InputError, match="bool"):
+        model(torch.randint(0, 50, (1, 4)), packing=flags)
+    mixer = build_mixer("pow2", 16)
+    with pytest.raises(InputError, match="bool"):
+        mixer(torch.randn(1, 4, 16), packing=flags)
+    with pytest.raises(InputError, match="bool"):
+        model.step(torch.randint(0, 50, (1,)), model(torch.randint(0, 50, (1, 3)))[1], reset=[0.5])
+    model(torch.randint(0, 50, (1, 4)), packing=[[False, True, False, False]])  # bool lists still work

@@ -19,20 +19,28 @@ The conventions of other libraries convert at the edges:
     position_ids    transformers: positions restarting at 0 at each document (``from_position_ids``)
     lengths         per row, the documents' lengths in order (``from_lengths``)
     document ids    per token, any id that changes at a boundary (``from_document_ids``)
-Bad boundaries (not increasing, not covering the row, a shape that does not match the batch) are an
-``InputError`` naming what is wrong.
+Bad boundaries (not increasing, not covering the row, a shape that does not match the batch), sizes
+that are not integers (2.5, NaN, a string, None) or flags that are not bool, and a batch whose packing
+would not fit in memory are an ``InputError`` naming what is wrong.
 """
 
 from __future__ import annotations
 
 import functools
+import numbers
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
-from tokenmix.core.errors import InputError
+from tokenmix.core.errors import InputError, shown
+from tokenmix.core.memory import available_memory
+
+# bytes a position of a [B, T] packing costs while it is built and checked (the long starts, the
+# position and cummax temporaries, the checks' masks): an upper estimate, so that a request for a
+# packing larger than memory is one line instead of an allocation failure
+BYTES_PER_POSITION = 64
 
 
 @dataclass(frozen=True)
@@ -126,26 +134,27 @@ class Packing:
     @classmethod
     def from_resets(cls, resets: Tensor) -> "Packing":
         """From [B, T] bool flags, True where a document starts (position 0 always begins the first one)."""
-        if not isinstance(resets, Tensor) or resets.dim() != 2:
-            raise InputError("document start flags must be a [B, T] tensor")
+        if not isinstance(resets, Tensor) or resets.dim() != 2 or resets.dtype != torch.bool:
+            got = f"{tuple(resets.shape)} {resets.dtype}" if isinstance(resets, Tensor) else type(resets).__name__
+            raise InputError(f"document start flags must be a [B, T] bool tensor, got {got}")
         b, t = resets.shape
         pos = torch.arange(t, device=resets.device).expand(b, t)
-        marked = torch.where(resets.bool(), pos, torch.zeros_like(pos))
+        marked = torch.where(resets, pos, torch.zeros_like(pos))
         return cls(torch.cummax(marked, dim=1).values)
 
     @classmethod
     def from_lengths(cls, lengths: Sequence[Sequence[int]], length: int | None = None) -> "Packing":
         """From the documents' lengths of each row (each row's lengths must sum to the row length)."""
-        rows = [list(map(int, r)) for r in lengths]
-        if not rows:
-            raise InputError("packing needs at least one row")
-        total = {sum(r) for r in rows}
-        t = length if length is not None else max(total)
+        rows = _length_rows(lengths)
+        if length is not None and not _is_count(length):
+            raise InputError(f"the row length must be an integer, got {shown(length)}")
+        t = length if length is not None else max(sum(r) for r in rows)
         for i, r in enumerate(rows):
             if not r or any(n <= 0 for n in r):
-                raise InputError(f"row {i}: document lengths must be positive integers, got {r}")
+                raise InputError(f"row {i}: document lengths must be positive integers, got {shown(r)}")
             if sum(r) != t:
-                raise InputError(f"row {i}: document lengths {r} sum to {sum(r)}, not the row length {t}")
+                raise InputError(f"row {i}: document lengths {shown(r)} sum to {sum(r)}, not the row length {t}")
+        check_packing_size(len(rows), t)
         resets = torch.zeros(len(rows), t, dtype=torch.bool)
         for i, r in enumerate(rows):
             begin = 0
@@ -218,11 +227,69 @@ def as_packing(value, batch_size: int, length: int, device: torch.device | str |
     row: the unpacked path)."""
     if value is None:
         return None
-    packing = value if isinstance(value, Packing) else Packing.from_resets(torch.as_tensor(value))
+    packing = value if isinstance(value, Packing) else Packing.from_resets(as_flags(value, "packing"))
     packing.check(batch_size, length)
     if packing.trivial:
         return None
     return packing if device is None or packing.starts.device == torch.device(device) else packing.to(device)
 
 
-__all__ = ["Packing", "as_packing"]
+def as_flags(value: object, what: str) -> Tensor:
+    """``value`` (a tensor, or nested lists / an array of bools) as a bool tensor; InputError for a
+    value torch cannot take as one (ragged lists, strings, None) or flags of another dtype (0.5 is
+    no start flag)."""
+    if not isinstance(value, Tensor):
+        try:
+            value = torch.as_tensor(value)
+        except (TypeError, ValueError, RuntimeError, OverflowError):
+            raise InputError(f"{what} must be bool flags (a tensor or nested lists), got {shown(value)}") from None
+    if value.dtype != torch.bool:
+        raise InputError(f"{what} must be bool flags, got {tuple(value.shape)} {value.dtype}")
+    return value
+
+
+def _is_count(n: object) -> bool:
+    """An integer (Python's, numpy's or a 0-d integer tensor's), not a bool: a size or a length."""
+    if isinstance(n, Tensor):
+        return n.dim() == 0 and not n.is_floating_point() and not n.is_complex() and n.dtype != torch.bool
+    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+
+
+def _length_rows(lengths: object) -> list[list[int]]:
+    """``from_lengths``' rows as lists of Python ints; InputError for anything else (a float size,
+    NaN, a string, None, a dict, a row that is not a list)."""
+    if isinstance(lengths, Tensor):
+        if lengths.dim() != 2 or not _is_count(lengths.new_zeros(())):
+            raise InputError(
+                f"document lengths must be a [B, D] integer tensor, got {tuple(lengths.shape)} {lengths.dtype}"
+            )
+        lengths = lengths.tolist()
+    if not isinstance(lengths, Sequence) or isinstance(lengths, (str, bytes)):
+        raise InputError(f"document lengths must be a list of rows (lists of integers), got {shown(lengths)}")
+    if not lengths:
+        raise InputError("packing needs at least one row")
+    rows = []
+    for i, row in enumerate(lengths):
+        if isinstance(row, Tensor):
+            row = row.tolist() if row.dim() == 1 else row
+        if not isinstance(row, Sequence) or isinstance(row, (str, bytes)):
+            raise InputError(f"row {i}: document lengths must be a list of integers, got {shown(row)}")
+        bad = [n for n in row if not _is_count(n)]
+        if bad:
+            raise InputError(f"row {i}: document lengths must be positive integers, got {shown(bad[0])}")
+        rows.append([int(n) for n in row])
+    return rows
+
+
+def check_packing_size(batch_size: int, length: int) -> None:
+    """Refuse (InputError) a [B, T] packing that would not fit in the memory available now."""
+    need = float(batch_size) * float(length) * BYTES_PER_POSITION
+    avail = available_memory()
+    if avail is not None and need > avail:
+        raise InputError(
+            f"a packing of [B, T] = [{batch_size:,}, {length:,}] would need about {need / 2**30:,.1f} GiB, "
+            f"more than the {avail / 2**30:,.1f} GiB of memory available"
+        )
+
+
+__all__ = ["Packing", "as_flags", "as_packing", "check_packing_size"]

@@ -58,7 +58,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError, WrongInputType
 from tokenmix.core.operator import MixOperator
-from tokenmix.core.packing import Packing, as_packing
+from tokenmix.core.packing import Packing, as_flags, as_packing
 
 
 @dataclass(frozen=True)
@@ -213,8 +213,8 @@ class Linear(nn.Linear):
 
 def check_reset(reset: Tensor | Sequence[bool], batch_size: int, device) -> Tensor:
     """A decode step's ``reset`` flags as a [B] bool tensor on ``device`` (one line on a bad shape)."""
-    reset = torch.as_tensor(reset, device=device)
-    if tuple(reset.shape) != (batch_size,) or reset.dtype != torch.bool:
+    reset = as_flags(reset, "reset").to(device)
+    if tuple(reset.shape) != (batch_size,):
         raise InputError(
             f"reset must be [batch_size] = [{batch_size}] bool flags, got {tuple(reset.shape)} {reset.dtype}"
         )
