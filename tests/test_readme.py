@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from progress_guard import run_guarded
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 SNIPPETS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
 
@@ -29,7 +31,6 @@ def test_hugging_face_commands_run_as_written(tmp_path):
     (in a scratch folder, with the data cache there)."""
     import os
     import shlex
-    import subprocess
     import sys
 
     assert HF_COMMANDS is not None
@@ -48,7 +49,7 @@ def test_hugging_face_commands_run_as_written(tmp_path):
     )
     outputs = []
     for line in lines:
-        done = subprocess.run(shlex.split(line), cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+        done = run_guarded(shlex.split(line), cwd=tmp_path, env=env, cpu_seconds=600)
         assert done.returncode == 0, f"{line}\n{done.stderr[-3000:]}"
         outputs.append(done.stdout)
     assert outputs[2].startswith("To be, or not") and len(outputs[2]) > len("To be, or not")

@@ -19,12 +19,12 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from lm_helpers import TINY, lm_env, one_line_error, run_cli, train_tiny_run, within
+from progress_guard import wait_for_exit, wait_until
 from tokenmix.cli.main import main
 from tokenmix.core.errors import InputError, MissingInput
 
@@ -334,19 +334,17 @@ def test_ddp_ranks_stop_when_their_torchrun_launcher_is_killed(root, tmp_path):
     )
     ranks: list[int] = []
     try:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and launcher.poll() is None:  # both ranks in the training loop
-            metrics = out / "metrics.jsonl"
-            if metrics.exists() and any('"loss"' in line for line in metrics.read_text().splitlines()):
-                break
-            time.sleep(0.2)
+        metrics = out / "metrics.jsonl"
+        wait_until(  # both ranks in the training loop
+            lambda: metrics.exists() and any('"loss"' in line for line in metrics.read_text().splitlines()),
+            launcher,
+            cpu_seconds=480,
+        )
         ranks = [p for p in _children(launcher.pid) if _alive(p) and b"tokenmix" in _cmdline(p)]
         assert launcher.poll() is None and len(ranks) == 2, (tmp_path / "torchrun.log").read_text()[-3000:]
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and any(_alive(p) for p in ranks):
-            time.sleep(0.1)
+        wait_for_exit(ranks)  # a rank still training uses CPU and is judged not exiting
         assert not [p for p in ranks if _alive(p)], "ranks outlived their killed launcher"
     finally:
         for pid in [launcher.pid, *ranks]:

@@ -10,7 +10,6 @@ import json
 import math
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,6 +17,7 @@ import pytest
 import torch
 
 from lm_helpers import train_tiny_run, within
+from progress_guard import run_guarded
 from tokenmix.cli.main import main
 from tokenmix.generation import SamplingConfig, sample_next
 
@@ -102,12 +102,10 @@ def test_huge_sizes_are_refused_before_allocating(capsys, tmp_path, monkeypatch)
 def test_vocab_size_is_checked_before_the_tokenizer_trainer(tmp_path):
     # tokenizers aborts the whole process (status 134) when asked for 10^12 entries: a real process
     env = {**os.environ, "TOKENMIX_CACHE": str(tmp_path / "cache"), "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
+    proc = run_guarded(
         [sys.executable, "-m", "tokenmix", "data", "prepare", "--vocab-size", HUGE, "--out", str(tmp_path / "prep")],
-        capture_output=True,
-        text=True,
         env=env,
-        timeout=120,
+        cpu_seconds=120,
     )
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr[-1500:]
     assert "--vocab-size must be <= 16,777,216" in proc.stderr

@@ -14,7 +14,6 @@
 from __future__ import annotations
 
 import copy
-import time
 
 import pytest
 import torch
@@ -119,11 +118,9 @@ def test_attention_backward_is_finite_for_inputs_scaled_by_1e5(state, name):
     ],
 )
 def test_f_expressions_that_explode_or_fail_are_refused_at_once(spec, match):
-    with within(1.0):
-        start = time.perf_counter()
+    with within(1.0):  # 1 s of CPU time, not of the clock
         with pytest.raises(InputError, match=match):
             get_pattern(spec).n_levels(1 << 20)
-        assert time.perf_counter() - start < 1.0
 
 
 def test_f_expressions_within_the_limits_still_work():

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 
 from lm_helpers import one_line_error, run_cli, run_tokenmix
+from progress_guard import run_guarded
 from tokenmix.core.errors import MissingDependency
 from tokenmix.data import corpora
 from tokenmix.data.corpora import CorpusError, Document, corpus_identity, load_corpus
@@ -223,7 +224,7 @@ def test_text_files_do_not_import_datasets(tmp_path):
         "import sys; from tokenmix.data.corpora import load_corpus; "
         f"load_corpus({str(f)!r}); print('datasets' in sys.modules)"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_guarded([sys.executable, "-c", code], cpu_seconds=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
 
@@ -309,7 +310,7 @@ def _probe(policy: str | None) -> str:
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     if policy is not None:
         env["OMP_WAIT_POLICY"] = policy
-    out = subprocess.run([sys.executable, "-c", PROBE], env=env, capture_output=True, text=True, timeout=180)
+    out = run_guarded([sys.executable, "-c", PROBE], env=env, cpu_seconds=180)
     assert out.returncode == 0, out.stderr
     return out.stdout.strip()
 
@@ -324,6 +325,6 @@ def test_cli_keeps_the_users_openmp_wait_policy():
 
 def test_package_and_cli_package_do_not_import_torch():
     code = "import sys, tokenmix, tokenmix.cli; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_guarded([sys.executable, "-c", code], cpu_seconds=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"

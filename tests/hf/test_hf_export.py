@@ -20,6 +20,7 @@ import torch
 from safetensors.torch import load_file
 
 from lm_helpers import one_line_error, run_cli, train_tiny_run
+from progress_guard import run_guarded
 from tokenmix.cli.main import main
 from tokenmix.data.tokenizer import separator_id
 from tokenmix.generation import SamplingConfig, generate
@@ -33,19 +34,17 @@ TEXTS = [
     "  spaces\n\nand lines ",
     "é ü 漢字",
 ]
-SUBPROCESS_SECONDS = 120  # a fresh interpreter imports torch and transformers (several seconds on a busy machine)
+SUBPROCESS_SECONDS = 120  # CPU seconds: a fresh interpreter imports torch and transformers (~5 s of CPU)
 
 
 def python(code: str, tmp: Path) -> subprocess.CompletedProcess:
     env = dict(
         os.environ, OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", HF_HOME=str(tmp / "hf_home")
     )
-    done = subprocess.run(
+    done = run_guarded(
         [sys.executable, "-c", textwrap.dedent(code)],
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=SUBPROCESS_SECONDS,
+        cpu_seconds=SUBPROCESS_SECONDS,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     return done
@@ -221,7 +220,7 @@ def test_lm_eval_runs_the_shipped_local_tasks_on_the_export(exported, tmp_path):
         HF_HOME=str(tmp_path / "hf_home"),
     )
     lm_eval = Path(sys.executable).with_name("lm_eval")
-    done = subprocess.run(
+    done = run_guarded(
         [
             str(lm_eval),
             "--model",
@@ -242,9 +241,7 @@ def test_lm_eval_runs_the_shipped_local_tasks_on_the_export(exported, tmp_path):
             str(tmp_path / "res"),
         ],
         env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
+        cpu_seconds=600,
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-4000:]

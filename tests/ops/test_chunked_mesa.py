@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 import tokenmix.ops.chunked_mesa as cm
+from lm_helpers import within
 from tokenmix.core.errors import InputError
 from tolerances import assert_close
 
@@ -116,4 +117,5 @@ def test_pool_is_remade_after_fork(monkeypatch):
     monkeypatch.setattr(cm.os, "getpid", lambda: pid + 1)  # as seen from a child
     second = cm._pool()
     assert second is not first and cm._pool() is second
-    assert second.submit(lambda: 7).result(timeout=10) == 7
+    with within(10):  # a pool without threads would block: judged by progress, not the clock
+        assert second.submit(lambda: 7).result() == 7
