@@ -22,9 +22,9 @@ def test_plain_lines_in_a_log_with_an_eta_from_real_work(monkeypatch):
         bar.milestone("pow2 seed 0 finished")
     lines = log.getvalue().splitlines()
     assert lines[0] == "compare: 0/1,000 steps (0%), 0:00 elapsed -- started"
-    assert lines[1] == "compare: 200/1,000 steps (20%), 0:40 elapsed, ETA 2:40"  # 800 left at 5 steps/s
+    assert lines[1] == "compare: 200/1,000 steps (20%), 0:40 elapsed, ETA in 2:40"  # 800 left at 5 steps/s
     # 500 left; finished work used 200 of 500 counted steps, so 500 * 0.4 = 200 steps at 5 steps/s
-    assert lines[2] == "compare: runs 1/4 500/1,000 steps (50%), 0:40 elapsed, ETA 0:40 -- pow2 seed 0 finished"
+    assert lines[2] == "compare: runs 1/4 500/1,000 steps (50%), 0:40 elapsed, ETA in 0:40 -- pow2 seed 0 finished"
     assert lines[-1].endswith("-- done")
 
 
@@ -36,6 +36,7 @@ def test_disabled_progress_prints_nothing():
         bar.warn("w")
     assert log.getvalue() == ""
     assert P.format_seconds(3725) == "1:02:05" and P.format_seconds(65) == "1:05"
+    assert P.format_eta(59369) == "ETA in 16:29:29"  # a time left, not a clock time
 
 
 def test_a_busy_machine_is_said_once_at_the_start(monkeypatch):
@@ -62,6 +63,6 @@ def test_an_item_finished_after_the_period_is_one_line_with_its_event(monkeypatc
         bar.advance(1)  # within the period: no line
     lines = log.getvalue().splitlines()
     assert lines[1:] == [
-        "bench solver: 1/3 cases (33%), 0:45 elapsed, ETA 1:30 -- mixer=pow2 n=4096",
+        "bench solver: 1/3 cases (33%), 0:45 elapsed, ETA in 1:30 -- mixer=pow2 n=4096",
         lines[-1],
     ] and lines[-1].endswith("-- done")

@@ -2,8 +2,8 @@
 
 On a terminal: rich's live bar. Anywhere else (``make compare > log``, CI, a pipe): plain lines on
 stderr, one when the job starts, then at most one every ``every`` seconds and one at each milestone
-(a finished run, say), each ``label: done/total unit (percent), elapsed, ETA``; stdout stays free for
-a command's results (JSON, tables).
+(a finished run, say), each ``label: done/total unit (percent), m:ss elapsed, ETA in m:ss`` (the ETA
+is the time left, never a clock time); stdout stays free for a command's results (JSON, tables).
 
 Work that may end early (a run stopped by its learning budget before its maximum steps) is
 *credited*: ``advance(k, credited=True)`` moves the count without counting as work done, so the
@@ -68,6 +68,11 @@ def format_seconds(seconds: float) -> str:
     h, rest = divmod(seconds, 3600)
     m, s = divmod(rest, 60)
     return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def format_eta(seconds: float) -> str:
+    """The time left, worded so it cannot be read as a clock time: 'ETA in 12:34', 'ETA in 1:02:05'."""
+    return f"ETA in {format_seconds(seconds)}"
 
 
 class Progress:
@@ -162,7 +167,7 @@ class Progress:
         parts.append(f"{format_seconds(elapsed)} elapsed")
         eta = self.eta_seconds()
         if eta is not None and self.done < self.total:
-            parts.append(f"ETA {format_seconds(eta)}")
+            parts.append(format_eta(eta))
         return ", ".join(parts)
 
     def _line(self, event: str = "") -> None:
@@ -224,4 +229,4 @@ class Progress:
         self.close()
 
 
-__all__ = ["BUSY_LOAD", "LOG_EVERY_SECONDS", "Progress", "format_seconds", "load_warning"]
+__all__ = ["BUSY_LOAD", "LOG_EVERY_SECONDS", "Progress", "format_eta", "format_seconds", "load_warning"]

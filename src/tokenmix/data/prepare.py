@@ -29,6 +29,7 @@ import numpy as np
 from tokenmix.core.errors import InputError, MissingInput
 from tokenmix.core.files import check_output_dir, read_json
 from tokenmix.core.lock import folder_lock
+from tokenmix.core.progress import Progress
 from tokenmix.data.corpora import CorpusError, Document, corpus_identity, default_cache_dir, load_corpus
 from tokenmix.data.tokenizer import check_vocab_size, encode_documents, load_tokenizer, separator_id, train_bpe
 
@@ -149,6 +150,9 @@ def split_documents(docs: list[Document], val_fraction: float, test_fraction: fl
     return out
 
 
+STAGES = ("training the tokenizer", "encoding and writing")  # progress lines
+
+
 def prepare_data(
     cfg: DataConfig, verbose: bool = False, wait: bool = False, install_missing: bool | None = None
 ) -> PreparedData:
@@ -175,7 +179,7 @@ def prepare_data(
     check_output_dir(target, "data folder")  # before the corpus is read and the tokenizer trained
     docs = load_corpus(
         cfg.corpus, cfg.doc_chars, text_field=cfg.text_field, install_missing=install_missing
-    )  # bad input is refused before anything is written
+    )  # bad input is refused before anything is written (or printed)
     splits = split_documents(docs, cfg.val_fraction, cfg.test_fraction)
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -185,7 +189,9 @@ def prepare_data(
         prepared = _reuse(target, key)  # prepared by the process this one waited for
         if prepared is not None:
             return prepared
-        return _prepare_locked(cfg, key, target, docs, splits, verbose)
+        # a line on stderr as each stage starts: BPE training takes minutes on a big corpus
+        with Progress("data prepare", len(STAGES), unit="stages", enabled=verbose) as bar:
+            return _prepare_locked(cfg, key, target, docs, splits, verbose, bar)
 
 
 def _reuse(target: Path, key: dict) -> PreparedData | None:
@@ -204,16 +210,21 @@ def _reuse(target: Path, key: dict) -> PreparedData | None:
 
 
 def _prepare_locked(
-    cfg: DataConfig, key: dict, target: Path, docs: list[Document], splits: dict[str, list[Document]], verbose: bool
+    cfg: DataConfig,
+    key: dict,
+    target: Path,
+    docs: list[Document],
+    splits: dict[str, list[Document]],
+    verbose: bool,
+    bar: Progress,
 ) -> PreparedData:
-    if verbose:
-        print(
-            f"corpus {cfg.corpus}: {len(docs)} documents, {sum(len(d.text) for d in docs):,} characters; "
-            f"training a {cfg.vocab_size}-token byte-level BPE ...",
-            flush=True,
-        )
+    chars = sum(len(d.text) for d in docs)
+    bar.milestone(
+        f"{cfg.corpus}: {len(docs)} documents, {chars:,} characters; {STAGES[0]} ({cfg.vocab_size}-token BPE)"
+    )
     # progress bars when someone reads (verbose) and stderr is a terminal; never for --json or a log
     tok = train_bpe((d.text for d in splits["train"]), cfg.vocab_size, show_progress=None if verbose else False)
+    bar.advance(1, event=STAGES[1])
     sep = separator_id(tok)
     dtype = np.uint16 if tok.get_vocab_size() <= 2**16 else np.uint32
 
@@ -245,6 +256,7 @@ def _prepare_locked(
             "splits": meta_splits,
         }
         (tmp / "meta.json").write_text(json.dumps(meta, indent=1))
+        bar.advance(1)
         if target.exists():
             target.rmdir()  # empty (checked above)
         try:
