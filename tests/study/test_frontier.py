@@ -8,12 +8,15 @@ from dataclasses import replace
 import pytest
 
 from tokenmix.study.cells import CompareCells
+from tokenmix.runs.synthetic import CurriculumPhase
 from tokenmix.study.frontier import (
+    NATURAL,
     FrontierPoint,
     LayerState,
     frontier_column,
     frontier_findings,
     frontier_section,
+    pareto_front,
     parse_column,
     row_layer_state,
 )
@@ -25,14 +28,26 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _grid(cells, train=F.TRAIN) -> F.FrontierGrid:
-    return F.FrontierGrid(256, F.MODEL, tuple(cells), 4, (1e-2,), (0,), train, length_scaling=-1.0, base_length=16)
+    return F.FrontierGrid(
+        256, F.MODEL, tuple(cells), 4, (1e-2,), (0,), train, length_scaling=-1.0, base_length=16, curriculum_steps=2
+    )
 
 
 def test_frontier_preset_follows_its_protocol():
     runs = validate_sweep(get_preset("compare", "frontier").build())
     assert {r.label for r in runs} == set(F.DEFAULT_MIXERS)
-    assert len(runs) == len(F.DEFAULT_MIXERS) * len(F.SEEDS) and len(F.SEEDS) == 3
-    for r in runs:
+    natural = [r for r in runs if r.column_name.endswith(NATURAL)]
+    taught = [r for r in runs if not r.column_name.endswith(NATURAL)]
+    assert len(taught) == len(F.DEFAULT_MIXERS) * len(F.SEEDS) and len(F.SEEDS) == 3
+    # the one-hop curriculum for every row; the rows whose layer reads every position in one hop train
+    # on MQAR throughout (their one-hop instances are MQAR), the others have a natural run besides
+    every = {"attention", "gated_deltanet", "log_linear_mamba2", "log_linear_gated_deltanet"}
+    assert {r.label for r in natural} == set(F.DEFAULT_MIXERS) - every and len(natural) == 3 * (11 - len(every))
+    for r in taught:
+        phases = r.train.curriculum
+        assert phases == (() if r.label in every else (CurriculumPhase(F.CURRICULUM_STEPS, "one_hop"),))
+    assert all(not r.train.curriculum for r in natural)
+    for r in taught + [replace(r, column=r.column_name[: -len(NATURAL)]) for r in natural]:
         n, d = parse_column(r.column_name)
         assert (n, d) == (64, 64)  # the main cell
         task = r.task_config()
@@ -49,9 +64,10 @@ def test_frontier_preset_follows_its_protocol():
     long = validate_sweep(get_preset("compare", "frontier_long").build())
     local = next(r for r in long if r.label == "local_attention").model_config()
     assert local.mixer_overrides["local_attention"]["window"] == F.LOCAL_WINDOW
-    assert {parse_column(r.column_name) for r in long} == set(F.LONG_CELLS)
+    assert {parse_column(r.column_name.removesuffix(NATURAL)) for r in long} == set(F.LONG_CELLS)
     assert {r.train.test_lengths for r in long if r.task_config().seq_len == 256} == {()}
     full = validate_sweep(get_preset("compare", "frontier_full").build(["rg_lru"]))
+    full = [r for r in full if not r.column_name.endswith(NATURAL)]
     assert {parse_column(r.column_name)[0] for r in full} == {64, 128, 256, 512}
     assert {r.task_config().vocab_size for r in full} == {8192}
     assert {r.task_config().power_a for r in full} == {0.01}
@@ -95,7 +111,8 @@ def test_a_tiny_frontier_sweep_gives_its_table_plots_and_findings(tmp_path):
     ]
     assert len(table_lines) == 4  # one per (row, cell)
     assert "acc @2L %" in section.markdown and "acc @4L %" in section.markdown
-    assert "reads 1 / 2 hops %" in section.markdown and "100.0 / 100.0" in section.markdown  # attention reads all
+    assert "key+value in conv window: 1 / 2 hops %" in section.markdown and "100.0 / 100.0" in section.markdown
+    assert "acc % by read (share %)" in section.markdown and "natural acc %" in section.markdown
     assert {p.name for p in section.figures} == {
         "frontier_accuracy_vs_state.png",
         "frontier_accuracy_vs_length.png",
@@ -188,3 +205,26 @@ def test_frontier_claims_say_the_spread_the_still_rising_cells_and_untested_rows
 def test_column_names_round_trip():
     assert parse_column(frontier_column(128, 64)) == (128, 64)
     assert parse_column("assoc_recall") is None
+
+
+def test_the_pareto_claim_reads_state_and_the_seeds_spread():
+    def pts(ce_acc, ce_std=0.01):
+        return [
+            _point("attention", 0.97, state=8192, cls="O(n)"),
+            _point("gla", 0.5, state=2048, std=0.02),
+            _point("pow2_ce", ce_acc, state=768, cls="O(log n)", std=ce_std),
+            _point("pow2", 0.4, state=4096, cls="O(n)"),
+        ]
+
+    claim = "a pattern row is on the accuracy-vs-state Pareto front"
+    on = _verdicts(pts(0.6))[claim]
+    assert on["verdict"] == "holds" and "pattern rows on it: pow2_ce" in on["measured"]
+    assert [p.label for p in pareto_front(pts(0.6))] == ["pow2_ce", "attention"]  # gla: less, with more state
+    assert any("pow2 (4096 scalars" in w and "dominated by gla, pow2_ce" in w for w in on["why"])
+    # pow2_ce below gla, which keeps more state: pow2_ce stays on the front (nothing smaller beats it)
+    assert _verdicts(pts(0.3))[claim]["verdict"] == "holds"
+    small_gla = pts(0.3)
+    small_gla[1].state = LayerState(512, 512, 0, "O(1)")  # now gla is smaller and better: pow2_ce is off
+    assert _verdicts(small_gla)[claim]["verdict"] == "does not hold"
+    small_gla[2].acc_std = 0.2  # ... unless the spread covers the gap
+    assert _verdicts(small_gla)[claim]["verdict"] == "holds"

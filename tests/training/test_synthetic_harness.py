@@ -399,7 +399,7 @@ def test_run_records_its_learning_curve_steps_to_fractions_and_budget_fields():
     assert (
         not set(harness.SyntheticTrainConfig().__dict__)
         - set(plain.to_dict()["train"])
-        - {"patience_steps", "min_gain", "min_loss_gain", "min_steps", "test_lengths", "pack_examples"}
+        - {"patience_steps", "min_gain", "min_loss_gain", "min_steps", "test_lengths", "pack_examples", "curriculum"}
     )
     assert plain.run_id != tiny_run(pack_examples=2).run_id
     assert plain.run_id != learned.run_id and RunConfig.from_dict(learned.to_dict()).train == learned.train

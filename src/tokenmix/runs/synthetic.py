@@ -11,6 +11,7 @@ Run directory layout::
     <out>/runs/<run_id>/config.json    resolved config of one run (written when it starts)
     <out>/runs/<run_id>/result.json    its result (written atomically when it finishes)
     <out>/runs/<run_id>/result.csv     the same as one CSV row
+    <out>/runs/<run_id>/model.safetensors  the checkpoint its test scored (best validation accuracy)
     <out>/results.json, results.csv    all finished runs
 
 The run id ends with a hash of the resolved config, so changing anything about a run gives it a new
@@ -30,13 +31,53 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from safetensors import SafetensorError
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
+from torch import Tensor
+
 from tokenmix.core.errors import InputError
-from tokenmix.core.files import read_json
+from tokenmix.core.files import atomic_write_bytes, read_json, read_regular_bytes
 from tokenmix.mixers.registry import get_mixer_spec
 from tokenmix.models import ModelConfig
 from tokenmix.tasks import TaskConfig, make_task
 
+WEIGHTS = "model.safetensors"  # a run's scored checkpoint, in its run folder
 LEARNING_BUDGET_FIELDS = ("patience_steps", "min_gain", "min_loss_gain", "min_steps")
+PHASE_DATA = ("natural", "one_hop")  # a curriculum phase's training distribution (``CurriculumPhase.data``)
+
+
+@dataclass(frozen=True)
+class CurriculumPhase:
+    """One phase of a run's training curriculum: ``steps`` optimiser steps on one distribution.
+
+    ``data``: "natural", the run's task (with ``task_args`` changed, e.g. a shorter ``seq_len`` or fewer
+    ``num_kv_pairs``); "one_hop", only instances whose every answer the row's own layer reads at its
+    source in one hop (``TaskConfig.build_one_hop``: for attention and the linear recurrences the
+    natural distribution, for a first-order row the value right before the query, for a lattice its
+    lattice points). The validation and test splits never change: they are the run's task."""
+
+    steps: int
+    data: str = "natural"
+    task_args: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if isinstance(self.steps, bool) or not isinstance(self.steps, int) or self.steps <= 0:
+            raise InputError(f"curriculum phase: steps must be a positive integer, got {self.steps!r}")
+        if self.data not in PHASE_DATA:
+            raise InputError(f"curriculum phase: data must be one of {PHASE_DATA}, got {self.data!r}")
+        if not isinstance(self.task_args, dict):
+            raise InputError(f"curriculum phase: task_args must be a mapping, got {self.task_args!r}")
+
+    @property
+    def natural(self) -> bool:
+        """Whether the phase trains on the run's own training data."""
+        return self.data == "natural" and not self.task_args
+
+    def describe(self) -> str:
+        what = "one-hop instances" if self.data == "one_hop" else "the task"
+        changed = ", ".join(f"{k}={v}" for k, v in sorted(self.task_args.items()))
+        return f"{self.steps} steps on {what}" + (f" ({changed})" if changed else "")
 
 
 @dataclass(frozen=True)
@@ -71,6 +112,9 @@ class SyntheticTrainConfig:
     pack_examples: int = 1
     test_lengths: tuple[int, ...] = ()  # also test at these sequence lengths (the task's seq_len), e.g. 4x
     # the training length: extrapolation of models without a position code
+    # the training distribution phase by phase from step 1 (``CurriculumPhase``); after the last phase
+    # the run's task until ``steps``. Empty: the run's task throughout
+    curriculum: tuple[CurriculumPhase, ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("lr", "min_lr_ratio", "weight_decay", "grad_clip", "min_gain", "min_loss_gain"):
@@ -109,10 +153,37 @@ class SyntheticTrainConfig:
             raise InputError(f"train config: test_lengths must be positive integers, got {self.test_lengths!r}")
         if self.val_seed == self.test_seed:
             raise InputError("train config: val_seed and test_seed must differ (held-out test set)")
+        if not isinstance(self.curriculum, tuple) or not all(isinstance(c, CurriculumPhase) for c in self.curriculum):
+            raise InputError(f"train config: curriculum must be a tuple of CurriculumPhase, got {self.curriculum!r}")
+        if self.curriculum_steps > self.steps:
+            raise InputError(
+                f"train config: the curriculum's phases before the task's own data take {self.curriculum_steps} "
+                f"steps, more than the run's {self.steps}"
+            )
         if self.batch_size % self.pack_examples:
             raise InputError(
                 f"train config: batch_size {self.batch_size} is not a multiple of pack_examples {self.pack_examples}"
             )
+
+    @property
+    def curriculum_steps(self) -> int:
+        """Steps before the run trains on its own data for good: the phases up to the last one that
+        is not the natural distribution (0 without such a phase)."""
+        end = total = 0
+        for phase in self.curriculum:
+            total += phase.steps
+            if not phase.natural:
+                end = total
+        return end
+
+    def phase_at(self, step: int) -> int:
+        """Index of the curriculum phase that trains step ``step`` (1-based); len(curriculum) after the last."""
+        total = 0
+        for i, phase in enumerate(self.curriculum):
+            total += phase.steps
+            if step <= total:
+                return i
+        return len(self.curriculum)
 
 
 @dataclass(frozen=True)
@@ -156,6 +227,8 @@ class SyntheticRunConfig:
             for name in self.model_config().layers:
                 if self.train.mode not in get_mixer_spec(name).cls.modes:
                     raise InputError(f"run '{self.label}': mixer '{name}' has no mode '{self.train.mode}'")
+        for phase in self.train.curriculum:
+            self.phase_task(phase)
         if self.train.test_lengths:
             if "seq_len" not in task.to_dict():
                 raise InputError(f"run '{self.label}': task '{self.task}' has no seq_len to test other lengths at")
@@ -169,6 +242,10 @@ class SyntheticRunConfig:
             for n in self.train.test_lengths:
                 self.test_task(n)
         del task
+
+    def phase_task(self, phase: CurriculumPhase) -> TaskConfig:
+        """The task a curriculum phase trains on: the run's with the phase's ``task_args``."""
+        return make_task(self.task, **{**self.task_args, **phase.task_args})
 
     def test_task(self, seq_len: int) -> TaskConfig:
         """The run's task at another sequence length (``train.test_lengths``)."""
@@ -190,6 +267,8 @@ class SyntheticRunConfig:
                 del train[name]
         if train["pack_examples"] == 1:
             del train["pack_examples"]  # and for unpacked runs
+        if not train["curriculum"]:
+            del train["curriculum"]  # and for runs without a curriculum (phases keep the task fields they change)
         return {
             "label": self.label,
             "task": self.task,
@@ -203,7 +282,11 @@ class SyntheticRunConfig:
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "SyntheticRunConfig":
         model = {k: v for k, v in d["model"].items() if k != "vocab_size"}
-        train = {**d["train"], "test_lengths": tuple(d["train"].get("test_lengths", ()))}
+        train = {
+            **d["train"],
+            "test_lengths": tuple(d["train"].get("test_lengths", ())),
+            "curriculum": tuple(CurriculumPhase(**phase) for phase in d["train"].get("curriculum", ())),
+        }
         legacy = train.pop("patience", 0)  # written before budgets by learning: validations, not steps
         if legacy and "patience_steps" not in train:
             train["patience_steps"] = legacy * train.get("eval_every", SyntheticTrainConfig.eval_every)
@@ -283,3 +366,30 @@ def load_result(out: Path, cfg: SyntheticRunConfig) -> dict[str, Any] | None:
     except InputError:  # a result cut mid-write or damaged: the run is not finished, train it again
         return None
     return res if isinstance(res, dict) and res.get("run_id") == cfg.run_id else None
+
+
+def data_hash(data: Any) -> str:
+    """SHA-1 of a split's inputs and labels (``TaskData``): a run records its splits' hashes, so two
+    runs can be shown to have been validated and tested on the same examples."""
+    h = hashlib.sha1()
+    for t in (data.inputs, data.labels):
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def save_run_weights(path: Path, state: dict[str, Tensor]) -> None:
+    """Write a run's checkpoint (parameters and buffers by name) as safetensors, atomically."""
+    atomic_write_bytes(path, save_safetensors({k: v.detach().cpu().contiguous() for k, v in state.items()}))
+
+
+def load_run_weights(rdir: Path) -> dict[str, Tensor]:
+    """The checkpoint a run's test scored (``WEIGHTS`` in its folder); one line for a missing or
+    damaged file (nothing is unpickled: safetensors only)."""
+    path = rdir / WEIGHTS
+    if not path.is_file():
+        raise InputError(f"{rdir}: no {WEIGHTS} (runs trained before checkpoints were kept have none: train it again)")
+    try:
+        return load_safetensors(read_regular_bytes(path, "run checkpoint", within=rdir, max_bytes=1 << 32))
+    except SafetensorError as e:
+        raise InputError(f"{path}: not a readable safetensors checkpoint ({str(e).splitlines()[0]})") from None

@@ -37,9 +37,10 @@ from typing import Any, Callable
 from tokenmix.analysis.design import DesignRequest, DesignResult, DesignRow, explore, write_outputs
 from tokenmix.analysis.outputs import FIGURE_FORMATS, prepare_out_dir
 from tokenmix.core.errors import InputError
+from tokenmix.models.reads import binding_window
 from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.study.presets import quick
-from tokenmix.study.theory import binding_window, pattern_recall_reads
+from tokenmix.study.theory import pattern_recall_reads
 from tokenmix.tasks import make_task, task_names
 from tokenmix.training.synthetic import check_device, dataset, run_sweep, summarize, validate_sweep
 

@@ -44,6 +44,7 @@ import torch
 from tokenmix.analysis.labels import label_points
 from tokenmix.analysis.outputs import markdown_table
 from tokenmix.models import MixerModel, ModelConfig
+from tokenmix.models.reads import binding_window
 from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.study.cells import CompareCells
 from tokenmix.study.claims import CLOSE_MARGIN, GUESS_SLACK
@@ -51,10 +52,13 @@ from tokenmix.study.plots import save_plot
 from tokenmix.study.report import ReportSection, finding_lines
 from tokenmix.study.structure import decode_states
 from tokenmix.study.table import RISING, RISING_NOTE
-from tokenmix.study.theory import RecallReads, binding_window, recall_reads
+from tokenmix.study.theory import RecallReads, recall_reads
+from tokenmix.tasks import READ_CLASSES
 from tokenmix.training.synthetic import dataset, summarize
 
 COLUMN = re.compile(r"^MQAR L=(\d+) d=(\d+)$")
+READ_ABBREV = dict(zip(READ_CLASSES, ("value 1 hop", "window 1 hop", "2 hops", "not read")))
+NATURAL = " natural"  # column suffix of a row trained without the grid's curriculum (the natural column)
 SOLVED = 0.90  # "solves MQAR" (zoology's plots read near-perfect recall as solved)
 MAIN_CELL = (64, 64)  # (L, d) where the claims are decided when the sweep trained it
 CALIBRATED_AT = 0.95  # attention's accuracy at the main cell for the sweep to count as calibrated
@@ -103,6 +107,18 @@ class FrontierPoint:
     steps_mean: float = 0.0
     max_steps: int = 0
     reads: RecallReads | None = None  # the structure's ceiling on the cell's validation set
+    # the same row trained on MQAR from the first step (the natural column; the same runs when the
+    # grid's curriculum left the row's data unchanged), mean and std over seeds
+    natural: tuple[float, float] | None = None
+    # test accuracy and share of the queries per READ_CLASSES (mean over seeds)
+    read_acc: dict[str, float] = field(default_factory=dict)
+    read_share: dict[str, float] = field(default_factory=dict)
+    curriculum: str = ""  # what the runs trained on before MQAR ("" for none)
+
+    @property
+    def seeds_off_plateau(self) -> int:
+        """Seeds whose test accuracy left the guessing level (by GUESS_SLACK)."""
+        return sum(a > self.guess + GUESS_SLACK for a in self.acc_by_seed.values())
 
     @property
     def learned(self) -> bool:
@@ -145,8 +161,10 @@ def frontier_points(
     """One point per (row, frontier column) that has finished runs (zoology's max over learning rates
     by validation, ``summarize``)."""
     by_key = {(c.label, c.column_name): c for c in configs}
+    rows = summarize(results)
+    by_row = {(r["label"], r["column"], r["d_model"]): r for r in rows}
     points, states = [], {}
-    for row in summarize(results):
+    for row in rows:
         cell = parse_column(row["column"])
         if cell is None:
             continue
@@ -178,8 +196,15 @@ def frontier_points(
             steps_mean=row["steps_mean"],
             max_steps=row["max_steps"],
         )
+        p.read_acc, p.read_share = _mean_read_split(runs)
+        natural = by_row.get((row["label"], row["column"] + NATURAL, row["d_model"]))
         cfg = by_key.get((row["label"], row["column"]))
+        if natural is not None:
+            p.natural = (natural["acc_mean"], natural["acc_std"])
+        elif cfg is not None and not cfg.train.curriculum:
+            p.natural = (p.acc, p.acc_std)  # no curriculum: these runs are the natural ones
         if cfg is not None:
+            p.curriculum = "; ".join(phase.describe() for phase in cfg.train.curriculum)
             p.guess = max(cfg.task_config().baselines().values())
             p.reads = row_reads(row["label"], cfg)
         if measure_state and cfg is not None:
@@ -189,6 +214,16 @@ def frontier_points(
             p.state = states[key]
         points.append(p)
     return points
+
+
+def _mean_read_split(runs: Sequence[dict[str, Any]]) -> tuple[dict[str, float], dict[str, float]]:
+    """Mean over runs of the test accuracy and share per read class (classes every run has)."""
+    splits = [r.get("test_reads") or {} for r in runs]
+    if not splits or not all(splits):
+        return {}, {}
+    share = {c: statistics.fmean(s["share"][c] for s in splits) for c in READ_CLASSES}
+    acc = {c: statistics.fmean(s["acc"][c] for s in splits) for c in READ_CLASSES if all(c in s["acc"] for s in splits)}
+    return acc, share
 
 
 # ------------------------------------------------------------------------------------------ findings
@@ -231,6 +266,17 @@ def _margin_note(a: FrontierPoint, b: FrontierPoint, margin: float = 0.0) -> str
         f"{a.label} − {b.label}{f' + {_pct(margin)}' if margin else ''} = {gap * 100:+.1f} points, {where} the "
         f"seeds' spread (± {_pct(a.acc_std)}, ± {_pct(b.acc_std)}){';' + every if every else ''}"
     )
+
+
+def _dominates(q: FrontierPoint, p: FrontierPoint) -> bool:
+    """q keeps at most p's decode state and recalls more than p beyond the seeds' spread."""
+    return q is not p and q.state.scalars_measured <= p.state.scalars_measured and q.acc - p.acc > q.acc_std + p.acc_std
+
+
+def pareto_front(points: Sequence[FrontierPoint]) -> list[FrontierPoint]:
+    """The points (with a measured state) no other point dominates (``_dominates``), by state."""
+    pts = [p for p in points if p.state is not None]
+    return sorted((p for p in pts if not any(_dominates(q, p) for q in pts)), key=lambda p: p.state.scalars_measured)
 
 
 def frontier_findings(points: Sequence[FrontierPoint]) -> list[dict[str, Any]]:
@@ -360,6 +406,35 @@ def frontier_findings(points: Sequence[FrontierPoint]) -> list[dict[str, Any]]:
             lambda a, b=base, e=ext: a[e] > a[b],
             [(ext, base, 0.0)],
         )
+    at_cell = [p for p in points if (p.length, p.width) == (length, width) and p.state is not None]
+    patterns_here = [p for p in at_cell if p.label in PATTERN_ROWS]
+    if patterns_here:
+        front = pareto_front(at_cell)
+        on = [p for p in patterns_here if p in front]
+        verdict = "holds" if on else "does not hold"
+        why = [
+            f"at L={length}, d={width}: a row is off the front when another keeps at most its decode state and "
+            "recalls more beyond the seeds' spread (mean − mean > std + std)"
+        ]
+        for p in patterns_here:
+            if p not in front:
+                by = [q.label for q in at_cell if _dominates(q, p)]
+                why.append(
+                    f"{p.label} ({p.state.scalars_measured} scalars, {_pct(p.acc)} %) is dominated by {', '.join(by)}"
+                )
+        if not any(p.learned for p in patterns_here):
+            verdict = "untested"
+            why.append("every pattern row stayed at its guessing level: nothing to place on the front")
+        finding(
+            "a pattern row is on the accuracy-vs-state Pareto front (the paper's trade: recall at equal or "
+            "smaller decode state)",
+            verdict,
+            patterns_here,
+            "front: "
+            + ", ".join(f"{p.label} ({p.state.scalars_measured} scalars, {_pct(p.acc)} %)" for p in front)
+            + (f"; pattern rows on it: {', '.join(p.label for p in on)}" if on else ""),
+            why,
+        )
     patterns = [lab for lab in PATTERN_ROWS if _get(points, lab, length, width)]
     if patterns:
         best = max(patterns, key=lambda lab: _get(points, lab, length, width).acc)
@@ -391,8 +466,11 @@ def frontier_table(points: Sequence[FrontierPoint]) -> tuple[list[str], list[lis
         "d",
         "cache class",
         "state/layer meas/der",
-        "reads 1 / 2 hops %",
+        "key+value in conv window: 1 / 2 hops %",
         "acc %",
+        "off plateau",
+        "natural acc %",
+        "acc % by read (share %): " + " · ".join(READ_ABBREV[c] for c in READ_CLASSES),
         *[f"acc @{m}L %" for m in mults],
         "steps (budget)",
         "tok/CPU-s",
@@ -409,6 +487,13 @@ def frontier_table(points: Sequence[FrontierPoint]) -> tuple[list[str], list[lis
                 f"{st.scalars_measured}/{st.scalars_derived}" if st else "?",
                 f"{_pct(p.reads.fraction)} / {_pct(p.reads.two_hop_fraction)}" if p.reads else "?",
                 f"{_pct(p.acc)} ± {_pct(p.acc_std)}" + (f" {RISING}" if p.still_rising else ""),
+                f"{p.seeds_off_plateau}/{len(p.acc_by_seed)}",
+                f"{_pct(p.natural[0])} ± {_pct(p.natural[1])}" if p.natural else "—",
+                " · ".join(
+                    f"{_pct(p.read_acc[c]) if c in p.read_acc else '—'} ({_pct(p.read_share[c])})" for c in READ_CLASSES
+                )
+                if p.read_share
+                else "—",
                 *[f"{100 * p.acc_at[str(m * p.length)]:.1f}" if str(m * p.length) in p.acc_at else "—" for m in mults],
                 f"{p.steps_mean:.0f} ({p.max_steps})",
                 f"{p.tokens_per_cpu_s:,.0f}",
@@ -523,10 +608,14 @@ def frontier_section(out: Path, cc: CompareCells, plots: bool = True) -> ReportS
         "",
         "One line per (row, training length L, width d): the decode state of one of the row's mixer layers "
         "after an L-token decode (measured / derived scalars per sequence); the ceiling its structure sets "
-        "(the share of validation queries whose layer reads the position holding the queried key and its "
-        "value, behind the convolution, in one hop / within two: attention and the linear recurrences read "
+        "(the share of validation queries whose layer reads a position of the convolution window holding the "
+        "queried key and its value in one hop / within two: attention and the linear recurrences read "
         "every earlier position in one hop, so their limit is the state, not the reach); MQAR test accuracy "
-        "at L (mean ± std over seeds, learning rate chosen by validation) and at the longer test lengths "
+        "at L under the preset's curriculum (mean ± std over seeds, learning rate chosen by validation), the "
+        "seeds whose accuracy left the guessing level, the same row trained on MQAR from the first step "
+        "(natural), the test accuracy split by how the row's layer reads each query's value (the value's "
+        "position in one hop; only another position of its convolution window in one hop; within two hops; "
+        "not within two) with each class's share of the queries, and at the longer test lengths "
         "(same checkpoint, no position code); the steps the runs took (mean; the maximum budget in "
         f"brackets) and training tokens per CPU-second. {RISING_NOTE}. The learning curves behind every "
         "cell: `learning_curves_*.png`.",

@@ -13,8 +13,8 @@ from typing import Any, Sequence
 import torch
 
 from tokenmix.analysis.expressivity import CommunicationGraph
-from tokenmix.mixers.registry import get_mixer_spec
-from tokenmix.models import MixerModel, ModelConfig
+from tokenmix.models import MixerModel
+from tokenmix.models.reads import binding_window
 from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.study.structure import layer_distances
 from tokenmix.training.synthetic import dataset
@@ -238,19 +238,6 @@ def reads_from_distances(
     return RecallReads(
         label=label, pattern=name, num_kv_pairs=num_kv_pairs, answers=answers, direct=direct, two_hops=two
     )
-
-
-def binding_window(model_cfg: ModelConfig, row: str) -> int:
-    """How many positions the layer in front of ``row``'s first layer mixes: a local attention's
-    window, a short convolution's taps; 2 when there is none (the binding counted at the value
-    position only, as before any shift)."""
-    i = model_cfg.layers.index(row)
-    before = model_cfg.layers[i - 1] if i > 0 else None
-    if before not in ("local_attention", "short_conv"):
-        return 2
-    # the layer's config as the registry resolves it for the model (defaults, then the overrides)
-    config = get_mixer_spec(before).make_config(**model_cfg.mixer_overrides.get(before, {}))
-    return config.window if before == "local_attention" else config.kernel_size
 
 
 def recall_reads_for_rows(configs: Sequence[SyntheticRunConfig], patterns_only: bool = True) -> dict[str, RecallReads]:

@@ -5,6 +5,7 @@ make_task("assoc_recall", seq_len=64, num_kv_pairs=8).build(num_examples, seed) 
 
 from tokenmix.tasks.base import (
     IGNORE_INDEX,
+    READ_CLASSES,
     TaskConfig,
     TaskData,
     get_task_cls,
@@ -22,6 +23,7 @@ from tokenmix.tasks import selective_copy  # selective_copy
 
 __all__ = [
     "IGNORE_INDEX",
+    "READ_CLASSES",
     "TaskConfig",
     "TaskData",
     "get_task_cls",

@@ -24,6 +24,11 @@ from torch import Tensor
 from tokenmix.core.errors import InputError
 
 IGNORE_INDEX = -100
+# How a row's layer reads the source of an answer (``TaskConfig.answer_reads``), in this order:
+# the source position itself in one hop; only a position of the binding window behind it (a short
+# convolution in front of the layer: the positions that hold key and value together) in one hop;
+# within two hops (what the second layer of a stack can add); not within two.
+READ_CLASSES = ("source in one hop", "window in one hop", "within two hops", "not read")
 
 _TASKS: dict[str, type["TaskConfig"]] = {}
 
@@ -93,6 +98,8 @@ class TaskConfig(ABC):
     ``_generate``."""
 
     name: ClassVar[str] = ""
+    # whether each answer copies the token at one source position (``answer_reads``, ``build_one_hop``)
+    has_answer_sources: ClassVar[bool] = False
 
     @property
     def model_vocab_size(self) -> int:
@@ -124,6 +131,18 @@ class TaskConfig(ABC):
         """Expected accuracy of guessers that read no binding: uniform over the possible answers, and
         (where the task has one) a guess among the candidates that the context shows. A model at one
         of these levels has learned what an answer looks like, not how to find it."""
+
+    def answer_reads(self, data: TaskData, hops: Any, window: int) -> Tensor | None:
+        """[N, T] long: for each scored answer of ``data`` the index into ``READ_CLASSES`` of how a layer
+        whose fewest hops from input j to output i are ``hops`` [T, T] (``models.reads.layer_hops``),
+        behind a layer mixing the last ``window`` positions, reads the answer's source; -1 elsewhere.
+        None for a task whose answers have no single source position (the default)."""
+        return None
+
+    def build_one_hop(self, num_examples: int, seed: int, hops: Any) -> TaskData:
+        """Examples whose every answer the layer of ``hops`` [T, T] reads at its source in one hop
+        (the one-hop curriculum's data); tasks without a source per answer refuse."""
+        raise InputError(f"task '{self.name}' has no one-hop instances (its answers have no single source position)")
 
     def to_dict(self) -> dict[str, Any]:
         return {"task": self.name, **{f.name: getattr(self, f.name) for f in dataclasses.fields(self)}}

@@ -43,8 +43,18 @@ from tokenmix.core.packing import Packing
 from tokenmix.core.processes import die_with_parent
 from tokenmix.core.progress import Progress
 from tokenmix.models import MixerModel
-from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig, load_result, results_to_csv, run_dir
-from tokenmix.tasks import IGNORE_INDEX, TaskConfig, TaskData, make_task
+from tokenmix.models.reads import binding_window, layer_hops, row_layer
+from tokenmix.runs.synthetic import (
+    WEIGHTS,
+    SyntheticRunConfig,
+    SyntheticTrainConfig,
+    data_hash,
+    load_result,
+    results_to_csv,
+    run_dir,
+    save_run_weights,
+)
+from tokenmix.tasks import IGNORE_INDEX, READ_CLASSES, TaskConfig, TaskData, make_task
 from tokenmix.training.optim import build_optimizer
 from tokenmix.training.schedule import build_scheduler
 
@@ -162,6 +172,9 @@ class LearningBudget:
 
     def __init__(self, tc: SyntheticTrainConfig) -> None:
         self.tc = tc
+        # a curriculum's phases before the task's own data do not count against the run: the patience
+        # rule gives it ``patience_steps`` on its own data after them
+        self.floor = max(tc.min_steps, tc.curriculum_steps + tc.patience_steps if tc.curriculum_steps else 0)
         self.reference = -1.0  # accuracy of the last accuracy gain
         self.reference_loss = math.inf  # loss of the last loss gain
         self.last_gain_step = 0
@@ -175,7 +188,7 @@ class LearningBudget:
             self.reference_loss, self.last_gain_step = val_loss, step
         if val_acc >= tc.early_stop_acc:
             return "early_stop_acc"
-        if tc.patience_steps and step >= tc.min_steps and step - self.last_gain_step >= tc.patience_steps:
+        if tc.patience_steps and step >= self.floor and step - self.last_gain_step >= tc.patience_steps:
             return "patience"
         return None
 
@@ -218,25 +231,82 @@ def train_one(
     on_steps: Callable[[int, bool], None] | None = None,
     device: str = "cpu",
     threads: int | None = RUN_THREADS,
+    weights_to: Path | None = None,
 ) -> dict[str, Any]:
     """Train and evaluate one run on ``device``; returns its result dict (see module docstring).
 
     ``on_steps(k, credited)`` is called as training advances by k steps (progress); when training
     stops early the remaining budget is reported with ``credited=True``, so the total always
     equals ``train.steps`` and an ETA can tell trained steps from skipped ones. ``threads``: torch's
-    intra-op threads during the run (restored after; None: leave torch's setting).
+    intra-op threads during the run (restored after; None: leave torch's setting). ``weights_to``: write
+    the checkpoint the test scores (best validation) there as safetensors (``runs.synthetic.WEIGHTS``).
     """
     if threads is None:
-        return _train_one(cfg, on_steps, device)
+        return _train_one(cfg, on_steps, device, weights_to)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        return _train_one(cfg, on_steps, device)
+        return _train_one(cfg, on_steps, device, weights_to)
     finally:
         torch.set_num_threads(before)
 
 
-def _train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | None, device: str) -> dict[str, Any]:
+class RowReads:
+    """What the run's row layer reads, at each sequence length asked (``models.reads.layer_hops``,
+    computed once per length): the one-hop curriculum's instances and the test accuracy split by
+    ``READ_CLASSES`` read it."""
+
+    def __init__(self, model: MixerModel, label: str) -> None:
+        cfg = model.cfg
+        self.layer = row_layer(cfg, label)
+        self.mixer = model.blocks[self.layer].mixer
+        self.window = binding_window(cfg, cfg.layers[self.layer])
+        self._hops: dict[int, Any] = {}
+
+    def hops(self, n: int) -> Any:
+        if n not in self._hops:
+            self._hops[n] = layer_hops(self.mixer, n)
+        return self._hops[n]
+
+    def split(self, model: MixerModel, task: TaskConfig, data: TaskData, mode: str | None) -> dict[str, Any]:
+        """Test accuracy and share of the scored answers per read class ({} for tasks without sources)."""
+        if not task.has_answer_sources:
+            return {}
+        classes = task.answer_reads(data, self.hops(data.inputs.shape[1]), self.window)
+        if classes is None:
+            return {}
+        acc: dict[str, float] = {}
+        score(
+            model, TaskData(data.inputs, data.labels, data.score_mask, classes, READ_CLASSES), mode=mode, by_group=acc
+        )
+        counts = torch.bincount(classes[classes >= 0], minlength=len(READ_CLASSES))
+        total = max(int(counts.sum()), 1)
+        return {
+            "acc": acc,
+            "share": {name: int(c) / total for name, c in zip(READ_CLASSES, counts)},
+            "window": self.window,
+            "layer": self.layer,
+        }
+
+
+def _phase_data(cfg: SyntheticRunConfig, phase: int, natural: TaskData, reads: RowReads) -> TaskData:
+    """Training data of curriculum phase ``phase`` (``len(curriculum)``: the run's own, after the last)."""
+    tc = cfg.train
+    if phase == len(tc.curriculum) or tc.curriculum[phase].natural:
+        return natural
+    spec = tc.curriculum[phase]
+    task = cfg.phase_task(spec)
+    if spec.data == "one_hop":
+        return task.build_one_hop(tc.train_examples, cfg.seed, reads.hops(task.length))
+    return dataset(task, tc.train_examples, cfg.seed)
+
+
+def _train_one(
+    cfg: SyntheticRunConfig,
+    on_steps: Callable[[int, bool], None] | None,
+    device: str,
+    weights_to: Path | None = None,
+) -> dict[str, Any]:
     cfg.validate()
     tc = cfg.train
     task = cfg.task_config()
@@ -247,12 +317,15 @@ def _train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | 
 
     torch.manual_seed(cfg.seed)
     model = MixerModel(mcfg).to(device)
+    reads = RowReads(model, cfg.label)
     opt = build_optimizer(model, tc.lr, tc.weight_decay)
     sched = build_scheduler(opt, tc.steps, tc.warmup_steps, tc.min_lr_ratio)
     gen = torch.Generator().manual_seed(cfg.seed)
 
-    n_train = len(train_data)
-    order = torch.randperm(n_train, generator=gen)
+    phase = tc.phase_at(1)
+    data = _phase_data(cfg, phase, train_data, reads)
+    phases = [{"phase": phase, "from_step": 1, "data_sha1": data_hash(data)}]
+    order = torch.randperm(len(data), generator=gen)
     cursor = 0
     losses: list[float] = []
     curve: list[dict[str, float]] = []  # the learning curve: one point per validation
@@ -267,11 +340,17 @@ def _train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | 
     model.train()
     for step in range(1, tc.steps + 1):
         t0, c0 = time.perf_counter(), time.process_time()
-        if cursor + tc.batch_size > n_train:
-            order, cursor = torch.randperm(n_train, generator=gen), 0
+        if tc.phase_at(step) != phase:  # the curriculum moves on: new data (unless the same), a new order
+            phase = tc.phase_at(step)
+            new = _phase_data(cfg, phase, train_data, reads)
+            phases.append({"phase": phase, "from_step": step, "data_sha1": data_hash(new)})
+            if new is not data:
+                data, order, cursor = new, torch.randperm(len(new), generator=gen), 0
+        if cursor + tc.batch_size > len(data):
+            order, cursor = torch.randperm(len(data), generator=gen), 0
         idx = order[cursor : cursor + tc.batch_size]
         cursor += tc.batch_size
-        x, y = train_data.inputs[idx].to(device), train_data.labels[idx].to(device)
+        x, y = data.inputs[idx].to(device), data.labels[idx].to(device)
         loss = train_step(model, opt, x, y, tc)
         sched.step()
         losses.append(loss.item())  # synchronises on an accelerator, so the timing below is real
@@ -295,13 +374,19 @@ def _train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | 
             if reason is not None:
                 stop_reason = reason
                 break
+    for a, b in zip(phases, phases[1:] + [{"from_step": step + 1}]):
+        a["to_step"] = b["from_step"] - 1
+        a["what"] = tc.curriculum[a["phase"]].describe() if a["phase"] < len(tc.curriculum) else "the task"
     if on_steps is not None and tc.steps > reported:
         on_steps(tc.steps - reported, reported == step)  # the steps after the last validation were trained
     if best_state is not None:
         model.load_state_dict(best_state)
+        if weights_to is not None:
+            save_run_weights(weights_to, best_state)
     # a run that diverged before its first validation has no checkpoint worth scoring
     test_by_group: dict[str, float] = {}
     test_acc = evaluate(model, test_data, mode=tc.mode, by_group=test_by_group) if best_state is not None else 0.0
+    test_reads = reads.split(model, task, test_data, tc.mode) if best_state is not None else {}
     # the same checkpoint tested at other lengths (same test seed): extrapolation
     test_acc_at = {
         str(n): evaluate(model, dataset(cfg.test_task(n), tc.test_examples, tc.test_seed), mode=tc.mode)
@@ -323,6 +408,11 @@ def _train_one(cfg: SyntheticRunConfig, on_steps: Callable[[int, bool], None] | 
         "test_acc": test_acc,
         "test_acc_by_group": test_by_group,  # empty unless the task has answer groups
         "test_acc_at": test_acc_at,  # {seq_len: test accuracy}, empty unless train.test_lengths is set
+        # accuracy and share of the test answers per READ_CLASSES (how the row's layer reads each
+        # answer's source), for tasks whose answers have one; {} otherwise
+        "test_reads": test_reads,
+        "phases": phases,  # the training distributions step by step (one entry without a curriculum)
+        "data_sha1": {"val": data_hash(val_data), "test": data_hash(test_data)},
         "best_val_acc": best_val,
         "steps_done": step,
         "stop_reason": stop_reason,
@@ -367,7 +457,7 @@ def _execute(
     rdir.mkdir(parents=True, exist_ok=True)
     atomic_write_json(rdir / "config.json", cfg.to_dict())
     on_steps = (lambda k, credited: progress_queue.put((k, credited))) if progress_queue is not None else None
-    result = train_one(cfg, on_steps, device, threads=threads)
+    result = train_one(cfg, on_steps, device, threads=threads, weights_to=rdir / WEIGHTS)
     atomic_write_text(rdir / "result.csv", results_to_csv([result]))
     atomic_write_json(rdir / "result.json", result)  # last: its presence marks the run finished
     return result

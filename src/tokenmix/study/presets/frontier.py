@@ -34,7 +34,8 @@ from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
-from tokenmix.study.frontier import MAIN_CELL, frontier_column, frontier_section
+from tokenmix.study.curricula import with_curriculum
+from tokenmix.study.frontier import MAIN_CELL, NATURAL, frontier_column, frontier_section
 from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
 # the main cell's rows: every row a claim compares and attention (the calibration); local attention,
@@ -75,6 +76,11 @@ MODEL = dict(n_heads=2, mlp=False, tie_weights=False, positions="none")
 PAIRS_PER_LENGTH = 16  # num_kv_pairs = L / 16
 LRS = (3e-3,)
 SEEDS = (0, 1, 2)
+# the protocol every row gets: first CURRICULUM_STEPS on instances its own layer reads in one hop,
+# then MQAR (study/curricula.py; rows that read every position in one hop train on MQAR throughout).
+# Each row is also trained on MQAR from the first step: the table's natural column
+CURRICULUM = "one_hop"
+CURRICULUM_STEPS = 1000
 MAX_STEPS = 5500  # at L = 64 (``FrontierGrid.steps_at`` scales it for other lengths)
 MIN_STEPS = 2000
 PATIENCE_STEPS = 1000
@@ -138,6 +144,9 @@ class FrontierGrid:
     length_scaling: float = 1.0
     base_length: int = 64
     row_overrides: dict = field(default_factory=lambda: dict(ROW_OVERRIDES))  # mixer -> config fields
+    curriculum: str = CURRICULUM  # the rule every row gets (study/curricula.py), its steps at base_length
+    curriculum_steps: int = CURRICULUM_STEPS
+    natural_column: bool = True  # also train each row whose curriculum changes its data without one
 
     def steps_at(self, length: int) -> int:
         return max(1, round(self.train.steps * (length / self.base_length) ** self.length_scaling))
@@ -154,6 +163,19 @@ class FrontierGrid:
         )
 
     def runs(self, mixers: Sequence[str]) -> list[SyntheticRunConfig]:
+        """Every row under the grid's curriculum (column ``frontier_column``) and, where that curriculum
+        changes a row's data, the row trained on MQAR from the first step (the column with ``NATURAL``
+        after it)."""
+        out = []
+        for cfg in self._natural_runs(mixers):
+            steps = round(self.curriculum_steps * cfg.train.steps / self.train.steps)
+            taught = with_curriculum(cfg, self.curriculum, steps)
+            out.append(taught)
+            if taught is not cfg and self.natural_column:
+                out.append(replace(cfg, column=cfg.column + NATURAL))
+        return out
+
+    def _natural_runs(self, mixers: Sequence[str]) -> list[SyntheticRunConfig]:
         return [
             SyntheticRunConfig(
                 label=m,
