@@ -7,8 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from tokenmix.study.cells import CompareCells
 from tokenmix.runs.synthetic import CurriculumPhase
+from tokenmix.study.cells import CompareCells
 from tokenmix.study.frontier import (
     NATURAL,
     FrontierPoint,
