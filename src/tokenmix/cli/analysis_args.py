@@ -1,4 +1,4 @@
-"""Arguments of ``tokenmix analyze matrix|cost|expressivity|norms`` and ``tokenmix report`` (handlers:
+"""Arguments of ``tokenmix analyze matrix|cost|expressivity|norms|reads`` and ``tokenmix report`` (handlers:
 ``analysis_cmd.py``). Light: imports no torch and no registry (cli/main.py)."""
 
 from __future__ import annotations
@@ -141,6 +141,16 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0)
     _common(p, "png")
     p.set_defaults(handler="analysis_cmd:run_norms_cmd")
+
+    p = asub.add_parser(
+        "reads",
+        help="where a trained synthetic run's layers read, query by query: |M| on the value, key, window, "
+        "query, rest; accuracy by read class",
+    )
+    p.add_argument("run", metavar="RUN", help="a finished run's folder (<compare out>/runs/<run id>)")
+    p.add_argument("--examples", type=int, default=200, help="test examples read (the run's test seed)")
+    _common(p, "png")
+    p.set_defaults(handler="analysis_cmd:run_reads_cmd")
 
     p = sub.add_parser("report", help="one self-contained HTML page + Markdown from a run directory or a preset")
     p.add_argument(

@@ -26,6 +26,8 @@ from tokenmix.analysis.lm_report import build_lm_report, is_lm_run
 from tokenmix.analysis.matrices import analyze_matrix, build_analysis_mixer, check_dense_length, random_input
 from tokenmix.analysis.norms import run_norms
 from tokenmix.analysis.outputs import check_formats, check_out_dir, json_text, plural, prepare_out_dir, text_table
+from tokenmix.analysis.reads import analyze_reads
+from tokenmix.analysis.reads import summary_rows as reads_summary_rows
 from tokenmix.analysis.report import check_run_dir
 from tokenmix.analysis.run_inputs import text_layer_input
 from tokenmix.cli.limits import check_size
@@ -357,6 +359,34 @@ def run_norms_cmd(args) -> int:
             progress=_progress(args),
         )
     return _finish(args, out_dir, res["summary"], {"summary": res["summary"]})
+
+
+MAX_READ_EXAMPLES = 10_000  # materialises [examples, H, T, T] per layer
+
+
+def run_reads_cmd(args) -> int:
+    formats = check_formats(args.formats.split(","))
+    _positive([args.examples], "--examples")
+    if args.examples > MAX_READ_EXAMPLES:
+        raise InputError(f"--examples must be <= {MAX_READ_EXAMPLES}, got {args.examples}")
+    run = Path(args.run)
+    if not (run / "config.json").is_file():
+        raise InputError(f"'{run}' is not a run folder (no config.json): give <compare out>/runs/<run id>")
+    check_out_dir(args.out)
+    with _out_dir(args.out, "reads") as out_dir:
+        payload = analyze_reads(run, out_dir, args.examples, formats)
+    if not args.json:
+        for layer in payload["layers"]:
+            print(layer["verdict"])
+        split = payload["read_split"]
+        print(
+            "test accuracy by read (share of queries): "
+            + "; ".join(
+                f"{name} {'—' if v['acc'] is None else format(100 * v['acc'], '.1f') + ' %'} ({100 * v['share']:.1f} %)"
+                for name, v in split.items()
+            )
+        )
+    return _finish(args, out_dir, reads_summary_rows(payload), {"reads": payload})
 
 
 def run_report(args) -> int:
