@@ -42,6 +42,7 @@ from tokenmix.cli import (  # noqa: E402
     patterns_args,
     registry_args,
 )
+from tokenmix.study.durations import stated  # noqa: E402
 
 # Parser modules, one per group: patterns; bench solver|decode|mixers|lm|step|hf; demo; list / check;
 # compare / presets; data prepare / train lm / generate / eval; analyze / report; export; design.
@@ -77,8 +78,22 @@ def command_label(args: argparse.Namespace) -> str:
     return " ".join(w for w in words if w)
 
 
+# the durations `tokenmix --help` states, from the one table (study/durations.py: light, no torch)
+HELP_DURATIONS = (
+    ("compare (quick preset)", "compare quick"),
+    ("train lm", "train lm"),
+    ("check --all", "check all"),
+    ("make test", "make test"),
+)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = OneLineParser(prog="tokenmix", description="Causal token mixers as (A, B) pairs")
+    took = ", ".join(f"{label} {stated(key)}" for label, key in HELP_DURATIONS)
+    parser = OneLineParser(
+        prog="tokenmix",
+        description="Causal token mixers as (A, B) pairs",
+        epilog=f"On a quiet 2-core machine: {took}; `tokenmix presets` gives each preset's.",
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for mod in COMMAND_MODULES:
         mod.register(sub)

@@ -21,6 +21,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
+from tokenmix.study.durations import stated
 from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
 CHANGES = (3, 4)
@@ -84,7 +85,7 @@ PRESET = register_preset(
     Preset(
         name="depth",
         kind="compare",
-        summary="entity tracking with 3 and 4 state changes against attention layers 1-4 (~20 min)",
+        summary=f"entity tracking with 3 and 4 state changes against attention layers 1-4 ({stated('compare depth')})",
         build=depth,
         notes=NOTES,
         default_mixers=(),

@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig
+from tokenmix.study.durations import stated
 from tokenmix.study.presets import depth as DEPTH  # task and training defaults shared with the depth preset
 from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
@@ -60,7 +61,8 @@ PRESET = register_preset(
     Preset(
         name="depth_long",
         kind="compare",
-        summary="the depth preset's n = 3 column with two heads, an MLP and 40 000 steps (~60 min)",
+        summary="the depth preset's n = 3 column with two heads, an MLP and 40 000 steps "
+        f"({stated('compare depth_long')})",
         build=depth_long,
         notes=NOTES,
         default_mixers=(),

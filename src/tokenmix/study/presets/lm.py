@@ -5,6 +5,7 @@ docs/notes/lm-presets.md."""
 from __future__ import annotations
 
 from tokenmix.runs.lm import LMRunConfig, apply_overrides
+from tokenmix.study.durations import stated
 from tokenmix.study.presets.base import Preset, get_preset, register_preset
 
 OVERRIDES: dict[str, list[str]] = {
@@ -45,7 +46,7 @@ OVERRIDES: dict[str, list[str]] = {
 }
 SUMMARIES = {
     "default": "~3.7 M parameters on the shipped excerpt, 300 steps (under 5 CPU-minutes)",
-    "small": "Shakespeare-sized: 4 x attention, 2.6 M parameters, 1800 steps (~20 min)",
+    "small": f"Shakespeare-sized: 4 x attention, 2.6 M parameters, 1800 steps ({stated('lm small')})",
     "tiny": "tests and smoke runs: two pow2 layers, 20 steps (seconds)",
 }
 for _name, _overrides in OVERRIDES.items():

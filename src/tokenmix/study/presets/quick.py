@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
+from tokenmix.study.durations import stated
 from tokenmix.study.paper import PAPER_ROWS
 from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
@@ -116,7 +117,7 @@ PRESET = register_preset(
     Preset(
         name="quick",
         kind="compare",
-        summary="the paper's rows on copy / MQAR / multi-hop at length 32, three seeds (~10 min on 2 cores)",
+        summary=f"the paper's rows on copy / MQAR / multi-hop at length 32, three seeds ({stated('compare quick')})",
         build=quick,
         notes=NOTES,
         default_mixers=DEFAULT_MIXERS,

@@ -15,6 +15,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig
+from tokenmix.study.durations import stated
 from tokenmix.study.presets import quick as QUICK  # rows, task, model recipe and training shared with the quick preset
 from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
@@ -53,7 +54,7 @@ PRESET = register_preset(
     Preset(
         name="recall",
         kind="compare",
-        summary="the quick preset's MQAR column trained to its plateau, up to 6000 steps (~20 min)",
+        summary=f"the quick preset's MQAR column trained to its plateau, up to 6000 steps ({stated('compare recall')})",
         build=recall,
         notes=NOTES,
         default_mixers=DEFAULT_MIXERS,

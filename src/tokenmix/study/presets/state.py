@@ -26,6 +26,7 @@ from dataclasses import replace
 from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
+from tokenmix.study.durations import stated
 from tokenmix.study.presets.base import Preset, register_preset, registered
 from tokenmix.study.state import A5, DELTA, DELTA_NEG, PARITY, PATH, PRODUCT, state_section
 
@@ -119,7 +120,7 @@ PRESET = register_preset(
         notes=NOTES,
         default_mixers=DEFAULT_MIXERS,
         summary="state tracking: parity and A5, trained at 16, tested at 16 and 64, the published "
-        "claims decided (≤ 60 min)",
+        f"claims decided ({stated('compare state')})",
         source=__name__,
         report_section=state_section,
     )

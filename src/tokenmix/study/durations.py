@@ -1,0 +1,65 @@
+"""How long the long jobs take, stated once. README, ``tokenmix --help``, ``tokenmix check --help`` and
+the presets' lines in ``tokenmix presets`` read this table; tests/test_durations.py fails when README
+states another number.
+
+Every entry is wall time on a quiet 2-core machine (the CI size), with where it comes from. On a busy
+machine every job takes longer: the progress lines say so at the start (core/progress.py). Light on
+purpose (no torch, no registry): the command line's parsers read it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Duration:
+    seconds: int  # wall seconds, quiet 2-core machine
+    source: str  # the measurement (command, date) or the budget it is held to
+    bound: str = "~"  # "~": measured, about; "≤": a budget the job is held to
+
+    @property
+    def text(self) -> str:
+        """As stated everywhere: '~15 s', '~9 min', '≤ 90 min'."""
+        if self.seconds < 60:
+            amount = f"{self.seconds} s"
+        else:
+            amount = f"{round(self.seconds / 60)} min"
+        return f"{self.bound}{amount}" if self.bound == "~" else f"{self.bound} {amount}"
+
+
+DURATIONS: dict[str, Duration] = {
+    # commands
+    "compare quick": Duration(
+        500, "tokenmix compare (quick preset), 2026-12: 8:20 wall, 983 CPU s (docs/results.md, the paper's table)"
+    ),
+    "design": Duration(15, "tokenmix design --n 4096 --max-cache 32"),
+    "list": Duration(3, "tokenmix list"),
+    "check all": Duration(15, "tokenmix check --all"),
+    "data prepare": Duration(60, "tokenmix data prepare --corpus shakespeare (download and BPE training)"),
+    "train lm": Duration(300, "tokenmix train lm (default preset): 288 s (docs/results.md, LM table)"),
+    "bench default": Duration(60, "analyze cost, bench solver, bench mixers at their defaults"),
+    # the test suite
+    "make test": Duration(1800, "make test, 2026-12-06: see README's Tests"),
+    "fast tests": Duration(
+        60,
+        "pytest tests/core tests/patterns tests/ops, 2026-12-06: 587 tests, 50 CPU s in one process "
+        "(3:17 wall at load 8 on 2 cores)",
+    ),
+    # compare presets (tokenmix presets)
+    "compare recall": Duration(1200, "tokenmix compare --preset recall"),
+    "compare depth": Duration(1200, "tokenmix compare --preset depth"),
+    "compare depth_long": Duration(3600, "tokenmix compare --preset depth_long"),
+    "compare state": Duration(3600, "its budget (study/presets/state.py)", "≤"),
+    "compare frontier": Duration(5400, "its budget (study/presets/frontier.py)", "≤"),
+    # lm presets
+    "lm small": Duration(1200, "tokenmix train lm --preset small"),
+}
+
+
+def stated(key: str) -> str:
+    """The duration of ``key`` as every text states it ('~9 min')."""
+    return DURATIONS[key].text
+
+
+__all__ = ["DURATIONS", "Duration", "stated"]
