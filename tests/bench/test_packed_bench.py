@@ -69,7 +69,21 @@ def test_the_three_ways_run_the_same_tokens(monkeypatch):
         (["--rows", "0"], ("--rows", ">= 1")),
         (["--row-length", "1"], ("--row-length", ">= 2")),
         (["--mixers", "nosuch"], ("nosuch",)),
+        (["--repeats", "1000000000000"], ("--repeats", "<= 1000")),
+        (["--seed", str(2**63)], ("--seed", "[0, 2**63)")),
+        (["--seed", "-1"], ("--seed", "[0, 2**63)")),
+        (["--rows", "1000000000"], ("--rows 1,000,000,000 is too large", "the largest --rows that fits")),
+        (["--row-length", "1000000000000"], ("--row-length 1,000,000,000,000 is too large",)),
+        (["--rows", "1000000000", "--row-length", "1000000000000"], ("--row-length", "is too large")),
     ],
 )
 def test_bad_arguments_are_one_line(capsys, args, words):
     one_line_error(run_cli(["bench", "packed", *args], capsys), *words)
+
+
+def test_a_corpus_error_is_the_only_line(capsys, tmp_path, monkeypatch):
+    """A corpus that cannot be read is refused before the progress starts: its one error line, no
+    "done" line before it."""
+    monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
+    line = one_line_error(run_cli(["bench", "packed", "--corpus", str(tmp_path / "missing.txt")], capsys))
+    assert "done" not in line and "missing.txt" in line

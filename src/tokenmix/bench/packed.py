@@ -123,8 +123,11 @@ def run(
     repeats: int = 3,
     seed: int = 0,
     progress: Callable[[dict], None] | None = None,
+    lengths: Sequence[int] | None = None,
 ) -> dict:
-    lengths = corpus_lengths(corpus)
+    """The three ways timed for each mixer; ``lengths``: the corpus' document lengths when the caller
+    has read them already (``corpus_lengths``; the command reads them before its progress starts)."""
+    lengths = corpus_lengths(corpus) if lengths is None else list(lengths)
     layout = fill_rows(lengths, rows, row_length, seed)
     results = []
     for name in mixers or MIXERS:

@@ -30,7 +30,7 @@ from tokenmix.analysis.reads import analyze_reads
 from tokenmix.analysis.reads import summary_rows as reads_summary_rows
 from tokenmix.analysis.report import check_run_dir
 from tokenmix.analysis.run_inputs import text_layer_input
-from tokenmix.cli.limits import check_size
+from tokenmix.cli.limits import check_seed, check_size
 from tokenmix.cli.validate import mixer_list
 from tokenmix.core.errors import InputError
 from tokenmix.core.progress import Progress
@@ -151,6 +151,7 @@ def _finish(args, out_dir, rows, payload) -> int:
 
 
 def run_matrix(args) -> int:
+    check_seed(args.seed)  # before anything is built or --out is made
     formats = check_formats(args.formats.split(","))
     check_out_dir(args.out)
     heads = _head_list(args.show_heads)
@@ -209,6 +210,7 @@ def run_matrix(args) -> int:
 
 
 def run_cost(args) -> int:
+    check_seed(args.seed)  # before anything is built or --out is made
     formats = check_formats(args.formats.split(","))
     if args.time_n is None:
         args.time_n = list(COST_FULL_TIME_N if args.full else COST_QUICK_TIME_N)
@@ -334,6 +336,7 @@ def run_expressivity_cmd(args) -> int:
 
 
 def run_norms_cmd(args) -> int:
+    check_seed(args.seed)  # before anything is built or --out is made
     formats = check_formats(args.formats.split(","))
     check_dense_length(args.n, "operator norms")
     _positive([args.gram_iters], "--gram-iters", 0)

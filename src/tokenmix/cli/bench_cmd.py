@@ -19,7 +19,7 @@ from tokenmix.bench.settings import (
     QUICK_SOLVER_SIZES,
     LMBenchConfig,
 )
-from tokenmix.cli.limits import check_size, fmt_bytes, memory_budget
+from tokenmix.cli.limits import check_seed, check_size, fmt_bytes, memory_budget
 from tokenmix.cli.validate import mixer_list
 from tokenmix.core.errors import InputError, MissingDependency
 from tokenmix.core.files import atomic_write_text
@@ -35,6 +35,7 @@ DECODE_BYTES_PER_POSITION = 32 * 2**10
 TRAIN_BYTES_PER_POSITION = 64 * 2**10
 DENSE_MODE_BYTES_PER_PAIR = 128  # solver's dense mode: [1, 4, n, n] float32 matrices and their gradients
 SOLVER_MODES = ("compiled", "chunked", "dense")
+PACKED_MAX_REPEATS = 1000  # bench packed --repeats: each is a forward+backward of three batches
 
 
 def _describe(r: dict) -> str:
@@ -228,15 +229,24 @@ def run_packed(args) -> int:
     for flag, v, lo in (("--rows", args.rows, 1), ("--row-length", args.row_length, 2), ("--repeats", args.repeats, 1)):
         if v < lo:
             raise InputError(f"{flag} must be >= {lo}, got {v}")
+    if args.repeats > PACKED_MAX_REPEATS:
+        raise InputError(
+            f"--repeats must be <= {PACKED_MAX_REPEATS} (the best of that many calls of each way has long "
+            f"settled), got {args.repeats:,}"
+        )
+    check_seed(args.seed)
+    per_row = 3 * TRAIN_BYTES_PER_POSITION  # three batches of that many rows, forward + backward
+    check_size("--row-length", args.row_length, lambda n: per_row * float(n), "a forward+backward over one row")
     check_size(
-        "--row-length",
-        args.row_length,
-        lambda n: 3 * args.rows * TRAIN_BYTES_PER_POSITION * float(n),
-        f"forward+backward passes over {args.rows} rows (three batches)",
+        "--rows",
+        args.rows,
+        lambda r: per_row * float(args.row_length) * r,
+        f"forward+backward passes over rows of {args.row_length:,} tokens (three batches)",
     )
+    lengths = packed.corpus_lengths(args.corpus)  # a bad corpus is refused before the progress starts
     bar, done = _cases("packed", len(names or packed.MIXERS))
     with bar:
-        result = packed.run(names, args.corpus, args.rows, args.row_length, args.repeats, args.seed, done)
+        result = packed.run(names, args.corpus, args.rows, args.row_length, args.repeats, args.seed, done, lengths)
     print(json.dumps(result, indent=1))
     return 0
 
