@@ -43,6 +43,7 @@ def test_presets_state_the_tables_durations():
         kind, _, name = key.partition(" ")
         if kind in ("compare", "lm"):  # a preset's own line
             assert f"({stated(key)}" in get_preset(kind, name).summary, (key, get_preset(kind, name).summary)
+    assert f"({stated('train lm')})" in get_preset("lm", "default").summary  # train lm's default preset
 
 
 def test_help_states_the_tables_durations():

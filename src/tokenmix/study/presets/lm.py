@@ -45,7 +45,7 @@ OVERRIDES: dict[str, list[str]] = {
     ],
 }
 SUMMARIES = {
-    "default": "~3.7 M parameters on the shipped excerpt, 300 steps (under 5 CPU-minutes)",
+    "default": f"~3.7 M parameters on the shipped excerpt, 300 steps ({stated('train lm')})",
     "small": f"Shakespeare-sized: 4 x attention, 2.6 M parameters, 1800 steps ({stated('lm small')})",
     "tiny": "tests and smoke runs: two pow2 layers, 20 steps (seconds)",
 }
