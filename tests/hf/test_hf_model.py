@@ -329,3 +329,30 @@ def test_packed_position_ids_run_each_document_alone_and_a_restart_resets_the_de
         torch.testing.assert_close(logits[0, 4:], model(torch.tensor([[3, 4]])).logits[0], rtol=1e-10, atol=1e-12)
     with pytest.raises(InputError, match="count up by one"):
         model(ids, position_ids=torch.tensor([[0, 1, 5, 6, 7, 8], pos[1].tolist()]))
+
+
+@pytest.mark.parametrize(
+    "fields,words",
+    [
+        ({"d_model": 1_000_000_000}, ["model too large", "GiB", "d_model=1000000000"]),
+        ({"layers": "pow2*100000000"}, ["model too large", "100,000,000 layer(s)", "GiB"]),
+        ({"vocab_size": "abc"}, ["vocab_size must be an integer"]),
+        ({"layers": 5}, ["layers must be a layer pattern"]),
+    ],
+    ids=["d_model 10^9", "10^8 layers", "vocab str", "layers int"],
+)
+def test_an_exported_config_too_large_for_memory_is_refused_up_front(fields, words, tmp_path):
+    """A config.json asking for a model this machine cannot hold is one InputError line naming the
+    estimated size, before any layer list is expanded or weight allocated (as ``train lm`` refuses it)."""
+    import json
+
+    cfg = TokenmixConfig(layers=["pow2"], d_model=16, n_heads=2, vocab_size=VOCAB)
+    cfg.save_pretrained(tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(written | fields))
+    for load in (AutoConfig.from_pretrained, TokenmixConfig.from_pretrained):
+        with pytest.raises(InputError) as err:
+            load(tmp_path)
+        assert "\n" not in str(err.value) and all(w in str(err.value) for w in words), str(err.value)
+    with pytest.raises(InputError):
+        AutoModelForCausalLM.from_pretrained(tmp_path)

@@ -11,7 +11,9 @@ because transformers' loader reads that name to decide whether ``head.weight`` i
 Standard names that other code reads are aliases (``hidden_size`` = d_model, ``num_attention_heads``
 = n_heads, ``max_position_embeddings`` = max_seq_len) or derived (``num_hidden_layers`` = the
 number of layers). ``config.json`` always holds every tokenmix field, defaults included
-(``to_diff_dict``), so an exported model does not change if tokenmix's defaults do.
+(``to_diff_dict``), so an exported model does not change if tokenmix's defaults do. A config whose
+weights would not fit in this machine's memory is refused (``InputError`` with the estimated size)
+when it is made, before any layer is built.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from typing import Any
 
 from transformers import PretrainedConfig
 
+from tokenmix.core.errors import InputError, shown
 from tokenmix.models import ModelConfig
-from tokenmix.runs.lm import check_mixer_overrides
+from tokenmix.runs.lm import check_field_types, check_mixer_overrides, check_model_memory
 
 _DEFAULT = ModelConfig()
 # ModelConfig field -> TokenmixConfig field (the same name but for the tying flag)
@@ -63,13 +66,24 @@ class TokenmixConfig(PretrainedConfig):
     pad_token_id: int | None = None
 
     def __post_init__(self, **kwargs: Any) -> None:
+        self.mixer_overrides = {k: dict(v) for k, v in (self.mixer_overrides or {}).items()}
+        # a config.json asking for more than this machine holds (d_model=1000000000, layers="pow2*100000")
+        # is refused with its estimated size before a layer list is expanded or a weight allocated,
+        # as `train lm` refuses it
+        fields = {name: getattr(self, hf_name) for name, hf_name in _FIELD_NAMES.items()}
+        if not isinstance(self.layers, (str, list, tuple, type(None))):
+            raise InputError(
+                f"'config': model.layers must be a layer pattern or a list of names, got {shown(self.layers)}"
+            )
+        typed = {k: v for k, v in fields.items() if v is not None and k != "layers"}  # layers: also "pow2*3"
+        check_field_types(ModelConfig, typed, "model", "config")
+        check_model_memory(fields | {"layers": self.layers or _DEFAULT.layers}, 4, "its fp32 weights alone")
         if self.layers is None:
             self.layers = list(_DEFAULT.layers)
         elif isinstance(self.layers, str):  # "pow2*3,attention", as ModelConfig accepts
             self.layers = list(ModelConfig(layers=self.layers).layers)
         else:
             self.layers = list(self.layers)
-        self.mixer_overrides = {k: dict(v) for k, v in (self.mixer_overrides or {}).items()}
         super().__post_init__(**kwargs)
         self.to_model_config()  # validate now: a bad field is refused when the config is made, not at the model
 

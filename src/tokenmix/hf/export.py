@@ -79,7 +79,8 @@ def check_out_dir(out_dir: Path) -> None:
 
 
 def fast_tokenizer(tok, max_length: int | None = None) -> PreTrainedTokenizerFast:
-    """The run's ``tokenizers`` BPE as a transformers fast tokenizer, the separator as bos/eos/pad;
+    """The run's ``tokenizers`` BPE as a transformers fast tokenizer, the separator as bos/eos/pad
+    (encoding text as tokenmix does: the separator's string in a text stays text);
     ``max_length``: the longest input the model places (learned positions), None when unbounded."""
     separator_id(tok)  # InputError when the run's tokenizer has no separator
     extra = {} if max_length is None else {"model_max_length": max_length}
@@ -89,6 +90,7 @@ def fast_tokenizer(tok, max_length: int | None = None) -> PreTrainedTokenizerFas
         eos_token=DOC_SEPARATOR,
         pad_token=DOC_SEPARATOR,
         padding_side="left",
+        split_special_tokens=True,  # text is text: a literal <|endoftext|> is no separator (data/tokenizer.py)
         **extra,
     )
 

@@ -269,6 +269,8 @@ def estimate_parameters(model: dict[str, Any], vocab_size: int | None = None) ->
     if not isinstance(d, int) or d <= 0:
         return None
     vocab = vocab_size if vocab_size is not None else fields_.get("vocab_size", 256)
+    if not isinstance(vocab, int) or isinstance(vocab, bool) or vocab <= 0:
+        return None  # (ModelConfig refuses it)
     total = float(vocab * d) * (1 if fields_.get("tie_weights", True) else 2) + d  # embedding (+ head), final norm
     if fields_.get("positions") == "learned":
         total += float(fields_.get("max_seq_len", 0)) * d
@@ -298,11 +300,17 @@ def check_model_memory(model: dict[str, Any], bytes_per_param: int, what: str, v
         return
     n_layers = sum((_layer_counts(model.get("layers", ())) or {}).values())
     vocab = vocab_size if vocab_size is not None else model.get("vocab_size", 256)
-    size = f"model.d_model={model.get('d_model')}, {n_layers:,} layer(s) and a {vocab:,}-token vocabulary give " + (
-        f"about {params:.3g} parameters, which need about {need / 2**30:,.0f} GiB for {what} "
-        f"({bytes_per_param} bytes a parameter)"
-        if math.isfinite(params)
-        else "tensors too large to address"
+    if math.isfinite(params):
+        amount = f"about {params:.3g} parameters, which need about {need / 2**30:,.0f} GiB"
+    else:  # a block too large to build even on the meta device: the embedding alone says how large
+        embedding = float(vocab) * model["d_model"]
+        amount = (
+            f"tensors too large to address (the embedding alone {embedding:.3g} parameters, which need "
+            f"about {embedding * bytes_per_param / 2**30:,.0f} GiB)"
+        )
+    size = (
+        f"model.d_model={model.get('d_model')}, {n_layers:,} layer(s) and a {vocab:,}-token vocabulary give "
+        f"{amount} for {what} ({bytes_per_param} bytes a parameter)"
     )
     raise InputError(
         f"model too large for this machine: {size}, but {avail / 2**30:,.1f} GiB of memory is "
