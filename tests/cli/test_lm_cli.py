@@ -378,3 +378,18 @@ def test_a_bad_set_is_refused_before_the_presets_load(argv):
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.stdout.split() == ["2", "False", "False"], (proc.stdout, proc.stderr)
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+
+
+def test_a_packed_run_on_data_without_a_separator_writes_nothing(tmp_path, capsys, monkeypatch):
+    """``train.pack=true`` on prepared data whose tokenizer has no separator is refused before the run
+    folder gets config.json, tokenizer.json or an empty metrics.jsonl."""
+    monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
+    prep = tmp_path / "prep"
+    rc, _, err = run_cli(["data", "prepare", "--preset", "tiny", "--out", str(prep), "--json"], capsys)
+    assert rc == 0, err
+    tok = prep / "tokenizer.json"
+    tok.write_text(tok.read_text().replace("<|endoftext|>", "<|notaseparator|>"))
+    out = tmp_path / "run"
+    argv = ["train", "lm", "--preset", "tiny", "--out", str(out), "--set", "train.pack=true", f"data.dir={prep}"]
+    one_line_error(run_cli(argv, capsys), "no document separator")
+    assert not out.exists() and {p.name for p in tmp_path.iterdir()} <= {"cache", "prep"}

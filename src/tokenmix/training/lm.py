@@ -688,6 +688,8 @@ def _train(
     )
     if not val_windows:
         raise InputError("the validation split is empty; use a larger corpus or a larger data.val_fraction")
+    if tc.pack:  # packed rows are cut at the separator: a tokenizer without one is refused here, not in the loop
+        separator_id(data.tokenizer)
     if ctx.is_main:
         for note in notes:
             print(f"tokenmix: {note}", file=sys.stderr, flush=True)
