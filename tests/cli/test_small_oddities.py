@@ -10,6 +10,7 @@ import pytest
 from lm_helpers import run_cli
 from tokenmix.analysis.design import DesignRequest, DesignSpace, explore, table_rows
 from tokenmix.analysis.outputs import plural
+from tokenmix.core.errors import InputError
 from tokenmix.study import analysis_suite
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -45,3 +46,23 @@ def test_one_seed_shows_no_spread(seeds, spread):
     res.training = {"task": "copy", "seeds": list(seeds)}
     cells = [row["copy acc %"] for row in table_rows(res, [res.rows[0]])]
     assert cells == ["50.0 ± 0.0"] if spread else cells == ["50.0"]
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, InputError], ids=["ctrl-c", "bad input"])
+def test_a_job_stopped_midway_prints_no_done_line(stop):
+    """``compare`` stopped by Ctrl-C, ``bench packed`` or ``data prepare`` stopped by bad input: the log
+    says nothing more (the CLI's one line follows), never ``-- done``; a finished job still says done."""
+    import io
+
+    from tokenmix.core.progress import Progress
+
+    log = io.StringIO()
+    with pytest.raises(stop):
+        with Progress("compare", 3, unit="runs", stream=log) as bar:
+            bar.advance(1)
+            raise stop("stopped")
+    assert "done" not in log.getvalue() and "started" in log.getvalue()
+    log = io.StringIO()
+    with Progress("compare", 1, unit="runs", stream=log) as bar:
+        bar.advance(1)
+    assert log.getvalue().rstrip().endswith("-- done")

@@ -213,20 +213,22 @@ class Progress:
         else:
             print(f"{self.label}: {message}", file=self.stream, flush=True)
 
-    def close(self) -> None:
+    def close(self, finished: bool = True) -> None:
+        """Stop the bar; in a log, a last ``-- done`` line, only when the job ``finished`` (a job
+        stopped by an error or Ctrl-C is not done, and its one error line stays the only one)."""
         if not self.enabled:
             return
         if self._bar is not None:
             self._bar.stop()
             self._bar = None
-        else:
+        elif finished:
             self._line("done")
 
     def __enter__(self) -> "Progress":
         return self
 
-    def __exit__(self, *exc) -> None:
-        self.close()
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(finished=exc_type is None)
 
 
 __all__ = ["BUSY_LOAD", "LOG_EVERY_SECONDS", "Progress", "format_eta", "format_seconds", "load_warning"]
