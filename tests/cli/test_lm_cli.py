@@ -393,3 +393,20 @@ def test_a_packed_run_on_data_without_a_separator_writes_nothing(tmp_path, capsy
     argv = ["train", "lm", "--preset", "tiny", "--out", str(out), "--set", "train.pack=true", f"data.dir={prep}"]
     one_line_error(run_cli(argv, capsys), "no document separator")
     assert not out.exists() and {p.name for p in tmp_path.iterdir()} <= {"cache", "prep"}
+
+
+def test_a_packed_run_says_so_in_its_log_and_its_eval(tmp_path, capsys, monkeypatch):
+    """The training log opens with labelled lines (the precision is part of the model line, not a
+    bare ``precision fp32`` line), and ``eval`` says when it scored packed."""
+    monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "run"
+    steps = ["train.max_steps=2", "train.eval_every=2", "train.eval_windows=1", "train.final_eval_windows=1"]
+    argv = ["train", "lm", "--preset", "tiny", "--out", str(out), "--no-progress", "--set", "train.pack=true", *steps]
+    rc, log, err = run_cli(argv, capsys)
+    assert rc == 0, err
+    lines = [line for line in log.splitlines() if line.strip() and not line.startswith("warning:")]
+    assert lines[0].startswith("model: ") and "precision fp32" in lines[0], lines[:2]
+    assert not any(line.startswith("precision") for line in lines)
+    rc, text, err = run_cli(["eval", "--run", str(out), "--max-windows", "2"], capsys)
+    assert rc == 0, err
+    assert "packed as trained" in text.splitlines()[0]

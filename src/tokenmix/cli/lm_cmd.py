@@ -210,8 +210,9 @@ def run_eval(args) -> int:
         if res["context"] != res["train_seq_len"]
         else ""
     )
+    packed = ", packed as trained (no token reads another document)" if res["packed"] else ""
     print(
-        f"{what} loss {res['loss']:.4f}  perplexity {res['ppl']:.2f}  over {res['tokens']:,} tokens{longer} "
+        f"{what} loss {res['loss']:.4f}  perplexity {res['ppl']:.2f}  over {res['tokens']:,} tokens{longer}{packed} "
         f"(checkpoint step {res['step']}): {bigram_verdict(res['ppl'], res['bigram_ppl'])}; "
         f"unigram {res['unigram_ppl']:.2f}"
     )

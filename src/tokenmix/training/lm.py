@@ -723,7 +723,6 @@ def _train(
     if progress is None:
         progress = sys.stderr.isatty()
     log = RunLogger(run_dir, ctx.is_main, tc.max_steps, step, progress, tc.tensorboard, quiet)
-    log.say(precision_note)
     busy = load_warning() if ctx.is_main and not quiet else None  # once: stated durations assume a quiet machine
     if busy:
         log.say(f"warning: {busy}")
@@ -758,6 +757,7 @@ def _train(
             log,
             resume,
             session_t0,
+            precision_note,
         )
     finally:
         log.close()
@@ -779,6 +779,7 @@ def _loop(
     log: RunLogger,
     resumed: bool,
     session_t0: float,
+    precision_note: str = "",
 ) -> TrainResult:
     tc = cfg.train
     separator = separator_id(data.tokenizer) if tc.pack else None  # documents keep to themselves
@@ -799,6 +800,7 @@ def _loop(
             f"{tc.batch_size} x {tc.seq_len} tokens"
             f"{', documents packed (no token reads another document)' if tc.pack else ''}"
             f"{f' on {ctx.world_size} ranks ({tc.parallel})' if ctx.distributed else ''}"
+            f"{f', {precision_note}' if precision_note else ''}"  # (a line of its own opened the log, unlabelled)
         )
         log.say(
             f"baselines on the {baseline['tokens']:,} validation tokens of the final evaluation: bigram ppl "
