@@ -42,7 +42,8 @@ NAN = "nan"
 # 5000 digits, {cfg_deep} a run whose config.json is {deep}, {latest_deep} / {latest_list} runs whose
 # latest.json is {deep} / [1, 2] (and no step_* checkpoint that verifies), {fifo_cfg} / {fifo_metrics} runs
 # whose config.json / metrics.jsonl is a FIFO, {escape} / {escape_link} runs whose latest.json / step_*
-# folder leads to {run}'s checkpoint. Paths: {dangling} a symbolic link to nothing. {raising} /
+# folder leads to {run}'s checkpoint. Paths: {dangling} a symbolic link to nothing, {runlink} one to
+# another run. {raising} /
 # {raising_build}: preset files whose code raises while loading / in their function.
 CASES: list[tuple[str, list[str]]] = [
     # ---- parsing: unknown commands and options, non-numbers, missing required arguments
@@ -344,6 +345,9 @@ CASES: list[tuple[str, list[str]]] = [
     ("report", ["{run}", "--out", "/proc/tokenmix-x"]),
     ("report", ["{run}", "--out", "{dangling}"]),
     ("report", ["{cfg_deep}"]),
+    ("report", ["{run}", "--out", "{runlink}"]),
+    ("report", ["{run}", "--out", "{nockpt}"]),
+    ("report", ["{run}", "--out", "{nockpt}/report"]),
 ]
 
 # real processes, for hangs an in-process alarm might not interrupt (blocking opens, long C loops)
@@ -437,6 +441,8 @@ def _broken_run_files(root: Path, run: Path, paths: dict) -> None:
     paths["bigint"].write_text('{"train": {"seed": 1' + "0" * 5000 + "}}")
     os.symlink(root / "nowhere", root / "dangling")
     paths["dangling"] = root / "dangling"
+    os.symlink(paths["nockpt"], root / "runlink")  # a link to another run
+    paths["runlink"] = root / "runlink"
     paths["raising"], paths["raising_build"] = root / "raising.py", root / "raising_build.py"
     paths["raising"].write_text(RAISING_PRESET)
     paths["raising_build"].write_text(RAISING_BUILD_PRESET)

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 from tokenmix.analysis.outputs import markdown_table, new_figure, prepare_out_dir, save_figure
-from tokenmix.analysis.report import REPORT_DIR_NAME, figure_html, html_page, html_table
+from tokenmix.analysis.report import REPORT_DIR_NAME, check_report_out, figure_html, html_page, html_table
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import read_json, read_text_file
 from tokenmix.data.prepare import PreparedData
@@ -268,7 +268,9 @@ def build_lm_report(run_dir: str | Path, out_dir: str | Path | None = None) -> d
     except InputError:
         summary = {}
     summary = summary if isinstance(summary, dict) else {}
-    out = prepare_out_dir(Path(out_dir) if out_dir is not None else run_dir / REPORT_DIR_NAME, "report")
+    out = Path(out_dir) if out_dir is not None else run_dir / REPORT_DIR_NAME
+    check_report_out(out, run_dir)
+    out = prepare_out_dir(out, "report")
     fig_dir = out / "figures"
     fig_dir.mkdir(exist_ok=True)
     bases = {r.get("event"): r for r in metrics if r.get("event") in ("baseline", "final_baseline")}

@@ -25,6 +25,7 @@ import csv
 import html
 import io
 import json
+import os
 import re
 import shutil
 import time
@@ -193,6 +194,29 @@ def is_run_dir(path: Path) -> bool:
     return False
 
 
+def check_report_out(out_dir: str | Path, run_dir: str | Path) -> None:
+    """Refuse (InputError) an ``--out`` that would write into another run, before anything is written:
+    a symbolic link (where it leads is not the report's to decide: another run, say), or a folder in
+    or inside a folder holding tokenmix output (one of ``RUN_MARKERS``) other than ``run_dir``."""
+    out = Path(out_dir)
+    if out.is_symlink():
+        raise InputError(
+            f"--out '{out}' is a symbolic link (to '{os.readlink(out)}'); give a folder of its own, "
+            "so that the report cannot write into another run"
+        )
+    own = Path(run_dir).resolve()
+    target = out.resolve()
+    for folder in [target, *target.parents]:
+        if folder == own:
+            return  # inside the reported run (its report/ folder, say)
+        if any((folder / m).is_file() for m in RUN_MARKERS):
+            where = "is" if folder == target else "is inside"
+            raise InputError(
+                f"--out '{out}' {where} the run folder '{folder}', another run than '{run_dir}'; give a folder "
+                "of its own (or no --out: the report goes into the run's report/ folder)"
+            )
+
+
 def check_run_dir(run_dir: Path, hint: str = "") -> None:
     """Refuse (InputError) a path that is not a run directory, before anything is written; ``hint``
     ends the message (e.g. the presets the caller also takes)."""
@@ -285,6 +309,7 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: 
     run_dir = Path(run_dir)
     check_run_dir(run_dir)
     out = Path(out_dir) if out_dir is not None else run_dir / REPORT_DIR_NAME
+    check_report_out(out, run_dir)
     out = prepare_out_dir(out, "report")
     fig_dir = out / "figures"
     if fig_dir.exists():
