@@ -410,3 +410,21 @@ def test_a_packed_run_says_so_in_its_log_and_its_eval(tmp_path, capsys, monkeypa
     rc, text, err = run_cli(["eval", "--run", str(out), "--max-windows", "2"], capsys)
     assert rc == 0, err
     assert "packed as trained" in text.splitlines()[0]
+
+
+def test_eval_per_document_counts_the_files_documents_whatever_their_text(trained_run, tmp_path, capsys):
+    """A literal ``<|endoftext|>`` in an ``eval --text`` file is text: the file is as many documents
+    as without it (each literal used to start a document of its own)."""
+    plain, marked = tmp_path / "plain", tmp_path / "marked"
+    for folder, extra in ((plain, ""), (marked, " <|endoftext|> ")):
+        folder.mkdir()
+        for i in range(3):
+            (folder / f"d{i}.txt").write_text(" ".join(f"word{j}{extra if j % 5 == 0 else ''}" for j in range(60)))
+    counts = []
+    for folder in (plain, marked):
+        rc, out, err = run_cli(
+            ["eval", "--run", str(trained_run), "--text", str(folder), "--per-document", "--json"], capsys
+        )
+        assert rc == 0, err
+        counts.append(len(json.loads(out)["documents"]))
+    assert counts == [3, 3]
