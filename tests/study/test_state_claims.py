@@ -3,6 +3,7 @@ in the measured text, untested only when no row involved left its guessing level
 
 from __future__ import annotations
 
+from tokenmix.runs.synthetic import CurriculumPhase
 from tokenmix.study.presets import get_preset
 from tokenmix.study.state import A5, DELTA, DELTA_NEG, PARITY, PATH, PRODUCT, state_findings
 
@@ -60,3 +61,11 @@ def test_state_claims_follow_the_numbers():
     accs[(PRODUCT.format(1), A5)] = [0.96] * 3
     f = _by_claim(state_findings(configs, _results(accs)))
     assert f["DeltaProduct with n_h = 2 tracks A5"]["verdict"] == "does not hold"  # not above n_h = 1
+
+
+def test_every_row_gets_the_length_curriculum_on_a5_only():
+    configs = get_preset("compare", "state").build()
+    on_a5 = {r.train.curriculum for r in configs if r.column == A5}
+    assert on_a5 == {(CurriculumPhase(1000, task_args={"seq_len": 8}),)}
+    assert all(not r.train.curriculum for r in configs if r.column == PARITY)
+    assert {r.label for r in configs if r.column == A5} == {r.label for r in configs if r.column == PARITY}
