@@ -87,23 +87,24 @@ def _thread_states(pid: int, skip: int | None = None) -> list[str]:
 
 
 class _TreeSampler:
-    """CPU seconds used since construction, and runnability, of a process and all its descendants
-    (descendants that ended still count, up to their last sample)."""
+    """CPU seconds used since construction, and runnability, of processes (one pid or several) and
+    all their descendants (descendants that ended still count, up to their last sample)."""
 
-    def __init__(self, pid: int):
-        try:
-            self.root: psutil.Process | None = psutil.Process(pid)
-        except psutil.Error:
-            self.root = None
+    def __init__(self, pids: int | list[int]):
+        self.roots: list[psutil.Process] = []
+        for pid in [pids] if isinstance(pids, int) else pids:
+            with contextlib.suppress(psutil.Error):
+                self.roots.append(psutil.Process(pid))
         self.seen: dict[int, float] = {}
         self.base = self._total()[0]
 
     def _total(self) -> tuple[float, bool]:
         busy = False
-        procs = []
-        with contextlib.suppress(psutil.Error):
-            procs = [self.root, *self.root.children(recursive=True)] if self.root else []
-        for p in procs:
+        procs = {}
+        for root in self.roots:
+            with contextlib.suppress(psutil.Error):
+                procs.update({p.pid: p for p in [root, *root.children(recursive=True)]})
+        for p in procs.values():
             with contextlib.suppress(psutil.Error):
                 t = p.cpu_times()
                 # a descendant that ended keeps its last sample in `seen` (the parent's children_* times
@@ -177,13 +178,14 @@ def wait_until(
 
 
 def wait_for_exit(pids: list[int], *, cpu_seconds: float = 30.0, idle_seconds: float = IDLE_SECONDS) -> list[int]:
-    """Wait until every pid has exited, or one still alive is judged not to be exiting (it used
-    cpu_seconds of CPU: still working; or it sat blocked idle_seconds). Returns the pids still alive.
-    A process on its way out is runnable, however busy the machine."""
-    watched = {pid: (_TreeSampler(pid), Watch(cpu_seconds, idle_seconds)) for pid in pids if _alive(pid)}
+    """Wait until every pid has exited, or they are judged not to be exiting: together (with their
+    descendants) they used cpu_seconds of CPU (still working), or none of them was runnable for
+    idle_seconds (all blocked; one blocked alone, e.g. a helper waiting for its parent, is not judged).
+    Returns the pids still alive. Processes on their way out are runnable, however busy the machine."""
+    sampler, watch = _TreeSampler(pids), Watch(cpu_seconds, idle_seconds)
     while True:
-        alive = [pid for pid in watched if _alive(pid)]
-        if not alive or any(watched[pid][1].verdict(*watched[pid][0].sample()) for pid in alive):
+        alive = [pid for pid in pids if _alive(pid)]
+        if not alive or watch.verdict(*sampler.sample()):
             return alive
         time.sleep(POLL_SECONDS)
 
