@@ -265,7 +265,7 @@ def test_summary_reports_the_whole_validation_split_against_the_bigram(trained_r
 def test_precision_auto_resolves_by_cpu_flags(tmp_path, corpus_file, capsys, monkeypatch):
     import torch
 
-    from tokenmix.training import lm
+    from tokenmix.training import lm_eval as lm
 
     assert lm.resolve_precision("auto", torch.device("cpu"))[0] == (
         "bf16" if lm.native_bf16(torch.device("cpu"))[0] else "fp32"

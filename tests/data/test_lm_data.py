@@ -22,7 +22,7 @@ from tokenmix.data.tokenizer import DOC_SEPARATOR
 from tokenmix.runs.lm import LMRunConfig as RunConfig
 from tokenmix.runs.lm import apply_overrides
 from tokenmix.study.presets.lm import build_run_config
-from tokenmix.training.lm import bigram_baseline
+from tokenmix.training.lm_eval import bigram_baseline
 
 
 # ---------------------------------------------------------------------------------- corpora

@@ -26,7 +26,7 @@ from tokenmix.data.tokenizer import separator_id
 from tokenmix.models import MixerModel
 from tokenmix.models.model import ModelConfig
 from tokenmix.runs.lm import read_run_config
-from tokenmix.training.lm import document_packing, evaluate_windows
+from tokenmix.training.lm_eval import document_packing, evaluate_windows
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

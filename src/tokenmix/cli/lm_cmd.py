@@ -46,7 +46,8 @@ from tokenmix.runs.lm import (
     read_run_config,
     resolve_device,
 )
-from tokenmix.training.lm import RESUME_KEYS, check_init_from, evaluate_run, train_lm
+from tokenmix.training.lm import RESUME_KEYS, check_init_from, train_lm
+from tokenmix.training.lm_eval import evaluate_run
 
 
 def _build_run_config(preset: str) -> LMRunConfig:

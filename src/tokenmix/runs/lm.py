@@ -9,14 +9,14 @@ config is written as JSON to every run directory; ``LMRunConfig.from_dict`` read
 ``merge_config`` puts a partial document of the same shape over a config (``train lm --config FILE``);
 both check it with one function (sections, keys, JSON types), so a hand-edited file fails in one line.
 
-A run directory (written by ``training/lm.py``) holds ``config.json`` (the resolved LMRunConfig),
-``tokenizer.json``, ``metrics.jsonl`` (one JSON object per optimizer step, plus validation and
-baseline records), ``checkpoints/`` (``runs/checkpoint.py``), ``summary.json`` and, with ``train.tensorboard=true``
-and tensorboard installed, ``tb/``. ``load_run`` gives back the config, the model with the weights of
-the newest checkpoint that verifies (saying on stderr when a newer one did not), and the tokenizer.
-A config is refused when its model cannot fit in this machine's memory (``check_model_memory``,
-estimated on the meta device before anything is allocated). Named starting points (``tiny``,
-``small``, ...) are presets: ``study/presets``.
+A run directory (written by ``training/lm.py``, claimed as ``runs/lm_folder.py`` says) holds
+``config.json`` (the resolved LMRunConfig), ``tokenizer.json``, ``metrics.jsonl`` (one JSON object per
+optimizer step, plus validation and baseline records), ``checkpoints/`` (``runs/checkpoint.py``),
+``summary.json`` and, with ``train.tensorboard=true`` and tensorboard installed, ``tb/``. ``load_run``
+gives back the config, the model with the weights of the newest checkpoint that verifies (saying on
+stderr when a newer one did not), and the tokenizer. A config is refused when its model cannot fit in
+this machine's memory (``check_model_memory``, estimated on the meta device before anything is
+allocated). Named starting points (``tiny``, ``small``, ...) are presets: ``study/presets``.
 """
 
 from __future__ import annotations
