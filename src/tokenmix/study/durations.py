@@ -2,9 +2,10 @@
 the presets' lines in ``tokenmix presets`` read this table; tests/test_durations.py fails when README
 states another number.
 
-Every entry is wall time on a quiet 2-core machine (the CI size), with where it comes from. On a busy
-machine every job takes longer: the progress lines say so at the start (core/progress.py). Light on
-purpose (no torch, no registry): the command line's parsers read it.
+Every entry is wall time on a quiet 2-core machine (the CI size), with where it comes from: measured
+there, or estimated from the CPU time a run on a loaded machine used (CPU time hardly depends on the
+load; wall time does). On a busy machine every job takes longer: the progress lines say so at the
+start (core/progress.py). Light on purpose (no torch, no registry): the command line's parsers read it.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ class Duration:
 DURATIONS: dict[str, Duration] = {
     # commands
     "compare quick": Duration(
-        500, "tokenmix compare (quick preset), 2026-12: 8:20 wall, 983 CPU s (docs/results.md, the paper's table)"
+        210,
+        "tokenmix compare --out DIR (quick preset), 2026-12-06: 378 CPU s in the parent and its 2 workers, "
+        "so ~3.5 min of wall on 2 quiet cores (estimate; that run took 23:00 wall at load 6-27). "
+        "docs/results.md's 8:20 wall / 983 CPU s is an older measurement (2026-12-01)",
     ),
     "design": Duration(15, "tokenmix design --n 4096 --max-cache 32"),
     "list": Duration(3, "tokenmix list"),
@@ -40,7 +44,11 @@ DURATIONS: dict[str, Duration] = {
     "train lm": Duration(300, "tokenmix train lm (default preset): 288 s (docs/results.md, LM table)"),
     "bench default": Duration(60, "analyze cost, bench solver, bench mixers at their defaults"),
     # the test suite
-    "make test": Duration(1800, "make test, 2026-12-06: see README's Tests"),
+    "make test": Duration(
+        600,
+        "python -m pytest, 2026-12-06: 2703 tests, 398 CPU s in all processes, mostly one at a time: "
+        "~7-10 min of wall on 2 quiet cores (estimate; that run took 31:39 wall at load 6-27)",
+    ),
     "fast tests": Duration(
         60,
         "pytest tests/core tests/patterns tests/ops, 2026-12-06: 587 tests, 50 CPU s in one process "
