@@ -288,7 +288,7 @@ def test_presets_in_the_repository_build_valid_sweeps():
             assert mcfg.layers == ("local_attention",) * 2 and mcfg.mixer_overrides["local_attention"]["window"] == 8
         else:
             assert mcfg.layers == ("local_attention", c.label)
-            window = 3 if c.task == "assoc_recall" else module.SHIFT_WINDOW
+            window = 3 if c.task == "assoc_recall" else 2
             assert mcfg.mixer_overrides["local_attention"] == {"window": window}
             assert theory.binding_window(mcfg, c.label) == window
         assert (mcfg.d_model, mcfg.n_heads, mcfg.positions, mcfg.tie_weights) == (32, 1, "learned", False)

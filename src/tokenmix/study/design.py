@@ -46,7 +46,6 @@ from tokenmix.training.synthetic import check_device, dataset, run_sweep, summar
 
 CARRIER = "pow2"  # a registered structured-recurrence mixer; its pattern is overridden per candidate
 DEFAULT_LR = 3e-3  # quick's rate on every task (its only one on assoc_recall)
-DEFAULT_STEPS = 200  # tasks quick does not train
 MAX_TOP = 32
 TASK_ALIASES = {"mqar": "assoc_recall"}  # the name the anchors use
 
@@ -86,7 +85,7 @@ class DesignTraining:
 
     @property
     def step_budget(self) -> int:
-        return self.steps if self.steps is not None else quick.STEPS.get(self.task, DEFAULT_STEPS)
+        return self.steps if self.steps is not None else quick.recipe_of(self.task).steps
 
 
 def attach_recall_ceilings(result: DesignResult, training: DesignTraining) -> None:
@@ -122,7 +121,8 @@ def pick_top(result: DesignResult, k: int) -> list[DesignRow]:
 def run_config(row: DesignRow, training: DesignTraining, seed: int) -> SyntheticRunConfig:
     """The quick preset's row recipe with the candidate's pattern in the carrier mixer."""
     task = training.task
-    task_args = dict(quick.TASKS.get(task, {}))
+    recipe = quick.recipe_of(task)
+    task_args = dict(recipe.args)
     length = make_task(task, **task_args).length
     model = quick.model_for(CARRIER, task)
     overrides = dict(model["mixer_overrides"])
@@ -135,7 +135,7 @@ def run_config(row: DesignRow, training: DesignTraining, seed: int) -> Synthetic
         mode="dense",
         warmup_steps=min(quick.TRAIN.warmup_steps, max(training.step_budget // 4, 1)),
         eval_every=min(quick.TRAIN.eval_every, training.step_budget),
-        min_lr_ratio=quick.TASK_MIN_LR_RATIO.get(task, quick.TRAIN.min_lr_ratio),
+        min_lr_ratio=quick.TRAIN.min_lr_ratio if recipe.min_lr_ratio is None else recipe.min_lr_ratio,
     )
     return SyntheticRunConfig(label=row.name, task=task, task_args=task_args, model=model, train=train, seed=seed)
 

@@ -6,8 +6,10 @@ make_task("assoc_recall", seq_len=64, num_kv_pairs=8).build(num_examples, seed) 
 from tokenmix.tasks.base import (
     IGNORE_INDEX,
     READ_CLASSES,
+    CompareRecipe,
     TaskConfig,
     TaskData,
+    compared_tasks,
     get_task_cls,
     make_task,
     masked_accuracy,
@@ -24,8 +26,10 @@ from tokenmix.tasks import selective_copy  # selective_copy
 __all__ = [
     "IGNORE_INDEX",
     "READ_CLASSES",
+    "CompareRecipe",
     "TaskConfig",
     "TaskData",
+    "compared_tasks",
     "get_task_cls",
     "make_task",
     "masked_accuracy",

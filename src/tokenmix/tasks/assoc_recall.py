@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from tokenmix.core.errors import InputError
-from tokenmix.tasks.base import IGNORE_INDEX, TaskConfig, TaskData, positive, register_task, require
+from tokenmix.tasks.base import IGNORE_INDEX, CompareRecipe, TaskConfig, TaskData, positive, register_task, require
 
 RANK_GUESS_EXAMPLES = 2000  # enough for the rank guess's accuracy to ±1 point at 4 pairs
 
@@ -45,6 +45,15 @@ RANK_GUESS_EXAMPLES = 2000  # enough for the rank guess's accuracy to ±1 point 
 @dataclass(frozen=True)
 class AssocRecallConfig(TaskConfig):
     name = "assoc_recall"
+    # one learning rate for twice the steps (the cost of 2 x 400), held after the warmup; a window-3
+    # shift binds key and value at both parities
+    recipe = CompareRecipe(
+        dict(vocab_size=64, seq_len=32, num_kv_pairs=4, random_non_queries=False),
+        steps=800,
+        lrs=(3e-3,),
+        min_lr_ratio=1.0,
+        shift_window=3,
+    )
     has_answer_sources = True
 
     vocab_size: int = 8192

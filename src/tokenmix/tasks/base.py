@@ -92,6 +92,23 @@ class TaskData:
 
 
 @dataclass(frozen=True)
+class CompareRecipe:
+    """How a task is trained at CPU size when rows are compared on it: the quick compare preset's
+    column and ``tokenmix design --train``'s budget. A task with a recipe joins both by registering.
+
+    args: the task's fields (length 32 in the quick preset). steps: the step budget. lrs: the
+    learning rates swept (best by validation). min_lr_ratio: where the cosine ends (None: the
+    preset's). shift_window: the window of the token shift in front of each row (the binding a
+    row's mixer reads)."""
+
+    args: dict[str, Any]
+    steps: int
+    lrs: tuple[float, ...] = (3e-3, 1e-2)
+    min_lr_ratio: float | None = None
+    shift_window: int = 2
+
+
+@dataclass(frozen=True)
 class TaskConfig(ABC):
     """Base of every task config. Subclasses are frozen dataclasses that check their sizes in
     ``__post_init__`` and implement ``vocab_size`` / ``seq_len`` (fields or properties) and
@@ -100,6 +117,8 @@ class TaskConfig(ABC):
     name: ClassVar[str] = ""
     # whether each answer copies the token at one source position (``answer_reads``, ``build_one_hop``)
     has_answer_sources: ClassVar[bool] = False
+    # how rows are compared on the task at CPU size (None: the task is not a column of the quick preset)
+    recipe: ClassVar[CompareRecipe | None] = None
 
     @property
     def model_vocab_size(self) -> int:
@@ -160,6 +179,11 @@ def register_task(cls: type[TaskConfig]) -> type[TaskConfig]:
 
 def task_names() -> list[str]:
     return list(_TASKS)
+
+
+def compared_tasks() -> dict[str, CompareRecipe]:
+    """Every registered task with a :class:`CompareRecipe`, in registration order."""
+    return {name: cls.recipe for name, cls in _TASKS.items() if cls.recipe is not None}
 
 
 def get_task_cls(name: str) -> type[TaskConfig]:

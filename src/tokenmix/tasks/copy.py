@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tokenmix.tasks.base import IGNORE_INDEX, TaskConfig, TaskData, positive, register_task, require
+from tokenmix.tasks.base import IGNORE_INDEX, CompareRecipe, TaskConfig, TaskData, positive, register_task, require
 
 BLANK = 1
 FIRST_SYMBOL = 2
@@ -30,6 +30,7 @@ FIRST_SYMBOL = 2
 @dataclass(frozen=True)
 class CopyConfig(TaskConfig):
     name = "copy"
+    recipe = CompareRecipe(dict(vocab_size=16, seq_len=32, copy_len=6, offset=26), steps=100)
 
     vocab_size: int = 16  # ids 0 (pad) and 1 (blank) plus vocab_size − 2 symbols
     seq_len: int = 64

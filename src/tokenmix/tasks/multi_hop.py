@@ -29,13 +29,14 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from tokenmix.tasks.base import IGNORE_INDEX, TaskConfig, TaskData, positive, register_task, require
+from tokenmix.tasks.base import IGNORE_INDEX, CompareRecipe, TaskConfig, TaskData, positive, register_task, require
 
 
 @register_task
 @dataclass(frozen=True)
 class MultiHopConfig(TaskConfig):
     name = "multi_hop"
+    recipe = CompareRecipe(dict(vocab_size=64, seq_len=32, num_chains=3, hops=2, shallow_queries=True), steps=250)
 
     vocab_size: int = 128
     seq_len: int = 64

@@ -23,23 +23,16 @@ from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
 from tokenmix.study.durations import stated
 from tokenmix.study.paper import PAPER_ROWS
 from tokenmix.study.presets.base import Preset, preset_rows, register_preset
+from tokenmix.tasks import CompareRecipe, compared_tasks, get_task_cls
 
 DEFAULT_MIXERS = PAPER_ROWS  # the paper's rows, in its table order
 
-TASKS = {
-    "copy": dict(vocab_size=16, seq_len=32, copy_len=6, offset=26),
-    "assoc_recall": dict(vocab_size=64, seq_len=32, num_kv_pairs=4, random_non_queries=False),
-    "multi_hop": dict(vocab_size=64, seq_len=32, num_chains=3, hops=2, shallow_queries=True),
-}
-STEPS = {"copy": 100, "assoc_recall": 800, "multi_hop": 250}
-LRS = (3e-3, 1e-2)
-TASK_LRS = {"assoc_recall": (3e-3,)}  # MQAR: one learning rate, twice the steps (same cost as 2 x 400)
-TASK_MIN_LR_RATIO = {"assoc_recall": 1.0}  # MQAR: constant learning rate after the warmup
+# the columns: every registered task with a CompareRecipe (tasks/*.py: sizes, steps, learning rates, the
+# shift's window), in registration order -- copy, MQAR, multi-hop; a task registered with a recipe joins
 SEEDS = (0, 1, 2)
+DEFAULT_STEPS = 200  # a task without a recipe (trained by `tokenmix design --train`)
 
 SHIFT = "local_attention"  # block 1 of every row but local attention's own
-SHIFT_WINDOW = 2
-TASK_SHIFT_WINDOW = {"assoc_recall": 3}  # MQAR: key and value bound at both parities
 LOCAL_WINDOW = 8
 MODEL = dict(d_model=32, n_heads=1, mlp=False, tie_weights=False, positions="learned", max_seq_len=32)
 MIXER_OVERRIDES: dict[str, dict] = {"local_attention": {"window": LOCAL_WINDOW}}
@@ -82,33 +75,47 @@ def model_for(mixer: str, task: str | None = None) -> dict:
     two windows of 8)."""
     if mixer == SHIFT:
         return {**MODEL, "layers": [mixer, mixer], "mixer_overrides": {mixer: MIXER_OVERRIDES[mixer]}}
-    overrides = {SHIFT: {"window": TASK_SHIFT_WINDOW.get(task, SHIFT_WINDOW)}}
+    overrides = {SHIFT: {"window": recipe_of(task).shift_window}}
     if mixer in MIXER_OVERRIDES:
         overrides[mixer] = MIXER_OVERRIDES[mixer]
     return {**MODEL, "layers": [SHIFT, mixer], "mixer_overrides": overrides}
 
 
+def recipe_of(task: str | None) -> CompareRecipe:
+    """The task's recipe; tasks without one (a design run's) get a default: shift window 2, 200 steps."""
+    if task is not None and get_task_cls(task).recipe is not None:
+        return get_task_cls(task).recipe
+    return CompareRecipe({}, steps=DEFAULT_STEPS)
+
+
 def train_for(mixer: str, task: str, lr: float) -> SyntheticTrainConfig:
     # dense mode materialises A, B and solves: at n = 32 the cheapest exact mode of the structured
     # rows (the shift layer has a dense mode too); other rows keep their fast default
+    recipe = recipe_of(task)
     return replace(
         TRAIN,
         lr=lr,
-        steps=STEPS[task],
-        min_lr_ratio=TASK_MIN_LR_RATIO.get(task, TRAIN.min_lr_ratio),
+        steps=recipe.steps,
+        min_lr_ratio=TRAIN.min_lr_ratio if recipe.min_lr_ratio is None else recipe.min_lr_ratio,
         mode="dense" if mixer in STRUCTURED else None,
     )
 
 
 def quick(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
     mixers = preset_rows(DEFAULT_MIXERS, extra_mixers)
+    recipes = compared_tasks()
     return [
         SyntheticRunConfig(
-            label=m, task=task, task_args=args, model=model_for(m, task), train=train_for(m, task, lr), seed=seed
+            label=m,
+            task=task,
+            task_args=dict(recipe.args),
+            model=model_for(m, task),
+            train=train_for(m, task, lr),
+            seed=seed,
         )
         for seed in SEEDS
-        for task, args in TASKS.items()
-        for lr in TASK_LRS.get(task, LRS)
+        for task, recipe in recipes.items()
+        for lr in recipe.lrs
         for m in mixers
     ]
 

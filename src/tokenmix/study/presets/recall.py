@@ -34,7 +34,7 @@ content; the rest can only be guessed (the positional guess is about 30 %)."""
 
 def recall(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
     mixers = preset_rows(DEFAULT_MIXERS, extra_mixers)
-    args = QUICK.TASKS[TASK]
+    args = QUICK.recipe_of(TASK).args
     return [
         SyntheticRunConfig(
             label=m,
@@ -45,7 +45,7 @@ def recall(extra_mixers: Sequence[str] = ()) -> list[SyntheticRunConfig]:
             seed=seed,
         )
         for seed in QUICK.SEEDS
-        for lr in QUICK.TASK_LRS[TASK]
+        for lr in QUICK.recipe_of(TASK).lrs
         for m in mixers
     ]
 
