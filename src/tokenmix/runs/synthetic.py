@@ -206,6 +206,15 @@ class SyntheticRunConfig:
         return make_task(self.task, **self.task_args)
 
     def model_config(self) -> ModelConfig:
+        """The run's resolved ``ModelConfig`` (vocabulary from the task), derived once per run config:
+        the harness, the table's structure columns, the theory and the frontier all read this one."""
+        cached = self.__dict__.get("_model_config")
+        if cached is None:
+            cached = self._derive_model_config()
+            object.__setattr__(self, "_model_config", cached)  # frozen fields untouched: a cache only
+        return cached
+
+    def _derive_model_config(self) -> ModelConfig:
         if "vocab_size" in self.model:
             raise InputError(f"run '{self.label}': vocab_size is set by the task, not the model config")
         known = {f.name for f in dataclasses.fields(ModelConfig)}
