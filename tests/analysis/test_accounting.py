@@ -10,15 +10,9 @@ import pytest
 import torch
 
 from mixer_helpers import ALL_MIXERS, small_mixer
-from tokenmix.analysis import accounting
-from tokenmix.analysis.accounting import (
-    account_mixer,
-    derived_costs,
-    fit_loglog_slope,
-    per_token_growth,
-    run_accounting,
-    stated_slope,
-)
+from tokenmix.analysis import accounting, accounting_derived, accounting_measured, accounting_report
+from tokenmix.analysis.accounting import account_mixer, run_accounting
+from tokenmix.analysis.accounting_derived import derived_costs, fit_loglog_slope, per_token_growth, stated_slope
 from tokenmix.analysis.outputs import PNG_SIGNATURE
 from tokenmix.mixers.registry import build_mixer
 
@@ -49,7 +43,7 @@ def test_derived_training_flops_sum_per_token_flops():
         assert r["cache_bytes"] == 4 * r["cache_numel"] == 4 * m.state_size(r["n"])
         assert r["cache_positions"] == m.cache_positions(r["n"])
     # beyond, a trapezoid sum over sampled positions: close to the exact sum
-    n = 3 * accounting.EXACT_SUM_POSITIONS + 5
+    n = 3 * accounting_derived.EXACT_SUM_POSITIONS + 5
     approx = derived_costs(m, [n])[0]["training_mixing_flops"]
     exact = 3 * sum(m.flops_per_token(t) for t in range(1, n + 1))
     assert abs(approx - exact) / exact < 1e-3
@@ -66,7 +60,7 @@ def test_derived_slopes_match_stated_complexity(name, lo, hi):
     derived = fit_loglog_slope(ns, [r["training_mixing_flops"] for r in derived_costs(m, ns)])
     stated = stated_slope(m.time_complexity, ns)
     assert lo <= derived <= hi, f"{name}: derived slope {derived}"
-    assert abs(derived - stated) <= accounting.SLOPE_TOLERANCE
+    assert abs(derived - stated) <= accounting_derived.SLOPE_TOLERANCE
 
 
 def test_complexity_strings():
@@ -107,7 +101,7 @@ def _patch_timing(monkeypatch, timing, log: list | None = None):
         def result(self):
             return dict(self._r, all_seconds=[self._r["seconds"]] * self.calls)
 
-    monkeypatch.setattr(accounting, "LengthTimer", FakeTimer)
+    monkeypatch.setattr(accounting_measured, "LengthTimer", FakeTimer)
 
 
 def _fake_timing(whole_exponent: float, mixing_exponent: float | None = None, seconds: float | None = None):
@@ -185,7 +179,7 @@ def test_mixing_time_flag_against_theory(monkeypatch, name, mixing_exponent, fla
     expected = {"dense_recurrence": 2.0, "first_order": 1.0, "pow2": 1.12, "sq1": 1.5}[name]
     assert abs(s["theory"] - expected) < 0.01
     assert any(f.startswith("mixing: fitted") for f in res["flags"]) == flagged, res["flags"]
-    row = accounting.accounting_rows([res])[0]
+    row = accounting_report.accounting_rows([res])[0]
     assert row["theory slope"] == round(s["theory"], 2) and row["mixing slope"] == round(s["measured_mixing"], 2)
     assert row["whole slope"] == round(s["measured"], 2) and (row["flags"] == "ok") == (not res["flags"])
 
@@ -246,18 +240,18 @@ def test_projection_calls_are_the_weight_matrices():
     """The replay covers exactly the leaf modules holding weight matrices, called with the shapes the
     forward used; mixer-level tables (diag_ssm's A_log [D_in, N]) are mixing, not projections."""
     m = build_mixer("diag_ssm", 16, n_heads=2)
-    mods = accounting.projection_modules(m)
+    mods = accounting_measured.projection_modules(m)
     assert {id(x) for x in mods} == {id(m.in_proj), id(m.dt_proj), id(m.bc_proj), id(m.out)}
     assert m.A_log.dim() == 2 and all(m.A_log is not p for x in mods for p in x.parameters())
     a = build_mixer("attention", 16, n_heads=2)
     x = torch.randn(3, 11, 16, requires_grad=True)
-    calls = accounting.record_projection_calls(a, x)
+    calls = accounting_measured.record_projection_calls(a, x)
     assert [(c.module, c.shape, c.requires_grad) for c in calls] == [
         (a.qkv, (3, 11, 16), True),
         (a.out, (3, 11, 16), True),
     ]
     assert not any(h for mod in (a.qkv, a.out) for h in mod._forward_pre_hooks.values())  # hooks removed
-    fn, setup = accounting.projection_replay(calls)
+    fn, setup = accounting_measured.projection_replay(calls)
     fn()
     assert a.qkv.weight.grad is not None and a.out.weight.grad is not None
     setup()
@@ -267,7 +261,7 @@ def test_projection_calls_are_the_weight_matrices():
 @pytest.mark.parametrize("clock", ["cpu", "user", "wall"])
 def test_time_forward_backward_reports_every_clock(clock):
     m = build_mixer("pow2", 16, n_heads=2)
-    r = accounting.time_forward_backward(m, 40, repeats=2, clock=clock)
+    r = accounting_measured.time_forward_backward(m, 40, repeats=2, clock=clock)
     assert r["clock"] == clock and r["seconds"] == r[f"{clock}_seconds"] == min(r["all_seconds"])
     assert len(r["all_seconds"]) == len(r["projection_all_seconds"]) == 2
     # the user/system split of getrusage is tick-sampled, so a short call can read 0 user seconds
@@ -277,10 +271,10 @@ def test_time_forward_backward_reports_every_clock(clock):
     assert r["mixing_user_seconds"] == pytest.approx(r["user_seconds"] - r["projection_user_seconds"])
     assert all(p.grad is None for p in m.parameters())  # timing leaves no gradients behind
     # cheap lengths repeat until their timed calls add up to min_total_s, at most MAX_REPEATS times
-    many = accounting.time_forward_backward(m, 8, repeats=2, clock=clock, min_total_s=1e9)
-    assert len(many["all_seconds"]) == len(many["projection_all_seconds"]) == accounting.MAX_REPEATS
+    many = accounting_measured.time_forward_backward(m, 8, repeats=2, clock=clock, min_total_s=1e9)
+    assert len(many["all_seconds"]) == len(many["projection_all_seconds"]) == accounting_measured.MAX_REPEATS
     with pytest.raises(ValueError, match="clock must be one of"):
-        accounting.time_forward_backward(m, 8, clock="gpu")
+        accounting_measured.time_forward_backward(m, 8, clock="gpu")
 
 
 def test_time_repeats_counts_calls_and_runs_setup_outside():
@@ -338,7 +332,7 @@ def test_lengths_are_timed_in_turns_on_their_own_copies(monkeypatch):
     copy of the mixer."""
     log: list = []
     _patch_timing(monkeypatch, _fake_timing(0.0, 1.0), log)
-    monkeypatch.setattr(accounting, "TURN_CALLS", 2)
+    monkeypatch.setattr(accounting_measured, "TURN_CALLS", 2)
     m = build_mixer("first_order", 8, n_heads=2)
     res = account_mixer("first_order", cache_ns=(), time_ns=(64, 16, 32), repeats=4, mixer=m)
     assert [n for n, _ in log] == [16, 32, 64] + [16, 16, 32, 32, 64, 64] + [16, 32, 64]
@@ -387,17 +381,17 @@ def test_slopes_judged_from_the_asymptote_start(monkeypatch, tmp_path):
     assert s["measured_mixing"] > 1.85 and s["theory"] == pytest.approx(2.0)
     assert s["measured_mixing_full"] == pytest.approx(full["slope"]["measured_mixing"])
     assert not res["flags"], res["flags"]
-    row = accounting.accounting_rows([res])[0]
+    row = accounting_report.accounting_rows([res])[0]
     assert row["fit n"] == f"{start}–16384" and row["full-range mixing slope"].startswith(
         f"{s['measured_mixing_full']:.2f} over 1024–16384"
     )
-    accounting._write_accounting([res], tmp_path, {}, [], complete=True)
+    accounting_report.write_accounting([res], tmp_path, {}, [], complete=True)
     assert f"\n\n- **attention** judged over n >= {start}: tiles.\n" in (tmp_path / "cost.md").read_text() + "\n"
     # the same bend on a mixer without an entry is judged over the whole range, and flagged
     plain = account_mixer("dense_recurrence", cache_ns=(), time_ns=(256, 512, 1024), d_model=8, n_heads=2)
     assert (
         plain["slope"]["fit_from"] is None
-        and accounting.accounting_rows([plain])[0]["full-range mixing slope"] == "same"
+        and accounting_report.accounting_rows([plain])[0]["full-range mixing slope"] == "same"
     )
     short = account_mixer("attention", cache_ns=(), time_ns=(1024, 2048, 4096, 8192), d_model=8, n_heads=2)
     assert short["slope"]["fit_from"] is None and short["slope"]["n_range"] == [1024, 8192]
@@ -406,7 +400,7 @@ def test_slopes_judged_from_the_asymptote_start(monkeypatch, tmp_path):
 
 def test_length_timer_times_one_call_at_a_time():
     m = build_mixer("first_order", 16, n_heads=2)
-    t = accounting.LengthTimer(m, 24, clock="cpu")
+    t = accounting_measured.LengthTimer(m, 24, clock="cpu")
     assert t.calls == 0 and t.best == math.inf and not t.done(1)
     with pytest.raises(RuntimeError, match="no timed call"):
         t.result()
@@ -418,7 +412,7 @@ def test_length_timer_times_one_call_at_a_time():
     assert r["seconds"] == t.best > 0
     assert all(p.grad is None for p in m.parameters())  # every call releases its gradients
     with pytest.raises(ValueError, match="clock must be one of"):
-        accounting.LengthTimer(m, 8, clock="gpu")
+        accounting_measured.LengthTimer(m, 8, clock="gpu")
 
 
 def test_keep_freed_memory_is_scoped_and_recorded(monkeypatch):
@@ -438,7 +432,7 @@ def test_keep_freed_memory_is_scoped_and_recorded(monkeypatch):
     import ctypes
 
     monkeypatch.setattr(ctypes, "CDLL", lambda name: FakeLibc())
-    K = accounting.keep_freed_memory
+    K = accounting_measured.keep_freed_memory
     with K() as kept:
         assert kept.active and calls == [(K._M_MMAP_MAX, 0), (K._M_TRIM_THRESHOLD, 2**31 - 1)]
     assert calls[2:] == [(K._M_MMAP_MAX, K._DEFAULT_MMAP_MAX), (K._M_TRIM_THRESHOLD, K._DEFAULT_TRIM), ("trim", 0)]

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from lm_helpers import one_line_error, run_cli
-from tokenmix.analysis.accounting import measure_decode_cache
+from tokenmix.analysis.accounting_measured import measure_decode_cache
 from tokenmix.analysis.design import (
     DesignRequest,
     DesignSpace,

@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from tokenmix.analysis import expressivity as ex
-from tokenmix.analysis.accounting import CLOCKS, run_accounting
+from tokenmix.analysis.accounting import run_accounting
+from tokenmix.analysis.accounting_measured import CLOCKS
 from tokenmix.analysis.defaults import (
     COST_FULL_MIN_TIME,
     COST_FULL_TIME_N,
