@@ -228,3 +228,6 @@ def test_the_pareto_claim_reads_state_and_the_seeds_spread():
     assert _verdicts(small_gla)[claim]["verdict"] == "does not hold"
     small_gla[2].acc_std = 0.2  # ... unless the spread covers the gap
     assert _verdicts(small_gla)[claim]["verdict"] == "holds"
+    # without attention and an O(1)-state row beside them the front says nothing about the trade
+    alone = [p for p in pts(0.6) if p.label in ("pow2_ce", "pow2")]
+    assert _verdicts(alone)[claim]["verdict"] == "not measured"

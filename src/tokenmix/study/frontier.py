@@ -408,7 +408,22 @@ def frontier_findings(points: Sequence[FrontierPoint]) -> list[dict[str, Any]]:
         )
     at_cell = [p for p in points if (p.length, p.width) == (length, width) and p.state is not None]
     patterns_here = [p for p in at_cell if p.label in PATTERN_ROWS]
-    if patterns_here:
+    front_claim = (
+        "a pattern row is on the accuracy-vs-state Pareto front (the paper's trade: recall at equal or "
+        "smaller decode state)"
+    )
+    needed = {p.label for p in at_cell} & {"attention", *O1_ROWS}
+    if patterns_here and ("attention" not in needed or len(needed) < 2):
+        out.append(
+            {
+                "claim": front_claim,
+                "verdict": "not measured",
+                "measured": "the front needs attention and at least one O(1)-state row beside the pattern rows",
+                "why": [],
+                "still_rising": [],
+            }
+        )
+    elif patterns_here:
         front = pareto_front(at_cell)
         on = [p for p in patterns_here if p in front]
         verdict = "holds" if on else "does not hold"
@@ -426,8 +441,7 @@ def frontier_findings(points: Sequence[FrontierPoint]) -> list[dict[str, Any]]:
             verdict = "untested"
             why.append("every pattern row stayed at its guessing level: nothing to place on the front")
         finding(
-            "a pattern row is on the accuracy-vs-state Pareto front (the paper's trade: recall at equal or "
-            "smaller decode state)",
+            front_claim,
             verdict,
             patterns_here,
             "front: "
