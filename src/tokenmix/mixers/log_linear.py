@@ -25,6 +25,8 @@ core.operator.solve_dense), ``recurrent`` (token by token on the Fenwick states)
 
 Left padding (mixers/base.py) by row groups: the level map l(t, s) is not translation invariant, so
 each row needs its own clock; rows with equal padding run together, unpadded, on their own states.
+The modes, the Fenwick state and the level scales are mixers/fenwick_levels.py's (shared with
+log_linear_mamba2 and log_linear_gated_deltanet); this file states the projections and the op.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
+from tokenmix.mixers.base import Linear, Mixer, MixerConfig
+from tokenmix.mixers.fenwick_levels import FenwickLevelMixer, check_fenwick_config
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.chunked_log_linear import (
     chunked_log_linear_attention,
@@ -46,7 +49,6 @@ from tokenmix.ops.chunked_log_linear import (
     initial_levels_readout,
     log_linear_operator,
     log_linear_step,
-    n_levels,
 )
 
 
@@ -59,37 +61,9 @@ class LogLinearConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size <= 0 or self.chunk_size & (self.chunk_size - 1):
-            raise InputError(f"chunk_size must be a power of two > 0, got {self.chunk_size}")
-        if self.max_levels <= 0:
-            raise InputError(f"max_levels must be > 0, got {self.max_levels}")
+        check_fenwick_config(self.chunk_size, self.max_levels)
         if not 0 < self.dt_min <= self.dt_max:
             raise InputError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
-
-
-class FenwickState(MixerState):
-    """Fenwick bucket states: ``levels`` [B, H, bit_length(position), K, V], slot l-1 = level l."""
-
-    def __init__(self, owner: str, batch_size: int, position: int, levels: Tensor) -> None:
-        self.owner, self.batch_size, self.position, self.levels = owner, batch_size, position, levels
-
-    def tensors(self) -> dict[str, Tensor]:
-        return {"levels": self.levels}
-
-    @staticmethod
-    def resumed(state: "FenwickState | None") -> tuple[int, Tensor | None]:
-        """(first position of the next segment, its initial levels or None for a fresh start)."""
-        if state is None or state.position == 0:
-            return 0, None
-        return state.position, state.levels
-
-    @classmethod
-    def after(
-        cls, state: "FenwickState | None", owner: str, levels: Tensor, position: int, batch: int
-    ) -> "FenwickState":
-        """The state holding ``levels`` at ``position``, carrying ``state``'s bookkeeping over."""
-        new = cls(owner, batch, position, levels)
-        return new.carry_over(state) if state is not None else new
 
 
 @register_mixer(
@@ -98,79 +72,48 @@ class FenwickState(MixerState):
     family="log-linear attention",
     ab_form="A = (Q Kᵀ ⊙ M^S ⊙ M^H)·scale (Fenwick level scales), B = 0",
 )
-class LogLinearAttention(Mixer):
+class LogLinearAttention(FenwickLevelMixer, Mixer):
+    """Mamba-2's decay and q, k, v with per-level scales; the modes and state are FenwickLevelMixer's."""
+
     config_cls = LogLinearConfig
-    modes = ("chunked", "dense", "recurrent")
-    time_complexity = "O(log n)"  # per token: one K x V read per Fenwick level
-    cache_complexity = "O(log n)"  # bit_length(n) bucket states
-    pads_by_row_groups = True  # the Fenwick levels follow each row's own clock t - start
+    _step = staticmethod(log_linear_step)
 
     def __init__(self, config: LogLinearConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim
+        self.key_dim = k
         self.qkv = Linear(d_model, 3 * h * k, bias=False)
         self.a_proj = Linear(d_model, h, bias=False)
         self.A_log = nn.Parameter(torch.empty(h).uniform_(1, 16).log())
         dt = torch.exp(torch.empty(h).uniform_(math.log(config.dt_min), math.log(config.dt_max)))
         self.dt_bias = nn.Parameter(dt + torch.log(-torch.expm1(-dt)))  # softplus^{-1}(dt)
-        self.level_proj = Linear(d_model, h * config.max_levels)
-        nn.init.constant_(self.level_proj.bias, math.log(math.e - 1))  # softplus(b) = 1: start as Mamba-2
+        self._init_level_scales(d_model)
         self.out = Linear(h * k, d_model, bias=False)
         self.scale = k**-0.5
 
-    # ---------------------------------------------------------------- shared pieces
+    # ---------------------------------------------------------------- the op's inputs and forms
     def _project(self, x: Tensor, start: int) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """q, k, v [B, T, H, K], g [B, T, H], lambda [B, T, H, max_levels] for tokens start..start+T-1."""
         b, t, _ = x.shape
-        need = n_levels(start + t)
-        if need > self.config.max_levels:
-            raise InputError(
-                f"position {start + t - 1} needs {need} Fenwick levels but max_levels="
-                f"{self.config.max_levels}; raise max_levels"
-            )
         q, k, v = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim).unbind(2)
         g = -self.A_log.exp() * F.softplus(self.a_proj(x) + self.dt_bias)
-        lam = F.softplus(self.level_proj(x)).view(b, t, self.n_heads, self.config.max_levels)
-        return q, k, v, g, lam
+        return q, k, v, g, self._level_scales(x, start)
 
-    # ---------------------------------------------------------------- modes
-    def forward_chunked(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
-        start, init = FenwickState.resumed(state)
-        q, k, v, g, lam = self._project(x, start)
-        o, levels = chunked_log_linear_attention(q, k, v, g, lam, self.scale, init, start, self.config.chunk_size)
-        return self.out(o.flatten(2)), FenwickState.after(state, self.owner, levels, start + x.shape[1], x.shape[0])
+    def _level_inputs(self, x: Tensor, start: int) -> tuple[Tensor, ...]:
+        return self._project(x, start)
 
-    def forward_dense(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
+    def _chunked(self, inputs: tuple[Tensor, ...], init: Tensor | None, start: int) -> tuple[Tensor, Tensor]:
+        return chunked_log_linear_attention(*inputs, self.scale, init, start, self.config.chunk_size)
+
+    def _dense(self, inputs: tuple[Tensor, ...], init: Tensor | None, start: int) -> tuple[Tensor, Tensor]:
         """Y = A V through the reference solver (B = 0); the initial Fenwick states enter as the offset."""
-        start, init = FenwickState.resumed(state)
-        q, k, v, g, lam = self._project(x, start)
+        q, k, v, g, lam = inputs
         mix_a = log_linear_operator(q, k, g, lam, self.scale, start)
         offset = None if init is None else initial_levels_readout(q, g, lam, self.scale, start, init)
         o = solve_dense(MixOperator(mix_a, torch.zeros_like(mix_a)), v, offset=offset)
-        levels = final_levels(k, v, g, start, init)
-        return self.out(o.flatten(2)), FenwickState.after(state, self.owner, levels, start + x.shape[1], x.shape[0])
-
-    def forward_recurrent(self, x: Tensor, state: FenwickState | None) -> tuple[Tensor, FenwickState]:
-        b, t, _ = x.shape
-        state = self.empty_state(b, x.device, x.dtype) if state is None else state
-        q, k, v, g, lam = self._project(x, state.position)
-        outs = []
-        for i in range(t):
-            state.observe()
-            o_t, levels = log_linear_step(
-                state.levels, state.position, q[:, i], k[:, i], v[:, i], g[:, i], lam[:, i], self.scale
-            )
-            outs.append(o_t)
-            state = FenwickState.after(state, self.owner, levels, state.position + 1, b)
-        return self.out(torch.stack(outs, 1).flatten(2)), state
+        return o, final_levels(k, v, g, start, init)
 
     # ---------------------------------------------------------------- surface
-    def empty_state(
-        self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
-    ) -> FenwickState:
-        levels = torch.zeros(batch_size, self.n_heads, 0, self.head_dim, self.head_dim, device=device, dtype=dtype)
-        return FenwickState(self.owner, batch_size, 0, levels)
-
     def materialize(self, x: Tensor) -> MixOperator:
         """A = (Q Kᵀ ⊙ M^S ⊙ M^H)·scale and B = 0 over the values v of ``x`` [B, T, D]."""
         q, k, _, g, lam = self._project(x, 0)
@@ -182,14 +125,9 @@ class LogLinearAttention(Mixer):
         b, t, _ = x.shape
         return self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim)[:, :, 2]
 
-    def state_size(self, n: int) -> int:
-        # Before token t the state holds bit_length(t) levels of K x V per head; over t < n the
-        # largest is t = n - 1 (bit_length is non-decreasing).
-        return self.n_heads * self.head_dim * self.head_dim * max(n - 1, 0).bit_length()
-
     def flops_per_token(self, n: int) -> int:
         # Token t = n - 1 with L = bit_length(t) stored levels: decay L·K·V, sentinel k vᵀ K·V,
         # per-level reads (L + 1)·K·V, lambda weighting (L + 1)·V. Merges are additions, not counted.
         lv = max(n - 1, 0).bit_length()
-        h, k = self.n_heads, self.head_dim
-        return h * ((2 * lv + 2) * k * k + (lv + 1) * k)
+        h, k, v = self.n_heads, self.key_dim, self.head_dim
+        return h * ((2 * lv + 2) * k * v + (lv + 1) * v)

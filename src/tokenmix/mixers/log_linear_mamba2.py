@@ -32,7 +32,6 @@ one key group (checks/log_linear_attention.py).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -41,10 +40,10 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear, Mixer
-from tokenmix.mixers.log_linear import FenwickState, LogLinearAttention, LogLinearConfig
+from tokenmix.mixers.fenwick_levels import FenwickState
+from tokenmix.mixers.log_linear import LogLinearAttention, LogLinearConfig
 from tokenmix.mixers.mamba2 import inverse_softplus_dt
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.ops.chunked_log_linear import n_levels
 
 
 @dataclass(frozen=True)
@@ -78,8 +77,7 @@ class LogLinearMamba2(LogLinearAttention):
         self.A_log = nn.Parameter(torch.empty(h).uniform_(1, 16).log())
         self.dt_bias = nn.Parameter(inverse_softplus_dt(h, config.dt_min, config.dt_max))
         self.D = nn.Parameter(torch.ones(h)) if config.d_skip else None
-        self.level_proj = Linear(d_model, h * config.max_levels)
-        nn.init.constant_(self.level_proj.bias, math.log(math.e - 1))  # softplus(b) = 1: start as Mamba-2
+        self._init_level_scales(d_model)  # every lambda starts at 1: as Mamba-2
         self.out = Linear(h * p, d_model, bias=False)
         self.scale = 1.0
 
@@ -92,18 +90,11 @@ class LogLinearMamba2(LogLinearAttention):
         """q = C, k = B [B, T, H, N] (shared by the heads), v = x·dt [B, T, H, P], g [B, T, H],
         lambda [B, T, H, max_levels] for tokens start..start+T-1."""
         b, t, _ = x.shape
-        need = n_levels(start + t)
-        if need > self.config.max_levels:
-            raise InputError(
-                f"position {start + t - 1} needs {need} Fenwick levels but max_levels="
-                f"{self.config.max_levels}; raise max_levels"
-            )
         h, n = self.n_heads, self.config.state_dim
         xs, bs, cs, dt = self._split(x)
         q, k = cs[:, :, None, :].expand(b, t, h, n), bs[:, :, None, :].expand(b, t, h, n)
         g = -dt * self.A_log.exp()
-        lam = F.softplus(self.level_proj(x)).view(b, t, h, self.config.max_levels)
-        return q, k, xs * dt[..., None], g, lam
+        return q, k, xs * dt[..., None], g, self._level_scales(x, start)
 
     def _skip(self, x: Tensor, y: Tensor) -> Tensor:
         """y + W_o [D_h x_t]: the pointwise skip (W_o is linear without bias, so it adds after it)."""
@@ -126,24 +117,8 @@ class LogLinearMamba2(LogLinearAttention):
         y, state = super().forward_recurrent(x, state)
         return self._skip(x, y), state
 
-    # ---------------------------------------------------------------- surface
-    def empty_state(
-        self, batch_size: int, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
-    ) -> FenwickState:
-        levels = torch.zeros(batch_size, self.n_heads, 0, self.key_dim, self.head_dim, device=device, dtype=dtype)
-        return FenwickState(self.owner, batch_size, 0, levels)
-
+    # ---------------------------------------------------------------- surface (the rest: log_linear's, K = N, V = P)
     def values(self, x: Tensor) -> Tensor:
         """The inputs X the operator mixes: x·dt [B, T, H, P]."""
         xs, _, _, dt = self._split(x)
         return xs * dt[..., None]
-
-    def state_size(self, n: int) -> int:
-        # bit_length(t) bucket states [N, P] per head before token t; the largest over t < n is t = n - 1
-        return self.n_heads * self.key_dim * self.head_dim * max(n - 1, 0).bit_length()
-
-    def flops_per_token(self, n: int) -> int:
-        # as log_linear with K = N, V = P: decay L·N·P, sentinel N·P, reads (L + 1)·N·P, lambda (L + 1)·P
-        lv = max(n - 1, 0).bit_length()
-        h, k, p = self.n_heads, self.key_dim, self.head_dim
-        return h * ((2 * lv + 2) * k * p + (lv + 1) * p)

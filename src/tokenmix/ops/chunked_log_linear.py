@@ -29,52 +29,41 @@ positions (the segment is front-padded with start mod C inert tokens):
   3. the Fenwick states of an initial state (positions < start) reach token t at level
      max(l, bit_length(t XOR start)): the levels <= that one have merged by then.
 Everything is tensor algebra over all chunks at once (a Python loop only over the log2(T / C)
-levels), differentiated by autograd in O(T (C + K log T)) memory.
+levels), differentiated by autograd in O(T (C + K log T)) memory. The level map, the aligned chunks
+and the step's read-and-merge are ops/fenwick_levels.py's, shared with ops/chunked_log_linear_delta.py.
 """
 
 from __future__ import annotations
-
-from functools import lru_cache
 
 import torch
 from torch import Tensor
 
 from tokenmix.core.errors import InputError
-from tokenmix.patterns import fenwick_level
-
-
-def bit_length(x: Tensor) -> Tensor:
-    """Elementwise int.bit_length of a non-negative integer tensor (exact, no float log2)."""
-    out = torch.zeros_like(x)
-    y = x.clone()
-    while bool((y > 0).any()):
-        out += (y > 0).to(out.dtype)
-        y = y >> 1
-    return out
-
-
-def fenwick_level_matrix(start: int, t: int, device: torch.device | str = "cpu") -> Tensor:
-    """[T, T] long: l(start + i, start + j) for j <= i, -1 above the diagonal."""
-    pos = torch.arange(start, start + t, device=device)
-    lvl = bit_length(pos[:, None] ^ pos[None, :])
-    return lvl.masked_fill(pos[None, :] > pos[:, None], -1)
-
-
-@lru_cache(maxsize=16)
-def intra_chunk_levels(c: int) -> Tensor:
-    """[C, C] long: the level map inside any aligned chunk (same for all of them), 0 above the diagonal."""
-    return torch.tensor([[fenwick_level(i, j) if j <= i else 0 for j in range(c)] for i in range(c)])
-
-
-def n_levels(n: int) -> int:
-    """Level scales a length-n sequence uses: levels 0..bit_length(n - 1)."""
-    return max(n - 1, 0).bit_length() + 1
+from tokenmix.ops.fenwick_levels import (
+    AlignedChunks,
+    causal_chunk_decay,
+    fenwick_level_matrix,
+    initial_level_map,
+    n_levels,
+    read_and_merge,
+    run_steps,
+)
 
 
 def check_log_linear_inputs(
-    q: Tensor, k: Tensor, v: Tensor, g: Tensor, level_scales: Tensor, start: int, initial_levels: Tensor | None
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    g: Tensor,
+    level_scales: Tensor,
+    start: int,
+    initial_levels: Tensor | None,
+    beta: Tensor | None = None,
 ) -> None:
+    """Shapes of a log-linear op's inputs (``beta`` [B, T, H]: the delta rule's, when it has one)."""
     b, t, h, dk = q.shape
+    if beta is not None and beta.shape != q.shape[:3]:
+        raise InputError(f"shape mismatch: q {tuple(q.shape)}, beta {tuple(beta.shape)}")
     if k.shape != q.shape or v.shape[:3] != (b, t, h) or g.shape != (b, t, h) or level_scales.shape[:3] != (b, t, h):
         raise InputError(
             f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, "
@@ -120,9 +109,7 @@ def initial_levels_readout(
     """
     b, t, h, _ = q.shape
     l0 = initial_levels.shape[2]
-    pos = torch.arange(start, start + t, device=q.device)
-    h_t = bit_length(pos ^ start)  # [T]: the levels <= h_t of the initial state have merged into h_t
-    lvl = torch.maximum(torch.arange(1, l0 + 1, device=q.device)[None, :], h_t[:, None])  # [T, L0]
+    lvl = initial_level_map(start, t, l0, q.device)  # [T, L0]
     w = level_scales.gather(-1, lvl[None, :, None, :].expand(b, t, h, l0))  # [B,T,H,L0]
     w = w * (g.cumsum(1).exp() * scale)[..., None]
     return torch.einsum("bthk,bthl,bhlkv->bthv", q, w, initial_levels)
@@ -190,30 +177,18 @@ def chunked_log_linear_attention(
         (torch.Size([1, 12, 2, 4]), torch.Size([1, 2, 4, 4, 4]))
     """
     check_log_linear_inputs(q, k, v, g, level_scales, start, initial_levels)
-    if chunk_size <= 0 or chunk_size & (chunk_size - 1):
-        raise InputError(f"chunk_size must be a power of two, got {chunk_size}")
+    chunks = AlignedChunks(start, q.shape[1], chunk_size)  # the level structure is every chunk's
     b, t, h, dk = q.shape
     dv, n_lam = v.shape[-1], level_scales.shape[-1]
-    c = chunk_size
+    c, n_chunks = chunk_size, chunks.n
     c_bits = c.bit_length() - 1
-    front = start % c  # align chunks to absolute multiples of C so the level structure is shared
-    n_chunks = -(-(front + t) // c)
-    back = n_chunks * c - front - t
 
-    def chunks(x: Tensor) -> Tensor:  # [B, T, H, ...] -> [B, H, N, C, ...], inert zero padding
-        pads = [x.new_zeros(b, front, *x.shape[2:]), x, x.new_zeros(b, back, *x.shape[2:])]
-        x = torch.cat(pads, 1).reshape(b, n_chunks, c, h, *x.shape[3:])
-        return x.movedim(3, 1)
+    qc, kc, vc, lam = chunks.split(q), chunks.split(k), chunks.split(v), chunks.split(level_scales)
+    gc = chunks.split(g).cumsum(-1)  # [B,H,N,C], restarted at each chunk start
 
-    qc, kc, vc, lam = chunks(q), chunks(k), chunks(v), chunks(level_scales)
-    gc = chunks(g).cumsum(-1)  # [B,H,N,C], restarted at each chunk start
-
-    # 1. levels 0..c: dense blocks inside each chunk. Level indices beyond L only occur on padded
-    #    rows (a real token t never sees a level above bit_length(t)), so clamping is harmless.
-    lvl_in = intra_chunk_levels(c).to(q.device).clamp(max=n_lam - 1)
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    decay_in = (gc[..., :, None] - gc[..., None, :]).masked_fill(~causal, float("-inf")).exp()
-    lam_in = lam.gather(-1, lvl_in.expand(b, h, n_chunks, c, c))
+    # 1. levels 0..c: dense blocks inside each chunk
+    decay_in = causal_chunk_decay(gc)
+    lam_in = chunks.level_scales_inside(lam)
     o = ((qc @ kc.transpose(-1, -2)) * decay_in * lam_in * scale) @ vc  # [B,H,N,C,V]
 
     # 2. levels c+1..: chunk states, merged pairwise into aligned blocks of 2^(m-1) chunks.
@@ -256,7 +231,7 @@ def chunked_log_linear_attention(
         q_out = (qc * (gc.exp() * scale)[..., None])[..., None, :] * lam_out[..., None]  # [B,H,N,C,M,K]
         o = o + q_out.reshape(b, h, n_chunks, c, n_coarse * dk) @ states
 
-    o = o.movedim(1, 3).reshape(b, n_chunks * c, h, dv)[:, front : front + t]
+    o = chunks.join(o)
     # 3. the Fenwick states before the segment
     if start > 0:
         o = o + initial_levels_readout(q, g, level_scales, scale, start, initial_levels)
@@ -275,19 +250,10 @@ def log_linear_step(
     Returns:
         o_t [B, H, V];  levels of position t + 1, [B, H, bit_length(t + 1), K, V].
     """
-    n_lv = levels.shape[2]
     levels = levels * g_t.exp()[..., None, None, None]  # 1. decay every bucket
     sentinel = k_t[..., :, None] * v_t[..., None, :]  # 2. level 0 = {t}
     buckets = torch.cat([sentinel[:, :, None], levels], 2)  # [B,H,1+n_lv,K,V], index = level
-    reads = torch.einsum("bhk,bhlkv->bhlv", q_t, buckets)  # 3. read each level
-    o_t = scale * torch.einsum("bhl,bhlv->bhv", lam_t[..., : n_lv + 1], reads)
-    nxt = position + 1  # 4. merge for t + 1
-    low = (nxt & -nxt).bit_length() - 1  # lssb(t + 1): levels 0..low become level low + 1
-    # Level low + 1 is empty here (bit low of t is 0); summing it too changes no value but makes
-    # the step the same linear map of an initial state as the closed forms, slot by slot (gradients).
-    merged = buckets[:, :, : low + 2].sum(2, keepdim=True)
-    emptied = torch.zeros_like(buckets[:, :, :low])
-    return o_t, torch.cat([emptied, merged, buckets[:, :, low + 2 :]], 2)
+    return read_and_merge(buckets, position, q_t, lam_t, scale)  # 3. read each level, 4. merge for t + 1
 
 
 def recurrent_log_linear_attention(
@@ -302,10 +268,4 @@ def recurrent_log_linear_attention(
 ) -> tuple[Tensor, Tensor]:
     """Token-by-token reference with the signature of ``chunked_log_linear_attention`` (no chunk size)."""
     check_log_linear_inputs(q, k, v, g, level_scales, start, initial_levels)
-    b, t, h, dk = q.shape
-    levels = q.new_zeros(b, h, 0, dk, v.shape[-1]) if start == 0 else initial_levels
-    outs = []
-    for i in range(t):
-        o_t, levels = log_linear_step(levels, start + i, q[:, i], k[:, i], v[:, i], g[:, i], level_scales[:, i], scale)
-        outs.append(o_t)
-    return torch.stack(outs, 1), levels
+    return run_steps(log_linear_step, (q, k, v, g, level_scales), scale, initial_levels, start)

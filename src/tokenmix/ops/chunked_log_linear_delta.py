@@ -49,26 +49,18 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_unit_lower
 from tokenmix.ops.chunked_delta import delta_rule_operator, unit_lower_inverse
-from tokenmix.ops.chunked_log_linear import bit_length, check_log_linear_inputs, intra_chunk_levels, n_levels
-
-
-def _check(
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    beta: Tensor,
-    g: Tensor,
-    level_scales: Tensor,
-    start: int,
-    initial_levels: Tensor | None,
-) -> None:
-    """The log-linear checks (``check_log_linear_inputs``) plus the delta rule's beta [B, T, H]."""
-    if beta.shape != q.shape[:3]:
-        raise InputError(f"shape mismatch: q {tuple(q.shape)}, beta {tuple(beta.shape)}")
-    check_log_linear_inputs(q, k, v, g, level_scales, start, initial_levels)
+from tokenmix.ops.chunked_log_linear import check_log_linear_inputs
+from tokenmix.ops.fenwick_levels import (
+    AlignedChunks,
+    bit_length,
+    causal_chunk_decay,
+    initial_level_map,
+    n_levels,
+    read_and_merge,
+    run_steps,
+)
 
 
 # ---------------------------------------------------------------- token-by-token reference
@@ -91,19 +83,12 @@ def log_linear_delta_step(
     Returns:
         o_t [B, H, V];  levels of position t + 1, [B, H, bit_length(t + 1), K, V].
     """
-    n_lv = levels.shape[2]
     levels = levels * g_t.exp()[..., None, None, None]  # 1. decay every bucket
     pred = torch.einsum("bhk,bhlkv->bhlv", k_t, levels)  # 2. erase k_t from each
     levels = levels - k_t[:, :, None, :, None] * (beta_t[..., None, None] * pred)[..., None, :]
     sentinel = (beta_t[..., None] * k_t)[..., :, None] * v_t[..., None, :]  # 3. write, level 0 = {t}
     buckets = torch.cat([sentinel[:, :, None], levels], 2)
-    reads = torch.einsum("bhk,bhlkv->bhlv", q_t, buckets)  # 4. read each level
-    o_t = scale * torch.einsum("bhl,bhlv->bhv", lam_t[..., : n_lv + 1], reads)
-    nxt = position + 1  # 5. merge for t + 1
-    low = (nxt & -nxt).bit_length() - 1
-    merged = buckets[:, :, : low + 2].sum(2, keepdim=True)
-    emptied = torch.zeros_like(buckets[:, :, :low])
-    return o_t, torch.cat([emptied, merged, buckets[:, :, low + 2 :]], 2)
+    return read_and_merge(buckets, position, q_t, lam_t, scale)  # 4. read each level, 5. merge for t + 1
 
 
 def recurrent_log_linear_delta(
@@ -118,16 +103,8 @@ def recurrent_log_linear_delta(
     start: int = 0,
 ) -> tuple[Tensor, Tensor]:
     """Token-by-token reference with the signature of ``chunked_log_linear_delta`` (no chunk size)."""
-    _check(q, k, v, beta, g, level_scales, start, initial_levels)
-    b, t, h, dk = q.shape
-    levels = q.new_zeros(b, h, 0, dk, v.shape[-1]) if start == 0 else initial_levels
-    outs = []
-    for i in range(t):
-        o_t, levels = log_linear_delta_step(
-            levels, start + i, q[:, i], k[:, i], v[:, i], beta[:, i], g[:, i], level_scales[:, i], scale
-        )
-        outs.append(o_t)
-    return torch.stack(outs, 1), levels
+    check_log_linear_inputs(q, k, v, g, level_scales, start, initial_levels, beta)
+    return run_steps(log_linear_delta_step, (q, k, v, beta, g, level_scales), scale, initial_levels, start)
 
 
 # ---------------------------------------------------------------- dense (A, B, R) reference
@@ -185,8 +162,7 @@ def initial_levels_readout(
     u = solve_unit_lower(mix_b, rhs)
     read = readout @ u + scale * decay[..., None] * (q.transpose(1, 2) @ s0)  # [B, H, T, L0*V]
     read = read.reshape(b, h, t, l0, dv)
-    pos = torch.arange(start, start + t, device=q.device)
-    lvl = torch.maximum(torch.arange(1, l0 + 1, device=q.device)[None, :], bit_length(pos ^ start)[:, None])
+    lvl = initial_level_map(start, t, l0, q.device)  # [T, L0]
     w = level_scales.transpose(1, 2).gather(-1, lvl.expand(b, h, t, l0))  # [B, H, T, L0]
     return torch.einsum("bhtl,bhtlv->bthv", w, read)
 
@@ -257,25 +233,17 @@ def chunked_log_linear_delta(
         >>> o.shape, lv.shape
         (torch.Size([1, 12, 2, 4]), torch.Size([1, 2, 4, 4, 4]))
     """
-    _check(q, k, v, beta, g, level_scales, start, initial_levels)
-    if chunk_size <= 0 or chunk_size & (chunk_size - 1):
-        raise InputError(f"chunk_size must be a power of two, got {chunk_size}")
+    check_log_linear_inputs(q, k, v, g, level_scales, start, initial_levels, beta)
+    chunks = AlignedChunks(start, q.shape[1], chunk_size)
     b, t, h, dk = q.shape
     dv, n_lam = v.shape[-1], level_scales.shape[-1]
-    c = chunk_size
-    front = start % c
-    n_chunks = -(-(front + t) // c)
-    back = n_chunks * c - front - t
+    c, n_chunks = chunk_size, chunks.n
     end = start + t
 
-    def chunks(x: Tensor) -> Tensor:  # [B, T, H, ...] -> [B, H, N, C, ...], inert zero padding
-        x = torch.cat([x.new_zeros(b, front, *x.shape[2:]), x, x.new_zeros(b, back, *x.shape[2:])], 1)
-        return x.reshape(b, n_chunks, c, h, *x.shape[3:]).movedim(3, 1)
-
-    qc, kc, vc, bc, lam = chunks(q), chunks(k), chunks(v), chunks(beta), chunks(level_scales)
-    gc = chunks(g).cumsum(-1)  # [B, H, N, C], restarted at each chunk start
-    causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    gamma = (gc[..., :, None] - gc[..., None, :]).masked_fill(~causal, float("-inf")).exp()
+    qc, kc, vc = chunks.split(q), chunks.split(k), chunks.split(v)
+    bc, lam = chunks.split(beta), chunks.split(level_scales)
+    gc = chunks.split(g).cumsum(-1)  # [B, H, N, C], restarted at each chunk start
+    gamma = causal_chunk_decay(gc)
     kb = kc * bc[..., None]
     eye = torch.eye(c, dtype=q.dtype, device=q.device)
     t_ut = unit_lower_inverse(eye + ((kb @ kc.transpose(-1, -2)) * gamma).tril(-1))  # UT transform
@@ -289,8 +257,7 @@ def chunked_log_linear_delta(
     decay = g_last.exp()[..., None, None, None]  # [B, H, N, 1, 1, 1]
 
     # 1. levels 0..c inside each chunk: M_chunk = qk T diag(beta) weighted by the level table
-    lvl_in = intra_chunk_levels(c).to(q.device).clamp(max=n_lam - 1)
-    lam_in = lam.gather(-1, lvl_in.expand(b, h, n_chunks, c, c))
+    lam_in = chunks.level_scales_inside(lam)
     o = (((qk @ t_ut) * bc[..., None, :]) * lam_in) @ vc  # [B, H, N, C, V]
 
     # 2. chunk-granular Fenwick recurrence over the bucket states [B, H, L, K, V]
@@ -351,9 +318,7 @@ def chunked_log_linear_delta(
         levels = [adds.get(lvl) for lvl in range(1, top)] + [merged] + levels[top:]
     zero = q.new_zeros(b, h, dk, dv)
     levels = torch.stack([zero if st is None else st for st in levels], 2) if n_slots else q.new_zeros(b, h, 0, dk, dv)
-    o = o + torch.stack(reads, 2)
-    o = o.movedim(1, 3).reshape(b, n_chunks * c, h, dv)[:, front : front + t]
-    return o, levels
+    return chunks.join(o + torch.stack(reads, 2)), levels
 
 
 __all__ = [
