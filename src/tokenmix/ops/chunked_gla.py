@@ -101,6 +101,42 @@ def _scaled_copy(dst: Tensor, src: Tensor, scale: float) -> None:
         torch.mul(src, scale, out=dst)
 
 
+# ---------------------------------------------------------------- the chunk recurrence
+# Shared with ops/chunked_ssd.py: both carry a state through the chunks as S' = diag(e^Gamma) S + write
+# (GLA per key or per head on [K, V], the SSD per head on [N, H P]); only the layouts differ.
+def carry_states_(sbuf: Tensor, decay: Tensor | None) -> None:
+    """In place, sbuf[i + 1] += decay[i] ⊙ sbuf[i] for i = 0..N-1: the only sequential part, T / C steps.
+
+    sbuf [N + 1, ...]: sbuf[0] the state entering the first chunk, sbuf[i + 1] chunk i's own write,
+    then the state leaving it; decay [N, ...] broadcast against one state (None: no decay). A loop of
+    small adds is much faster than a cumulative sum along the outer axis."""
+    for i in range(sbuf.shape[0] - 1):
+        if decay is None:
+            sbuf[i + 1].add_(sbuf[i])
+        else:
+            sbuf[i + 1].addcmul_(decay[i], sbuf[i])
+
+
+def carry_gradients_(dbuf: Tensor, decay: Tensor | None) -> None:
+    """The reverse carry, in place: dbuf[i] += decay[i] ⊙ dbuf[i + 1] for i = N-1..0 (dbuf[N] = dS_T,
+    dbuf[i] each chunk's read gradient on the way in, dL/dS_i on the way out)."""
+    for i in reversed(range(dbuf.shape[0] - 1)):
+        if decay is None:
+            dbuf[i].add_(dbuf[i + 1])
+        else:
+            dbuf[i].addcmul_(decay[i], dbuf[i + 1])
+
+
+def check_state_and_documents(
+    initial_state: Tensor | None, state_shape: tuple[int, ...], dims: str, doc_starts: Tensor | None, b: int, t: int
+) -> None:
+    """A chunked call's initial state, [``dims``] = ``state_shape`` or None, and packed rows' ``doc_starts`` [B, T]."""
+    if initial_state is not None and initial_state.shape != state_shape:
+        raise InputError(f"initial_state must be [{dims}] = {state_shape}, got {tuple(initial_state.shape)}")
+    if doc_starts is not None:
+        check_doc_starts(doc_starts, b, t)
+
+
 def factored_bound(dtype: torch.dtype) -> float:
     """Largest |G| for which exp(G) and exp(-G) both stay normal with room for |q|, |k| up to e^bound."""
     return 0.5 * math.log(torch.finfo(dtype).max)
@@ -423,14 +459,8 @@ class _ChunkedGLA(torch.autograd.Function):
             decay = carry if decay is None else decay.mul_(carry)
         if delta.data_ptr() != writes.data_ptr():
             writes.copy_(delta)
-        # the only sequential part: T / C steps on [K, V] (a loop of small adds is much faster than
-        # a cumulative sum along the outer axis)
         with one_thread():  # [K, V]-sized steps: a second thread's wake-up costs more than it saves
-            for i in range(n):
-                if decay is None:
-                    sbuf[i + 1].add_(sbuf[i])
-                else:
-                    sbuf[i + 1].addcmul_(decay[i], sbuf[i])
+            carry_states_(sbuf, decay)
         starts = sbuf[:n].view(rows, dk, dv)
         if masks is None:
             o = torch.bmm(a, vc).baddbmm_(q_in, starts)
@@ -459,11 +489,7 @@ class _ChunkedGLA(torch.autograd.Function):
         read_grad = do if masks is None else do_read
         torch.bmm(q_in.transpose(1, 2), read_grad, out=dbuf[:n].view(rows, dk, dv_dim))  # each chunk's read
         with one_thread():
-            for i in reversed(range(n)):
-                if decay is None:
-                    dbuf[i].add_(dbuf[i + 1])
-                else:
-                    dbuf[i].addcmul_(decay[i], dbuf[i + 1])
+            carry_gradients_(dbuf, decay)
         starts, d_next = sbuf[:n].view(rows, dk, dv_dim), dbuf[1:].view(rows, dk, dv_dim)
         want_dg = kind != _NONE and ctx.needs_input_grad[3]  # RetNet's constant decays need no gradient
         dg = None
@@ -560,10 +586,5 @@ def chunked_gla(
     b, t, h, dk = q.shape
     if g is not None and g.shape not in ((b, t, h), (b, t, h, dk)):
         raise InputError(f"g must be [B, T, H] = {(b, t, h)} or [B, T, H, K] = {(b, t, h, dk)}, got {tuple(g.shape)}")
-    if initial_state is not None and initial_state.shape != (b, h, dk, v.shape[-1]):
-        raise InputError(
-            f"initial_state must be [B, H, K, V] = {(b, h, dk, v.shape[-1])}, got {tuple(initial_state.shape)}"
-        )
-    if doc_starts is not None:
-        check_doc_starts(doc_starts, b, t)
+    check_state_and_documents(initial_state, (b, h, dk, v.shape[-1]), "B, H, K, V", doc_starts, b, t)
     return _ChunkedGLA.apply(q, k, v, g, initial_state, float(scale), int(chunk_size), doc_starts)

@@ -22,7 +22,9 @@ per token spans that in 64 tokens, so trained and even freshly initialised Mamba
 are computed, on those chunk rows only, by chunked_gla's safe per-head form (scores with exponents
 <= 0 only, exact for any decay): the factored rows run as usual with placeholder factors of 1 on
 the safe rows, whose writes, outputs, reads and gradients then replace the placeholders' (one
-index_copy each). Only when every chunk is that wide does the whole call go to ``chunked_gla``.
+index_copy each). Only when every chunk is that wide does the whole call go to ``chunked_gla``. The
+carry through the chunks (``carry_states_`` / ``carry_gradients_``, the one chunk recurrence) and the
+checks of the initial state and packed rows are chunked_gla's.
 
 r is a function of G, but the output does not depend on r (it cancels exactly), so the backward
 treats it as a constant. Backward, with Z = M x̃ + C S̃ (x̃ = e^{r - G} ⊙ x, S̃ = e^{r} S, o = e^{G - r} ⊙ Z):
@@ -39,8 +41,18 @@ from torch import Tensor
 from torch.autograd.function import once_differentiable
 
 from tokenmix.core.errors import InputError
-from tokenmix.ops.chunk_boundaries import check_doc_starts, chunk_boundaries
-from tokenmix.ops.chunked_gla import _PER_HEAD, _RowMasks, _safe_backward, _safe_forward, chunked_gla, factored_bound
+from tokenmix.ops.chunk_boundaries import chunk_boundaries
+from tokenmix.ops.chunked_gla import (
+    _PER_HEAD,
+    _RowMasks,
+    _safe_backward,
+    _safe_forward,
+    carry_gradients_,
+    carry_states_,
+    check_state_and_documents,
+    chunked_gla,
+    factored_bound,
+)
 
 
 def _rows(x: Tensor, n: int, c: int, mult: Tensor | None = None) -> Tensor:
@@ -177,8 +189,7 @@ class _ChunkedSSD(torch.autograd.Function):
         decay = gamma.exp().view(n, bsz, 1, h, 1)
         if masks is not None:  # a chunk in which a document begins carries nothing through
             decay.mul_(bounds.carry.view(n, bsz, 1, 1, 1))
-        for i in range(n):  # the only sequential part: T / C steps on [N, H P]
-            sbuf[i + 1].view(bsz, nd, h, p).addcmul_(decay[i], sbuf[i].view(bsz, nd, h, p))
+        carry_states_(sbuf.view(n + 1, bsz, nd, h, p), decay)  # the only sequential part: T / C steps on [N, H P]
         e_ref = ref[:, 0].exp()  # [R, H]
         st = (sbuf[:n].view(rows, nd, h, p) * e_ref[:, None, :, None]).view(rows, nd, hp)  # e^{r} S
         z = torch.bmm(m, xt).baddbmm_(qs_r, st)  # [R, C, H P]
@@ -225,8 +236,7 @@ class _ChunkedSSD(torch.autograd.Function):
             dbuf[:n].view(rows, nd, hp).index_copy_(
                 0, safe_rows, _from_heads(torch.bmm(q_in_s.transpose(1, 2), do_s_read), h)
             )
-        for i in reversed(range(n)):
-            dbuf[i].view(bsz, nd, h, p).addcmul_(decay[i], dbuf[i + 1].view(bsz, nd, h, p))
+        carry_gradients_(dbuf.view(n + 1, bsz, nd, h, p), decay)
         d_next = dbuf[1:].view(rows, nd, hp)
         dn = (d_next.view(rows, nd, h, p) * w_out[:, None, :, None]).view(rows, nd, hp)
         dm = torch.bmm(dz, xt.transpose(1, 2)).tril_()  # [R, C, C]
@@ -321,10 +331,7 @@ def chunked_ssd(
     h, p = x.shape[2], x.shape[3]
     if g.shape != (bsz, t, h):
         raise InputError(f"g must be [B, T, H] = {(bsz, t, h)}, got {tuple(g.shape)}")
-    if initial_state is not None and initial_state.shape != (bsz, h, nd, p):
-        raise InputError(f"initial_state must be [B, H, N, P] = {(bsz, h, nd, p)}, got {tuple(initial_state.shape)}")
-    if doc_starts is not None:
-        check_doc_starts(doc_starts, bsz, t)
+    check_state_and_documents(initial_state, (bsz, h, nd, p), "B, H, N, P", doc_starts, bsz, t)
     n = -(-t // chunk_size)
     with torch.no_grad():
         gc = _chunk_log_decay(g.detach(), n, chunk_size)
