@@ -48,7 +48,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 from transformers import GenerationMixin, PreTrainedModel
-from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast, ModelOutput
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.packing import Packing
@@ -251,6 +251,26 @@ class TokenmixPreTrainedModel(PreTrainedModel):
                     p.data = p.data.clone()
         return (model, info) if output_loading_info else model
 
+    def _run(
+        self,
+        net: MixerModel,
+        input_ids: Tensor | None,
+        attention_mask: Tensor | None,
+        cache: TokenmixCache | None,
+        use_cache: bool | None,
+        position_ids: Tensor | None,
+        head: bool = True,
+    ) -> tuple[Tensor, TokenmixCache | None]:
+        """``run_mixer_model`` with the config's ``use_cache`` default: (logits or hidden states, the
+        cache to return, None unless ``use_cache``)."""
+        use_cache = self.config.use_cache if use_cache is None else use_cache
+        out, cache = run_mixer_model(net, input_ids, attention_mask, cache, use_cache, head, position_ids)
+        return out, cache if use_cache else None
+
+    def _returned(self, out: ModelOutput, return_dict: bool | None) -> ModelOutput | tuple:
+        """``out`` or its tuple, as ``return_dict`` (default: the config's) asks."""
+        return out if (return_dict if return_dict is not None else self.config.return_dict) else out.to_tuple()
+
     @classmethod
     def get_init_context(cls, *args, **kwargs):
         """transformers' construction contexts without its meta device (module docstring: Weights)."""
@@ -295,12 +315,8 @@ class TokenmixModel(TokenmixPreTrainedModel):
     ) -> BaseModelOutputWithPast | tuple:
         _refuse_unsupported(inputs_embeds, output_attentions, output_hidden_states)
         cache = cache if cache is not None else past_key_values
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        hidden, cache = run_mixer_model(
-            self.net, input_ids, attention_mask, cache, use_cache, head=False, position_ids=position_ids
-        )
-        out = BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache if use_cache else None)
-        return out if (return_dict if return_dict is not None else self.config.return_dict) else out.to_tuple()
+        hidden, cache = self._run(self.net, input_ids, attention_mask, cache, use_cache, position_ids, head=False)
+        return self._returned(BaseModelOutputWithPast(last_hidden_state=hidden, cache=cache), return_dict)
 
 
 class TokenmixForCausalLM(TokenmixPreTrainedModel, GenerationMixin):
@@ -351,10 +367,6 @@ class TokenmixForCausalLM(TokenmixPreTrainedModel, GenerationMixin):
         not needed and are ignored."""
         _refuse_unsupported(inputs_embeds, output_attentions, output_hidden_states)
         cache = cache if cache is not None else past_key_values
-        use_cache = self.config.use_cache if use_cache is None else use_cache
-        logits, cache = run_mixer_model(
-            self.model.net, input_ids, attention_mask, cache, use_cache, position_ids=position_ids
-        )
+        logits, cache = self._run(self.model.net, input_ids, attention_mask, cache, use_cache, position_ids)
         loss = lm_loss(logits, labels, num_items_in_batch) if labels is not None else None
-        out = CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache if use_cache else None)
-        return out if (return_dict if return_dict is not None else self.config.return_dict) else out.to_tuple()
+        return self._returned(CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache), return_dict)
