@@ -46,32 +46,35 @@ def within(seconds: float):
     return guarded(cpu_seconds=seconds)
 
 
+# a two-step run that evaluates once: what a test of a run's files needs, fast
+SHORT_RUN = (
+    "train.max_steps=2",
+    "train.eval_every=2",
+    "train.eval_windows=1",
+    "train.final_eval_windows=1",
+    "train.tensorboard=false",
+    "train.threads=1",
+)
+
+
+def tiny_lm_argv(
+    out: Path, *settings: str, corpus: Path | None = None, log: bool = False, options: tuple[str, ...] = ()
+) -> list[str]:
+    """The ``train lm --preset tiny`` command line of a run at ``out``: on ``corpus`` (None: the preset's
+    data), with its log (``log``; never the progress bar) or ``--quiet``, further ``options`` (such as
+    ``--layers``), then ``--set`` ``settings`` (a later setting of a key wins)."""
+    corpus_args = ["--corpus", str(corpus)] if corpus is not None else []
+    output = ["--no-progress"] if log else ["--quiet", "--no-progress"]
+    return ["train", "lm", *corpus_args, "--preset", "tiny", *options, "--out", str(out), *output, "--set", *settings]
+
+
 def train_tiny_run(root: Path, main, *overrides: str, name: str = "run") -> Path:
     """A two-step ``tiny`` LM run at root/<name> (its data cache at root/cache), through the CLI's
     ``main`` in this process, with further ``--set`` overrides; returns the run folder."""
     old = os.environ.get("TOKENMIX_CACHE")
     os.environ["TOKENMIX_CACHE"] = str(root / "cache")
     try:
-        rc = main(
-            [
-                "train",
-                "lm",
-                "--preset",
-                "tiny",
-                "--out",
-                str(root / name),
-                "--quiet",
-                "--no-progress",
-                "--set",
-                "train.max_steps=2",
-                "train.eval_every=2",
-                "train.eval_windows=1",
-                "train.final_eval_windows=1",
-                "train.tensorboard=false",
-                "train.threads=1",
-                *overrides,
-            ]
-        )
+        rc = main(tiny_lm_argv(root / name, *SHORT_RUN, *overrides))
     finally:
         if old is None:
             del os.environ["TOKENMIX_CACHE"]

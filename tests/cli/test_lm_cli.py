@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from lm_helpers import one_line_error, run_cli
+from lm_helpers import SHORT_RUN, one_line_error, run_cli, tiny_lm_argv
 from tokenmix.cli.main import main
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -36,26 +36,8 @@ def trained_run(tmp_path_factory, corpus_file) -> Path:
     os.environ["TOKENMIX_CACHE"] = str(cache)
     out = tmp_path_factory.mktemp("cli_runs") / "run"
     try:
-        rc = main(
-            [
-                "train",
-                "lm",
-                "--corpus",
-                str(corpus_file),
-                "--preset",
-                "tiny",
-                "--layers",
-                "pow2,attention",
-                "--out",
-                str(out),
-                "--no-progress",
-                "--set",
-                "train.max_steps=12",
-                "train.eval_every=6",
-                "train.log_every=6",
-                "train.tensorboard=false",
-            ]
-        )
+        steps = ("train.max_steps=12", "train.eval_every=6", "train.log_every=6", "train.tensorboard=false")
+        rc = main(tiny_lm_argv(out, *steps, corpus=corpus_file, log=True, options=("--layers", "pow2,attention")))
     finally:
         del os.environ["TOKENMIX_CACHE"]
     assert rc == 0
@@ -176,24 +158,8 @@ def test_bf16_autocast_trains_close_to_fp32(tmp_path, corpus_file, capsys, monke
     first_losses = {}
     for precision in ("fp32", "bf16"):
         out = tmp_path / precision
-        rc, _, err = run_cli(
-            [
-                "train",
-                "lm",
-                "--corpus",
-                str(corpus_file),
-                "--preset",
-                "tiny",
-                "--out",
-                str(out),
-                "--quiet",
-                "--set",
-                "train.max_steps=3",
-                "train.eval_windows=1",
-                f"train.precision={precision}",
-            ],
-            capsys,
-        )
+        argv = tiny_lm_argv(out, *SHORT_RUN, "train.max_steps=3", f"train.precision={precision}", corpus=corpus_file)
+        rc, _, err = run_cli(argv, capsys)
         assert rc == 0, err
         first_losses[precision] = [
             json.loads(l)["loss"] for l in (out / "metrics.jsonl").read_text().splitlines() if '"loss"' in l
@@ -206,25 +172,8 @@ def test_bf16_autocast_trains_close_to_fp32(tmp_path, corpus_file, capsys, monke
 def test_generate_refuses_prompts_past_learned_positions(tmp_path, corpus_file, capsys, monkeypatch):
     monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "learned"
-    rc, _, err = run_cli(
-        [
-            "train",
-            "lm",
-            "--corpus",
-            str(corpus_file),
-            "--preset",
-            "tiny",
-            "--out",
-            str(out),
-            "--quiet",
-            "--set",
-            "train.max_steps=2",
-            "train.eval_windows=1",
-            "model.positions=learned",
-            "model.max_seq_len=32",
-        ],
-        capsys,
-    )
+    argv = tiny_lm_argv(out, *SHORT_RUN, "model.positions=learned", "model.max_seq_len=32", corpus=corpus_file)
+    rc, _, err = run_cli(argv, capsys)
     assert rc == 0, err
     rc, text, err = run_cli(["generate", "--run", str(out), "--prompt", "KING.", "--max-new-tokens", "100"], capsys)
     assert rc == 0, err  # capped to the 32 learned positions, with a note
@@ -277,24 +226,8 @@ def test_precision_auto_resolves_by_cpu_flags(tmp_path, corpus_file, capsys, mon
     assert lm.resolve_precision("auto", torch.device("cpu"))[0] == "bf16"
     monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "auto"
-    rc, text, err = run_cli(
-        [
-            "train",
-            "lm",
-            "--corpus",
-            str(corpus_file),
-            "--preset",
-            "tiny",
-            "--out",
-            str(out),
-            "--no-progress",
-            "--set",
-            "train.max_steps=1",
-            "train.eval_windows=1",
-            "train.precision=auto",
-        ],
-        capsys,
-    )
+    argv = tiny_lm_argv(out, *SHORT_RUN, "train.max_steps=1", "train.precision=auto", corpus=corpus_file, log=True)
+    rc, text, err = run_cli(argv, capsys)
     assert rc == 0, err
     assert "precision bf16 autocast (AMX)" in text
     assert json.loads((out / "config.json").read_text())["train"]["precision"] == "bf16"  # what ran, not "auto"
@@ -305,24 +238,7 @@ def test_tensorboard_events_when_installed(tmp_path, corpus_file, capsys, monkey
 
     monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "tb_run"
-    rc, _, err = run_cli(
-        [
-            "train",
-            "lm",
-            "--corpus",
-            str(corpus_file),
-            "--preset",
-            "tiny",
-            "--out",
-            str(out),
-            "--quiet",
-            "--set",
-            "train.max_steps=2",
-            "train.eval_windows=1",
-            "train.tensorboard=true",
-        ],
-        capsys,
-    )
+    rc, _, err = run_cli(tiny_lm_argv(out, *SHORT_RUN, "train.tensorboard=true", corpus=corpus_file), capsys)
     assert rc == 0, err
     if importlib.util.find_spec("tensorboard") is None:  # optional: the run still works, and writes no tb/
         assert not (out / "tb").exists()
@@ -390,7 +306,7 @@ def test_a_packed_run_on_data_without_a_separator_writes_nothing(tmp_path, capsy
     tok = prep / "tokenizer.json"
     tok.write_text(tok.read_text().replace("<|endoftext|>", "<|notaseparator|>"))
     out = tmp_path / "run"
-    argv = ["train", "lm", "--preset", "tiny", "--out", str(out), "--set", "train.pack=true", f"data.dir={prep}"]
+    argv = tiny_lm_argv(out, "train.pack=true", f"data.dir={prep}")
     one_line_error(run_cli(argv, capsys), "no document separator")
     assert not out.exists() and {p.name for p in tmp_path.iterdir()} <= {"cache", "prep"}
 
@@ -400,9 +316,7 @@ def test_a_packed_run_says_so_in_its_log_and_its_eval(tmp_path, capsys, monkeypa
     bare ``precision fp32`` line), and ``eval`` says when it scored packed."""
     monkeypatch.setenv("TOKENMIX_CACHE", str(tmp_path / "cache"))
     out = tmp_path / "run"
-    steps = ["train.max_steps=2", "train.eval_every=2", "train.eval_windows=1", "train.final_eval_windows=1"]
-    argv = ["train", "lm", "--preset", "tiny", "--out", str(out), "--no-progress", "--set", "train.pack=true", *steps]
-    rc, log, err = run_cli(argv, capsys)
+    rc, log, err = run_cli(tiny_lm_argv(out, *SHORT_RUN, "train.pack=true", log=True), capsys)
     assert rc == 0, err
     lines = [line for line in log.splitlines() if line.strip() and not line.startswith("warning:")]
     assert lines[0].startswith("model: ") and "precision fp32" in lines[0], lines[:2]
