@@ -1,11 +1,11 @@
 """The single-token decode strategies against the general step (float64, up to rounding).
 
 Structured recurrences: every cache records the strategy its steps take, chosen once from the
-pattern and the coefficients (``pattern_cache.STRATEGIES``): ``fixed_distance`` (translation-invariant
-patterns with score softmaxes), ``neighbor_set`` (lattices, Fenwick), ``general``; a step that
-autograd records runs the general step. Each strategy is compared with the general step on the same
-tokens (prefill, steps, padding, branches). Mamba-2: its own ``forward_recurrent`` vs the family's
-``GatedLinearMixer.forward_recurrent``.
+pattern and the coefficients (``structured.choose_decode``): ``FixedDistanceDecode``
+(translation-invariant patterns with score softmaxes), ``NeighborSetDecode`` (lattices, Fenwick),
+``GeneralDecode``; a step that autograd records runs the general step. Each strategy is compared
+with the general step on the same tokens (prefill, steps, padding, branches). Mamba-2: its own
+``forward_recurrent`` vs the family's ``GatedLinearMixer.forward_recurrent``.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import torch
 from tokenmix.mixers import build_mixer
 from tokenmix.mixers.base import first_parameter
 from tokenmix.mixers.gla_family import GatedLinearMixer
-from tokenmix.mixers.structured import StructuredRecurrence
+from tokenmix.mixers.structured import FixedDistanceDecode, GeneralDecode, NeighborSetDecode
 from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.models.model import Linear, RMSNorm
 from tolerances import FLOAT64_EXACT, assert_close
@@ -35,21 +35,21 @@ def _decode(m, x: torch.Tensor, start, prefill: int):
     return torch.cat(ys, 1), state
 
 
-STEPS = {"fixed_distance": "_fixed_distance_step", "neighbor_set": "_neighbor_set_step", "general": "_general_step"}
+STEPS = {cls.name: cls for cls in (FixedDistanceDecode, NeighborSetDecode, GeneralDecode)}
 
 
 @pytest.fixture
 def steps(monkeypatch) -> dict[str, int]:
-    """Counts the tokens each strategy's step of ``StructuredRecurrence`` decoded."""
+    """Counts the tokens each decode strategy's step decoded."""
     counts = dict.fromkeys(STEPS, 0)
-    for strategy, method in STEPS.items():
-        original = getattr(StructuredRecurrence, method)
+    for strategy, cls in STEPS.items():
+        original = cls.step
 
         def counted(self, *args, strategy=strategy, original=original):
             counts[strategy] += 1
             return original(self, *args)
 
-        monkeypatch.setattr(StructuredRecurrence, method, counted)
+        monkeypatch.setattr(cls, "step", counted)
     return counts
 
 

@@ -92,11 +92,11 @@ def test_exact_pattern_decode_step_appends_in_place():
     m = build_mixer("pow2", 8, n_heads=2)
     _, state = m(torch.randn(1, 2000, 8))
     _, state = m.step(torch.randn(1, 8), state)
-    store = state._store
+    store = state.entries.store
     assert store.capacity >= 2 * 2000
     for _ in range(100):
         _, state = m.step(torch.randn(1, 8), state)
-        assert state._store is store
+        assert state.entries.store is store
     assert state.positions.tolist() == list(range(2101))
 
 
@@ -109,7 +109,7 @@ def test_decode_storage_grows_geometrically(name):
     state, stores, n = None, set(), 600
     for t in range(n):
         _, state = m.step(torch.randn(1, 8), state)
-        stores.add(id(state._store))
+        stores.add(id(state.entries.store))
         assert state.positions.tolist() == m.pattern.needed(t + 1)
     limit = 2 * math.log2(n) if m.pattern.max_levels is None else n / 4
     assert len(stores) <= limit, f"{name}: {len(stores)} storages for {n} steps"

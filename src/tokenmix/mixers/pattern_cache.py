@@ -11,21 +11,29 @@ only if it is the latest one on its storage (nothing was written after its entri
 older one (a branch) copies its entries first, so every cache returned stays valid; so does an
 append that autograd records (training through states), whose inputs a backward may still need.
 
-Single-token decode of a contiguous cache (``next_slot`` / ``advanced``): a caller that knows the
-storage slots its token reads (fixed distances back from the new slot) writes the token's entry
-straight into the storage and gathers from it, with no position lookup and no per-step tensors
-beyond the entry itself; ``extend`` stays the general path and both keep the same invariants.
+How the held positions sit in the storage is one of three layouts, a class each (the cache holds
+one as ``entries``; every view and append asks it, nothing branches on the layout):
 
-Lattice decode (``lattice_storage`` / ``lattice_appended``): a cache whose positions are scattered
-(the lattice, Fenwick) lives on slot-stable storage, keys and values in one [2, B, cap, H, K]
-tensor written once per slot in order; the cache is the list of its (position, slot) pairs. A step
-writes its token into the next never-used slot and the next cache keeps other pairs, so no entry
-moves; when the storage is full, or an older cache is stepped again, the live entries are copied
-into fresh storage of twice their number first. The general paths read such a cache through
-``keys`` / ``values`` gathered in position order.
+    SuffixEntries   the contiguous suffix position - size .. position - 1 in slots start .. start +
+                    size (exact patterns, windows, a KV cache): positions follow from the slot, and
+                    a single-token step writes its entry straight into the next slot
+                    (``next_slot`` / ``advanced``)
+    ListedEntries   sorted scattered positions, listed beside their slots (what a selection of
+                    ``extend(keep=...)`` leaves)
+    SlottedEntries  slot-stable storage of the neighbour-set decode (the lattice, Fenwick): keys and
+                    values in one [2, B, cap, H, K] tensor written once per slot in order, the cache
+                    a list of (position, slot) pairs, so a step moves no entry
+                    (``lattice_storage`` / ``lattice_appended``); the general paths read it gathered
+                    in position order
+
+How a decode step reads a cache is its ``decode`` (a ``DecodeStrategy`` object, chosen once by the
+mixer that makes the cache and kept by every cache that follows from it): the step calls it.
 """
 
 from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -35,18 +43,6 @@ from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import MixerState
 
 _MIN_CAPACITY = 16
-
-#: How a decode step reads a cache, chosen once when the cache is made (``StructuredRecurrence.
-#: decode_strategy``) and kept by every cache that follows from it:
-#:     fixed_distance  translation-invariant patterns with score softmaxes: the cache is the contiguous
-#:                     suffix of positions, a token reads fixed distances back in the storage (one
-#:                     compiled call); row padding is a per-row mask of that read
-#:     neighbor_set    patterns whose cache is their neighbour set (the lattices, Fenwick) with score
-#:                     softmaxes: slot-stable storage, one compiled call finds, reads and writes
-#:     general         anything else (gate-based coefficients): the table lookup and tensor ops
-#: Whatever the strategy, a step that autograd records (parameters or a cache that require grad)
-#: runs the general step's differentiable arithmetic; the compiled reads never record.
-STRATEGIES = ("fixed_distance", "neighbor_set", "general")
 
 
 def _records_grad(store: "_Storage", *new: Tensor) -> bool:
@@ -59,8 +55,8 @@ def _records_grad(store: "_Storage", *new: Tensor) -> bool:
 class _Storage:
     """Shared buffers: keys [B, cap, H, K], values [B, cap, H, V], positions [cap]; ``end`` = slots written.
 
-    ``positions`` is read only by caches that are not ``contiguous`` (a contiguous cache's positions
-    follow from its position and size; ``advanced`` does not write them)."""
+    ``positions`` is read only by ``ListedEntries`` (a suffix's positions follow from its position
+    and size; ``advanced`` does not write them)."""
 
     def __init__(
         self, keys: Tensor, values: Tensor, positions: Tensor | None, end: int, kv: Tensor | None = None
@@ -69,9 +65,8 @@ class _Storage:
         # fixed with the buffers; read on every decode step (plain attributes: no shape lookups there)
         self.capacity = keys.shape[1]
         self.entry_numel = keys.shape[2] * keys.shape[3] + values.shape[2] * values.shape[3]  # scalars per position
-        # slot-stable storage of the lattice decode: keys and values are kv[0] and kv[1] of one
-        # [2, B, cap, H, K] tensor (with its numpy view, what the compiled step reads); its slots
-        # are written once each, in order, and positions live in the caches, not here
+        # slot-stable storage (SlottedEntries): keys and values are kv[0] and kv[1] of one
+        # [2, B, cap, H, K] tensor, with its numpy view, what the compiled step reads
         self.kv = kv
         self.kv_np = kv.numpy() if kv is not None and kv.device.type == "cpu" and not kv.requires_grad else None
 
@@ -98,6 +93,168 @@ class _Storage:
         self.end = at + n
 
 
+class _Entries(ABC):
+    """The entries a cache holds on its storage: ``size`` of them, in a layout of the subclass."""
+
+    contiguous: ClassVar[bool] = False  # the held positions are exactly position - size .. position - 1
+
+    def __init__(self, store: _Storage, size: int) -> None:
+        self.store, self.size = store, size
+
+    @abstractmethod
+    def positions(self, position: int) -> Tensor:
+        """[size] long: the sorted positions held by a cache at ``position``."""
+
+    def held(self, position: int) -> np.ndarray:
+        """``positions`` as a sorted int64 numpy array (what the compiled decode steps read)."""
+        return self.positions(position).numpy()
+
+    @property
+    @abstractmethod
+    def keys(self) -> Tensor:
+        """[B, size, H, K] in position order."""
+
+    @property
+    @abstractmethod
+    def values(self) -> Tensor:
+        """[B, size, H, V] in position order."""
+
+    def drop_before(self, keep_from: int, position: int) -> int:
+        """How many held entries lie before position ``keep_from``."""
+        return int(torch.searchsorted(self.positions(position), torch.tensor(keep_from)).item()) if self.size else 0
+
+    def append_at(self, n: int) -> int | None:
+        """The storage slot where ``n`` new entries may be written in place (right after these, the
+        latest on their storage, with room); None: they go to fresh storage."""
+        return None
+
+    def kept(self, layout: type["_SlicedEntries"], drop: int, size: int) -> "_Entries":
+        """These entries on the same storage after an in-place append at ``append_at``, ``drop``
+        evicted from the front, ``size`` left, in ``layout``."""
+        raise NotImplementedError(f"{type(self).__name__} does not append in place")
+
+
+class _SlicedEntries(_Entries):
+    """Entries in the storage slots start .. start + size (a suffix, or a listed selection)."""
+
+    def __init__(self, store: _Storage, start: int, size: int) -> None:
+        super().__init__(store, size)
+        self.start = start
+
+    @property
+    def keys(self) -> Tensor:
+        return self.store.keys[:, self.start : self.start + self.size]
+
+    @property
+    def values(self) -> Tensor:
+        return self.store.values[:, self.start : self.start + self.size]
+
+    def append_at(self, n: int) -> int | None:
+        at = self.start + self.size
+        return at if self.store.end == at and at + n <= self.store.capacity else None
+
+    def kept(self, layout: type["_SlicedEntries"], drop: int, size: int) -> "_Entries":
+        return layout(self.store, self.start + drop, size)
+
+
+class SuffixEntries(_SlicedEntries):
+    """The contiguous suffix of positions: slot start + i holds position position - size + i."""
+
+    contiguous = True
+
+    def positions(self, position: int) -> Tensor:
+        return torch.arange(position - self.size, position)
+
+    def held(self, position: int) -> np.ndarray:
+        return np.arange(position - self.size, position, dtype=np.int64)
+
+    def drop_before(self, keep_from: int, position: int, at_most: int | None = None) -> int:
+        return min(max(keep_from - (position - self.size), 0), self.size if at_most is None else at_most)
+
+    def next_slot(self, position: int) -> tuple["SuffixEntries", int]:
+        """(entries, at): these entries, or a copy of them in fresh doubled storage, whose slot ``at``
+        (right after them) the entry of ``position`` may be written to in place: nothing else holds
+        it and no recorded autograd op reads the storage."""
+        store, at = self.store, self.start + self.size
+        if store.end == at and at < store.capacity and not _records_grad(store):
+            return self, at
+        parts = [(self.keys, self.values, self.positions(position))]
+        return SuffixEntries(_Storage.holding(parts, max(_MIN_CAPACITY, 2 * (self.size + 1))), 0, self.size), self.size
+
+    def advanced(self, at: int, keep_from: int, position: int) -> "SuffixEntries":
+        """The entries after ``position``'s key and value were written into slot ``at`` (from
+        ``next_slot``), holding the positions >= ``keep_from``."""
+        self.store.end = at + 1
+        drop = self.drop_before(keep_from, position, self.size + 1)
+        return SuffixEntries(self.store, self.start + drop, self.size + 1 - drop)
+
+
+class ListedEntries(_SlicedEntries):
+    """Sorted scattered positions: slot start + i holds position store.positions[start + i]."""
+
+    def positions(self, position: int) -> Tensor:
+        return self.store.positions[self.start : self.start + self.size]
+
+
+class SlottedEntries(_Entries):
+    """Slot-stable storage: the sorted positions ``held_at`` in the storage ``slots``; slot ``end``
+    (the storage's end when these entries were made) has never been written."""
+
+    def __init__(self, store: _Storage, held: np.ndarray, slots: np.ndarray, end: int) -> None:
+        super().__init__(store, len(held))
+        self.held_at, self.slots, self.end = held, slots, end
+
+    @classmethod
+    def holding(cls, keys: Tensor, values: Tensor, held: np.ndarray) -> "SlottedEntries":
+        """Fresh slot-stable storage of twice the entries' number (at least 16 slots) holding keys
+        [B, m, H, K] and values [B, m, H, K] (one width: one kv tensor holds both) at ``held``."""
+        if keys.shape[-1] != values.shape[-1]:
+            raise InputError(
+                f"slot-stable storage holds keys and values of one width, got {keys.shape[-1]} and {values.shape[-1]}"
+            )
+        b, m, h, k = keys.shape
+        kv = keys.new_empty(2, b, max(_MIN_CAPACITY, 2 * (m + 1)), h, k)
+        kv[0, :, :m], kv[1, :, :m] = keys, values
+        return cls(_Storage(kv[0], kv[1], None, m, kv=kv), held, np.arange(m, dtype=np.int64), m)
+
+    def positions(self, position: int) -> Tensor:
+        return torch.from_numpy(self.held_at)
+
+    def held(self, position: int) -> np.ndarray:
+        return self.held_at
+
+    @property
+    def keys(self) -> Tensor:  # gathered in position order (the general paths' view)
+        return self.store.keys[:, torch.from_numpy(self.slots).to(self.store.keys.device)]
+
+    @property
+    def values(self) -> Tensor:
+        return self.store.values[:, torch.from_numpy(self.slots).to(self.store.values.device)]
+
+    def writable(self) -> bool:
+        """Whether a step may write slot ``end`` in place: these are the latest entries on their
+        storage, it has room, and no recorded autograd op reads it."""
+        store = self.store
+        return store.end == self.end and store.end < store.capacity and not _records_grad(store)
+
+    def appended(self, held: np.ndarray, slots: np.ndarray) -> "SlottedEntries":
+        """The entries after a step wrote slot ``end``, holding the sorted positions ``held`` at ``slots``."""
+        self.store.end = self.end + 1
+        return SlottedEntries(self.store, held, slots, self.store.end)
+
+
+class DecodeStrategy(ABC):
+    """How a mixer's decode step reads and writes its cache: chosen once, by the mixer, when the
+    cache is made (``PatternCache.empty``), and kept by every cache that follows from it."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def step(self, mixer: Any, x_t: Tensor, qkv_t: Tensor, state: "PatternCache") -> tuple[Tensor, "PatternCache"]:
+        """One token: (y_t [B, H, V], next cache) from its layer input x_t [B, 1, D] and its q, k, v
+        qkv_t [B, 3, H, K]."""
+
+
 class PatternCache(MixerState):
     """Cached positions of one layer.
 
@@ -106,29 +263,15 @@ class PatternCache(MixerState):
         keys: [B, P, H, K] their keys (score-based coefficients read them).
         values: [B, P, H, V] their outputs y_j (read through B).
         position: number of tokens seen so far.
+        entries: the held entries in their storage layout (module docstring).
+        decode: how a decode step reads this cache (``DecodeStrategy``); None for a cache that no
+            strategy reads (attention's KV cache: its mixer's own step).
     """
 
-    strategy: str = "general"  # one of STRATEGIES: how a decode step reads this cache
+    decode: DecodeStrategy | None = None
 
-    def __init__(
-        self,
-        owner: str,
-        batch_size: int,
-        position: int,
-        store: _Storage,
-        start: int,
-        size: int,
-        contiguous: bool = True,
-        slotted: tuple[np.ndarray, np.ndarray, int] | None = None,
-    ) -> None:
-        self.owner, self.batch_size, self.position = owner, batch_size, position
-        self._store, self._start, self._size = store, start, size
-        # True when the held positions are exactly position - size .. position - 1 (every cache
-        # built by ``extend(keep_from=...)``): storage slot start + i then holds position - size + i
-        self.contiguous = contiguous
-        # a lattice decode cache on slot-stable storage: (sorted positions held, their storage slots,
-        # the storage's end when this cache was made); see ``lattice_storage``
-        self._slotted = slotted
+    def __init__(self, owner: str, batch_size: int, position: int, entries: _Entries) -> None:
+        self.owner, self.batch_size, self.position, self.entries = owner, batch_size, position, entries
 
     @classmethod
     def empty(
@@ -140,18 +283,16 @@ class PatternCache(MixerState):
         value_dim: int,
         device,
         dtype,
-        strategy: str = "general",
+        decode: DecodeStrategy | None = None,
     ) -> "PatternCache":
-        if strategy not in STRATEGIES:
-            raise InputError(f"unknown decode strategy '{strategy}'; known: {', '.join(STRATEGIES)}")
         store = _Storage(
             torch.zeros(batch_size, _MIN_CAPACITY, heads, key_dim, device=device, dtype=dtype),
             torch.zeros(batch_size, _MIN_CAPACITY, heads, value_dim, device=device, dtype=dtype),
             torch.zeros(_MIN_CAPACITY, dtype=torch.long),
             0,
         )
-        cache = cls(owner, batch_size, 0, store, 0, 0)
-        cache.strategy = strategy
+        cache = cls(owner, batch_size, 0, SuffixEntries(store, 0, 0))
+        cache.decode = decode
         return cache
 
     @classmethod
@@ -165,164 +306,112 @@ class PatternCache(MixerState):
         n = positions.shape[0]
         store = _Storage.holding([(keys, values, positions.to(torch.long))], max(_MIN_CAPACITY, n))
         contiguous = n == 0 or (int(positions[0]) == position - n and int(positions[-1]) == position - 1)
-        cache = cls(like.owner, keys.shape[0], position, store, 0, n, contiguous=contiguous).carry_over(like)
+        entries = (SuffixEntries if contiguous else ListedEntries)(store, 0, n)
+        cache = cls(like.owner, keys.shape[0], position, entries).carry_over(like)
         cache.start, cache.max_start, cache.min_start = None, 0, 0
         return cache
 
     def carry_over(self, other: MixerState) -> "PatternCache":
         """``MixerState.carry_over`` and the decode strategy, which outlives every update."""
         MixerState.carry_over(self, other)
-        self.strategy = other.strategy
+        self.decode = other.decode
         return self
+
+    def _following(self, position: int, entries: _Entries) -> "PatternCache":
+        """The cache that follows this one: at ``position``, holding ``entries``."""
+        return type(self)(self.owner, self.batch_size, position, entries).carry_over(self)
+
+    @property
+    def strategy(self) -> str:
+        """The decode strategy's name (what ``tokenmix bench decode`` reports)."""
+        return "general" if self.decode is None else self.decode.name
 
     def __repr__(self) -> str:
         return (
-            f"PatternCache(strategy={self.strategy}, position={self.position}, cached={self._size}, "
+            f"PatternCache(strategy={self.strategy}, position={self.position}, cached={self.entries.size}, "
             f"batch={self.batch_size})"
         )
 
     @property
+    def contiguous(self) -> bool:
+        """True when the held positions are exactly position - size .. position - 1."""
+        return self.entries.contiguous
+
+    @property
     def positions(self) -> Tensor:
-        if self._slotted is not None:
-            return torch.from_numpy(self._slotted[0])
-        if self.contiguous:
-            return torch.arange(self.position - self._size, self.position)
-        return self._store.positions[self._start : self._start + self._size]
+        return self.entries.positions(self.position)
 
     def held_positions(self) -> np.ndarray:
         """``positions`` as a sorted int64 numpy array (what the compiled decode steps read)."""
-        if self._slotted is not None:
-            return self._slotted[0]
-        if self.contiguous:
-            return np.arange(self.position - self._size, self.position, dtype=np.int64)
-        return self.positions.numpy()
+        return self.entries.held(self.position)
 
     @property
     def keys(self) -> Tensor:
-        if self._slotted is not None:  # gathered in position order (the general paths' view)
-            return self._store.keys[:, torch.from_numpy(self._slotted[1]).to(self._store.keys.device)]
-        return self._store.keys[:, self._start : self._start + self._size]
+        return self.entries.keys
 
     @property
     def values(self) -> Tensor:
-        if self._slotted is not None:
-            return self._store.values[:, torch.from_numpy(self._slotted[1]).to(self._store.values.device)]
-        return self._store.values[:, self._start : self._start + self._size]
+        return self.entries.values
 
     def tensors(self) -> dict[str, Tensor]:
         return {"keys": self.keys, "values": self.values}
 
     def cached_positions(self) -> int:
-        return self._size
+        return self.entries.size
 
     def numel_per_batch(self) -> int:
         # from the storage's shapes: ``observe`` calls this before every decoded token, and building
         # the ``tensors()`` views there would cost more than an append
-        return self._size * self._store.entry_numel
+        return self.entries.size * self.entries.store.entry_numel
+
+    def buffers(self) -> tuple[Tensor, Tensor]:
+        """The whole storage: keys [B, cap, H, K], values [B, cap, H, V] (for a suffix, slot start + i
+        holds entry i of ``keys`` / ``values``; ``next_slot`` says which slot the next position takes)."""
+        return self.entries.store.keys, self.entries.store.values
 
     def next_slot(self) -> tuple["PatternCache", int]:
         """(cache, at): this cache, or a copy of it in fresh doubled storage, whose storage slot
         ``at`` (right after its entries) the entry of position ``self.position`` may be written to
-        in place: nothing else holds it and no recorded autograd op reads the storage.
-
-        Only for a ``contiguous`` cache; with ``buffers`` and ``advanced`` it appends one token
-        without ``extend``'s position arithmetic (the same storage rules: append in place only to
-        the latest cache on its storage, else copy).
-        """
-        store, at = self._store, self._start + self._size
-        if store.end == at and at < store.capacity and not _records_grad(store):
-            return self, at
-        fresh = _Storage.holding([(self.keys, self.values, self.positions)], max(_MIN_CAPACITY, 2 * (self._size + 1)))
-        copy = type(self)(self.owner, self.batch_size, self.position, fresh, 0, self._size, self.contiguous)
-        return copy.carry_over(self), self._size
-
-    def buffers(self) -> tuple[Tensor, Tensor]:
-        """The whole storage: keys [B, cap, H, K], values [B, cap, H, V]; slot start + i holds
-        entry i of ``keys`` / ``values`` (``next_slot`` says which slot the next position takes)."""
-        return self._store.keys, self._store.values
+        in place. Only for a ``contiguous`` cache; with ``buffers`` and ``advanced`` it appends one
+        token without ``extend``'s position arithmetic (the same storage rules)."""
+        entries, at = self.entries.next_slot(self.position)
+        return (self if entries is self.entries else self._following(self.position, entries)), at
 
     def advanced(self, at: int, keep_from: int) -> "PatternCache":
         """The cache after the caller wrote position ``self.position``'s key and value into slot
         ``at`` of ``buffers()`` (``at`` from ``next_slot`` on this cache), holding the positions
         >= ``keep_from``, as ``extend`` would return it."""
-        store = self._store
-        store.end = at + 1
-        drop = self._contiguous_drop(keep_from, self._size + 1)
-        return type(self)(
-            self.owner, self.batch_size, self.position + 1, store, self._start + drop, self._size + 1 - drop
-        ).carry_over(self)
+        return self._following(self.position + 1, self.entries.advanced(at, keep_from, self.position))
 
     def lattice_storage(self) -> tuple["PatternCache", Tensor, np.ndarray | None, np.ndarray, np.ndarray, int]:
-        """Where a lattice decode step may write its token: (cache, kv, kv_np, held, slots, end).
+        """Where a neighbour-set decode step may write its token: (cache, kv, kv_np, held, slots, end).
 
         ``cache`` holds this cache's entries on slot-stable storage kv [2, B, cap, H, K] (numpy view
         kv_np), the sorted positions ``held`` at storage ``slots``, and slot ``end`` has never been
-        written. That is this cache itself when it is the latest on its slot-stable storage and
-        the storage has room; otherwise its entries are copied into fresh storage of twice their
-        number (at least 16 slots), so a step costs O(|N(t)|) amortised and every cache returned
-        earlier stays valid (nothing is overwritten, the same rule as ``next_slot``). Keys and values
-        must have one width (one kv tensor holds both).
+        written. That is this cache itself when its ``SlottedEntries`` may be written in place;
+        otherwise its entries are copied into fresh storage of twice their number, so a step costs
+        O(|N(t)|) amortised and every cache returned earlier stays valid (nothing is overwritten).
         """
-        store = self._store
-        if (
-            self._slotted is not None
-            and store.kv is not None
-            and store.end == self._slotted[2]
-            and store.end < store.capacity
-            and not _records_grad(store)
-        ):
-            held, slots, end = self._slotted
-            return self, store.kv, store.kv_np, held, slots, end
-        keys, values = self.keys, self.values
-        if keys.shape[-1] != values.shape[-1]:
-            raise InputError(
-                f"slot-stable storage holds keys and values of one width, got {keys.shape[-1]} and {values.shape[-1]}"
-            )
-        held, m = self.held_positions().copy(), self._size
-        b, _, h, k = keys.shape
-        kv = keys.new_empty(2, b, max(_MIN_CAPACITY, 2 * (m + 1)), h, k)
-        kv[0, :, :m], kv[1, :, :m] = keys, values
-        fresh = _Storage(kv[0], kv[1], None, m, kv=kv)
-        cache = type(self)(
-            self.owner,
-            self.batch_size,
-            self.position,
-            fresh,
-            0,
-            m,
-            contiguous=False,
-            slotted=(held, np.arange(m, dtype=np.int64), m),
-        ).carry_over(self)
-        return cache, kv, fresh.kv_np, held, cache._slotted[1], m
+        entries = self.entries
+        cache = self
+        if not (isinstance(entries, SlottedEntries) and entries.writable()):
+            entries = SlottedEntries.holding(self.keys, self.values, self.held_positions().copy())
+            cache = self._following(self.position, entries)
+        return cache, entries.store.kv, entries.store.kv_np, entries.held_at, entries.slots, entries.end
 
     def lattice_appended(self, held: np.ndarray, slots: np.ndarray, new_position: int) -> "PatternCache":
         """The cache after a lattice step wrote position ``self.position`` into slot ``end`` of
         this cache's storage (from ``lattice_storage``), holding the sorted positions ``held`` at
         storage ``slots``."""
-        store = self._store
-        store.end = self._slotted[2] + 1
-        return type(self)(
-            self.owner,
-            self.batch_size,
-            new_position,
-            store,
-            0,
-            len(held),
-            contiguous=False,
-            slotted=(held, slots, store.end),
-        ).carry_over(self)
-
-    def _contiguous_drop(self, keep_from: int, at_most: int) -> int:
-        """Entries of a contiguous cache (positions position - size ..) before ``keep_from``, <= at_most."""
-        return min(max(keep_from - (self.position - self._size), 0), at_most)
+        return self._following(new_position, self.entries.appended(held, slots))
 
     def slots(self, wanted: Tensor) -> Tensor:
         """Indices into the cache of absolute positions ``wanted`` (any shape, -1 kept as -1)."""
-        held = self.positions
+        held, size = self.positions, self.entries.size
         ok = wanted >= 0
         slot = torch.searchsorted(held, wanted.clamp(min=0))
-        slot = slot.clamp(max=max(self._size - 1, 0))
-        found = ok & (held[slot] == wanted) if self._size else torch.zeros_like(ok)
+        slot = slot.clamp(max=max(size - 1, 0))
+        found = ok & (held[slot] == wanted) if size else torch.zeros_like(ok)
         if (ok & ~found).any():
             missing = wanted[ok & ~found][0].item()
             raise InputError(
@@ -349,29 +438,24 @@ class PatternCache(MixerState):
         if keep_from is None:
             return self._select(keys, values, new_pos, new_position, keep)
         # entries are sorted by position: evict the first `drop` of (held, then new)
-        if self.contiguous:  # held: position - size .. position - 1
-            drop = self._contiguous_drop(keep_from, self._size)
-        else:
-            drop = int(torch.searchsorted(self.positions, torch.tensor(keep_from)).item()) if self._size else 0
+        held = self.entries
+        drop = held.drop_before(keep_from, self.position)
         if n and keep_from > self.position:
-            drop = self._size + min(n, keep_from - self.position)
-        size = self._size + n - drop
-        store, at = self._store, self._start + self._size
-        if self._size == 0 and drop == 0:
+            drop = held.size + min(n, keep_from - self.position)
+        size = held.size + n - drop
+        # a suffix stays a suffix; an empty cache becomes one
+        layout = SuffixEntries if held.contiguous or held.size == 0 else ListedEntries
+        at = held.append_at(n)
+        if held.size == 0 and drop == 0:
             # a first segment (a training forward, a prefill): its tensors become the storage as they
             # are, no copy; the first append after it finds the storage full and doubles it
-            store, start = _Storage(keys, values, new_pos, n), 0
-        elif (
-            self._slotted is None
-            and store.end == at
-            and at + n <= store.capacity
-            and not _records_grad(store, keys, values)
-        ):
-            store.write(at, keys, values, new_pos)  # the latest cache on this storage: append in place
-            start = self._start + drop
+            entries = layout(_Storage(keys, values, new_pos, n), 0, n)
+        elif at is not None and not _records_grad(held.store, keys, values):
+            held.store.write(at, keys, values, new_pos)  # the latest cache on this storage: append in place
+            entries = held.kept(layout, drop, size)
         else:  # full, or an older cache being extended (a branch): fresh storage, doubled
-            hold = slice(min(drop, self._size), self._size)
-            new = slice(max(0, drop - self._size), n)
+            hold = slice(min(drop, held.size), held.size)
+            new = slice(max(0, drop - held.size), n)
             store = _Storage.holding(
                 [
                     (self.keys[:, hold], self.values[:, hold], self.positions[hold]),
@@ -379,10 +463,8 @@ class PatternCache(MixerState):
                 ],
                 max(_MIN_CAPACITY, 2 * size),
             )
-            start = 0
-        return type(self)(
-            self.owner, self.batch_size, new_position, store, start, size, contiguous=self.contiguous or self._size == 0
-        ).carry_over(self)
+            entries = layout(store, 0, size)
+        return self._following(new_position, entries)
 
     def _select(
         self, keys: Tensor, values: Tensor, new_pos: Tensor, new_position: int, keep: list[int]
@@ -391,6 +473,4 @@ class PatternCache(MixerState):
         slot = torch.searchsorted(all_pos, torch.as_tensor(keep, dtype=torch.long))
         kept = (torch.cat([self.keys, keys], 1)[:, slot], torch.cat([self.values, values], 1)[:, slot], all_pos[slot])
         store = _Storage.holding([kept], max(_MIN_CAPACITY, len(keep)))
-        return type(self)(self.owner, self.batch_size, new_position, store, 0, len(keep), contiguous=False).carry_over(
-            self
-        )
+        return self._following(new_position, ListedEntries(store, 0, len(keep)))

@@ -17,7 +17,7 @@ M >= C positions -- the dense pattern -- take the matmul path ``chunked_window_s
 cache that evicts a position as soon as no later token reads it; a step gathers only the
 |N(t)| neighbours and appends to preallocated storage, O(|N(t)| K) whatever the cache size; how a
 step reads its cache is the cache's decode strategy, chosen once from the pattern and the
-coefficients: ``pattern_cache.STRATEGIES``).
+coefficients: ``choose_decode``).
 
 Left padding (mixers/base.py). A solo run excludes the nonexistent neighbours of t < f(k) from the
 normalisation. Translation-invariant patterns (N(t) = {t - f(k)}: every row of a padded batch reads
@@ -54,7 +54,7 @@ from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.core.packing import Packing
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig, RowGroupState
-from tokenmix.mixers.pattern_cache import PatternCache
+from tokenmix.mixers.pattern_cache import DecodeStrategy, PatternCache
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.pattern_kernels import (
     compiled_pattern_scores,
@@ -185,6 +185,152 @@ def _complexities(p: Pattern) -> tuple[str, str]:
     return ("O(log n)", "O(log n)")
 
 
+class GeneralDecode(DecodeStrategy):
+    """One token by the definition: read N(t) from the cache through the table, the coefficients as
+    in the chunked modes, y_t, then extend the cache (evicting what no later token reads).
+    O(|N(t)| K) whatever the cache size; differentiable; reads any layout through the cache's
+    ``keys`` / ``values`` views. The strategy of gate-based coefficients and of patterns with no
+    fast read, and the arithmetic of every step autograd records."""
+
+    name = "general"
+
+    def step(
+        self, mixer: "StructuredRecurrence", x_t: Tensor, qkv_t: Tensor, state: PatternCache
+    ) -> tuple[Tensor, PatternCache]:
+        b = qkv_t.shape[0]
+        q, k, v = qkv_t.unbind(1)  # [B, H, K] each
+        pos = state.position
+        nb = mixer.pattern.neighbor_table(pos, pos + 1)[0]  # [W] absolute, -1 = none
+        slot = state.slots(nb).to(x_t.device)
+        valid = slot >= 0
+        if state.start is not None and bool((nb >= 0).any()) and int(nb[nb >= 0].min()) < state.max_start:
+            valid = nb.to(x_t.device)[None, :] >= state.start[:, None]  # [B, W]: no padding neighbours
+        if state.keys.shape[1]:
+            k_nb = state.keys.index_select(1, slot.clamp(min=0))  # [B, W, H, K]
+            y_nb = state.values.index_select(1, slot.clamp(min=0))  # [B, W, H, V]
+        else:  # nothing stored yet (a first token whose table row holds only -1 entries: Fenwick)
+            k_nb = state.keys.new_zeros(b, len(nb), mixer.n_heads, mixer.head_dim)
+            y_nb = state.values.new_zeros(b, len(nb), mixer.n_heads, mixer.head_dim)
+        s_nb = torch.einsum("bhk,bwhk->bhw", q, k_nb) * (valid[None] if valid.dim() == 1 else valid[:, None])
+        alpha, beta = mixer._coefficients(
+            x_t, q[:, None], k[:, None], s_nb[:, None] if mixer.gates is None else None, valid[..., None, :]
+        )
+        y_t = alpha[:, 0, :, None] * v + torch.einsum("bhw,bwhv->bhv", beta[:, 0], y_nb)
+        return y_t, mixer._extend(state, k[:, None], y_t[:, None], pos + 1)
+
+
+class FixedDistanceDecode(DecodeStrategy):
+    """One token of a translation-invariant pattern with score-softmax coefficients, no autograd;
+    the cache is a ``SuffixEntries`` (the contiguous suffix of positions).
+
+    N(t) = {t - f(k)} is a set of fixed distances, and a contiguous cache holds position j in
+    storage slot at - (t - j), at the slot of t itself: the neighbours' slots are at minus the
+    distances, with no position lookup. k_t goes into slot at, and ``step_read`` (one compiled
+    call: scores, softmax over {t} ∪ N(t), weighted sum) writes y_t straight into the value slot at,
+    the entry the cache keeps. In a left-padded batch a row does not read the neighbours in its
+    padding (the read's per-row mask), as in every other mode.
+    """
+
+    name = "fixed_distance"
+
+    def __init__(self, pattern: TranslationInvariant, scale: float) -> None:
+        self.pattern, self.scale = pattern, scale
+        self._offsets: list = []  # (lo, hi, distances, reach) spans of positions reading the same levels
+
+    def offsets(self, pos: int) -> tuple[np.ndarray, int]:
+        """(distances [W] int64: the f(k) <= pos of the W levels token pos reads, the largest
+        distance). Kept per span of positions that read the same levels (a few spans: decodes at
+        different lengths through one mixer alternate between them)."""
+        for lo, hi, dist, reach in self._offsets:
+            if lo <= pos and (hi is None or pos < hi):
+                return dist, reach
+        d, lo, hi = self.pattern.distances_span(pos)
+        self._offsets.insert(0, (lo, hi, np.asarray(d, dtype=np.int64), d[-1] if d else 0))
+        del self._offsets[_ROW_BLOCKS_KEPT:]
+        return self._offsets[0][2], self._offsets[0][3]
+
+    def step(
+        self, mixer: "StructuredRecurrence", x_t: Tensor, qkv_t: Tensor, state: PatternCache
+    ) -> tuple[Tensor, PatternCache]:
+        pos = state.position
+        dist, reach = self.offsets(pos)
+        if not state.contiguous or reach > state.cached_positions():  # made only by this mixer's own modes
+            raise RuntimeError(
+                f"fixed-distance decode at position {pos}: the cache holds "
+                f"{state.cached_positions()} positions{'' if state.contiguous else ' (not contiguous)'}, "
+                f"the pattern reads {reach} back"
+            )
+        visible = None
+        if state.start is not None and reach and pos - reach < state.max_start:
+            start = state.start.cpu().numpy()
+            visible = (pos - dist)[None, :] >= start[:, None]  # [B, W]: a row does not read its padding
+        state, at = state.next_slot()
+        keys, values = state.buffers()  # [B, cap, H, K], [B, cap, H, V]
+        keys[:, at] = qkv_t[:, 1]
+        y_t = step_read(qkv_t, keys, values, at - dist, self.scale, values[:, at], visible)
+        return y_t, state.advanced(at, self.pattern.needed_from(pos + 1))
+
+
+class NeighborSetDecode(DecodeStrategy):
+    """One token of a pattern whose decode cache is its neighbour set (``cache_is_neighbors``: the
+    lattice, Fenwick), score-softmax coefficients, no autograd; the cache is a ``SlottedEntries``.
+
+    The cache holds sorted N(t), and N(t + 1) ⊆ N(t) ∪ {t}: on slot-stable storage
+    (``PatternCache.lattice_storage``) the token's key and output go to a fresh slot and the next
+    cache is the same storage with another list of (position, slot) pairs -- no entry moves. One
+    compiled call (``lattice_step``) finds the neighbours' slots, reads them (scores, softmax,
+    weighted sum) and writes the token: O(|N(t)| (K + V)), plus an amortised copy of the live
+    entries each time the storage fills. Left-padded batches of these patterns run by row groups
+    (``pads_by_row_groups``), each group an unpadded cache of its own.
+    """
+
+    name = "neighbor_set"
+
+    def __init__(self, pattern: Pattern, scale: float) -> None:
+        self.pattern, self.scale = pattern, scale
+        self._rows: OrderedDict = OrderedDict()  # first position -> table rows
+
+    def table_row(self, pos: int) -> np.ndarray:
+        """N(pos) as the deduplicated table row, int64 [W'] (-1 = none), from the aligned block of
+        ``_ROW_BLOCK`` rows around it (one table call per block of decoded tokens)."""
+        lo = pos - pos % _ROW_BLOCK
+        block = self._rows.get(lo)
+        if block is None:
+            block = self._rows[lo] = self.pattern.neighbor_table(lo, lo + _ROW_BLOCK).numpy()
+            while len(self._rows) > _ROW_BLOCKS_KEPT:  # several decodes at different lengths
+                self._rows.popitem(last=False)
+        return block[pos - lo]
+
+    def step(
+        self, mixer: "StructuredRecurrence", x_t: Tensor, qkv_t: Tensor, state: PatternCache
+    ) -> tuple[Tensor, PatternCache]:
+        pos = state.position
+        if state.start is not None:  # made only by this mixer's own modes, which pad by row groups
+            raise RuntimeError("neighbour-set decode of a padded cache (these patterns pad by row groups)")
+        state, kv, kv_np, held, slots, end = state.lattice_storage()
+        stepped = lattice_step(
+            qkv_t, kv, kv_np, held, slots, end, self.table_row(pos), self.table_row(pos + 1), pos, self.scale
+        )
+        if stepped is None:
+            raise RuntimeError(
+                f"neighbour-set decode at position {pos}: the cache does not hold the positions "
+                f"the pattern reads (held {held.tolist()})"
+            )
+        return kv[1, :, end], state.lattice_appended(*stepped, pos + 1)
+
+
+def choose_decode(pattern: Pattern, gated: bool, head_dim: int) -> DecodeStrategy:
+    """A structured mixer's decode strategy, from its pattern and coefficients alone: a fast read
+    for score softmaxes on a fixed-distance or neighbour-set cache, else the general step."""
+    if gated:
+        return GeneralDecode()
+    if isinstance(pattern, TranslationInvariant):
+        return FixedDistanceDecode(pattern, 1.0 / math.sqrt(head_dim))
+    if pattern.cache_is_neighbors:
+        return NeighborSetDecode(pattern, 1.0 / math.sqrt(head_dim))
+    return GeneralDecode()
+
+
 class StructuredRecurrence(Mixer):
     config_cls = StructuredConfig
     modes = ("compiled", "chunked", "dense", "recurrent")
@@ -203,8 +349,9 @@ class StructuredRecurrence(Mixer):
         )
         self.gates = Linear(d_model, h * (self.levels + 1)) if config.coefficients != "softmax" else None
         self._plans: OrderedDict = OrderedDict()  # (t0, T, P, device) -> (cached positions, _LazyPlan)
-        self._offsets: list = []  # (lo, hi, distances, reach) spans of fixed-distance steps
-        self._rows: OrderedDict = OrderedDict()  # first position -> table rows, for neighbour-cache steps
+        # how its decode steps read its cache, chosen once: every cache it makes records it
+        self.decode = choose_decode(self.pattern, self.gates is not None, self.head_dim)
+        self._general = GeneralDecode()  # the steps autograd records (forward_recurrent)
         self._relative: OrderedDict = OrderedDict()  # (T, device) -> the table of positions 0 .. T - 1
 
     @property
@@ -461,167 +608,32 @@ class StructuredRecurrence(Mixer):
         mix_a = torch.diag_embed(alpha.transpose(1, 2))
         return mix_a, mix_b
 
-    def decode_strategy(self) -> str:
-        """How this mixer's decode steps read its cache (``pattern_cache.STRATEGIES``), from its
-        pattern and coefficients alone: chosen when a cache is made, recorded in it."""
-        if self.gates is not None:
-            return "general"
-        if isinstance(self.pattern, TranslationInvariant):
-            return "fixed_distance"
-        if self.pattern.cache_is_neighbors:
-            return "neighbor_set"
-        return "general"
-
     def forward_recurrent(self, x: Tensor, state: PatternCache | None):
-        """Token by token, each token by its cache's strategy (``pattern_cache.STRATEGIES``):
-        ``_fixed_distance_step``, ``_neighbor_set_step`` or ``_general_step``, which is also the
-        arithmetic of every step that autograd records (the compiled reads never record): then the
-        parameters, the segment's input or the cache require grad. The strategies compute the same
-        numbers up to rounding (tests/mixers/test_decode_strategies.py, in float64)."""
+        """Token by token, each token by its cache's decode strategy (``GeneralDecode``,
+        ``FixedDistanceDecode``, ``NeighborSetDecode``; ``choose_decode``). The strategies compute
+        the same numbers up to rounding (tests/mixers/test_decode_strategies.py, in float64)."""
         b, t, _ = x.shape
         if state is None:
             state = self.empty_state(b, x.device, x.dtype)
         qkv = self.qkv(x).view(b, t, 3, self.n_heads, self.head_dim)
         recorded = torch.is_grad_enabled() and (qkv.requires_grad or any(z.requires_grad for z in state.buffers()))
-        strategy = "general" if recorded else state.strategy
+        # a step autograd records (the parameters, the input or the cache require grad) takes the
+        # general step, whatever the cache's strategy: the fast reads write the storage in place
+        # through numpy and record nothing
+        decode = self._general if recorded else state.decode
         ys = []
         for s in range(t):
             state.observe()
             token = qkv.view(b, 3, self.n_heads, self.head_dim) if t == 1 else qkv[:, s]  # [B, 3, H, K]
-            if strategy == "fixed_distance":
-                y_t, state = self._fixed_distance_step(token, state)
-            elif strategy == "neighbor_set":
-                y_t, state = self._neighbor_set_step(token, state)
-            else:
-                y_t, state = self._general_step(x[:, s : s + 1], token, state)
+            y_t, state = decode.step(self, x if t == 1 else x[:, s : s + 1], token, state)
             ys.append(y_t[:, None])
         y = ys[0] if t == 1 else torch.cat(ys, 1)  # [B, T, H, V]
         return self.out(y.flatten(2)), state
 
-    def _general_step(self, x_t: Tensor, qkv_t: Tensor, state: PatternCache) -> tuple[Tensor, PatternCache]:
-        """One token by the definition: read N(t) from the cache through the table, the coefficients
-        as in the chunked modes, y_t, then extend the cache (evicting what no later token reads).
-        O(|N(t)| K) whatever the cache size; differentiable.
-
-        Args:
-            x_t: [B, 1, D] the token's layer input (the gate-based coefficients read it).
-            qkv_t: [B, 3, H, K] its q, k, v.
-        Returns:
-            (y_t [B, H, V], next cache).
-        """
-        b = qkv_t.shape[0]
-        q, k, v = qkv_t.unbind(1)  # [B, H, K] each
-        pos = state.position
-        nb = self.pattern.neighbor_table(pos, pos + 1)[0]  # [W] absolute, -1 = none
-        slot = state.slots(nb).to(x_t.device)
-        valid = slot >= 0
-        if state.start is not None and bool((nb >= 0).any()) and int(nb[nb >= 0].min()) < state.max_start:
-            valid = nb.to(x_t.device)[None, :] >= state.start[:, None]  # [B, W]: no padding neighbours
-        if state.keys.shape[1]:
-            k_nb = state.keys.index_select(1, slot.clamp(min=0))  # [B, W, H, K]
-            y_nb = state.values.index_select(1, slot.clamp(min=0))  # [B, W, H, V]
-        else:  # nothing stored yet (a first token whose table row holds only -1 entries: Fenwick)
-            k_nb = state.keys.new_zeros(b, len(nb), self.n_heads, self.head_dim)
-            y_nb = state.values.new_zeros(b, len(nb), self.n_heads, self.head_dim)
-        s_nb = torch.einsum("bhk,bwhk->bhw", q, k_nb) * (valid[None] if valid.dim() == 1 else valid[:, None])
-        alpha, beta = self._coefficients(
-            x_t, q[:, None], k[:, None], s_nb[:, None] if self.gates is None else None, valid[..., None, :]
-        )
-        y_t = alpha[:, 0, :, None] * v + torch.einsum("bhw,bwhv->bhv", beta[:, 0], y_nb)
-        return y_t, self._extend(state, k[:, None], y_t[:, None], pos + 1)
-
-    def _step_offsets(self, pos: int) -> tuple[np.ndarray, int]:
-        """(distances [W] int64: the f(k) <= pos of the W levels token pos reads, the largest
-        distance). Kept per span of positions that read the same levels (a few spans: decodes at
-        different lengths through one mixer alternate between them)."""
-        for lo, hi, dist, reach in self._offsets:
-            if lo <= pos and (hi is None or pos < hi):
-                return dist, reach
-        d, lo, hi = self.pattern.distances_span(pos)
-        self._offsets.insert(0, (lo, hi, np.asarray(d, dtype=np.int64), d[-1] if d else 0))
-        del self._offsets[_ROW_BLOCKS_KEPT:]
-        return self._offsets[0][2], self._offsets[0][3]
-
-    def _fixed_distance_step(self, qkv_t: Tensor, state: PatternCache) -> tuple[Tensor, PatternCache]:
-        """One token of a translation-invariant pattern with score-softmax coefficients, no autograd.
-
-        Args:
-            qkv_t: [B, 3, H, K] q, k, v of the token at position ``state.position``.
-            state: its cache (strategy ``fixed_distance``: the contiguous suffix of positions).
-        Returns:
-            (y_t [B, H, V], next cache).
-
-        N(t) = {t - f(k)} is a set of fixed distances, and a contiguous cache holds position j in
-        storage slot at - (t - j), at the slot of t itself: the neighbours' slots are at minus the
-        distances, with no position lookup. k_t goes into slot at, and ``step_read`` (one compiled
-        call: scores, softmax over {t} ∪ N(t), weighted sum) writes y_t straight into the value
-        slot at, the entry the cache keeps. In a left-padded batch a row does not read the
-        neighbours in its padding (the read's per-row mask), as in every other mode.
-        """
-        pos = state.position
-        dist, reach = self._step_offsets(pos)
-        if not state.contiguous or reach > state.cached_positions():  # made only by this mixer's own modes
-            raise RuntimeError(
-                f"fixed-distance decode at position {pos}: the cache holds "
-                f"{state.cached_positions()} positions{'' if state.contiguous else ' (not contiguous)'}, "
-                f"the pattern reads {reach} back"
-            )
-        visible = None
-        if state.start is not None and reach and pos - reach < state.max_start:
-            start = state.start.cpu().numpy()
-            visible = (pos - dist)[None, :] >= start[:, None]  # [B, W]: a row does not read its padding
-        state, at = state.next_slot()
-        keys, values = state.buffers()  # [B, cap, H, K], [B, cap, H, V]
-        keys[:, at] = qkv_t[:, 1]
-        y_t = step_read(qkv_t, keys, values, at - dist, self._scale, values[:, at], visible)
-        return y_t, state.advanced(at, self.pattern.needed_from(pos + 1))
-
-    @functools.cached_property
-    def _scale(self) -> float:
-        return 1.0 / math.sqrt(self.head_dim)
-
-    def _table_row(self, pos: int) -> np.ndarray:
-        """N(pos) as the deduplicated table row, int64 [W'] (-1 = none), from the aligned block of
-        ``_ROW_BLOCK`` rows around it (one table call per block of decoded tokens)."""
-        lo = pos - pos % _ROW_BLOCK
-        block = self._rows.get(lo)
-        if block is None:
-            block = self._rows[lo] = self.pattern.neighbor_table(lo, lo + _ROW_BLOCK).numpy()
-            while len(self._rows) > _ROW_BLOCKS_KEPT:  # several decodes at different lengths
-                self._rows.popitem(last=False)
-        return block[pos - lo]
-
-    def _neighbor_set_step(self, qkv_t: Tensor, state: PatternCache) -> tuple[Tensor, PatternCache]:
-        """One token of a pattern whose decode cache is its neighbour set (``cache_is_neighbors``:
-        the lattice, Fenwick), score-softmax coefficients, no autograd.
-
-        The cache holds sorted N(t), and N(t + 1) ⊆ N(t) ∪ {t}: on slot-stable storage
-        (``PatternCache.lattice_storage``) the token's key and output go to a fresh slot and the
-        next cache is the same storage with another list of (position, slot) pairs -- no entry
-        moves. One compiled call (``lattice_step``) finds the neighbours' slots, reads them (scores,
-        softmax, weighted sum) and writes the token: O(|N(t)| (K + V)), plus an amortised copy of
-        the live entries each time the storage fills. Left-padded batches of these patterns run
-        by row groups (``pads_by_row_groups``), each group an unpadded cache of its own.
-        Returns (y_t [B, H, V], next cache).
-        """
-        pos = state.position
-        if state.start is not None:  # made only by this mixer's own modes, which pad by row groups
-            raise RuntimeError("neighbour-set decode of a padded cache (these patterns pad by row groups)")
-        state, kv, kv_np, held, slots, end = state.lattice_storage()
-        stepped = lattice_step(
-            qkv_t, kv, kv_np, held, slots, end, self._table_row(pos), self._table_row(pos + 1), pos, self._scale
-        )
-        if stepped is None:
-            raise RuntimeError(
-                f"neighbour-set decode at position {pos}: the cache does not hold the positions "
-                f"the pattern reads (held {held.tolist()})"
-            )
-        return kv[1, :, end], state.lattice_appended(*stepped, pos + 1)
-
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:
         return PatternCache.empty(
-            self.owner, batch_size, self.n_heads, self.head_dim, self.head_dim, device, dtype, self.decode_strategy()
+            self.owner, batch_size, self.n_heads, self.head_dim, self.head_dim, device, dtype, self.decode
         )
 
     def materialize(self, x: Tensor) -> MixOperator:
