@@ -1,13 +1,13 @@
-"""A newcomer's first hour, items 10-20: what a sweep of bad input and faults found, one test (or a
-few) per item; the bad-input table (tests/cli/test_bad_input_table.py) holds the one-line refusals.
+"""Hostile input and faults: files that are not what they claim, runs that meet other runs, and
+processes that die; the bad-input table (tests/cli/test_bad_input_table.py) holds the one-line refusals.
 
-10 the one guarded JSON reader (size, regular files, depth, big integers) and the report reading such
-JSON; 11 latest.json of another shape; 12 an output location checked before the work; 13 config
-ranges (the table); 14 FIFOs never opened; 15 nothing written before validation (the table); 16 a
-run reads only its own checkpoints; 17 the report never follows a link out of the run folder; 18 stale
-checkpoint temporaries cleaned at the next start; 19 DDP ranks die with their launcher; 20 the
-smaller ones (empty --text, bench hf --prompt, a tokenizer.json that is a device, an empty JSONL
-corpus, unreadable safetensors with matching checksums, a failing preset file).
+Untrusted files: the one guarded JSON reader (size, regular files, depth, big integers) and the report
+reading such JSON; FIFOs and devices never opened (a tokenizer.json that is a device too); the report
+never follows a link out of the run folder; unreadable safetensors with matching checksums; an empty
+JSONL corpus; a failing preset file. Run folders: latest.json of another shape; an output location
+checked before the work; a hand-edited config.json's ranges; a run reads only its own checkpoints;
+stale checkpoint temporaries cleaned at the next start, under the run lock. Processes: DDP ranks die
+with their launcher. Smaller inputs: an empty ``eval --text``, ``bench hf`` with a huge prompt.
 """
 
 from __future__ import annotations

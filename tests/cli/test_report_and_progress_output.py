@@ -1,5 +1,6 @@
-"""A newcomer's first hour, item 9's small oddities: ``report <preset> --out X`` writes nothing
-outside X; counts read as English ("1 section"); one seed shows no "± 0.0"."""
+"""What reports and progress lines write and print: ``report <preset> --out X`` writes nothing
+outside X; counts read as English ("1 section"); one seed shows no "± 0.0"; a stopped job prints no
+``-- done`` line."""
 
 from __future__ import annotations
 
