@@ -72,3 +72,19 @@ def test_tokenmix_help_answers_within_a_generous_budget():
         best = min(best, out.cpu_seconds)
         assert out.returncode == 0 and "usage: tokenmix" in out.stdout
     assert best < 1.5, f"tokenmix --help used {best:.2f} s of CPU time"
+
+
+def test_import_tokenmix_installs_no_import_hook():
+    """``import tokenmix`` adds nothing to ``sys.meta_path`` and loads no third-party module: the
+    Hugging Face registration is ``import tokenmix.hf``, explicit (tokenmix/__init__.py)."""
+    code = (
+        "import json, sys\n"
+        "before, mods = list(sys.meta_path), set(sys.modules)\n"
+        "import tokenmix\n"
+        "new = sorted(m for m in set(sys.modules) - mods if m.split('.')[0] not in sys.stdlib_module_names)\n"
+        "print(json.dumps({'hooks': len(sys.meta_path) - len(before), 'new': new}))\n"
+    )
+    out = run_guarded([sys.executable, "-c", code], cpu_seconds=30)
+    assert out.returncode == 0, out.stderr[-2000:]
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"hooks": 0, "new": ["tokenmix"]}, result

@@ -1,9 +1,9 @@
-"""``tokenmix export --run DIR --hf OUT`` and the registration ``import tokenmix`` arranges.
+"""``tokenmix export --run DIR --hf OUT`` and the registration ``import tokenmix.hf`` makes.
 
-A trained tiny run is exported once; a fresh interpreter that only did ``import tokenmix`` loads the
-folder with ``AutoModelForCausalLM`` / ``AutoTokenizer`` offline, and its logits, encodings and greedy
-tokens equal tokenmix's own (``load_run``). Bad input is one line and exit status 2, and writes
-nothing. ``import tokenmix`` stays light: no torch, no transformers.
+A trained tiny run is exported once; a fresh interpreter that only did ``import tokenmix.hf`` loads
+the folder with ``AutoModelForCausalLM`` / ``AutoTokenizer`` offline, and its logits, encodings and
+greedy tokens equal tokenmix's own (``load_run``). Bad input is one line and exit status 2, and writes
+nothing. ``import tokenmix`` stays light (no torch, no transformers) and registers nothing.
 """
 
 from __future__ import annotations
@@ -97,18 +97,14 @@ def test_export_writes_a_model_card(exported):
     assert "tokenmix_heldout" in card and "Written by tokenmix " in card
 
 
-def test_a_fresh_process_loads_the_export_after_import_tokenmix(exported, tmp_path):
-    """Only ``import tokenmix``, then transformers' own classes, offline. ``PreTrainedModel`` is
-    imported first on purpose: it loads transformers' auto classes half-way through its own module,
-    the order that a hook registering right after ``transformers.models.auto`` would break on."""
+def test_a_fresh_process_loads_the_export_after_import_tokenmix_hf(exported, tmp_path):
+    """Only ``import tokenmix.hf``, then transformers' own classes, offline."""
     run, out = exported
     result = tmp_path / "result.safetensors"
     done = python(
         f"""
         import json, sys
-        import tokenmix
-        assert "torch" not in sys.modules and "transformers" not in sys.modules
-        from transformers import PreTrainedModel
+        import tokenmix.hf
         from transformers import AutoModelForCausalLM, AutoTokenizer
         import torch
         from safetensors.torch import save_file
@@ -143,15 +139,23 @@ def test_a_fresh_process_loads_the_export_after_import_tokenmix(exported, tmp_pa
         assert row[: len(seq)] == seq and all(t == sep for t in row[len(seq) :])
 
 
-def test_transformers_imported_before_tokenmix_registers_at_once(exported, tmp_path):
+def test_registration_is_import_tokenmix_hf_and_nothing_else(exported, tmp_path):
+    """``import tokenmix`` then transformers registers nothing (no import hook: transformers offers
+    only the folder's trust_remote_code shims); ``import tokenmix.hf`` registers the classes."""
     _, out = exported
     python(
         f"""
         import sys
-        import transformers
         import tokenmix
-        assert "tokenmix.hf" in sys.modules
         from transformers import AutoConfig, AutoModel
+        assert "tokenmix.hf" not in sys.modules
+        try:
+            AutoConfig.from_pretrained({str(out)!r}, local_files_only=True)
+        except ValueError as e:
+            assert "custom code" in str(e), e  # only the config's auto_map shims: trust_remote_code
+        else:
+            raise AssertionError("registered without import tokenmix.hf")
+        import tokenmix.hf
         cfg = AutoConfig.from_pretrained({str(out)!r}, local_files_only=True)
         assert type(cfg).__name__ == "TokenmixConfig", type(cfg)
         assert type(AutoModel.from_pretrained({str(out)!r}, local_files_only=True)).__name__ == "TokenmixModel"

@@ -7,10 +7,13 @@
     export_run            export.py         a tokenmix LM run -> a folder from_pretrained reads offline
 
 Importing this package registers the three classes with ``AutoConfig`` / ``AutoModel`` /
-``AutoModelForCausalLM``. ``import tokenmix`` arranges that import as soon as transformers' auto
-classes are loaded (tokenmix/__init__.py), so ``import tokenmix`` then ``AutoModelForCausalLM.
-from_pretrained(folder)`` works without naming this package, and without ``import tokenmix``
-paying for transformers.
+``AutoModelForCausalLM`` (below, in plain sight), as ``import fla`` does for fla's models::
+
+    import tokenmix.hf
+    from transformers import AutoModelForCausalLM
+    model = AutoModelForCausalLM.from_pretrained(folder)
+
+``import tokenmix`` alone registers nothing and stays free of torch and transformers.
 
 This floor sits beside training / analysis / bench: it uses core, mixers, models, generation,
 runs and data; only cli (and bench) use it.

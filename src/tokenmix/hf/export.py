@@ -1,5 +1,5 @@
 """``export_run``: a tokenmix LM run folder -> a Hugging Face model folder, readable offline by
-``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` (after ``import tokenmix``).
+``AutoModelForCausalLM.from_pretrained`` / ``AutoTokenizer.from_pretrained`` (after ``import tokenmix.hf``).
 
 The folder holds ``config.json`` (``TokenmixConfig``: the run's whole ``ModelConfig`` and the
 special token ids), ``generation_config.json``, ``model.safetensors`` (the weights of the newest
@@ -10,7 +10,7 @@ pad token. Generation therefore stops at a separator (as a document ends in trai
 batches are padded with it on the left (``padding_side = "left"``: the only padding a tokenmix
 model takes).
 
-Two more things for tools that never ``import tokenmix`` (``lm_eval``, other people's scripts):
+Two more things for tools that never ``import tokenmix.hf`` (``lm_eval``, other people's scripts):
 ``configuration_tokenmix.py`` / ``modeling_tokenmix.py``, one-line modules that import the classes
 from the installed tokenmix, named by ``auto_map`` in config.json, so ``from_pretrained(OUT,
 trust_remote_code=True)`` loads it (no code of the model is copied: the installed tokenmix is the

@@ -98,7 +98,7 @@ def model_card(run: LoadedRun, run_dir: Path, parameters: int, lm_eval_tasks: tu
         "## How to load it",
         "",
         "```python",
-        "import tokenmix  # registers model_type 'tokenmix' with transformers' Auto classes",
+        "import tokenmix.hf  # registers model_type 'tokenmix' with transformers' Auto classes",
         "from transformers import AutoModelForCausalLM, AutoTokenizer",
         "model = AutoModelForCausalLM.from_pretrained('PATH')",
         "tokenizer = AutoTokenizer.from_pretrained('PATH')",
@@ -106,7 +106,7 @@ def model_card(run: LoadedRun, run_dir: Path, parameters: int, lm_eval_tasks: tu
         "print(tokenizer.decode(model.generate(**ids, max_new_tokens=20, do_sample=False)[0]))",
         "```",
         "",
-        "Without `import tokenmix` (e.g. from lm-eval), pass `trust_remote_code=True`: the two shim files "
+        "Without `import tokenmix.hf` (e.g. from lm-eval), pass `trust_remote_code=True`: the two shim files "
         "in this folder import the installed tokenmix's classes (`pip install tokenmix`); no model code is "
         "copied here. `generate()` carries each mixer's own decode state.",
         "",
