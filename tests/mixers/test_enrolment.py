@@ -30,8 +30,10 @@ from crosscheck_assertions import assert_crosscheck_passes, assert_crosschecked,
 from tokenmix.checks import CROSSCHECKS, family_modules, load_all_crosschecks
 from tokenmix.cli.main import main
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
+from tokenmix.mixers.base import Mixer, MixerConfig
+from tokenmix.mixers.linear import Linear
 from tokenmix.mixers.registry import get_mixer_spec, mixer_names, register_mixer, unregister_mixer
+from tokenmix.mixers.state import MixerState
 
 NAME, FAMILY = "moving_average", "moving average"
 
@@ -130,8 +132,6 @@ CHECKS_MODULE = '''
     from tokenmix.checks import register_crosscheck
     from tokenmix.checks.common import mixer_case, outputs_in_pieces
     from tokenmix.checks.tolerances import FLOAT64_ABS_TOL, max_abs_err
-
-    FAMILY = "moving average"
 
 
     @register_crosscheck("moving_average", "explicit formula (u_t + u_(t-1)) / 2", "float64 max abs",

@@ -13,7 +13,7 @@ import torch
 
 from mixer_helpers import ALL_MIXERS, small_mixer
 from tokenmix.checks.equivalence import small_overrides
-from tokenmix.mixers.base import RowGroupState
+from tokenmix.mixers.row_groups import RowGroupState
 from tokenmix.models import MixerModel, ModelConfig, left_pad
 from tolerances import FLOAT64_EXACT, assert_close
 

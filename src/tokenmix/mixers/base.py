@@ -45,20 +45,25 @@ checks both against the documents run alone. ``materialize_packed`` is the block
 
 from __future__ import annotations
 
-import copy
 import functools
-from abc import ABC, ABCMeta, abstractmethod
+from abc import ABCMeta, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from typing import ClassVar
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError, WrongInputType
 from tokenmix.core.operator import MixOperator
 from tokenmix.core.packing import Packing, as_flags, as_packing
+
+# the decode Linear, the row-group state and the state base class live in rooms of their own; mixer
+# modules import them from here with the rest of the contract
+from tokenmix.mixers.linear import Linear as Linear
+from tokenmix.mixers.linear import kept_derived as kept_derived
+from tokenmix.mixers.row_groups import RowGroupState
+from tokenmix.mixers.state import MixerState
 
 
 @dataclass(frozen=True)
@@ -88,72 +93,6 @@ class MixerConfig:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-class MixerState(ABC):
-    """Decode state of one mixer layer. Subclasses hold tensors; ``position`` counts tokens seen.
-
-    ``peak_positions`` / ``peak_numel`` are *measured*: the recurrent mode calls ``observe()`` before
-    each token, so after an n-token decode they hold the largest cache (past positions, scalars per
-    batch element) that any token read. They are what ``cache_positions(n)`` / ``state_size(n)``
-    derive.
-    """
-
-    position: int
-    batch_size: int
-    owner: str  # identifies the mixer configuration that produced it
-    peak_positions: int = 0
-    peak_numel: int = 0
-    start: Tensor | None = None  # [B] long on the state's device: leading padding positions per row
-    max_start: int = 0  # max(start) as a Python int: the checks below need no device sync
-    min_start: int = 0  # min(start) as a Python int (the model's position-range check)
-
-    def observe(self) -> None:
-        self.peak_positions = max(self.peak_positions, self.cached_positions())
-        self.peak_numel = max(self.peak_numel, self.numel_per_batch())
-
-    def carry_over(self, other: "MixerState") -> "MixerState":
-        """Inherit what outlives one update from ``other`` (the state this one replaces): the
-        measured peaks and the row padding. Returns self."""
-        self.peak_positions, self.peak_numel = other.peak_positions, other.peak_numel
-        self.start, self.max_start, self.min_start = other.start, other.max_start, other.min_start
-        return self
-
-    def padding(self, t: int) -> Tensor | None:
-        """[B, t] bool, True at the padding positions of the next t-token segment; None if it has none
-        (always after the prefill, and for unpadded states)."""
-        if self.start is None or self.position >= self.max_start:
-            return None
-        pos = self.position + torch.arange(t, device=self.start.device)
-        return pos[None, :] < self.start[:, None]
-
-    def padded_keys(self, p: int) -> Tensor | None:
-        """Leading padding positions per row, [B] long, of a buffer holding the p positions just
-        before ``position`` followed by the next segment (a KV cache or a window); None if no
-        buffered position is padding."""
-        first = self.position - p
-        if self.start is None or self.max_start <= first:
-            return None
-        return (self.start - first).clamp(min=0)
-
-    @abstractmethod
-    def tensors(self) -> dict[str, Tensor]:
-        """Named tensors of the state, in a canonical order (for comparisons and accounting)."""
-
-    def numel_per_batch(self) -> int:
-        return sum(t[0].numel() for t in self.tensors().values())
-
-    def cached_positions(self) -> int:
-        """Number of past token positions held (0 for fixed-size states)."""
-        return 0
-
-    def check(self, owner: str, batch_size: int) -> None:
-        if self.owner != owner:
-            raise InputError(
-                f"state was produced by a different mixer configuration ({self.owner}), cannot be used with {owner}"
-            )
-        if self.batch_size != batch_size:
-            raise InputError(f"state batch size {self.batch_size} does not match input batch size {batch_size}")
-
-
 def first_parameter(module: nn.Module) -> Tensor | None:
     """``next(module.parameters(), None)`` by a direct walk in the same order (the module's own
     parameters, then its children's, depth first): the input check runs on every decode step, where
@@ -165,50 +104,6 @@ def first_parameter(module: nn.Module) -> Tensor | None:
         if child is not None and (p := first_parameter(child)) is not None:
             return p
     return None
-
-
-def kept_derived(module: nn.Module, name: str, source: Tensor, make) -> Tensor:
-    """``make(source)``, kept on ``module`` (under ``name``, not a parameter or buffer) and remade only
-    when ``source`` changes: another tensor, dtype or device, or an in-place update (its version).
-
-    For decode steps, which would otherwise recompute the same tensor from a parameter on every
-    token. The caller keeps autograd and inference tensors (whose in-place updates cannot be seen)
-    out of it.
-    """
-    key = (source.data_ptr(), source.dtype, source.device, source._version)
-    kept = module.__dict__.get(name)
-    if kept is None or kept[0] != key:
-        kept = module.__dict__[name] = (key, make(source))
-    return kept[1]
-
-
-class Linear(nn.Linear):
-    """``nn.Linear`` that multiplies a few rows without autograd by a kept transposed copy of its weight.
-
-    At batch 1 a decode step's linear layers are matrix-vector products that stream their whole
-    weight, and MKL streams the weight for x Wᵀ with W in nn.Linear's [out, in] layout at about
-    half the rate it streams Wᵀ stored [in, out] for x (Wᵀ) (measured: docs/notes/model.md). The
-    copy is made on first use and again whenever the weight changes (another tensor or an in-place
-    update), costs one more weight's memory per layer once decoding starts, and is no parameter
-    (state dicts are unchanged). Same numbers up to rounding (another summation order). Every
-    linear layer of the mixers and of the model is one of these, built so.
-    """
-
-    rows_transposed = 8  # up to this many rows (B * T) take the transposed weight
-
-    def forward(self, x: Tensor) -> Tensor:
-        # the parameters from their dict: ``self.weight`` goes through Module.__getattr__ (~0.6 us,
-        # twice per layer and decoded token); a parametrized weight is not in it
-        params = self._parameters
-        w, bias = (params["weight"], params["bias"]) if "weight" in params else (self.weight, self.bias)
-        if (
-            torch.is_grad_enabled() or x.numel() > self.rows_transposed * self.in_features or w.is_inference()
-        ):  # (an inference tensor's in-place updates cannot be seen)
-            return F.linear(x, w, bias)
-        wt = kept_derived(self, "_kept_transpose", w, lambda w: w.detach().t().contiguous())  # [in, out]
-        if bias is None:
-            return x @ wt  # [..., out]: one call, the row folding inside matmul
-        return torch.addmm(bias, x.reshape(-1, self.in_features), wt).view(*x.shape[:-1], self.out_features)
 
 
 def check_reset(reset: Tensor | Sequence[bool], batch_size: int, device) -> Tensor:
@@ -262,134 +157,6 @@ def begin_last_documents(state: MixerState, before: MixerState | None, packing: 
     if not state.max_start:  # no row begins past position 0: nothing to mask
         state.start = None
     return state
-
-
-class RowGroupState(MixerState):
-    """Decode state of a batch whose rows run on different clocks: groups of rows, each an ordinary
-    batch on its own state, begun at a position of its own.
-
-    Two uses. Left padding of a mixer that pads by row groups: rows with the same start form a group
-    that begins after its padding. Document boundaries (any mixer, ``Mixer.reset_rows``): the rows
-    that begin a new document at position s leave their group for a new one begun at s on a fresh
-    state, so every row's state is exactly that of its current document run alone. A group keeps the
-    rows that left it (their outputs are computed and dropped, since an ordinary state cannot be cut
-    by rows) until none of its rows is live; ``live[b]`` is the group whose outputs row b takes.
-    Outputs of positions before a group's beginning (padding) are 0.
-
-    Attributes:
-        groups: list of (s, rows [n] long, state or None before the group's first token).
-        live: [B] long, the group of each row.
-        position: tokens seen by the batch; start: [B] long, where each row's current document (or,
-            for a padded row, its first real token) begins, on the batch's clock.
-    """
-
-    def __init__(
-        self,
-        owner: str,
-        batch_size: int,
-        position: int,
-        start: Tensor,
-        groups: list[tuple[int, Tensor, MixerState | None]],
-        live: Tensor,
-    ) -> None:
-        self.owner, self.batch_size, self.position = owner, batch_size, position
-        self.start, self.max_start, self.min_start = start, int(start.max()), int(start.min())
-        self.groups, self.live = groups, live
-
-    @classmethod
-    def create(cls, owner: str, start: Tensor) -> "RowGroupState":
-        """The groups of a left-padded batch: one per distinct start."""
-        values = sorted(set(start.tolist()))
-        groups = [(s, torch.nonzero(start == s)[:, 0], None) for s in values]
-        live = torch.zeros_like(start)
-        for i, (_, rows, _) in enumerate(groups):
-            live[rows] = i
-        return cls(owner, start.shape[0], 0, start, groups, live)
-
-    @classmethod
-    def wrap(cls, owner: str, state: MixerState, device: torch.device | str) -> "RowGroupState":
-        """An ordinary state (padded or not) as one group of every row; ``device``: the batch's."""
-        rows = torch.arange(state.batch_size, device=device)
-        start = state.start if state.start is not None else torch.zeros_like(rows)
-        return cls(owner, state.batch_size, state.position, start, [(0, rows, state)], torch.zeros_like(rows))
-
-    def with_reset(self, rows: Tensor) -> "RowGroupState":
-        """Rows ``rows`` ([B] bool) begin a new document at ``position``: a new group on a fresh state."""
-        picked = torch.nonzero(rows.to(self.live.device))[:, 0]
-        live = self.live.clone()
-        live[picked] = len(self.groups)
-        groups = [*self.groups, (self.position, picked, None)]
-        # drop the groups no row reads any more, renumbering the live indices
-        readers = torch.bincount(live, minlength=len(groups)).tolist()
-        kept = [i for i in range(len(groups)) if readers[i]]
-        renumber = torch.full((len(groups),), -1, dtype=torch.long, device=live.device)
-        renumber[torch.tensor(kept, device=live.device)] = torch.arange(len(kept), device=live.device)
-        start = self.start.clone()
-        start[picked] = self.position
-        return RowGroupState(
-            self.owner, self.batch_size, self.position, start, [groups[i] for i in kept], renumber[live]
-        )
-
-    def _subs(self) -> list[MixerState]:
-        return [sub for _, _, sub in self.groups if sub is not None]
-
-    @property
-    def peak_positions(self) -> int:  # type: ignore[override]
-        return max((sub.peak_positions for sub in self._subs()), default=0)
-
-    @property
-    def peak_numel(self) -> int:  # type: ignore[override]
-        return max((sub.peak_numel for sub in self._subs()), default=0)
-
-    def observe(self) -> None:
-        """Nothing to do: each group's own state is observed by the mode that updates it."""
-
-    def tensors(self) -> dict[str, Tensor]:
-        return {
-            f"{name}@start={s}": t for s, _, sub in self.groups if sub is not None for name, t in sub.tensors().items()
-        }
-
-    def numel_per_batch(self) -> int:
-        return max((sub.numel_per_batch() for sub in self._subs()), default=0)
-
-    def cached_positions(self) -> int:
-        return max((sub.cached_positions() for sub in self._subs()), default=0)
-
-    def run(self, mixer: "Mixer", x: Tensor, mode: str) -> tuple[Tensor, "RowGroupState"]:
-        """Mode ``mode`` of ``mixer`` on x [B, T, D], group by group -> (y [B, T, D], next state)."""
-        t = x.shape[1]
-        fn = getattr(mixer, f"forward_{mode}")
-        y, groups = None, []
-        for i, (s, rows, sub) in enumerate(self.groups):
-            skip = min(max(s - self.position, 0), t)  # the group's padding positions in this segment
-            whole = len(self.groups) == 1
-            xg = x if whole else x.index_select(0, rows)
-            if skip < t:
-                yg, sub = fn(xg[:, skip:], sub)
-                yg = F.pad(yg, (0, 0, skip, 0))
-            else:  # the whole segment is padding for this group (start = T at the prefill)
-                yg = x.new_zeros(xg.shape[0], t, mixer.d_model)
-            groups.append((s, rows, sub))
-            if whole:
-                y = yg
-                continue
-            if y is None:
-                y = x.new_zeros(x.shape[0], t, mixer.d_model)
-            read, dst = self._readers[i]
-            y.index_copy_(0, dst, yg.index_select(0, read))
-        after = copy.copy(self)  # the same rows, starts and readers (a decode step recomputes none of them)
-        after.position, after.groups = self.position + t, groups
-        return y, after
-
-    @functools.cached_property
-    def _readers(self) -> list[tuple[Tensor, Tensor]]:
-        """Per group, (the indices within its rows of the rows that read it, those batch rows):
-        where ``run`` puts the group's outputs. Fixed until ``with_reset`` makes another state."""
-        out = []
-        for i, (_, rows, _) in enumerate(self.groups):
-            read = torch.nonzero(self.live.index_select(0, rows) == i)[:, 0]
-            out.append((read, rows.index_select(0, read)))
-        return out
 
 
 class Mixer(nn.Module, metaclass=ABCMeta):

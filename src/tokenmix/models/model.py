@@ -37,8 +37,10 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.packing import Packing, as_packing
-from tokenmix.mixers.base import Linear, MixerState, check_reset, padding_start
+from tokenmix.mixers.base import check_reset, padding_start
+from tokenmix.mixers.linear import Linear
 from tokenmix.mixers.registry import build_mixer, get_mixer_spec
+from tokenmix.mixers.state import MixerState
 
 
 def parse_layers(spec: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
