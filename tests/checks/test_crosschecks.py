@@ -1,7 +1,7 @@
 """Every independent cross-check registered in tokenmix.checks (``tokenmix check`` runs the same
 functions), found by discovery: the mixers come from the registry, the checks from their
-registrations (``register_crosscheck`` in the family's module ``checks/<family>.py``, imported by
-``load_all_crosschecks``).
+registrations (``register_crosscheck`` in the registry family's module, ``family_module_name``,
+imported by ``load_all_crosschecks``).
 
 Each mixer of a family that has a checks module has at least one cross-check, registered in that
 module; each check states its reference and metric in its label, stays within its tolerance (NaN
@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 import tokenmix.checks
-from crosscheck_assertions import assert_crosscheck_passes, assert_crosschecked, assert_declaration, family_slug
-from tokenmix.checks import CROSSCHECKS, family_modules, load_all_crosschecks
-from tokenmix.mixers.registry import get_mixer_spec, mixer_names
+from crosscheck_assertions import assert_crosscheck_passes, assert_crosschecked, assert_declaration
+from tokenmix.checks import CROSSCHECKS, family_module_name, family_modules, load_all_crosschecks
+from tokenmix.mixers.registry import families, mixer_names
 
 load_all_crosschecks()
 
@@ -53,14 +53,16 @@ def test_every_registered_check_is_of_a_registered_mixer():
     assert not unknown, f"cross-checks registered for mixers that are not registered: {unknown}"
 
 
-def test_one_checks_module_per_family_named_for_it():
-    families = {get_mixer_spec(n).family for n in mixer_names()}
+def test_checks_are_keyed_by_the_registry_family():
+    """A cross-check is registered only in the checks module of a registry family (the module
+    ``family_module_name`` names), and every such module registers one."""
+    assert set(family_modules()) <= set(families())
+    registering = {c.module for checks in CROSSCHECKS.values() for c in checks}
+    keyed = {family_module_name(family) for family in family_modules()}
+    assert registering <= keyed, f"cross-checks outside a family's checks module: {sorted(registering - keyed)}"
     for family, module in family_modules().items():
-        assert family in families, f"{module.__name__} declares FAMILY = {family!r}, no registered mixer's family"
-        assert module.__name__ == f"tokenmix.checks.{family_slug(family)}", (module.__name__, family)
-        assert any(c.module == module.__name__ for checks in CROSSCHECKS.values() for c in checks), (
-            f"{module.__name__} registers no cross-check"
-        )
+        assert module.__name__ == family_module_name(family), (module.__name__, family)
+        assert module.__name__ in registering, f"{module.__name__} registers no cross-check"
 
 
 def test_checks_modules_import_no_private_names_of_each_other():

@@ -5,7 +5,7 @@ pattern and the coefficients (``structured.choose_decode``): ``FixedDistanceDeco
 (translation-invariant patterns with score softmaxes), ``NeighborSetDecode`` (lattices, Fenwick),
 ``GeneralDecode``; a step that autograd records runs the general step. Each strategy is compared
 with the general step on the same tokens (prefill, steps, padding, branches). Mamba-2: its own
-``forward_recurrent`` vs the family's ``GatedLinearMixer.forward_recurrent``.
+``forward_recurrent`` vs the family's ``DiagonalDecayMixer.forward_recurrent``.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 
 from tokenmix.mixers import build_mixer
 from tokenmix.mixers.base import first_parameter
-from tokenmix.mixers.gla_family import GatedLinearMixer
+from tokenmix.mixers.diagonal_decay import DiagonalDecayMixer
 from tokenmix.mixers.structured import FixedDistanceDecode, GeneralDecode, NeighborSetDecode
 from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.models.model import Linear, RMSNorm
@@ -104,7 +104,7 @@ def test_mamba2_recurrent_matches_family_recurrence(padding):
     x = torch.randn(3, 40, 16, dtype=torch.float64, requires_grad=True)
     start = PADDINGS[padding]
     y, s = _decode(m, x, start, prefill=20)
-    y_ref, s_ref = GatedLinearMixer.forward_recurrent(m, x, m.init_state(3, dtype=x.dtype, start=start))
+    y_ref, s_ref = DiagonalDecayMixer.forward_recurrent(m, x, m.init_state(3, dtype=x.dtype, start=start))
     assert_close(y, y_ref, FLOAT64_EXACT, f"mamba2 {padding} outputs")
     assert_close(s.memory, s_ref.memory, FLOAT64_EXACT, f"mamba2 {padding} state")
     assert (s.position, s.peak_numel) == (s_ref.position, s_ref.peak_numel)
@@ -213,7 +213,7 @@ def test_mamba2_decode_without_autograd_follows_parameter_updates():
     with torch.no_grad():
         for _ in range(2):  # the second time after an in-place update of A_log (the kept -exp(A_log) is remade)
             y, s = _decode(m, x, None, prefill=5)
-            y_ref, s_ref = GatedLinearMixer.forward_recurrent(m, x, m.init_state(2, dtype=x.dtype))
+            y_ref, s_ref = DiagonalDecayMixer.forward_recurrent(m, x, m.init_state(2, dtype=x.dtype))
             assert_close(y, y_ref, FLOAT64_EXACT, "mamba2 no-grad outputs")
             assert_close(s.memory, s_ref.memory, FLOAT64_EXACT, "mamba2 no-grad state")
             m.A_log.add_(0.5)

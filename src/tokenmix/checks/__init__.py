@@ -2,11 +2,12 @@
 
 ``equivalence.mode_errors(name)`` measures how far every mode of a registered mixer is from its
 fast mode (outputs, final states, gradients) in float64. Cross-checks against independent
-implementations live in one module per mixer family, ``checks/<family>.py``, which declares
-``FAMILY`` (the registry's family string, ``mixers.registry``) and registers each check with
-``@register_crosscheck(mixer, reference, metric, tolerance)``: a function returning a dict of named
-errors. ``load_all_crosschecks()`` imports every module of this package (``pkgutil``), so a new
-family module needs no list entry; ``family_modules()`` maps each family to its module.
+implementations live in one module per registry family (the ``family`` a mixer is registered with,
+``mixers.registry.families``): ``family_module_name`` names it, ``checks/<family in snake_case>.py``,
+and it registers each check with ``@register_crosscheck(mixer, reference, metric, tolerance)``: a
+function returning a dict of named errors. ``load_all_crosschecks()`` imports every module of this
+package (``pkgutil``), so a new family module needs no list entry; ``family_modules()`` maps each
+registry family to its module.
 Shared helpers: ``checks/common.py``; every tolerance: ``checks/tolerances.py``;
 ``fla_naive(name)`` loads fla-core's pure-PyTorch reference by file path.
 """
@@ -17,12 +18,14 @@ import importlib
 import importlib.util
 import os
 import pkgutil
+import re
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from types import ModuleType
 
 from tokenmix.core.errors import InputError
+from tokenmix.mixers.registry import families
 
 
 @dataclass(frozen=True)
@@ -112,17 +115,16 @@ def load_all_crosschecks() -> None:
     checks_modules()
 
 
+def family_module_name(family: str) -> str:
+    """The checks module of a registry family: "log-linear attention" -> "tokenmix.checks.log_linear_attention"."""
+    return f"{__name__}.{re.sub(r'[^a-z0-9]+', '_', family.lower()).strip('_')}"
+
+
 def family_modules() -> dict[str, ModuleType]:
-    """{family: its checks module}: the modules of this package that declare ``FAMILY``, one per family."""
-    out: dict[str, ModuleType] = {}
-    for mod in checks_modules().values():
-        family = getattr(mod, "FAMILY", None)
-        if family is None:
-            continue
-        if family in out:
-            raise InputError(f"family '{family}' has two checks modules: {out[family].__name__}, {mod.__name__}")
-        out[family] = mod
-    return out
+    """{family: its checks module} for each registry family that has one (``family_module_name``)."""
+    modules = {mod.__name__: mod for mod in checks_modules().values()}  # (their imports register every mixer)
+    named = {family: family_module_name(family) for family in families()}
+    return {family: modules[name] for family, name in named.items() if name in modules}
 
 
 class ReferenceUnavailable(RuntimeError):

@@ -32,7 +32,6 @@ from tokenmix.checks.common import mixer_case, outputs_in_pieces
 from tokenmix.checks.tolerances import FLOAT32_ABS_TOL, FLOAT32_REL_TOL, max_abs_err
 from tokenmix.mixers.base import Mixer
 
-FAMILY = "attention"
 HEAD_DIM, CHUNK = 16, 8  # 3 heads, T = 37 (common.mixer_case); chunks of 8 do not divide T
 PER_MODE = (".output", ".pieces")
 

@@ -27,7 +27,6 @@ from tokenmix.checks.tolerances import FLOAT64_CONV_REL_TOL, max_rel_err
 from tokenmix.mixers.base import Mixer
 from tokenmix.mixers.registry import build_mixer
 
-FAMILY = "convolution"
 D_MODEL, HEADS = 12, 3
 KERNEL_SIZES = (1, 2, 4, 7)
 SEGMENTS = (2, 1, 9, 5)  # 17 tokens; the first segment is shorter than k - 1 for k = 4 and 7

@@ -31,7 +31,6 @@ from tokenmix.mixers.base import Mixer
 from tokenmix.ops.chunked_channel_delta import chunked_channel_delta_rule, recurrent_channel_delta_rule
 from tokenmix.ops.chunked_delta import chunked_delta_rule, recurrent_delta_rule
 
-FAMILY = "delta rule"
 DELTA_CHUNKS = (16, 64)  # T = 50 is a multiple of neither
 FLA_CHUNK = 16
 CHUNK_REF_PIECES = (5, 1, 20, 22)  # T = 48: naive_chunk_kda needs T % 16 == 0

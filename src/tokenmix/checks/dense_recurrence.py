@@ -18,7 +18,6 @@ from tokenmix.checks.common import mixer_case, outputs_in_pieces
 from tokenmix.checks.tolerances import FLOAT64_ABS_TOL, max_abs_err
 from tokenmix.mixers.base import Mixer
 
-FAMILY = "dense recurrence"
 CHACAL_GAMMAS = (0.05, 0.5, 0.999)  # one head near each end of [0, 1) and one in the middle
 
 

@@ -43,7 +43,6 @@ from tokenmix.checks.equivalence import small_mixer
 from tokenmix.checks.tolerances import FLOAT32_REL_TOL, FLOAT64_ABS_TOL, FLOAT64_REL_TOL, max_abs_err, max_rel_err
 from tokenmix.mixers.base import Mixer
 
-FAMILY = "gated linear recurrence"
 OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = OP_SHAPE
 
 

@@ -52,7 +52,6 @@ from tokenmix.ops.chunked_mesa import (
     recurrent_key_covariance,
 )
 
-FAMILY = "linear attention"
 OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = OP_SHAPE
 
 

@@ -49,7 +49,6 @@ from tokenmix.ops.chunked_log_linear_delta import (
 )
 from tokenmix.patterns import fenwick_level
 
-FAMILY = "log-linear attention"
 PER_MODE = (".output", ".pieces.output")
 
 

@@ -37,7 +37,6 @@ from tokenmix.checks.tolerances import FLOAT32_REL_TOL
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Mixer
 
-FAMILY = "state space model"
 OP_B, OP_T, OP_H, OP_K, OP_V, OP_CHUNK = OP_SHAPE
 MIXER_STATE_DIM = 4
 

@@ -18,8 +18,6 @@ from tokenmix.checks.common import mixer_case, outputs_and_states_in_pieces
 from tokenmix.checks.tolerances import FLOAT32_REL_TOL, max_rel_err
 from tokenmix.ops.ttt_linear import TTTWeights, chunked_ttt_linear, dense_ttt_linear, post_norm, recurrent_ttt_linear
 
-FAMILY = "test-time training"
-
 
 def _fla_ttt(ref, q, k, v, eta, ln_w, ln_b, scale, eps, mbs, w0=None, c0=None):
     """fla's chunk_ttt_linear_ref on clones (it scales q in place); eta [B, T, H]; c0 [B, H, D]."""

@@ -13,12 +13,12 @@ other layers; the D skip is optional (``d_skip``) and pointwise in time, so not 
 As gated linear attention (references.md, the Mamba-1 <-> GLA mapping): one head per channel,
 K = N, V = 1, q = C_t, k = B_t, v = Delta_t u_t, per-key log decay gk_{t,n} = Delta_t A_{d,n},
 scale 1 (fla's naive_recurrent_gla has a fixed K^-1/2, so it needs q = C·sqrt(N)). The state is
-[B, D_in, N, 1]. The dense and recurrent modes use that mapping (mixers/gla_family.py); the chunked
+[B, D_in, N, 1]. The dense and recurrent modes use that mapping (mixers/diagonal_decay.py); the chunked
 mode is ops/selective_scan.py on the compact inputs (u, Delta [B, T, D_in], A [D_in, N], B_t, C_t
 [B, T, N]): a blocked scan whose work and memory are linear in T, where the GLA mapping's chunked
 form would spend O(C N) per token and channel on V = 1 "matmuls" and hold [B, T, D_in, N] tensors.
 
-(A, B) forms over the values X = Delta·u (mixers/gla_family.py), per channel d and state n:
+(A, B) forms over the values X = Delta·u (mixers/diagonal_decay.py), per channel d and state n:
     first-order view:  A_n = diag(B_{·,n}), B_n[t, t-1] = exp(Delta_t A_{d,n}), R_n = diag(C_{·,n});
     token view:        B = 0, A[t, j] = sum_n C_tn B_jn exp(A_{d,n} sum_{s=j+1..t} Delta_s).
 """
@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tokenmix.mixers.base import Linear
-from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
+from tokenmix.mixers.diagonal_decay import DiagonalDecayMixer, LinearFeatures, MatrixState
 from tokenmix.mixers.mamba2 import SelectiveSSMConfig, inverse_softplus_dt
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.selective_scan import selective_scan
@@ -50,7 +50,7 @@ class DiagSSMConfig(SelectiveSSMConfig):
     ab_form="first-order state view per channel and state n: A_n = diag(B_n), "
     "B_n = exp(Delta A_n) shift, R_n = diag(C_n) / B = 0 token view: A = sum_n C_n B_n decay_n",
 )
-class DiagSSM(GatedLinearMixer):
+class DiagSSM(DiagonalDecayMixer):
     config_cls = DiagSSMConfig
     test_overrides = {"state_dim": 4}  # the chunked scan is the recurrence's own arithmetic: exact tolerance
 

@@ -1,6 +1,8 @@
-"""Shared machinery of the first-order linear-attention family (linear attention, RetNet, GLA, Mamba-2,
-diagonal SSM). Each member only says how it computes q, k, v and the log decay g from its input; the
-three modes, the decode state, ``materialize`` and the accounting live here.
+"""The kernel base ``DiagonalDecayMixer``: a K x V state per head decayed by a diagonal gate and written
+by k vᵀ each token, the computation that mixers of several registry families share (linear attention,
+RetNet, GLA, MesaNet: "linear attention"; Mamba-2, the diagonal SSM: "state space model"; HGRN2,
+RG-LRU: "gated linear recurrence"). A subclass only says how it computes q, k, v and the log decay g
+from its input; the three modes, the decode state, ``materialize`` and the accounting live here.
 
 Recurrence per head, state S [K, V] (ops/recurrent_gla.py):
 
@@ -16,7 +18,7 @@ Two (A, B) views of the same mixing of the values X = V [framework.md §2.3]:
 Row c of S_t is exactly the output z_t^{(c)} of recurrence c, which is how the dense mode also
 returns the final state.
 
-Modes: ``chunked`` (ops/chunked_gla.py through ``_mix_chunked``, which a member may route to a kernel
+Modes: ``chunked`` (ops/chunked_gla.py through ``_mix_chunked``, which a subclass may route to a kernel
 of its own: Mamba-2 to ops/chunked_ssd.py, the diagonal SSM to ops/selective_scan.py), ``dense``
 (the state view through core.operator.solve_dense, one G = 1 recurrence per (head, key channel) so
 that an initial state enters as the solver's known right-hand side), ``recurrent`` (token by token,
@@ -47,7 +49,7 @@ from tokenmix.ops.recurrent_gla import gla_step
 
 
 class LinearFeatures(NamedTuple):
-    """What a family member computes from its input x [B, T, D].
+    """What a subclass computes from its input x [B, T, D].
 
     q, k: [B, T, H, K];  v: [B, T, H, V] (the values the operator mixes);
     g: log decay [B, T, H, K] per key channel, [B, T, H] per head, or None (decay 1);
@@ -94,9 +96,10 @@ def state_view_operator(f: LinearFeatures) -> MixOperator:
     return MixOperator(mix_a, mix_b, readout)
 
 
-class GatedLinearMixer(Mixer):
-    """Base of the family. Subclasses set ``state_heads``, ``key_dim``, ``value_dim`` and ``has_decay``
-    in ``__init__``, own an output projection ``out`` and implement ``_features``."""
+class DiagonalDecayMixer(Mixer):
+    """The diagonal-decay recurrence above, its modes and state. Subclasses set ``state_heads``,
+    ``key_dim``, ``value_dim`` and ``has_decay`` in ``__init__``, own an output projection ``out`` and
+    implement ``_features``."""
 
     modes = ("chunked", "dense", "recurrent")
     time_complexity = "O(1)"  # per token: O(H K V) work on the state, independent of n
@@ -158,7 +161,7 @@ class GatedLinearMixer(Mixer):
     def forward_chunked(
         self, x: Tensor, state: MatrixState | None, packing: Packing | None = None
     ) -> tuple[Tensor, MatrixState]:
-        """The chunked kernel; with ``packing`` (a member that lists ``chunked`` in ``packing_modes``)
+        """The chunked kernel; with ``packing`` (a subclass that lists ``chunked`` in ``packing_modes``)
         the kernel resets the state at each document boundary and the returned memory is each row's
         last document's."""
         f = self._segment_features(x, state)

@@ -10,7 +10,7 @@ Per head, with a data-dependent log decay per key channel, state S [K, V]:
 The normaliser (fla's gate_logit_normalizer, 16) keeps the decays close to 1 at initialisation.
 fla's GLA layer adds an output gate and a group norm; those are left to other layers.
 
-(A, B) forms over the values X = V (mixers/gla_family.py):
+(A, B) forms over the values X = V (mixers/diagonal_decay.py):
     token view:        B = 0, A[t, j] = scale sum_c q_tc k_jc exp(G_tc - G_jc) (G = cumsum of gk);
     first-order view:  per key channel c, A_c = diag(k_{·,c}), B_c[t, t-1] = exp(gk_{t,c}),
                        R_c = diag(q_{·,c}) · scale.
@@ -27,7 +27,7 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear, MixerConfig
-from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+from tokenmix.mixers.diagonal_decay import DiagonalDecayMixer, LinearFeatures
 from tokenmix.mixers.registry import register_mixer
 
 
@@ -54,7 +54,7 @@ class GLAConfig(MixerConfig):
     ab_form="B = 0 token view: A = scale sum_c q_c k_c exp(G_c(t) - G_c(j)) / first-order state view: "
     "A_c = diag(k_c), B_c = exp(gk_c) shift, R_c = diag(q_c)·scale",
 )
-class GLA(GatedLinearMixer):
+class GLA(DiagonalDecayMixer):
     config_cls = GLAConfig
     packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     reassociates = True  # the chunked form factors the decay products as exp(G_i - G_j)

@@ -15,14 +15,14 @@ forget gate shared along v: that is the state expansion. fla's layer (layers/hgr
 is learned across layers (0 for the first); here it is a fixed config field. The layer's group
 norm, short convolution and output gate are left to other layers.
 
-(A, B) forms over the values X = i (mixers/gla_family.py; K = V = head_dim):
+(A, B) forms over the values X = i (mixers/diagonal_decay.py; K = V = head_dim):
     token view:        B = 0, A[t, j] = scale sum_c q_tc (1 - f_jc) prod_{s=j+1..t} f_sc;
     first-order view:  per key channel c, A_c = diag(1 - f_{·,c}), B_c[t, t-1] = f_{t,c}, R_c = diag(q_{·,c})·scale
                        -- each B_c is HGRN-1's recurrence, A_c its input gate; R_c sums the K
                        expanded recurrences, M = sum_c R_c (I - B_c)^{-1} A_c.
 Tensor shapes: q, k, log f [B, T, H, K]; i [B, T, H, V]; state S [B, H, K, V]; A_c, B_c, R_c [B, H, K, T, T].
 
-Modes (the family's, gla_family.py): ``chunked`` (ops/chunked_gla.py, per-key-channel decay; the
+Modes (the base's, diagonal_decay.py): ``chunked`` (ops/chunked_gla.py, per-key-channel decay; the
 training default), ``dense`` (state view through the reference solver), ``recurrent`` (token by
 token). Decode state: S, H·K·V scalars per batch element, whatever n.
 """
@@ -37,7 +37,7 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear, MixerConfig
-from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+from tokenmix.mixers.diagonal_decay import DiagonalDecayMixer, LinearFeatures
 from tokenmix.mixers.registry import register_mixer
 
 
@@ -73,7 +73,7 @@ def hgrn2_gates(f_logits: Tensor, lower_bound: float) -> tuple[Tensor, Tensor]:
     ab_form="B = 0 token view: A = scale sum_c q_c (1 - f_c) prod f_c / first-order state view: "
     "A_c = diag(1 - f_c), B_c = f_c shift (HGRN-1 per key channel), R_c = diag(q_c)·scale",
 )
-class HGRN2(GatedLinearMixer):
+class HGRN2(DiagonalDecayMixer):
     config_cls = HGRN2Config
     packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     reassociates = True  # the chunked form factors the forget-gate products as exp(G_i - G_j)

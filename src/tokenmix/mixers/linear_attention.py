@@ -6,7 +6,7 @@ Per head, with phi the feature map applied to queries and keys (identity by defa
     o_t = scale · sum_{j<=t} (phi(q_t)·phi(k_j)) v_j,      state S_t = S_{t-1} + phi(k_t) v_tᵀ [K, V],
     o_t = scale · S_tᵀ phi(q_t),  scale = K^-1/2,          y_t = W_o [o_t]_heads.
 
-(A, B) forms over the values X = V (mixers/gla_family.py):
+(A, B) forms over the values X = V (mixers/diagonal_decay.py):
     token view:        B = 0, A = (Q Kᵀ ⊙ L) · scale  (L = lower ones incl. the diagonal);
     first-order view:  per key channel c, A_c = diag(k_{·,c}), B_c = the shift (B_c[t, t-1] = 1),
                        R_c = diag(q_{·,c}) · scale: a running sum, no decay.
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear, MixerConfig
-from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+from tokenmix.mixers.diagonal_decay import DiagonalDecayMixer, LinearFeatures
 from tokenmix.mixers.registry import register_mixer
 
 FEATURE_MAPS = {
@@ -53,7 +53,7 @@ class LinearAttentionConfig(MixerConfig):
     ab_form="B = 0 token view: A = (Q Kᵀ ⊙ L)·scale / first-order state view: A_c = diag(k_c), "
     "B_c = shift, R_c = diag(q_c)·scale",
 )
-class LinearAttention(GatedLinearMixer):
+class LinearAttention(DiagonalDecayMixer):
     config_cls = LinearAttentionConfig
     packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
 

@@ -11,7 +11,7 @@ This is fla's ``naive_recurrent_simple_gla(q=C, k=B, v=x·dt, g=log a, scale=1.0
 of the full Mamba-2 block are left to other layers; the D skip is optional (``d_skip``) and, being
 pointwise in time, is not part of the mixing operator.
 
-(A, B) forms over the values X = x·dt (mixers/gla_family.py), with G_t = sum_{s<=t} log a_s:
+(A, B) forms over the values X = x·dt (mixers/diagonal_decay.py), with G_t = sum_{s<=t} log a_s:
     token view:        B = 0, A = (C Bᵀ ⊙ exp(G_t - G_j)) for j <= t   (1-semiseparable mask);
     first-order view:  per state channel n, A_n = diag(B_{·,n}), B_n[t, t-1] = a_t (one decay shared by
                        all n), R_n = diag(C_{·,n}).
@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear, MixerConfig, kept_derived
-from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
+from tokenmix.mixers.diagonal_decay import DiagonalDecayMixer, LinearFeatures, MatrixState
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.chunked_ssd import chunked_ssd
 
@@ -62,7 +62,7 @@ class Mamba2Config(SelectiveSSMConfig):
 
     N = 64 rather than Mamba-1's 16: state expansion is what SSD's matmul form was made to afford
     (Mamba-2 uses N = 64-256; mamba-ssm's default is 128), and at head dim 64 it gives each head the
-    same [64, 64] state as linear attention, retnet and gla, so the linear family is compared at equal
+    same [64, 64] state as linear attention, retnet and gla, so these mixers are compared at equal
     state size. At N = 16 the chunked kernel does ~3x the recurrence's FLOPs (the C x C products cost
     the same whatever N), at N = 64 ~1.6x.
     """
@@ -83,7 +83,7 @@ def inverse_softplus_dt(n: int, dt_min: float, dt_max: float) -> Tensor:
     ab_form="B = 0 token view: A = C Bᵀ ⊙ exp(G_t - G_j) / first-order state view: "
     "A_n = diag(B_n), B_n = a_t shift (shared), R_n = diag(C_n)",
 )
-class Mamba2(GatedLinearMixer):
+class Mamba2(DiagonalDecayMixer):
     config_cls = Mamba2Config
     packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     reassociates = True  # the chunked form factors prod a_s as exp(G_i - G_j)
@@ -113,11 +113,11 @@ class Mamba2(GatedLinearMixer):
         return (lambda c, b, v, g: chunked_ssd(c, b, v, g, scale, None, chunk)), leaves
 
     def forward_recurrent(self, x: Tensor, state: MatrixState | None) -> tuple[Tensor, MatrixState]:
-        """Token by token, the family's recurrence (ops/recurrent_gla.gla_step) written for one
+        """Token by token, the base's recurrence (ops/recurrent_gla.gla_step) written for one
         shared B_t, C_t: they broadcast over the heads instead of being expanded to [B, T, H, N],
         and the readout S_tᵀ C_t is a broadcast product and sum, where gla_step's einsum would copy
         the expanded C_t. Same numbers up to rounding; segments with padding tokens take the
-        family's masked path.
+        base's masked path.
         """
         b, t, _ = x.shape
         if state is not None and state.padding(t) is not None:

@@ -18,7 +18,7 @@ fla's layer adds a short convolution and an output gate/norm; those are left to 
 (A, B) form over the values X = V: o_t = sum_{j<=t} exp(G_t - G_j) beta_j (q*_t·k_j) v_j, so
     token view:        B = 0, A[t, j] = exp(G_t - G_j) beta_j (q*_t · k_j);
     first-order view:  per key channel c, A_c = diag(beta_{·} k_{·,c}), B_c[t, t-1] = exp(g_t),
-                       R_c = diag(q*_{·,c})  (mixers/gla_family.py's state view with q -> q*),
+                       R_c = diag(q*_{·,c})  (mixers/diagonal_decay.py's state view with q -> q*),
 with A_c, B_c, R_c [B, H, K, T, T]. The solve sits in the readout: q*_t = (H_t + Lambda)^{-1} q_t is
 a per-token K x K inverse of a matrix built from all keys up to t, so R depends nonlinearly on the
 keys (the mixing is linear in V only). It is the closest relative of (I - B)^{-1}: H_t + Lambda is
@@ -49,7 +49,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear, MixerConfig
-from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
+from tokenmix.mixers.diagonal_decay import DiagonalDecayMixer, LinearFeatures, MatrixState
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.chunked_gla import chunked_gla
 from tokenmix.ops.chunked_mesa import dense_key_covariance, key_covariance_step, mesa_queries, mesa_solve_reference
@@ -97,7 +97,7 @@ class MesaState(MatrixState):
     ab_form="B = 0 token view: A = exp(G_t - G_j) beta_j (q*_t·k_j), q*_t = (H_t + Lambda)^-1 q_t / "
     "state view: A_c = diag(beta k_c), B_c = exp(g) shift, R_c = diag(q*_c)",
 )
-class MesaNet(GatedLinearMixer):
+class MesaNet(DiagonalDecayMixer):
     config_cls = MesaNetConfig
     reassociates = True  # the chunked forms factor the decay products as exp(G_i - G_j)
 

@@ -23,7 +23,7 @@ class MixerSpec:
     cls: type
     config_cls: type
     defaults: dict[str, Any] = field(default_factory=dict)
-    family: str = ""
+    family: str = ""  # the kind of operator it computes ("linear attention"): what ``tokenmix list`` groups by
     ab_form: str = ""
 
     def make_config(self, **overrides: Any):
@@ -55,6 +55,13 @@ def unregister_mixer(name: str) -> MixerSpec:
 
 def mixer_names() -> list[str]:
     return list(_REGISTRY)
+
+
+def families() -> list[str]:
+    """The families of the registered mixers, in order of first registration (one meaning of
+    "family" in the package: a mixer's checks module, ``tokenmix.checks.family_module_name``, is its
+    family's; a kernel base shared across families is named for what it computes)."""
+    return list(dict.fromkeys(spec.family for spec in _REGISTRY.values()))
 
 
 def get_mixer_spec(name: str) -> MixerSpec:

@@ -8,7 +8,7 @@ Per head h, with gamma_h = 1 - 2^(-5-h) (the multi-scale decays of RetNet and of
 i.e. o_t = scale sum_{j<=t} gamma_h^(t-j) (q_t·k_j) v_j. The decay is a constant, not data dependent;
 RetNet's xPos rotation, group norm and output gate are left to other layers.
 
-(A, B) forms over the values X = V (mixers/gla_family.py):
+(A, B) forms over the values X = V (mixers/diagonal_decay.py):
     token view:        B = 0, A = (Q Kᵀ ⊙ D_h) · scale,  D_h[t, j] = gamma_h^(t-j) for j <= t;
     first-order view:  per key channel c, A_c = diag(k_{·,c}), B_c[t, t-1] = gamma_h, R_c = diag(q_{·,c}) · scale.
 Computed as gated linear attention with the per-head log decay g = log gamma_h (ops/chunked_gla.py).
@@ -23,7 +23,7 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear, MixerConfig
-from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures
+from tokenmix.mixers.diagonal_decay import DiagonalDecayMixer, LinearFeatures
 from tokenmix.mixers.registry import register_mixer
 
 
@@ -50,7 +50,7 @@ class RetNetConfig(MixerConfig):
     ab_form="B = 0 token view: A = (Q Kᵀ ⊙ gamma_h^(t-j))·scale / first-order state view: "
     "A_c = diag(k_c), B_c = gamma_h shift, R_c = diag(q_c)·scale",
 )
-class RetNet(GatedLinearMixer):
+class RetNet(DiagonalDecayMixer):
     config_cls = RetNetConfig
     packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     reassociates = True  # the chunked form factors gamma^(t-j) as exp(G_t - G_j)

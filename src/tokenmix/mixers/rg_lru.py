@@ -15,7 +15,7 @@ sqrt(1 - a_t²) is formed as sqrt(-expm1(2 log a_t)), exact when a_t is close to
 
 (A, B) form over the values X = u, per channel (first order, diagonal; no state expansion):
     A = diag(sqrt(1 - a_t²) ⊙ i_t),   B[t, t-1] = a_t,   y = W_o (I - B)^{-1} A u,
-with A, B [B, D_in, T, T]. As a member of the gated-linear family (mixers/gla_family.py) it is one
+with A, B [B, D_in, T, T]. As a member of the gated-linear family (mixers/diagonal_decay.py) it is one
 head per channel with K = V = 1: q = 1, k = sqrt(1 - a_t²) i_t, v = u_t, log decay g = log a_t,
 scale 1, state [B, D_in, 1, 1] = h.
 
@@ -36,7 +36,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear, MixerConfig
-from tokenmix.mixers.gla_family import GatedLinearMixer, LinearFeatures, MatrixState
+from tokenmix.mixers.diagonal_decay import DiagonalDecayMixer, LinearFeatures, MatrixState
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.selective_scan import selective_scan
 
@@ -70,7 +70,7 @@ def rg_lru_log_a_init(channels: int, c: float, a_min: float, a_max: float) -> Te
     family="gated linear recurrence",
     ab_form="A = diag(sqrt(1 - a_t²) i_t), B = a_t shift, a_t = sigmoid(Lambda)^(c r_t) (per channel)",
 )
-class RGLRU(GatedLinearMixer):
+class RGLRU(DiagonalDecayMixer):
     config_cls = RGLRUConfig
 
     def __init__(self, config: RGLRUConfig, d_model: int) -> None:
