@@ -59,7 +59,13 @@ DURATIONS: dict[str, Duration] = {
     "compare depth": Duration(1200, "tokenmix compare --preset depth"),
     "compare depth_long": Duration(3600, "tokenmix compare --preset depth_long"),
     "compare state": Duration(3600, "its budget (study/presets/state.py)", "≤"),
-    "compare frontier": Duration(5400, "its budget (study/presets/frontier.py)", "≤"),
+    "compare frontier": Duration(
+        7200,
+        "its budget (study/presets/frontier.py), estimated 2026-12-06 from CPU time: the 33 natural runs took "
+        "9461 CPU s (2026-12-05), the one-hop curriculum runs 130-200 CPU s each (21 runs), about 6.8 k CPU s "
+        "per core: under 2 h on 2 quiet cores",
+        "≤",
+    ),
     # lm presets
     "lm small": Duration(1200, "tokenmix train lm --preset small"),
 }

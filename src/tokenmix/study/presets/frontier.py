@@ -1,5 +1,6 @@
 """The complexity–expressivity frontier on MQAR: ``frontier`` (its main cell, L = 64 at d = 64, three
-seeds, every row trained to its plateau, ≤ 90 min on 2 cores), ``frontier_long`` (longer sequences
+seeds, every row trained to its plateau after the one-hop curriculum and without it, ≤ 2 h on 2 cores),
+``frontier_long`` (longer sequences
 and the second width, hours on a CPU, resumable) and ``frontier_full`` (zoology's grid, for a GPU).
 
 Protocol: MQAR from zoology's generator (``tasks/assoc_recall.py``): key-value pairs growing with the
@@ -35,12 +36,13 @@ from typing import Sequence
 
 from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
 from tokenmix.study.curricula import with_curriculum
+from tokenmix.study.durations import stated
 from tokenmix.study.frontier import MAIN_CELL, NATURAL, frontier_column, frontier_section
 from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
 # the main cell's rows: every row a claim compares and attention (the calibration); local attention,
 # the paper's O(n) rows and log-linear attention are `frontier_long` rows (or `--mixers local_attention,
-# dense_recurrence,chacal,log_linear` here): 90 minutes hold 11 rows x 3 seeds
+# dense_recurrence,chacal,log_linear` here): 2 hours hold 11 rows x 3 seeds and the natural runs
 DEFAULT_MIXERS = (
     "attention",
     "first_order",
@@ -230,7 +232,10 @@ MQAR generated as zoology does (random tokens between the queries) with uniform 
 d = {MAIN_CELL[1]}; every row is [short_conv
 (kernel {CONV_KERNEL}), mixer] x 2 (local attention: window {LOCAL_WINDOW}), no MLP, untied head, no position code; lr
 {LRS[0]:g} held after a {TRAIN.warmup_steps}-step warmup, seeds {list(SEEDS)}, batches of {TRAIN.batch_size}.
-Budget by learning: a run
+Curriculum ({CURRICULUM}): every row first trains {CURRICULUM_STEPS} steps on MQAR instances whose every query its own
+layer reads at the value's position in one hop, then on MQAR (rows whose layer reads every position in one hop
+train on MQAR throughout); each row whose data the curriculum changes is also trained on MQAR alone (the
+"natural" column). Budget by learning (counted from the end of the curriculum): a run
 stops once its validation has gained neither {100 * MIN_GAIN:.0f} points of accuracy nor {MIN_LOSS_GAIN} nats
 of loss in {PATIENCE_STEPS}
 steps, never before step {MIN_STEPS}, at most {MAX_STEPS} steps (or at {100 * TRAIN.early_stop_acc:.0f} %);
@@ -276,8 +281,9 @@ PRESET = register_preset(
         notes=NOTES,
         default_mixers=DEFAULT_MIXERS,
         source=__name__,
-        summary="MQAR at L = 64, d = 64, three seeds, every row to its plateau: accuracy vs state, the structure's "
-        "ceiling, the frontier's claims decided (≤ 90 min)",
+        summary="MQAR at L = 64, d = 64, three seeds, every row to its plateau after the one-hop curriculum and "
+        "without it: accuracy vs state, accuracy by read, the frontier's claims decided "
+        f"({stated('compare frontier')})",
         report_section=frontier_section,
     )
 )
