@@ -131,6 +131,12 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _default_sigint() -> None:
+    """In the child before exec: SIGINT back to its default. A suite started in the background (nohup,
+    `&` in a script) ignores SIGINT and its children inherit that, so Ctrl-C could not reach them."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM, signal.SIGINT], ids=["KILL", "TERM", "INT"])
 def test_compare_workers_die_with_their_parent(tmp_path, sig):
@@ -155,6 +161,7 @@ def test_compare_workers_die_with_their_parent(tmp_path, sig):
         stderr=subprocess.PIPE,
         text=True,
         start_new_session=True,
+        preexec_fn=_default_sigint,
     )
     try:
         wait_until(lambda: len(list(out.glob("runs/*/config.json"))) >= 2, proc, cpu_seconds=120)
