@@ -23,11 +23,63 @@ def _common(p, default_formats: str = "png,svg") -> None:
     p.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
 
 
+def _command(subs, name: str, handler: str, add_arguments, **kwargs) -> None:
+    """Adds parser ``name`` to ``subs`` with its arguments and its handler ``analysis_cmd:<handler>``."""
+    p = subs.add_parser(name, **kwargs)
+    add_arguments(p)
+    p.set_defaults(handler=f"analysis_cmd:{handler}")
+
+
 def register(sub) -> None:
     an = sub.add_parser("analyze", help="mixing matrices, cost/cache accounting, expressivity metrics, operator norms")
     asub = an.add_subparsers(dest="analysis", required=True)
+    _command(
+        asub,
+        "matrix",
+        "run_matrix",
+        _matrix_arguments,
+        help="heatmaps of A, B, M per head, B-dependency graph, decay profile",
+    )
+    _command(
+        asub,
+        "cost",
+        "run_cost",
+        _cost_arguments,
+        help="derived vs measured decode cache and training time, flagged table (~1 min; --full: every mixer, "
+        "30 min or more)",
+    )
+    _command(
+        asub,
+        "expressivity",
+        "run_expressivity_cmd",
+        _expressivity_arguments,
+        help="shortest path, congestion, reach: the §4.2–4.3 table from code",
+    )
+    _command(
+        asub,
+        "norms",
+        "run_norms_cmd",
+        _norms_arguments,
+        help="spectral norms of M and (I - B)^-1: Gram iteration vs SVD vs power iteration",
+    )
+    _command(
+        asub,
+        "reads",
+        "run_reads_cmd",
+        _reads_arguments,
+        help="where a trained synthetic run's layers read, query by query: |M| on the value, key, window, "
+        "query, rest; accuracy by read class",
+    )
+    _command(
+        sub,
+        "report",
+        "run_report",
+        _report_arguments,
+        help="one self-contained HTML page + Markdown from a run directory or a preset",
+    )
 
-    p = asub.add_parser("matrix", help="heatmaps of A, B, M per head, B-dependency graph, decay profile")
+
+def _matrix_arguments(p) -> None:
     p.add_argument("--mixer", help="registered mixer name (random input); or use --run with --text")
     p.add_argument("--n", type=int, default=64, help="sequence length of the random input")
     p.add_argument("--d-model", type=int, default=64)
@@ -40,13 +92,9 @@ def register(sub) -> None:
     p.add_argument("--text", default=None, help="text fed through the trained run")
     p.add_argument("--layer", type=int, default=0, help="layer of the trained run")
     _common(p)
-    p.set_defaults(handler="analysis_cmd:run_matrix")
 
-    p = asub.add_parser(
-        "cost",
-        help="derived vs measured decode cache and training time, flagged table (~1 min; --full: every mixer, "
-        "30 min or more)",
-    )
+
+def _cost_arguments(p) -> None:
     add_mixers_option(p, f"{', '.join(COST_QUICK_MIXERS)}; --full: all")
     p.add_argument("--full", action="store_true", help="every registered mixer, timed over the longer lengths")
     p.add_argument("--cache-n", type=int, nargs="+", default=[16, 64, 256], help="decode lengths for the cache")
@@ -105,9 +153,9 @@ def register(sub) -> None:
     )
     p.add_argument("--seed", type=int, default=0)
     _common(p, "png")
-    p.set_defaults(handler="analysis_cmd:run_cost")
 
-    p = asub.add_parser("expressivity", help="shortest path, congestion, reach: the §4.2–4.3 table from code")
+
+def _expressivity_arguments(p) -> None:
     p.add_argument(
         "--patterns",
         default=None,
@@ -130,9 +178,9 @@ def register(sub) -> None:
         help=f"largest n for materialised-operator graphs (default {OPERATOR_GRAPH_LIMIT})",
     )
     _common(p, "png")
-    p.set_defaults(handler="analysis_cmd:run_expressivity_cmd")
 
-    p = asub.add_parser("norms", help="spectral norms of M and (I - B)^-1: Gram iteration vs SVD vs power iteration")
+
+def _norms_arguments(p) -> None:
     add_mixers_option(p, "all")
     p.add_argument("--n", type=int, default=128)
     p.add_argument("--gram-iters", type=int, default=10)
@@ -140,19 +188,15 @@ def register(sub) -> None:
     p.add_argument("--heads", type=int, default=2)
     p.add_argument("--seed", type=int, default=0)
     _common(p, "png")
-    p.set_defaults(handler="analysis_cmd:run_norms_cmd")
 
-    p = asub.add_parser(
-        "reads",
-        help="where a trained synthetic run's layers read, query by query: |M| on the value, key, window, "
-        "query, rest; accuracy by read class",
-    )
+
+def _reads_arguments(p) -> None:
     p.add_argument("run", metavar="RUN", help="a finished run's folder (<compare out>/runs/<run id>)")
     p.add_argument("--examples", type=int, default=200, help="test examples read (the run's test seed)")
     _common(p, "png")
-    p.set_defaults(handler="analysis_cmd:run_reads_cmd")
 
-    p = sub.add_parser("report", help="one self-contained HTML page + Markdown from a run directory or a preset")
+
+def _report_arguments(p) -> None:
     p.add_argument(
         "source",
         metavar="RUN_DIR_OR_PRESET",
@@ -160,4 +204,3 @@ def register(sub) -> None:
     )
     p.add_argument("--out", default=None, help="report folder (default <run dir>/report)")
     p.add_argument("--quiet", action="store_true")
-    p.set_defaults(handler="analysis_cmd:run_report")

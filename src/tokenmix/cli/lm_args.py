@@ -9,7 +9,14 @@ from __future__ import annotations
 
 
 def register(sub) -> None:
-    # ---- tokenmix data prepare
+    _add_data_prepare(sub)
+    _add_train(sub)
+    _add_generate(sub)
+    _add_eval(sub)
+
+
+def _add_data_prepare(sub) -> None:
+    """``tokenmix data prepare``."""
     p_data = sub.add_parser("data", help="prepare text corpora for language modelling")
     data_sub = p_data.add_subparsers(dest="data_command", required=True)
     p = data_sub.add_parser("prepare", help="split a corpus by document, train a BPE tokenizer, write token arrays")
@@ -52,12 +59,16 @@ def register(sub) -> None:
     p.add_argument("--json", action="store_true", help="print the summary as JSON")
     p.set_defaults(handler="lm_cmd:run_data_prepare")
 
-    # ---- tokenmix train lm
+
+def _add_train(sub) -> None:
+    """``tokenmix train`` (its ``lm`` parser: ``add_train_lm_parser``)."""
     p_train = sub.add_parser("train", help="train models")
     train_sub = p_train.add_subparsers(dest="train_command", required=True)
     add_train_lm_parser(train_sub)
 
-    # ---- tokenmix generate
+
+def _add_generate(sub) -> None:
+    """``tokenmix generate``."""
     p = sub.add_parser("generate", help="generate text from a trained LM run (prefill + per-mixer decode cache)")
     p.add_argument("--run", required=True, help="run directory written by `tokenmix train lm`")
     p.add_argument(
@@ -85,7 +96,9 @@ def register(sub) -> None:
     )
     p.set_defaults(handler="lm_cmd:run_generate")
 
-    # ---- tokenmix eval
+
+def _add_eval(sub) -> None:
+    """``tokenmix eval``."""
     p = sub.add_parser("eval", help="perplexity and per-position loss of a trained LM run")
     p.add_argument("--run", required=True, help="run directory written by `tokenmix train lm`")
     p.add_argument(
