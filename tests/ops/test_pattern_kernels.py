@@ -20,9 +20,10 @@ from test_pattern_solve import SPECS, _check_solve_against_dense, _grads, buffer
 
 from mixer_helpers import small_mixer
 from tokenmix.mixers import structured
-from tokenmix.ops import numba_runtime, pattern_kernels
-from tokenmix.ops.pattern_kernels import compiled_pattern_scores, compiled_pattern_solve, lattice_step, step_read
-from tokenmix.ops.pattern_solve import pattern_scores_reference
+from tokenmix.ops import numba_runtime
+from tokenmix.ops.pattern import numba as pattern_kernels
+from tokenmix.ops.pattern.numba import compiled_pattern_scores, compiled_pattern_solve, lattice_step, step_read
+from tokenmix.ops.pattern.reference import pattern_scores_reference
 from tolerances import FLOAT32_REL_RMS, FLOAT64_EXACT, assert_close, rel_rms
 
 pytestmark = pytest.mark.skipif(not pattern_kernels.kernel_available(), reason="numba not importable")
@@ -140,7 +141,7 @@ def test_disabled_kernels_fall_back_to_chunked_with_one_warning(name, monkeypatc
 
 
 def test_environment_variable_disables_the_kernels():
-    code = "from tokenmix.ops import pattern_kernels as k; print(k.kernel_available())"
+    code = "from tokenmix.ops.pattern import numba as k; print(k.kernel_available())"
     out = subprocess.run(
         [sys.executable, "-c", code],
         env={"TOKENMIX_NO_COMPILED": "1", "PATH": ""},
@@ -162,7 +163,7 @@ def test_half_precision_and_other_devices_take_the_pytorch_path():
 
 IDLE_WORKERS = """
 import time, torch
-from tokenmix.ops import pattern_kernels as k
+from tokenmix.ops.pattern import numba as k
 torch.set_num_threads(2)
 b, t, h, v = 4, 64, 2, 16
 alpha, beta, x = torch.rand(b, t, h), torch.rand(b, t, h, 3), torch.randn(b, t, h, v)

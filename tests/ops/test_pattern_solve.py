@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.ops.pattern_solve import chunked_pattern_solve
+from tokenmix.ops.pattern.chunked import chunked_pattern_solve
 from tokenmix.patterns import get_pattern
 from tolerances import FLOAT32_REL_RMS, FLOAT64_EXACT, assert_close, rel_rms
 
@@ -80,14 +80,14 @@ def test_bad_input():
 
 
 # ---------------------------------------------------------------- fast paths against references
-from tokenmix.ops.pattern_solve import (  # noqa: E402
-    chunked_window_softmax,
-    pattern_scores,
+from tokenmix.ops.pattern.plan import plan_pattern  # noqa: E402
+from tokenmix.ops.pattern.reference import (  # noqa: E402
     pattern_scores_reference,
-    plan_pattern,
     recurrent_pattern_solve,
     window_softmax_reference,
 )
+from tokenmix.ops.pattern.scores import pattern_scores  # noqa: E402
+from tokenmix.ops.pattern.window_softmax import chunked_window_softmax  # noqa: E402
 
 SPECS = ["pow2", "sq1", "pow2_ce", "sq1_ce", "fenwick", "window:3", "first_order", "f:3**k", "dense", "random"]
 

@@ -37,7 +37,7 @@ from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.ops.pattern_solve import chunked_pattern_solve
+from tokenmix.ops.pattern.chunked import chunked_pattern_solve
 from tokenmix.patterns import get_pattern
 
 NORMALIZATIONS = ("softmax", "l1")

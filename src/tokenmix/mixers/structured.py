@@ -56,7 +56,8 @@ from tokenmix.core.packing import Packing
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig, RowGroupState
 from tokenmix.mixers.pattern_cache import DecodeStrategy, PatternCache
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.ops.pattern_kernels import (
+from tokenmix.ops.pattern.chunked import chunked_pattern_solve
+from tokenmix.ops.pattern.numba import (
     compiled_pattern_scores,
     compiled_pattern_solve,
     kernel_available,
@@ -64,15 +65,9 @@ from tokenmix.ops.pattern_kernels import (
     step_read,
     supported,
 )
-from tokenmix.ops.pattern_solve import (
-    PatternPlan,
-    RowPatternPlan,
-    chunked_pattern_solve,
-    chunked_window_softmax,
-    packed_table,
-    pattern_scores,
-    plan_pattern,
-)
+from tokenmix.ops.pattern.plan import PatternPlan, RowPatternPlan, packed_table, plan_pattern
+from tokenmix.ops.pattern.scores import pattern_scores
+from tokenmix.ops.pattern.window_softmax import chunked_window_softmax
 from tokenmix.patterns import Lattice, Pattern, TranslationInvariant, get_pattern
 
 COEFFICIENTS = ("softmax", "gate_softmax", "gate_l1")

@@ -11,7 +11,7 @@ from tokenmix.ops.chunked_delta import chunked_delta_rule, recurrent_delta_rule
 from tokenmix.ops.chunked_gla import chunked_gla
 from tokenmix.ops.chunked_log_linear import chunked_log_linear_attention, recurrent_log_linear_attention
 from tokenmix.ops.chunked_ssd import chunked_ssd
-from tokenmix.ops.pattern_solve import chunked_pattern_solve, recurrent_pattern_solve
+from tokenmix.ops.pattern import chunked_pattern_solve, recurrent_pattern_solve
 from tokenmix.ops.recurrent_gla import recurrent_gla
 from tokenmix.ops.selective_scan import selective_scan
 
