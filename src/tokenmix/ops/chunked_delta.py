@@ -29,6 +29,8 @@ sums and factors exp(G_i - G_j) through chunk boundaries, so it equals the recur
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
@@ -234,13 +236,42 @@ def chunked_delta_rule(
         >>> o.shape, s.shape
         (torch.Size([1, 10, 2, 3]), torch.Size([1, 2, 4, 3]))
     """
+    _check_delta_inputs(q, k, v, beta, g, chunk_size, read_every, doc_starts)
+    b, t, h, dk = q.shape
+    r, dv = read_every, v.shape[-1]
+    scale = dk**-0.5 if scale is None else scale
+    c = max(r, chunk_size - chunk_size % r)  # chunks hold whole groups of r, so the read rows sit at r-1::r in each
+    n = -(-t // c)
+    # Padded tokens have k = v = beta = g = 0: they neither write, erase nor decay the state.
+    chunks = lambda x: time_chunks(x, n, c)  # noqa: E731  [B, T, H, ...] -> [B, H, N, C, ...]
+    qc, kc, vc, bc = chunks(q), chunks(k), chunks(v), chunks(beta)  # [B,H,N,C,K|V], beta [B,H,N,C]
+    causal, packed = _document_masks(doc_starts, n, c, q)
+    gc = None if g is None else chunks(g).cumsum(-1)  # [B,H,N,C], G restarted at every chunk start
+    gamma = _intra_chunk_decay(gc, causal, q.dtype)
+    t_ut, u0, w = _ut_transform(kc, vc, bc, gc, gamma, packed)
+    q_state, k_state, chunk_decay, qk = _readout_terms(qc, kc, gc, gamma, scale, r, packed)
+    u, starts, s = chunk_state_recurrence(u0, w, k_state, chunk_decay, initial_state)
+    o = q_state @ starts + qk @ u  # [B,H,N,C/r,V]
+    o = o.movedim(1, 3).reshape(b, n * c // r, h, dv)[:, : t // r]
+    return o, s
+
+
+def _check_delta_inputs(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    beta: Tensor,
+    g: Tensor | None,
+    chunk_size: int,
+    read_every: int,
+    doc_starts: Tensor | None,
+) -> None:
+    """The shapes ``chunked_delta_rule`` documents, or one InputError naming what is off."""
     if chunk_size <= 0:
         raise InputError(f"chunk_size must be > 0, got {chunk_size}")
-    b, t, h, dk = q.shape
-    r = read_every
-    if r <= 0 or t % r:
-        raise InputError(f"read_every must be > 0 and divide T = {t}, got {r}")
-    dv = v.shape[-1]
+    b, t, h, _ = q.shape
+    if read_every <= 0 or t % read_every:
+        raise InputError(f"read_every must be > 0 and divide T = {t}, got {read_every}")
     if k.shape != q.shape or v.shape[:3] != (b, t, h) or beta.shape != (b, t, h):
         raise InputError(
             f"shape mismatch: q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}, beta {tuple(beta.shape)}"
@@ -249,37 +280,64 @@ def chunked_delta_rule(
         raise InputError(f"g must be [B, T, H] = {(b, t, h)}, got {tuple(g.shape)}")
     if doc_starts is not None:
         check_doc_starts(doc_starts, b, t)
-    scale = dk**-0.5 if scale is None else scale
-    c = max(r, chunk_size - chunk_size % r)  # chunks hold whole groups of r, so the read rows sit at r-1::r in each
-    n = -(-t // c)
-    # Padded tokens have k = v = beta = g = 0: they neither write, erase nor decay the state.
-    chunks = lambda x: time_chunks(x, n, c)  # noqa: E731  [B, T, H, ...] -> [B, H, N, C, ...]
-    qc, kc, vc, bc = chunks(q), chunks(k), chunks(v), chunks(beta)  # [B,H,N,C,K|V], beta [B,H,N,C]
+
+
+class _PackedMasks(NamedTuple):
+    """The 0 / 1 masks of packed rows (ops/chunk_boundaries.py) in the chunked layout."""
+
+    reads: Tensor  # [B, 1, N, C]: i's document began before the chunk
+    writes: Tensor  # [B, 1, N, C]: j belongs to the chunk's last document
+    carry: Tensor  # [B, 1, N, 1, 1]: no document begins inside the chunk
+
+
+def _document_masks(doc_starts: Tensor | None, n: int, c: int, q: Tensor) -> tuple[Tensor, _PackedMasks | None]:
+    """Which j each i sees inside its chunk (causal [C, C], [B, 1, N, C, C] packed) and the packed masks."""
     causal = torch.ones(c, c, dtype=torch.bool, device=q.device).tril()
-    reads = writes = carry = None
-    if doc_starts is not None:
-        # packed rows: j is visible from i only inside i's document (so the UT matrix and its inverse
-        # are block-diagonal over the documents of a chunk); [N, B, ...] masks -> [B, 1, N, ...]
-        bounds = chunk_boundaries(doc_starts, n, c, torch.bool)
-        causal = causal & bounds.same.transpose(0, 1)[:, None]  # [B, 1, N, C, C]
-        reads, writes = (z.transpose(0, 1)[:, None, ..., 0].to(q.dtype) for z in (bounds.reads, bounds.writes))
-        carry = bounds.carry.transpose(0, 1)[:, None, :, None, None].to(q.dtype)  # [B, 1, N, 1, 1]
-    if g is None:
-        gc = None
-        gamma = causal.to(q.dtype)  # [C, C] ([B, 1, N, C, C] packed)
-    else:
-        gc = chunks(g).cumsum(-1)  # [B,H,N,C], G restarted at every chunk start
-        # mask before exp: the upper triangle holds positive exponents that could overflow
-        diff = (gc[..., :, None] - gc[..., None, :]).masked_fill(~causal, float("-inf"))
-        gamma = diff.exp()  # [B,H,N,C,C]
+    if doc_starts is None:
+        return causal, None
+    # packed rows: j is visible from i only inside i's document (so the UT matrix and its inverse
+    # are block-diagonal over the documents of a chunk); [N, B, ...] masks -> [B, 1, N, ...]
+    bounds = chunk_boundaries(doc_starts, n, c, torch.bool)
+    causal = causal & bounds.same.transpose(0, 1)[:, None]  # [B, 1, N, C, C]
+    reads, writes = (z.transpose(0, 1)[:, None, ..., 0].to(q.dtype) for z in (bounds.reads, bounds.writes))
+    carry = bounds.carry.transpose(0, 1)[:, None, :, None, None].to(q.dtype)  # [B, 1, N, 1, 1]
+    return causal, _PackedMasks(reads, writes, carry)
+
+
+def _intra_chunk_decay(gc: Tensor | None, causal: Tensor, dtype: torch.dtype) -> Tensor:
+    """Gamma[i, j] = exp(G_i - G_j) for the visible j <= i of a chunk, else 0: [B,H,N,C,C] (no decay:
+    the causal mask itself, [C, C] or [B, 1, N, C, C] packed)."""
+    if gc is None:
+        return causal.to(dtype)
+    # mask before exp: the upper triangle holds positive exponents that could overflow
+    diff = (gc[..., :, None] - gc[..., None, :]).masked_fill(~causal, float("-inf"))
+    return diff.exp()
+
+
+def _ut_transform(
+    kc: Tensor, vc: Tensor, bc: Tensor, gc: Tensor | None, gamma: Tensor, packed: _PackedMasks | None
+) -> tuple[Tensor, Tensor, Tensor]:
+    """T = (I + A_kk)^{-1} [B,H,N,C,C], U0 = T (beta V) [B,H,N,C,V], W = T (beta exp(G) K) [B,H,N,C,K]."""
+    c = kc.shape[-2]
     kb = kc * bc[..., None]
-    eye = torch.eye(c, dtype=q.dtype, device=q.device)
+    eye = torch.eye(c, dtype=kc.dtype, device=kc.device)
     a_kk = ((kb @ kc.transpose(-1, -2)) * gamma).tril(-1)  # strictly lower, [B,H,N,C,C]
     kw = kb if gc is None else kb * gc.exp()[..., None]
-    if reads is not None:  # only the documents that began before the chunk read (and erase from) its entering state
-        kw = kw * reads[..., None]
+    if packed is not None:  # only the documents that began before the chunk read (and erase from) its entering state
+        kw = kw * packed.reads[..., None]
     t_ut = unit_lower_inverse(eye + a_kk)  # the UT transform T, [B,H,N,C,C]
-    u0, w = t_ut @ (vc * bc[..., None]), t_ut @ kw  # [B,H,N,C,V], [B,H,N,C,K]
+    return t_ut, t_ut @ (vc * bc[..., None]), t_ut @ kw
+
+
+def _readout_terms(
+    qc: Tensor, kc: Tensor, gc: Tensor | None, gamma: Tensor, scale: float, r: int, packed: _PackedMasks | None
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor]:
+    """What the read-out rows take from the chunk's start state and its own pseudo-values.
+
+    Returns:
+        q_state [B,H,N,C/r,K] (reads the start state), k_state [B,H,N,C,K] (keys decayed to the chunk
+        end), chunk_decay ([B,H,N,1,1] or None), qk [B,H,N,C/r,C] (scale Q Kᵀ ⊙ Gamma, lower incl. diagonal).
+    """
     rows = slice(r - 1, None, r)  # the read-out rows of each chunk (all of them for r = 1)
     q_read = qc[..., rows, :]
     qk = (q_read @ kc.transpose(-1, -2)) * gamma[..., rows, :] * scale  # [B,H,N,C/r,C], lower incl. diagonal
@@ -290,15 +348,11 @@ def chunked_delta_rule(
         g_last = gc[..., -1:]
         k_state = kc * (g_last - gc).exp()[..., None]  # decay from each token to the chunk end
         chunk_decay = g_last.exp()[..., None]  # [B,H,N,1,1]
-    if reads is not None:  # packed: the masked reads, writes and carries (module docstring of chunk_boundaries)
-        q_state = q_state * reads[..., rows, None]
-        k_state = k_state * writes[..., None]
-        chunk_decay = carry if chunk_decay is None else chunk_decay * carry
-
-    u, starts, s = chunk_state_recurrence(u0, w, k_state, chunk_decay, initial_state)
-    o = q_state @ starts + qk @ u  # [B,H,N,C/r,V]
-    o = o.movedim(1, 3).reshape(b, n * c // r, h, dv)[:, : t // r]
-    return o, s
+    if packed is not None:  # packed: the masked reads, writes and carries (module docstring of chunk_boundaries)
+        q_state = q_state * packed.reads[..., rows, None]
+        k_state = k_state * packed.writes[..., None]
+        chunk_decay = packed.carry if chunk_decay is None else chunk_decay * packed.carry
+    return q_state, k_state, chunk_decay, qk
 
 
 def delta_rule_step(
