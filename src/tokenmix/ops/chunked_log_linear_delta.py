@@ -46,6 +46,8 @@ above) are the references.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
@@ -236,16 +238,43 @@ def chunked_log_linear_delta(
     check_log_linear_inputs(q, k, v, g, level_scales, start, initial_levels, beta)
     chunks = AlignedChunks(start, q.shape[1], chunk_size)
     b, t, h, dk = q.shape
-    dv, n_lam = v.shape[-1], level_scales.shape[-1]
-    c, n_chunks = chunk_size, chunks.n
-    end = start + t
+    dv, end = v.shape[-1], start + q.shape[1]
 
     qc, kc, vc = chunks.split(q), chunks.split(k), chunks.split(v)
     bc, lam = chunks.split(beta), chunks.split(level_scales)
     gc = chunks.split(g).cumsum(-1)  # [B, H, N, C], restarted at each chunk start
+    parts = _chunk_parts(qc, kc, vc, bc, gc, scale)
+
+    # 1. levels 0..c inside each chunk: M_chunk = qk T diag(beta) weighted by the level table
+    lam_in = chunks.level_scales_inside(lam)
+    o = (((parts.qk @ parts.t_ut) * bc[..., None, :]) * lam_in) @ vc  # [B, H, N, C, V]
+
+    # 2. chunk-granular Fenwick recurrence over the bucket states [B, H, L, K, V]
+    reads, levels = _fenwick_chunk_recurrence(parts, vc, bc, lam, start, end, initial_levels)
+    zero = q.new_zeros(b, h, dk, dv)
+    levels = torch.stack([zero if st is None else st for st in levels], 2) if levels else q.new_zeros(b, h, 0, dk, dv)
+    return chunks.join(o + reads), levels
+
+
+class _ChunkParts(NamedTuple):
+    """A chunk's own pieces of the gated delta rule (the UT transform of ops/chunked_delta.py), all chunks at once."""
+
+    t_ut: Tensor  # [B, H, N, C, C] the UT transform T
+    w: Tensor  # [B, H, N, C, K] T (beta exp(G) K)
+    u0: Tensor  # [B, H, N, C, V] T (beta V)
+    qk: Tensor  # [B, H, N, C, C] (Q Kᵀ ⊙ Gamma)·scale, lower incl. the diagonal
+    q_eff: Tensor  # [B, H, N, C, K] reads a chunk-start state: q_eff S
+    k_end: Tensor  # [B, H, N, C, K] each token's key decayed to the chunk end
+    own: Tensor  # [B, H, N, K, V] the chunk's own writes
+    decay: Tensor  # [B, H, N, 1, 1, 1] the chunk's decay exp(G_C)
+
+
+def _chunk_parts(qc: Tensor, kc: Tensor, vc: Tensor, bc: Tensor, gc: Tensor, scale: float) -> _ChunkParts:
+    """The pieces of every chunk from its queries, keys, values [B, H, N, C, K|V], beta and G [B, H, N, C]."""
+    c = kc.shape[-2]
     gamma = causal_chunk_decay(gc)
     kb = kc * bc[..., None]
-    eye = torch.eye(c, dtype=q.dtype, device=q.device)
+    eye = torch.eye(c, dtype=qc.dtype, device=qc.device)
     t_ut = unit_lower_inverse(eye + ((kb @ kc.transpose(-1, -2)) * gamma).tril(-1))  # UT transform
     w = t_ut @ (kb * gc.exp()[..., None])  # [B, H, N, C, K]
     u0 = t_ut @ (vc * bc[..., None])  # [B, H, N, C, V]
@@ -255,20 +284,21 @@ def chunked_log_linear_delta(
     k_end = kc * (g_last[..., None] - gc).exp()[..., None]  # decay of each token to the chunk end
     own = k_end.transpose(-1, -2) @ u0  # [B, H, N, K, V] chunk's own writes
     decay = g_last.exp()[..., None, None, None]  # [B, H, N, 1, 1, 1]
+    return _ChunkParts(t_ut, w, u0, qk, q_eff, k_end, own, decay)
 
-    # 1. levels 0..c inside each chunk: M_chunk = qk T diag(beta) weighted by the level table
-    lam_in = chunks.level_scales_inside(lam)
-    o = (((qk @ t_ut) * bc[..., None, :]) * lam_in) @ vc  # [B, H, N, C, V]
 
-    # 2. chunk-granular Fenwick recurrence over the bucket states [B, H, L, K, V]
-    n_slots = end.bit_length()
-    j0 = start // c
-    chunk_start = (j0 + torch.arange(n_chunks, device=q.device)) * c  # [N]
-    piece_start = chunk_start.clamp(min=start)  # p of each chunk
-    tok = chunk_start[:, None] + torch.arange(c, device=q.device)[None, :]  # [N, C] absolute
-    reach = bit_length(tok ^ piece_start[:, None])  # [N, C]
-    read_lvl = torch.maximum(torch.arange(1, n_slots + 1, device=q.device)[None, None, :], reach[..., None])
-    w_read = lam.gather(-1, read_lvl.clamp(max=n_lam - 1).expand(b, h, n_chunks, c, n_slots))  # [B,H,N,C,L]
+def _fenwick_chunk_recurrence(
+    parts: _ChunkParts, vc: Tensor, bc: Tensor, lam: Tensor, start: int, end: int, initial_levels: Tensor | None
+) -> tuple[Tensor, list[Tensor | None]]:
+    """Step 2 of the chunked form: each chunk reads the live buckets at its start p, carries them
+    through its transition, and its writes join the buckets of its end p2 (T / C sequential steps).
+
+    Returns:
+        the reads [B, H, N, C, V];  the buckets after the segment, bit_length(end) slots (None = empty).
+    """
+    b, h, n_chunks, c, dv = vc.shape
+    n_slots, j0 = end.bit_length(), start // c
+    tok, w_read = _level_read_weights(lam, start, n_slots, j0)
 
     # The buckets as a list of slots, None while a bucket is empty: at a chunk boundary p only the
     # buckets of p's set bits hold anything (about half of the log2(T / C) chunk levels, none of the
@@ -279,11 +309,11 @@ def chunked_log_linear_delta(
         levels[: initial_levels.shape[2]] = list(initial_levels.unbind(2))
     reads = []
     pieces = zip(
-        q_eff.unbind(2),
-        w.unbind(2),
-        k_end.transpose(-1, -2).unbind(2),
-        own.unbind(2),
-        decay.unbind(2),
+        parts.q_eff.unbind(2),
+        parts.w.unbind(2),
+        parts.k_end.transpose(-1, -2).unbind(2),
+        parts.own.unbind(2),
+        parts.decay.unbind(2),
         w_read.unbind(2),
     )
     for i, (q_i, w_i, kt_i, own_i, d_i, wr_i) in enumerate(pieces):
@@ -302,23 +332,42 @@ def chunked_log_linear_delta(
             reads.append(q_i.new_zeros(b, h, c, dv))
         top = (p2 ^ p).bit_length()  # levels <= top of p have merged into top at p2
         low = ((p2 - 1) ^ p2).bit_length()  # the lowest bucket of p2 the chunk writes to
-        if low == top:  # the chunk's writes all land in one bucket
-            adds = {top: own_i}
-        else:  # a last, partial piece: split its writes by bucket
-            rel = tok[i]
-            lv = bit_length(rel ^ p2)
-            adds = {}
-            for lvl in range(low, top + 1):
-                sel = ((lv == lvl) & (rel >= p) & (rel < p2)).to(q.dtype)
-                if bool(sel.any()):
-                    u_l = t_ut[:, :, i] @ (vc[:, :, i] * (bc[:, :, i] * sel)[..., None])
-                    adds[lvl] = kt_i @ u_l
-        parts = [st for st in levels[:top] if st is not None] + ([adds.pop(top)] if top in adds else [])
-        merged = None if not parts else parts[0] if len(parts) == 1 else torch.stack(parts, 0).sum(0)
+        adds = {top: own_i} if top == low else _partial_chunk_writes(parts, vc, bc, i, tok[i], p, p2, q_i.dtype)
+        parts_top = [st for st in levels[:top] if st is not None] + ([adds.pop(top)] if top in adds else [])
+        merged = None if not parts_top else parts_top[0] if len(parts_top) == 1 else torch.stack(parts_top, 0).sum(0)
         levels = [adds.get(lvl) for lvl in range(1, top)] + [merged] + levels[top:]
-    zero = q.new_zeros(b, h, dk, dv)
-    levels = torch.stack([zero if st is None else st for st in levels], 2) if n_slots else q.new_zeros(b, h, 0, dk, dv)
-    return chunks.join(o + torch.stack(reads, 2)), levels
+    return torch.stack(reads, 2), levels
+
+
+def _level_read_weights(lam: Tensor, start: int, n_slots: int, j0: int) -> tuple[Tensor, Tensor]:
+    """Absolute positions of the chunks' tokens tok [N, C] and the scale w_read [B, H, N, C, L] with which
+    token t reads bucket l of its chunk's start p: lambda_t at level max(l, bit_length(t XOR p))."""
+    b, h, n_chunks, c, n_lam = lam.shape
+    device = lam.device
+    chunk_start = (j0 + torch.arange(n_chunks, device=device)) * c  # [N]
+    piece_start = chunk_start.clamp(min=start)  # p of each chunk
+    tok = chunk_start[:, None] + torch.arange(c, device=device)[None, :]  # [N, C] absolute
+    reach = bit_length(tok ^ piece_start[:, None])  # [N, C]
+    read_lvl = torch.maximum(torch.arange(1, n_slots + 1, device=device)[None, None, :], reach[..., None])
+    w_read = lam.gather(-1, read_lvl.clamp(max=n_lam - 1).expand(b, h, n_chunks, c, n_slots))  # [B,H,N,C,L]
+    return tok, w_read
+
+
+def _partial_chunk_writes(
+    parts: _ChunkParts, vc: Tensor, bc: Tensor, i: int, rel: Tensor, p: int, p2: int, dtype: torch.dtype
+) -> dict[int, Tensor]:
+    """The writes of chunk i, a last, partial piece p..p2 whose tokens land in several buckets of p2,
+    split by bucket: {level: [B, H, K, V]}."""
+    low, top = ((p2 - 1) ^ p2).bit_length(), (p2 ^ p).bit_length()
+    kt_i = parts.k_end[:, :, i].transpose(-1, -2)
+    lv = bit_length(rel ^ p2)
+    adds = {}
+    for lvl in range(low, top + 1):
+        sel = ((lv == lvl) & (rel >= p) & (rel < p2)).to(dtype)
+        if bool(sel.any()):
+            u_l = parts.t_ut[:, :, i] @ (vc[:, :, i] * (bc[:, :, i] * sel)[..., None])
+            adds[lvl] = kt_i @ u_l
+    return adds
 
 
 __all__ = [
