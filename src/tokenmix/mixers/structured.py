@@ -56,6 +56,7 @@ from tokenmix.core.packing import Packing
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig, RowGroupState
 from tokenmix.mixers.pattern_cache import DecodeStrategy, PatternCache
 from tokenmix.mixers.registry import register_mixer
+from tokenmix.ops.pattern.backend import choose_backend
 from tokenmix.ops.pattern.chunked import chunked_pattern_solve
 from tokenmix.ops.pattern.numba import (
     compiled_pattern_scores,
@@ -63,7 +64,6 @@ from tokenmix.ops.pattern.numba import (
     kernel_available,
     lattice_step,
     step_read,
-    supported,
 )
 from tokenmix.ops.pattern.plan import PatternPlan, RowPatternPlan, packed_table, plan_pattern
 from tokenmix.ops.pattern.scores import pattern_scores
@@ -536,7 +536,7 @@ class StructuredRecurrence(Mixer):
         backward). Where they cannot run -- numba missing (warned once), a CUDA or half-precision
         tensor -- this is exactly the chunked mode. Window patterns keep their matmul path.
         ``packing``: document boundaries in the rows (module docstring), honoured by the tables."""
-        if not supported(x):
+        if choose_backend((x,)) == "torch":
             if not kernel_available():
                 _warn_no_kernel()
             return self.forward_chunked(x, state, packing=packing)

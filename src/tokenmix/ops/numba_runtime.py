@@ -5,7 +5,9 @@ Availability. numba is a dependency of the package; if it cannot be imported, or
 ``TOKENMIX_NO_COMPILED=1`` is set (read once, at import: a decode step asks for every token), no
 compiled kernel runs and each caller takes its pure-PyTorch path with the same arguments.
 ``kernel_available()`` says which; ``supported(*tensors)`` adds the tensors' side (float32 or
-float64, one dtype, on the CPU). Tests switch ``ENABLED`` with ``monkeypatch.setattr``.
+float64, one dtype, on the CPU: numba reads them through numpy). The pattern ops ask
+``ops/pattern/backend.py`` (``choose_backend``), which asks ``supported``. Tests switch ``ENABLED``
+with ``monkeypatch.setattr``.
 
 Threads. A parallel kernel runs under ``launch()``: numba uses as many threads as torch (the CLI
 and the benchmarks set torch's count), and the first launch chooses numba's threading layer so that
@@ -41,7 +43,8 @@ def kernel_available() -> bool:
 
 
 def supported(*tensors: Tensor) -> bool:
-    """Whether the compiled kernels take these tensors: float32 or float64, all one dtype, on the CPU."""
+    """Whether the compiled kernels can take these tensors: enabled, and float32 or float64, all one
+    dtype, in CPU memory (numba reads them through numpy)."""
     if not ENABLED:
         return False
     dtype = tensors[0].dtype

@@ -24,7 +24,8 @@ row the V- and K-loops are contiguous and vectorise.
 
 Availability and threads (``ops/numba_runtime.py``): where numba cannot run (not importable,
 ``TOKENMIX_NO_COMPILED=1``, or a tensor that is not a float32 / float64 CPU tensor: CUDA, bfloat16),
-the functions here fall back to the pure-PyTorch kernels with the same arguments, and
+the functions here fall back to the pure-PyTorch kernels with the same arguments (the choice is
+``backend.choose_backend``'s, the one place that makes it), and
 ``kernel_available()`` says which one runs (the mixer's ``compiled`` mode warns once when it is
 missing). Both paths are checked against the dense
 reference in float64 by the generic mixer matrix (the ``compiled`` and ``chunked`` modes).
@@ -51,7 +52,8 @@ from torch import Tensor
 from tokenmix.core.errors import InputError
 from tokenmix.ops.numba_runtime import PARALLEL_JIT as _JIT
 from tokenmix.ops.numba_runtime import as_numpy as _np
-from tokenmix.ops.numba_runtime import kernel_available, launch, numba, supported
+from tokenmix.ops.numba_runtime import kernel_available, launch, numba
+from tokenmix.ops.pattern.backend import choose_backend
 from tokenmix.ops.pattern.chunked import chunked_pattern_solve
 from tokenmix.ops.pattern.plan import check_causal, table_fits
 from tokenmix.ops.pattern.scores import pattern_scores
@@ -348,7 +350,7 @@ def step_read(
     """
     if visible is None:
         visible = _all_visible(qkv.shape[0], slots.shape[0])
-    if supported(qkv, keys, values, out):
+    if choose_backend((qkv, keys, values, out)) == "numba":
         _read(_np(qkv), _np(keys), _np(values), slots, visible.astype(np.uint8, copy=False), scale, _np(out))
         return out
     return step_read_reference(qkv, keys, values, slots, scale, out, visible)
@@ -396,7 +398,7 @@ def lattice_step(
         y = kv[1, :, end]); or None, with nothing written, if a position the rows name is not held
         (or pos + 1 does not read pos).
     """
-    if supported(qkv, kv):
+    if choose_backend((qkv, kv)) == "numba":
         width = nxt.shape[0]
         keep, new_slots = np.empty(width, np.int64), np.empty(width, np.int64)
         m = _lattice_step(
@@ -460,7 +462,7 @@ def compiled_pattern_solve(
     b, t, h, v = x.shape
     if y_prefix is None:
         y_prefix = x.new_zeros(b, 0, h, v)
-    if not supported(alpha, beta, x, y_prefix):
+    if choose_backend((alpha, beta, x, y_prefix)) == "torch":
         return chunked_pattern_solve(alpha, beta, idx, x, y_prefix, chunk_size, plan=plan)
     if (
         beta.dim() != 4
@@ -483,7 +485,7 @@ def compiled_pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan=None) -> 
     pure-PyTorch fallback."""
     b, t, h, k = q.shape
     p = kbuf.shape[1] - t
-    if not supported(q, kbuf):
+    if choose_backend((q, kbuf)) == "torch":
         return pattern_scores(q, kbuf, idx, plan)
     if kbuf.shape[0] != b or kbuf.shape[2:] != (h, k) or p < 0 or not table_fits(idx, b, t):
         raise InputError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}, idx {tuple(idx.shape)}")
@@ -498,5 +500,4 @@ __all__ = [
     "lattice_step_reference",
     "step_read",
     "step_read_reference",
-    "supported",
 ]
