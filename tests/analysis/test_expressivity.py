@@ -16,16 +16,16 @@ from tokenmix.analysis.expressivity import (
     CommunicationGraph,
     decomposition,
     effective_reach,
-    expressivity_table,
     gap_hops,
     gap_path_stats,
     gap_reach,
     graph_reach,
     operator_graph,
     pattern_metrics,
-    run_expressivity,
     shared_decomposition_congestion,
 )
+from tokenmix.analysis.expressivity_report import run_expressivity
+from tokenmix.analysis.expressivity_table import expressivity_table
 from tokenmix.analysis.outputs import PNG_SIGNATURE
 from tokenmix.core.operator import MixOperator
 from tokenmix.patterns import TranslationInvariant, get_pattern

@@ -11,7 +11,7 @@ import pytest
 
 from tokenmix.analysis import report as report_mod
 from tokenmix.analysis.accounting import run_accounting
-from tokenmix.analysis.expressivity import run_expressivity
+from tokenmix.analysis.expressivity_report import run_expressivity
 from tokenmix.analysis.matrices import analyze_registered
 from tokenmix.analysis.norms import run_norms
 from tokenmix.analysis.outputs import PNG_SIGNATURE, new_figure, save_figure

@@ -29,26 +29,24 @@ breadth-first level is |N| gathers of [n, n / 64] words. It gives the path max a
 within h hops and the copy flows' distances (the congestion lower bound) without the [n, n] int64
 distance matrix: ~40x faster than the graph distances at n = 4096 for the lattice and Fenwick
 patterns, which ``tokenmix design`` evaluates by the dozen (``pattern_metrics(..., routing=False)``).
+
+The §4.2–4.3 table over patterns and mixers is ``expressivity_table.py``; its figures and files,
+``expressivity_report.py``.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-import torch
 from torch import Tensor
 
-from tokenmix.analysis import matrices
-from tokenmix.analysis.defaults import DEFAULT_TABLE_N, GRAPH_PATH_LIMIT, OPERATOR_GRAPH_LIMIT
-from tokenmix.analysis.outputs import FIGURE_FORMATS, markdown_table, new_figure, save_figure, write_json
+from tokenmix.analysis.defaults import GRAPH_PATH_LIMIT
 from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator
-from tokenmix.mixers.registry import build_mixer, get_mixer_spec
-from tokenmix.patterns import Pattern, TranslationInvariant, get_pattern, pattern_report
+from tokenmix.patterns import Pattern, TranslationInvariant, pattern_report
 from tokenmix.patterns.graph import UNREACHABLE, distance_matrix
 
 CROSSCHECK_LIMIT = 1024  # the gap DP is checked against the graph distances up to this n
@@ -498,61 +496,6 @@ def effective_reach(op: MixOperator, layers: int, tol: float = 1e-3, batch: int 
     }
 
 
-# ----------------------------------------------------------------------------- paper's table
-def paper_expectation(key: str, n: int, offset: int, window: int | None = None) -> tuple[str, object]:
-    """(what §4.2–4.3 says, predicate on a metrics record or None) for the rows of the table.
-
-    ``window``: a local attention's window (positions attended, the current one included).
-    """
-    half = n // 2
-    if key == "pow2":
-        bound = (n - 1).bit_length()
-        worst = max(bin(g).count("1") for g in range(1, half + 1))
-        return (
-            f"path = popcount(gap), max {bound}; congestion = popcount(L) = {bin(offset).count('1')}, "
-            f"≤ log2 n (max over L ≤ n/2: {worst})",
-            lambda r: (
-                r["path_max"] == bound
-                and r["congestion"] == bin(offset).count("1")
-                and r.get("congestion_worst") == worst
-                and worst <= math.log2(n)
-            ),
-        )
-    if key == "sq1":
-        return (
-            "path ≤ 4; congestion ≤ 4",
-            lambda r: r["path_max"] <= 4 and r["congestion"] <= 4 and r.get("congestion_worst", 0) <= 4,
-        )
-    if key in ("first_order", "window:1", "diag_ssm"):  # the paper's "diagonal SSM" row
-        return (
-            f"path = n − 1 = {n - 1}; congestion = L = {offset}",
-            lambda r: r["path_max"] == n - 1 and r["congestion"] == offset,
-        )
-    if key.startswith("window:"):
-        m = int(key.split(":")[1])
-        return (
-            f"path = ⌈(n − 1)/{m}⌉ = {-(-(n - 1) // m)}; congestion = ⌈L/{m}⌉ = {-(-offset // m)}",
-            lambda r: r["path_max"] == -(-(n - 1) // m) and r["congestion"] == -(-offset // m),
-        )
-    if key in ("dense", "attention"):
-        return "path 1; congestion 1", lambda r: r["path_max"] == 1 and r["congestion"] == 1
-    if key == "local_attention":
-        # window w = positions attended including the current one: one hop covers gaps up to w - 1
-        reach = math.inf if window is None else window - 1
-        path = "1" if n - 1 <= reach else "∞ (B = 0: nothing beyond the window in one layer)"
-        cong = "1" if offset <= reach else "∞"
-        return (
-            f"path {path}; congestion {cong} (window {window})",
-            lambda r: (
-                (r["path_max"] == 1 if n - 1 <= reach else math.isinf(r["path_max"]))
-                and (r["congestion"] == 1 if offset <= reach else math.isinf(r["congestion"]))
-            ),
-        )
-    if key.endswith("_ce"):
-        return "— (not in the paper's table)", None
-    return "—", None
-
-
 def pattern_metrics(
     pattern: Pattern,
     n: int,
@@ -650,227 +593,3 @@ def operator_metrics(op: MixOperator, name: str, offset: int, layers: int, tol: 
         "effective_reach": effective_reach(op, layers, tol),
         "method": "materialised operator support (random input)",
     }
-
-
-def _mixer_operator(name: str, n: int, seed: int, d_model: int, n_heads: int) -> tuple[object, MixOperator]:
-    torch.manual_seed(seed)
-    mixer = build_mixer(name, d_model, n_heads=n_heads).double().eval()
-    x = torch.randn(1, n, d_model, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    with torch.no_grad():
-        return mixer, mixer.materialize(x).validate()
-
-
-def mixer_pattern(
-    name: str, seed: int = 0, d_model: int = 16, n_heads: int = 2, check_n: int = 33
-) -> tuple[Pattern | None, object]:
-    """(the mixer's pattern if its operator graph is exactly the pattern's graph at check_n, the mixer)."""
-    mixer, op = _mixer_operator(name, check_n, seed, d_model, n_heads)
-    pattern = getattr(mixer, "pattern", None)
-    if not isinstance(pattern, Pattern):
-        return None, mixer
-    g_op = operator_graph(op, name)
-    g_pat = CommunicationGraph.from_pattern(pattern, check_n)
-    return (pattern if np.array_equal(g_op.distances(), g_pat.distances()) else None), mixer
-
-
-def expressivity_table(
-    patterns: Sequence[str],
-    mixers: Sequence[str],
-    ns: Sequence[int] = DEFAULT_TABLE_N,
-    *,
-    offset: int | None = None,
-    layers: int = 4,
-    operator_limit: int = OPERATOR_GRAPH_LIMIT,
-    path_limit: int = GRAPH_PATH_LIMIT,
-    seed: int = 0,
-    d_model: int = 16,
-    n_heads: int = 2,
-    tol: float = 1e-3,
-    progress=None,
-) -> list[dict]:
-    """One record per (row, n). ``offset`` None = n // 2 (copy the first half into the second).
-
-    Registered mixers whose operator graph equals their pattern's graph use the pattern at every n
-    (a mixer whose pattern is already a row is listed under that row's ``mixers``); other mixers are
-    materialised and analysed up to ``operator_limit`` (rows beyond say so).
-    """
-    for n in ns:
-        if n < 2:
-            raise InputError(f"n must be >= 2 for pair metrics, got {n}")
-    rows: list[dict] = [
-        {"key": p, "source": "pattern", "pattern": get_pattern(p), "mixers": [], "window": None} for p in patterns
-    ]
-    for name in mixers:
-        get_mixer_spec(name)
-        pat, mixer = mixer_pattern(name, seed, d_model, n_heads)
-        window = getattr(getattr(mixer, "config", None), "window", None)
-        same = next(
-            (r for r in rows if pat is not None and r["pattern"] is not None and r["pattern"].name == pat.name), None
-        )
-        if same is not None:
-            same["mixers"].append(name)
-            continue
-        rows.append(
-            {
-                "key": name,
-                "source": "pattern" if pat is not None else "operator",
-                "pattern": pat,
-                "mixers": [name],
-                "window": window,
-                "mixer": mixer,
-            }
-        )
-    records = []
-    for row in rows:
-        key, pat = row["key"], row["pattern"]
-        for n in ns:
-            if progress is not None:
-                progress(f"expressivity: {key} n={n}")
-            off = n // 2 if offset is None else offset
-            if not 0 < off < n:
-                raise InputError(f"copy offset must be in [1, n), got {off} for n = {n}")
-            if pat is not None:
-                rec = pattern_metrics(pat, n, off, layers, path_limit)
-                rec["pattern"] = pat.name
-            # x4: the per-(head, channel) supports and distance matrices come on top of (A, B, R)
-            elif n <= operator_limit and 4 * matrices.operator_bytes(row["mixer"], n) <= matrices.MAX_OPERATOR_BYTES:
-                _, op = _mixer_operator(key, n, seed, d_model, n_heads)
-                rec = operator_metrics(op, key, off, layers, tol)
-            elif n <= operator_limit:
-                rec = {
-                    "n": n,
-                    "offset": off,
-                    "method": f"skipped: the operator (heads x state channels x n^2) "
-                    f"would exceed {matrices.MAX_OPERATOR_BYTES / 2**30:.0f} GiB; pattern rows still run",
-                }
-            else:
-                rec = {
-                    "n": n,
-                    "offset": off,
-                    "method": f"skipped: operator graphs are materialised only up to "
-                    f"n = {operator_limit}; pattern rows still run",
-                }
-            rec.update(row=key, source=row["source"], mixers=row["mixers"])
-            if row["window"] is not None:
-                rec["window"] = row["window"]
-            text, check = paper_expectation(pat.name if pat is not None else key, n, off, row["window"])
-            rec["paper"] = text
-            if check is not None and "path_max" in rec:
-                rec["agrees"] = bool(check(rec))
-            records.append(rec)
-    return records
-
-
-def table_rows(records: Sequence[dict]) -> list[dict]:
-    return [
-        {
-            "row": r["row"],
-            "mixers": ",".join(r.get("mixers", [])) or "—",
-            "n": r["n"],
-            "neighbors": r.get("neighbors_per_token"),
-            "cache": r.get("cache"),
-            "nnz(B)": r.get("nnz_B"),
-            "path max": r.get("path_max"),
-            "path mean": r.get("path_mean"),
-            "congestion (L=" + ("n/2" if r["offset"] == r["n"] // 2 else str(r["offset"])) + ")": r.get("congestion"),
-            "lower bound": r.get("congestion_lower"),
-            "congestion max L≤n/2": r.get("congestion_worst"),
-            "reach/layer": (r.get("reach") or {}).get("per_layer"),
-            "paper §4.2–4.3": r.get("paper"),
-            "agrees": r.get("agrees"),
-            "note": r.get("method") if "skipped" in r.get("method", "") else "",
-        }
-        for r in records
-    ]
-
-
-def plot_expressivity(records: Sequence[dict], out_dir: Path, formats: Sequence[str] = FIGURE_FORMATS) -> list[Path]:
-    keys = list(dict.fromkeys(r["row"] for r in records))
-    fig, axes = new_figure(2, 2, size=(5.0, 3.6))
-    panels = [
-        ("path_max", "shortest path (max hops)"),
-        ("path_mean", "shortest path (mean hops)"),
-        ("congestion", "congestion, copy at offset n/2"),
-        ("cache", "decode cache (positions)"),
-    ]
-    for ax, (field_name, title) in zip([a for row in axes for a in row], panels):
-        for i, key in enumerate(keys):
-            pts = [
-                (r["n"], r[field_name])
-                for r in records
-                if r["row"] == key
-                and field_name in r
-                and isinstance(r[field_name], (int, float))
-                and math.isfinite(r[field_name])
-                and r[field_name] > 0
-            ]
-            if pts:
-                ax.plot(*zip(*pts), "o-", ms=3, lw=1, color=f"C{i % 10}", label=key)
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.set_xlabel("n")
-        ax.set_title(title, fontsize=9)
-        if ax.has_data():
-            ax.legend(fontsize=6, ncol=2)
-    fig.tight_layout()
-    files = save_figure(fig, out_dir, "expressivity", formats)
-
-    n_top = max(r["n"] for r in records)
-    fig, axes = new_figure(1, 2, size=(5.4, 3.8))
-    ax_h, ax_l = axes[0]
-    for i, key in enumerate(keys):
-        rec = next((r for r in records if r["row"] == key and r["n"] == n_top and "reach" in r), None)
-        if rec is None:
-            rec = max((r for r in records if r["row"] == key and "reach" in r), key=lambda r: r["n"], default=None)
-        if rec is None:
-            continue
-        hops = rec["reach"]["within_hops"]
-        ax_h.plot(
-            range(1, len(hops) + 1),
-            [max(h, 0.5) for h in hops],
-            "o-",
-            ms=3,
-            lw=1,
-            color=f"C{i % 10}",
-            label=f"{key} (n={rec['n']})",
-        )
-        lay = rec["reach"]["through_layers"]
-        ax_l.plot(range(1, len(lay) + 1), lay, "o-", ms=3, lw=1, color=f"C{i % 10}", label=f"{key} (n={rec['n']})")
-    ax_h.set_yscale("log")
-    ax_h.set_xlabel("hops h")
-    ax_h.set_title("positions the last output reaches within h hops", fontsize=9)
-    ax_l.set_yscale("log")
-    ax_l.set_xlabel("stacked layers L")
-    ax_l.set_title("positions the last output depends on through L layers", fontsize=9)
-    for ax in (ax_h, ax_l):
-        if ax.has_data():
-            ax.legend(fontsize=6)
-    fig.tight_layout()
-    return files + save_figure(fig, out_dir, "reach", formats)
-
-
-def run_expressivity(out_dir: Path, *, formats: Sequence[str] = FIGURE_FORMATS, **kwargs) -> dict:
-    """:func:`expressivity_table` + plots; writes expressivity.json / expressivity.md."""
-    records = expressivity_table(**kwargs)
-    figures = plot_expressivity(records, out_dir, formats)
-    rows = table_rows(records)
-    out = {
-        "kind": "expressivity",
-        "settings": {k: v for k, v in kwargs.items() if k != "progress"},
-        "records": records,
-        "summary": rows,
-        "figures": [p.name for p in figures],
-    }
-    write_json(Path(out_dir) / "expressivity.json", out)
-    md = [
-        "# Expressivity: shortest information path, congestion, reach (framework §4.2–4.3)",
-        "",
-        "Pattern rows: translation-invariant patterns by the exact gap decomposition (checked against the "
-        f"graph BFS up to n = {CROSSCHECK_LIMIT}); lattice/Fenwick patterns by graph distances. Congestion: "
-        "copy at offset L, every flow routed (shared decomposition for translation-invariant patterns, "
-        "shortest paths otherwise), with the lower bound ⌈Σ path lengths / (n − 1)⌉.",
-        "",
-        markdown_table(rows),
-    ]
-    (Path(out_dir) / "expressivity.md").write_text("\n".join(md))
-    return out

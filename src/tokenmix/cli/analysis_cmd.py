@@ -13,7 +13,6 @@ from pathlib import Path
 
 import torch
 
-from tokenmix.analysis import expressivity as ex
 from tokenmix.analysis.accounting import run_accounting
 from tokenmix.analysis.accounting_measured import CLOCKS
 from tokenmix.analysis.defaults import (
@@ -22,7 +21,10 @@ from tokenmix.analysis.defaults import (
     COST_QUICK_MIN_TIME,
     COST_QUICK_MIXERS,
     COST_QUICK_TIME_N,
+    GRAPH_PATH_LIMIT,
+    OPERATOR_GRAPH_LIMIT,
 )
+from tokenmix.analysis.expressivity_report import run_expressivity
 from tokenmix.analysis.lm_report import build_lm_report, is_lm_run
 from tokenmix.analysis.matrices import analyze_matrix, build_analysis_mixer, check_dense_length, random_input
 from tokenmix.analysis.norms import run_norms
@@ -285,8 +287,8 @@ def run_expressivity_cmd(args) -> int:
     for flag, v in (("--path-limit", args.path_limit), ("--operator-limit", args.operator_limit)):
         if v is not None and v < 0:
             raise InputError(f"{flag} must be >= 0, got {v}")
-    path_limit = ex.GRAPH_PATH_LIMIT if args.path_limit is None else args.path_limit
-    operator_limit = ex.OPERATOR_GRAPH_LIMIT if args.operator_limit is None else args.operator_limit
+    path_limit = GRAPH_PATH_LIMIT if args.path_limit is None else args.path_limit
+    operator_limit = OPERATOR_GRAPH_LIMIT if args.operator_limit is None else args.operator_limit
     pair_limit = max(path_limit, operator_limit)
     for n in args.n:
         check_size(
@@ -322,7 +324,7 @@ def run_expressivity_cmd(args) -> int:
     if args.operator_limit is not None:
         kwargs["operator_limit"] = args.operator_limit
     with _out_dir(args.out, "expressivity") as out_dir:
-        res = ex.run_expressivity(
+        res = run_expressivity(
             out_dir,
             formats=formats,
             patterns=patterns,

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from tokenmix.analysis.accounting import run_accounting
-from tokenmix.analysis.expressivity import run_expressivity
+from tokenmix.analysis.expressivity_report import run_expressivity
 from tokenmix.analysis.matrices import analyze_registered
 from tokenmix.analysis.norms import run_norms
 from tokenmix.analysis.outputs import default_out_dir, prepare_out_dir
