@@ -9,7 +9,8 @@ from fractions import Fraction
 import pytest
 
 from lm_helpers import run_cli
-from tokenmix.analysis.design import DesignRequest, DesignSpace, explore, table_rows
+from tokenmix.analysis.design import DesignRequest, explore, table_rows
+from tokenmix.analysis.design_space import DesignSpace
 from tokenmix.analysis.outputs import plural
 from tokenmix.core.errors import InputError
 from tokenmix.study import analysis_suite

@@ -15,15 +15,8 @@ import torch
 
 from lm_helpers import one_line_error, run_cli
 from tokenmix.analysis.accounting_measured import measure_decode_cache
-from tokenmix.analysis.design import (
-    DesignRequest,
-    DesignSpace,
-    explore,
-    geom_candidate,
-    mix_candidate,
-    pareto_front,
-    poly_candidate,
-)
+from tokenmix.analysis.design import DesignRequest, explore, pareto_front
+from tokenmix.analysis.design_space import DesignSpace, geom_candidate, mix_candidate, poly_candidate
 from tokenmix.analysis.expressivity import CommunicationGraph, graph_reach, hop_profile, pattern_metrics
 from tokenmix.mixers.registry import build_mixer
 from tokenmix.patterns import get_pattern, shortest_paths

@@ -12,13 +12,8 @@ from pathlib import Path
 
 from rich.console import Console
 
-from tokenmix.analysis.design import (
-    DesignRequest,
-    DesignSpace,
-    shown_rows,
-    table_rows,
-    value_list,
-)
+from tokenmix.analysis.design import DesignRequest, shown_rows, table_rows
+from tokenmix.analysis.design_space import DesignSpace, value_list
 from tokenmix.analysis.outputs import check_formats, json_text, text_table
 from tokenmix.core.files import check_output_dir
 from tokenmix.study.design import DesignTraining, run_design
