@@ -304,6 +304,78 @@ def html_page(title: str, body: str) -> str:
     )
 
 
+def _section(
+    k: int, folder: Path, files: list[Path], run_dir: Path, fig_dir: Path, n_figures: int
+) -> tuple[str, list[str], list[str], int]:
+    """Section k of the report, one folder of the run: (its table-of-contents entry, its HTML parts, its
+    Markdown lines, the figures shipped so far, counting this section's)."""
+    rel = folder.relative_to(run_dir)
+    name = str(rel) if str(rel) != "." else run_dir.resolve().name
+    anchor = f"s{k}"
+    h = [f'<h2 id="{anchor}">{_esc(name)}</h2>']
+    m = [f"## {name}", ""]
+    md_stems = {p.stem for p in files if p.suffix.lower() == ".md"}
+    png_stems = {p.stem for p in files if p.suffix.lower() == ".png"}
+    skipped: list[str] = []
+    for p in files:
+        suffix = p.suffix.lower()
+        size = p.stat().st_size
+        if size > MAX_EMBED_BYTES:
+            skipped.append(f"{p.name} ({size} bytes, too large)")
+            continue
+        if suffix in (".md", ".txt", ".png", ".svg"):
+            try:  # a regular file of the run folder, read once (it may have changed since the listing)
+                raw = read_regular_bytes(p, "file", max_bytes=MAX_EMBED_BYTES, within=run_dir)
+            except InputError:
+                skipped.append(f"{p.name} (unreadable)")
+                continue
+            text = raw.decode("utf-8", errors="replace")
+        if suffix == ".md":
+            h.append(markdown_to_html(text))
+            m += [re.sub(r"^(#{1,4}) ", r"#\1# ", ln) if ln.startswith("#") else ln for ln in text.splitlines()]
+            m.append("")
+        elif suffix == ".json" and p.stem not in md_stems:
+            try:
+                data = read_json(p, "JSON file", max_bytes=MAX_EMBED_BYTES, within=run_dir)
+            except InputError:
+                skipped.append(f"{p.name} (not valid JSON)")
+                continue
+            tables = json_tables(data)
+            if not tables:
+                text = json.dumps(data, indent=1)[:MAX_TEXT_CHARS]
+                h.append(f"<h3>{_esc(p.name)}</h3><pre>{_esc(text)}</pre>")
+                m += [f"### {p.name}", "", "```", text, "```", ""]
+            for tname, rows in tables:
+                label = p.name + (f" — {tname}" if tname else "")
+                h.append(f"<h3>{_esc(label)}</h3>" + html_table(rows))
+                m += [f"### {label}", "", markdown_table(rows[:MAX_TABLE_ROWS]), ""]
+        elif suffix == ".csv":
+            try:
+                rows = csv_table(p, within=run_dir)
+            except (csv.Error, InputError):
+                skipped.append(f"{p.name} (not valid CSV)")
+                continue
+            h.append(f"<h3>{_esc(p.name)}</h3>" + html_table(rows))
+            m += [f"### {p.name}", "", markdown_table(rows[:MAX_TABLE_ROWS]), ""]
+        elif suffix in (".png", ".svg") and not (suffix == ".svg" and p.stem in png_stems):
+            h.append(figure_html(p, p.name, raw))
+            n_figures += 1
+            prefix = "" if str(rel) == "." else re.sub(r"[^A-Za-z0-9_.-]", "_", str(rel)) + "-"
+            shipped = fig_dir / f"{n_figures:03d}-{prefix}{p.name}"
+            shipped.write_bytes(raw)
+            m += [f"![{p.name}](figures/{shipped.name})", ""]
+        elif suffix == ".txt":
+            text = text[:MAX_TEXT_CHARS]
+            h.append(f"<h3>{_esc(p.name)}</h3><pre>{_esc(text)}</pre>")
+            m += [f"### {p.name}", "", "```", text, "```", ""]
+        elif not (suffix == ".svg" or (suffix == ".json" and p.stem in md_stems)):
+            skipped.append(p.name)
+    if skipped:
+        h.append(f'<p class="muted">not included: {_esc(", ".join(skipped))}</p>')
+        m += [f"_not included: {', '.join(skipped)}_", ""]
+    return f'<li><a href="#{anchor}">{_esc(name)}</a></li>', h, m, n_figures
+
+
 def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: str | None = None) -> dict:
     """Write report.html (self-contained) and report.md (+ figures/) for ``run_dir``; returns the paths."""
     run_dir = Path(run_dir)
@@ -327,71 +399,8 @@ def build_report(run_dir: str | Path, out_dir: str | Path | None = None, title: 
     toc: list[str] = []
     n_figures = 0
     for k, (folder, files) in enumerate(sections):
-        rel = folder.relative_to(run_dir)
-        name = str(rel) if str(rel) != "." else run_dir.resolve().name
-        anchor = f"s{k}"
-        toc.append(f'<li><a href="#{anchor}">{_esc(name)}</a></li>')
-        h = [f'<h2 id="{anchor}">{_esc(name)}</h2>']
-        m = [f"## {name}", ""]
-        md_stems = {p.stem for p in files if p.suffix.lower() == ".md"}
-        png_stems = {p.stem for p in files if p.suffix.lower() == ".png"}
-        skipped: list[str] = []
-        for p in files:
-            suffix = p.suffix.lower()
-            size = p.stat().st_size
-            if size > MAX_EMBED_BYTES:
-                skipped.append(f"{p.name} ({size} bytes, too large)")
-                continue
-            if suffix in (".md", ".txt", ".png", ".svg"):
-                try:  # a regular file of the run folder, read once (it may have changed since the listing)
-                    raw = read_regular_bytes(p, "file", max_bytes=MAX_EMBED_BYTES, within=run_dir)
-                except InputError:
-                    skipped.append(f"{p.name} (unreadable)")
-                    continue
-                text = raw.decode("utf-8", errors="replace")
-            if suffix == ".md":
-                h.append(markdown_to_html(text))
-                m += [re.sub(r"^(#{1,4}) ", r"#\1# ", ln) if ln.startswith("#") else ln for ln in text.splitlines()]
-                m.append("")
-            elif suffix == ".json" and p.stem not in md_stems:
-                try:
-                    data = read_json(p, "JSON file", max_bytes=MAX_EMBED_BYTES, within=run_dir)
-                except InputError:
-                    skipped.append(f"{p.name} (not valid JSON)")
-                    continue
-                tables = json_tables(data)
-                if not tables:
-                    text = json.dumps(data, indent=1)[:MAX_TEXT_CHARS]
-                    h.append(f"<h3>{_esc(p.name)}</h3><pre>{_esc(text)}</pre>")
-                    m += [f"### {p.name}", "", "```", text, "```", ""]
-                for tname, rows in tables:
-                    label = p.name + (f" — {tname}" if tname else "")
-                    h.append(f"<h3>{_esc(label)}</h3>" + html_table(rows))
-                    m += [f"### {label}", "", markdown_table(rows[:MAX_TABLE_ROWS]), ""]
-            elif suffix == ".csv":
-                try:
-                    rows = csv_table(p, within=run_dir)
-                except (csv.Error, InputError):
-                    skipped.append(f"{p.name} (not valid CSV)")
-                    continue
-                h.append(f"<h3>{_esc(p.name)}</h3>" + html_table(rows))
-                m += [f"### {p.name}", "", markdown_table(rows[:MAX_TABLE_ROWS]), ""]
-            elif suffix in (".png", ".svg") and not (suffix == ".svg" and p.stem in png_stems):
-                h.append(figure_html(p, p.name, raw))
-                n_figures += 1
-                prefix = "" if str(rel) == "." else re.sub(r"[^A-Za-z0-9_.-]", "_", str(rel)) + "-"
-                shipped = fig_dir / f"{n_figures:03d}-{prefix}{p.name}"
-                shipped.write_bytes(raw)
-                m += [f"![{p.name}](figures/{shipped.name})", ""]
-            elif suffix == ".txt":
-                text = text[:MAX_TEXT_CHARS]
-                h.append(f"<h3>{_esc(p.name)}</h3><pre>{_esc(text)}</pre>")
-                m += [f"### {p.name}", "", "```", text, "```", ""]
-            elif not (suffix == ".svg" or (suffix == ".json" and p.stem in md_stems)):
-                skipped.append(p.name)
-        if skipped:
-            h.append(f'<p class="muted">not included: {_esc(", ".join(skipped))}</p>')
-            m += [f"_not included: {', '.join(skipped)}_", ""]
+        toc_entry, h, m, n_figures = _section(k, folder, files, run_dir, fig_dir, n_figures)
+        toc.append(toc_entry)
         html_parts.append("\n".join(h))
         md_parts += m
     if not sections:
