@@ -20,7 +20,7 @@ from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.models.reads import layer_hops
 from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
 from tokenmix.tasks import IGNORE_INDEX, make_task
-from tokenmix.training.synthetic import run_sweep
+from tokenmix.training.sweep import run_sweep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -22,7 +22,7 @@ from tokenmix.study.frontier import (
 )
 from tokenmix.study.presets import frontier as F
 from tokenmix.study.presets import get_preset
-from tokenmix.training.synthetic import run_sweep, validate_sweep
+from tokenmix.training.sweep import run_sweep, validate_sweep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -15,7 +15,7 @@ from tokenmix.study.design import DesignTraining, run_config
 from tokenmix.study.presets.quick import SEEDS, quick
 from tokenmix.tasks import base as task_base
 from tokenmix.tasks.base import IGNORE_INDEX, CompareRecipe, TaskConfig, TaskData
-from tokenmix.training.synthetic import run_sweep
+from tokenmix.training.sweep import run_sweep
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tokenmix.core.errors import InputError
 from tokenmix.core.files import prepare_output_dir
 from tokenmix.models import MixerModel, ModelConfig
 from tokenmix.runs.synthetic import SyntheticRunConfig as RunConfig
@@ -18,7 +19,8 @@ from tokenmix.runs.synthetic import SyntheticTrainConfig as TrainConfig
 from tokenmix.training import synthetic as harness
 from tokenmix.training.optim import build_optimizer, param_groups
 from tokenmix.training.schedule import warmup_cosine
-from tokenmix.training.synthetic import run_sweep, summarize, train_one
+from tokenmix.training.sweep import run_sweep
+from tokenmix.training.synthetic import summarize, train_one
 
 TINY_TRAIN = TrainConfig(
     lr=1e-2, steps=6, batch_size=8, warmup_steps=1, train_examples=32, val_examples=8, test_examples=16, eval_every=3
@@ -447,5 +449,5 @@ def test_packed_examples_give_the_same_step(layers):
         grads[pack] = [loss.detach()] + [p.grad.clone() for p in model.parameters() if p.grad is not None]
     for g1, g4 in zip(grads[1], grads[4], strict=True):
         torch.testing.assert_close(g4, g1, rtol=1e-10, atol=1e-12)
-    with pytest.raises(harness.InputError, match="multiple of pack_examples"):
+    with pytest.raises(InputError, match="multiple of pack_examples"):
         TrainConfig(batch_size=6, pack_examples=4)

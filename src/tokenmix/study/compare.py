@@ -26,7 +26,7 @@ from tokenmix.study import claims, plots, table
 from tokenmix.study.cells import CompareCells
 from tokenmix.study.presets import Preset, compare_preset, registered
 from tokenmix.study.report import InvocationStats, report_markdown
-from tokenmix.training.synthetic import check_device, run_sweep, validate_sweep
+from tokenmix.training.sweep import check_device, run_sweep, validate_sweep
 
 
 @dataclass(frozen=True)

@@ -42,7 +42,8 @@ from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.study.presets import quick
 from tokenmix.study.theory import pattern_recall_reads
 from tokenmix.tasks import make_task, task_names
-from tokenmix.training.synthetic import check_device, dataset, run_sweep, summarize, validate_sweep
+from tokenmix.training.sweep import check_device, run_sweep, validate_sweep
+from tokenmix.training.synthetic import dataset, summarize
 
 CARRIER = "pow2"  # a registered structured-recurrence mixer; its pattern is overridden per candidate
 DEFAULT_LR = 3e-3  # quick's rate on every task (its only one on assoc_recall)

@@ -1,47 +1,41 @@
-"""Train and evaluate the one generic model on synthetic tasks over a grid of runs, resumably.
+"""Train and evaluate the one generic model on one synthetic-task run.
 
 Protocol (zoology's): AdamW, linear warmup + cosine decay, early stopping once the validation
-accuracy reaches ``early_stop_acc``; the checkpoint with the best validation accuracy is scored on
-a held-out test set. A run's budget can be set by learning instead of by tokens (``LearningBudget``:
-stop once validation accuracy has stopped gaining, never before a floor of steps that lets a run
-leave its initial plateau); every run records its learning curve (training loss, validation
-accuracy and loss at every validation), the steps it took to reach 50 % / 90 % of its best
-validation accuracy, and whether its step budget stopped it while it was still rising. The three splits come
-from three different seeds: training data from the
-run's seed, validation and test sets from ``val_seed`` / ``test_seed`` (the same for every run, so
-all mixers are scored on the same examples). ``summarize`` reports, per (row, task, width), the
-learning rate whose mean test accuracy over seeds is highest, with that mean ± std.
+accuracy reaches ``early_stop_acc``; the checkpoint with the best validation accuracy is scored on a
+held-out test set (and kept: ``runs.synthetic.WEIGHTS``). A run's budget can be set by learning
+instead of by tokens (``LearningBudget``: stop once validation has stopped gaining, never before a
+floor of steps that lets a run leave its initial plateau). A run may start with a curriculum
+(``CurriculumPhase``: phases of other training distributions, e.g. the instances its row's layer
+reads in one hop, then its own task); the patience counts from the curriculum's end. The three splits
+come from three seeds: training data from the run's seed, validation and test from ``val_seed`` /
+``test_seed`` (the same for every run, so all rows are scored on the same examples, whatever their
+curriculum: each run records the splits' hashes). Every run records its learning curve, its phases,
+the steps to 50 % / 90 % of its best validation accuracy, whether the step budget stopped it while
+still rising, and -- for tasks whose answers have a source -- its test accuracy split by what the
+row's layer reads (``RowReads``). ``summarize`` reports, per (row, task, width), the learning rate
+whose mean validation accuracy over seeds is highest, with the test accuracy's mean ± std there.
 
-What a run is and where its files go: ``runs/synthetic.py``. ``run_sweep`` trains every run of a
-sweep that has no result yet (so a killed sweep resumes where it stopped), in worker processes.
+What a run is and where its files go: ``runs/synthetic.py``; sweeps of runs (resumable, in worker
+processes): ``training/sweep.py``.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import multiprocessing as mp
-import os
-import queue as queue_mod
-import signal
 import statistics
 import time
-from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tokenmix.core.errors import InputError
-from tokenmix.core.files import atomic_write_json, atomic_write_text, prepare_output_dir
-from tokenmix.core.lock import folder_lock
+from tokenmix.core.files import atomic_write_json, atomic_write_text
 from tokenmix.core.packing import Packing
-from tokenmix.core.processes import die_with_parent
-from tokenmix.core.progress import Progress
 from tokenmix.models import MixerModel
 from tokenmix.models.reads import binding_window, layer_hops, row_layer
 from tokenmix.runs.synthetic import (
@@ -49,7 +43,6 @@ from tokenmix.runs.synthetic import (
     SyntheticRunConfig,
     SyntheticTrainConfig,
     data_hash,
-    load_result,
     results_to_csv,
     run_dir,
     save_run_weights,
@@ -289,6 +282,69 @@ class RowReads:
         }
 
 
+def _test_scores(
+    cfg: SyntheticRunConfig, model: MixerModel, reads: RowReads, test_data: TaskData, scored: bool
+) -> dict[str, Any]:
+    """The kept checkpoint on the test set: accuracy, per answer group, per read class, and at the
+    other test lengths (same test seed: extrapolation); zeros and empty splits when not ``scored``."""
+    tc = cfg.train
+    by_group: dict[str, float] = {}
+    test_acc = evaluate(model, test_data, mode=tc.mode, by_group=by_group) if scored else 0.0
+    at = {
+        str(n): evaluate(model, dataset(cfg.test_task(n), tc.test_examples, tc.test_seed), mode=tc.mode)
+        if scored
+        else 0.0
+        for n in tc.test_lengths
+    }
+    return {
+        "test_acc": test_acc,
+        "test_acc_by_group": by_group,  # empty unless the task has answer groups
+        "test_acc_at": at,  # {seq_len: test accuracy}, empty unless train.test_lengths is set
+        # accuracy and share of the test answers per READ_CLASSES (how the row's layer reads each
+        # answer's source), for tasks whose answers have one; {} otherwise
+        "test_reads": reads.split(model, cfg.task_config(), test_data, tc.mode) if scored else {},
+    }
+
+
+class _Batches:
+    """The training batches step by step: the curriculum's phase at each step, its data (built when
+    the phase starts; the run's own split for the task's phases) in an order drawn from the run's
+    seed, drawn again when the data changes or runs out. A phase of the task's own data after
+    another one keeps the data and its order: a one-phase curriculum of the task is the plain run."""
+
+    def __init__(self, cfg: SyntheticRunConfig, natural: TaskData, reads: RowReads) -> None:
+        self.cfg, self.natural, self.reads = cfg, natural, reads
+        self.gen = torch.Generator().manual_seed(cfg.seed)
+        self.phase = cfg.train.phase_at(1)
+        self.data = _phase_data(cfg, self.phase, natural, reads)
+        self.started = [{"phase": self.phase, "from_step": 1, "data_sha1": data_hash(self.data)}]
+        self.order, self.cursor = torch.randperm(len(self.data), generator=self.gen), 0
+
+    def at(self, step: int) -> tuple[Tensor, Tensor]:
+        """(inputs, labels) [batch_size, T] of training step ``step`` (1-based, called in order)."""
+        tc = self.cfg.train
+        if tc.phase_at(step) != self.phase:  # the curriculum moves on: new data (unless the same), a new order
+            self.phase = tc.phase_at(step)
+            new = _phase_data(self.cfg, self.phase, self.natural, self.reads)
+            self.started.append({"phase": self.phase, "from_step": step, "data_sha1": data_hash(new)})
+            if new is not self.data:
+                self.data, self.order, self.cursor = new, torch.randperm(len(new), generator=self.gen), 0
+        if self.cursor + tc.batch_size > len(self.data):
+            self.order, self.cursor = torch.randperm(len(self.data), generator=self.gen), 0
+        idx = self.order[self.cursor : self.cursor + tc.batch_size]
+        self.cursor += tc.batch_size
+        return self.data.inputs[idx], self.data.labels[idx]
+
+    def phases(self, last_step: int) -> list[dict[str, Any]]:
+        """The phases trained, each with its steps, what it trained on and its data's hash."""
+        tc = self.cfg.train
+        out = [dict(p) for p in self.started]
+        for a, b in zip(out, out[1:] + [{"from_step": last_step + 1}]):
+            a["to_step"] = b["from_step"] - 1
+            a["what"] = tc.curriculum[a["phase"]].describe() if a["phase"] < len(tc.curriculum) else "the task"
+        return out
+
+
 def _phase_data(cfg: SyntheticRunConfig, phase: int, natural: TaskData, reads: RowReads) -> TaskData:
     """Training data of curriculum phase ``phase`` (``len(curriculum)``: the run's own, after the last)."""
     tc = cfg.train
@@ -320,13 +376,7 @@ def _train_one(
     reads = RowReads(model, cfg.label)
     opt = build_optimizer(model, tc.lr, tc.weight_decay)
     sched = build_scheduler(opt, tc.steps, tc.warmup_steps, tc.min_lr_ratio)
-    gen = torch.Generator().manual_seed(cfg.seed)
-
-    phase = tc.phase_at(1)
-    data = _phase_data(cfg, phase, train_data, reads)
-    phases = [{"phase": phase, "from_step": 1, "data_sha1": data_hash(data)}]
-    order = torch.randperm(len(data), generator=gen)
-    cursor = 0
+    batches = _Batches(cfg, train_data, reads)
     losses: list[float] = []
     curve: list[dict[str, float]] = []  # the learning curve: one point per validation
     budget = LearningBudget(tc)
@@ -340,17 +390,8 @@ def _train_one(
     model.train()
     for step in range(1, tc.steps + 1):
         t0, c0 = time.perf_counter(), time.process_time()
-        if tc.phase_at(step) != phase:  # the curriculum moves on: new data (unless the same), a new order
-            phase = tc.phase_at(step)
-            new = _phase_data(cfg, phase, train_data, reads)
-            phases.append({"phase": phase, "from_step": step, "data_sha1": data_hash(new)})
-            if new is not data:
-                data, order, cursor = new, torch.randperm(len(new), generator=gen), 0
-        if cursor + tc.batch_size > len(data):
-            order, cursor = torch.randperm(len(data), generator=gen), 0
-        idx = order[cursor : cursor + tc.batch_size]
-        cursor += tc.batch_size
-        x, y = data.inputs[idx].to(device), data.labels[idx].to(device)
+        x, y = batches.at(step)
+        x, y = x.to(device), y.to(device)
         loss = train_step(model, opt, x, y, tc)
         sched.step()
         losses.append(loss.item())  # synchronises on an accelerator, so the timing below is real
@@ -374,26 +415,13 @@ def _train_one(
             if reason is not None:
                 stop_reason = reason
                 break
-    for a, b in zip(phases, phases[1:] + [{"from_step": step + 1}]):
-        a["to_step"] = b["from_step"] - 1
-        a["what"] = tc.curriculum[a["phase"]].describe() if a["phase"] < len(tc.curriculum) else "the task"
+    phases = batches.phases(step)
     if on_steps is not None and tc.steps > reported:
         on_steps(tc.steps - reported, reported == step)  # the steps after the last validation were trained
     if best_state is not None:
         model.load_state_dict(best_state)
         if weights_to is not None:
             save_run_weights(weights_to, best_state)
-    # a run that diverged before its first validation has no checkpoint worth scoring
-    test_by_group: dict[str, float] = {}
-    test_acc = evaluate(model, test_data, mode=tc.mode, by_group=test_by_group) if best_state is not None else 0.0
-    test_reads = reads.split(model, task, test_data, tc.mode) if best_state is not None else {}
-    # the same checkpoint tested at other lengths (same test seed): extrapolation
-    test_acc_at = {
-        str(n): evaluate(model, dataset(cfg.test_task(n), tc.test_examples, tc.test_seed), mode=tc.mode)
-        if best_state is not None
-        else 0.0
-        for n in tc.test_lengths
-    }
     head = losses[: min(10, len(losses))]
     tail = losses[-min(10, len(losses)) :]
     return {
@@ -405,12 +433,8 @@ def _train_one(
         "d_model": mcfg.d_model,
         "lr": tc.lr,
         "seed": cfg.seed,
-        "test_acc": test_acc,
-        "test_acc_by_group": test_by_group,  # empty unless the task has answer groups
-        "test_acc_at": test_acc_at,  # {seq_len: test accuracy}, empty unless train.test_lengths is set
-        # accuracy and share of the test answers per READ_CLASSES (how the row's layer reads each
-        # answer's source), for tasks whose answers have one; {} otherwise
-        "test_reads": test_reads,
+        # a run that diverged before its first validation has no checkpoint worth scoring
+        **_test_scores(cfg, model, reads, test_data, scored=best_state is not None),
         "phases": phases,  # the training distributions step by step (one entry without a curriculum)
         "data_sha1": {"val": data_hash(val_data), "test": data_hash(test_data)},
         "best_val_acc": best_val,
@@ -435,23 +459,14 @@ def _train_one(
     }
 
 
-# ------------------------------------------------------------------------------------------ sweeps
+# ------------------------------------------------------------------------------------- one run's files
 
 
-@dataclass
-class SweepOutcome:
-    """What ``run_sweep`` did: all finished results (in config order) and how many were trained now."""
-
-    results: list[dict[str, Any]]
-    trained: int
-    skipped: int
-    wall_seconds: float
-
-
-def _execute(
+def execute_run(
     cfg_dict: dict[str, Any], out: str, threads: int | None, progress_queue: Any = None, device: str = "cpu"
 ) -> dict[str, Any]:
-    """Train one run and write its files (used in-process and by pool workers)."""
+    """Train one run and write its files (``run_dir``: config first, result last): what a sweep's
+    worker does for each of its runs (``training/sweep.py``)."""
     cfg = SyntheticRunConfig.from_dict(cfg_dict)
     rdir = run_dir(Path(out), cfg)
     rdir.mkdir(parents=True, exist_ok=True)
@@ -461,210 +476,6 @@ def _execute(
     atomic_write_text(rdir / "result.csv", results_to_csv([result]))
     atomic_write_json(rdir / "result.json", result)  # last: its presence marks the run finished
     return result
-
-
-# ------------------------------------------------------------------------------------ worker processes
-# A worker trains one run after another for the sweep's process and must never outlive it: killed
-# (SIGKILL, SIGTERM) or interrupted, the parent takes its workers with it (core/processes.py; the
-# thread that started the workers is run_sweep's caller, which waits in run_sweep until the pool is
-# done). Ctrl-C reaches the whole process group: workers ignore it, and the parent stops them.
-
-_PROGRESS_QUEUE: Any = None  # this worker's queue of progress counts (set by _worker_init)
-
-
-def _worker_init(threads: int | None, progress_queue: Any = None, parent_pid: int | None = None) -> None:
-    global _PROGRESS_QUEUE
-    if parent_pid is not None:
-        die_with_parent(parent_pid)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides; it terminates its workers
-    _PROGRESS_QUEUE = progress_queue
-    if threads:
-        torch.set_num_threads(threads)
-
-
-def _execute_in_worker(cfg_dict: dict[str, Any], out: str, threads: int | None, device: str) -> dict[str, Any]:
-    return _execute(cfg_dict, out, threads, _PROGRESS_QUEUE, device)
-
-
-def _stop_workers(pool: ProcessPoolExecutor) -> None:
-    """Cancel what is queued and end the running workers now (not after their current run)."""
-    if hasattr(pool, "terminate_workers"):  # Python 3.14+
-        pool.terminate_workers()
-        return
-    procs = list((getattr(pool, "_processes", None) or {}).values())  # the running workers (3.11-3.13)
-    pool.shutdown(wait=False, cancel_futures=True)
-    for p in procs:
-        if p.is_alive():
-            p.terminate()
-    deadline = time.monotonic() + 5.0
-    for p in procs:
-        p.join(max(deadline - time.monotonic(), 0.0))
-        if p.is_alive():
-            p.kill()
-            p.join(1.0)
-
-
-def check_device(device: str) -> None:
-    """Raise ``ValueError`` with one line if torch cannot allocate on ``device``."""
-    try:
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as e:
-        raise InputError(f"device '{device}' is not usable: {str(e).splitlines()[0]}") from None
-
-
-def validate_sweep(configs: Iterable[SyntheticRunConfig]) -> list[SyntheticRunConfig]:
-    """Validate every run up front and refuse duplicate runs; returns the list."""
-    configs = list(configs)
-    if not configs:
-        raise InputError("the sweep has no runs")
-    seen: dict[str, SyntheticRunConfig] = {}
-    for cfg in configs:
-        cfg.validate()
-        rid = cfg.run_id
-        if rid in seen:
-            raise InputError(f"the sweep lists run '{rid}' twice")
-        seen[rid] = cfg
-    return configs
-
-
-def run_sweep(
-    configs: Sequence[SyntheticRunConfig],
-    out: str | Path,
-    workers: int = 1,
-    threads: int | None = None,
-    progress: bool = True,
-    console: Any = None,
-    device: str = "cpu",
-) -> SweepOutcome:
-    """Run every config not finished yet under ``out``; write per-run and sweep-level files.
-
-    Args:
-        configs: the runs (validated here before anything is written).
-        out: run directory (created; must be writable).
-        workers: parallel worker processes (1 = in this process).
-        threads: torch threads per worker (None = leave torch's default).
-        progress: show progress (steps of all pending runs): a bar on a terminal, plain lines with an
-            ETA on stderr otherwise (``core/progress.py``).
-        device: torch device of the training ("cpu", "cuda", "cuda:1", ...); not part of the run id.
-
-    ``out`` is locked while the sweep runs (a second sweep into it is refused, naming this process);
-    an interrupt, SIGTERM (from the CLI) or a failed run stops the workers at once.
-    """
-    configs = validate_sweep(configs)
-    check_device(device)
-    if workers < 1:
-        raise InputError(f"workers must be >= 1, got {workers}")
-    out = prepare_output_dir(out)
-    with folder_lock(out, "compare"):  # one sweep writes a folder at a time (re-entrant: run_compare holds it)
-        return _run_sweep(configs, out, workers, threads, progress, console, device)
-
-
-def _run_sweep(
-    configs: list[SyntheticRunConfig],
-    out: Path,
-    workers: int,
-    threads: int | None,
-    progress: bool,
-    console: Any,
-    device: str,
-) -> SweepOutcome:
-    (out / "runs").mkdir(exist_ok=True)
-    atomic_write_json(out / "sweep.json", [c.to_dict() for c in configs])
-    t0 = time.perf_counter()
-    done: dict[str, dict[str, Any]] = {}
-    pending: list[SyntheticRunConfig] = []
-    for cfg in configs:
-        res = load_result(out, cfg)
-        if res is None:
-            pending.append(cfg)
-        else:
-            done[cfg.run_id] = res
-    skipped = len(done)
-    # longest step budgets first (stable: runs sharing a task and seed stay together, so the per-process
-    # dataset cache keeps hitting): with several workers the short runs then fill the end of the sweep
-    # instead of one long run keeping a single core busy after the others have finished
-    pending.sort(key=lambda c: -c.train.steps)
-
-    total_steps = sum(c.train.steps for c in pending)
-    with Progress(
-        "compare", total_steps, "steps", enabled=progress and bool(pending), console=console, check_load=True
-    ) as bar:
-        finished_now = 0
-
-        def describe() -> str:
-            return f"runs {finished_now}/{len(pending)} ({skipped} done before)"
-
-        def finished(res: dict[str, Any]) -> None:
-            nonlocal finished_now
-            finished_now += 1
-            bar.note(describe())
-            bar.milestone(
-                f"{res['label']} / {res.get('column', res['task'])} seed {res['seed']}: test accuracy "
-                f"{100 * res['test_acc']:.1f} % after {res['steps_done']} steps ({res['stop_reason']}"
-                + (", still rising" if res.get("still_rising") else "")
-                + ")"
-            )
-
-        bar.note(describe())
-        if workers == 1 or len(pending) <= 1:
-            prev_threads = torch.get_num_threads()
-            try:
-                for cfg in pending:
-                    bar.note(f"{describe()} {cfg.task}/{cfg.label}")
-                    res = _execute(cfg.to_dict(), str(out), threads, _ProgressSink(bar), device)
-                    done[cfg.run_id] = res
-                    finished(res)
-            finally:
-                torch.set_num_threads(prev_threads)
-        else:
-            ctx = mp.get_context("spawn")
-            q = ctx.Queue()  # handed to each worker when it starts (no manager process to outlive us)
-            pool = ProcessPoolExecutor(
-                max_workers=workers, mp_context=ctx, initializer=_worker_init, initargs=(threads, q, os.getpid())
-            )
-            try:
-                futures = {pool.submit(_execute_in_worker, c.to_dict(), str(out), threads, device): c for c in pending}
-                remaining = set(futures)
-                while remaining:
-                    done_now, remaining = wait(remaining, timeout=0.5, return_when=FIRST_COMPLETED)
-                    _drain(q, bar)
-                    for fut in done_now:
-                        res = fut.result()  # re-raises a worker's exception
-                        done[res["run_id"]] = res
-                        finished(res)
-                _drain(q, bar)
-            except BaseException:  # interrupted, terminated or a run failed: stop the others now
-                _stop_workers(pool)
-                raise
-            else:
-                pool.shutdown(wait=True)
-            finally:
-                q.close()
-                q.cancel_join_thread()
-
-    results = [done[c.run_id] for c in configs]
-    atomic_write_json(out / "results.json", results)
-    atomic_write_text(out / "results.csv", results_to_csv(results))
-    return SweepOutcome(results, trained=len(pending), skipped=skipped, wall_seconds=time.perf_counter() - t0)
-
-
-class _ProgressSink:
-    """Queue-like sink that advances the progress (in-process runs)."""
-
-    def __init__(self, bar: Progress) -> None:
-        self.bar = bar
-
-    def put(self, item: tuple[int, bool]) -> None:
-        self.bar.advance(*item)
-
-
-def _drain(q: Any, bar: Progress) -> None:
-    while True:
-        try:
-            k, credited = q.get_nowait()
-        except queue_mod.Empty:
-            return
-        bar.advance(k, credited)
 
 
 # --------------------------------------------------------------------------------------- summaries
