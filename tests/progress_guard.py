@@ -86,7 +86,7 @@ def _thread_states(pid: int, skip: int | None = None) -> list[str]:
     return out
 
 
-class _TreeSampler:
+class TreeSampler:
     """CPU seconds used since construction, and runnability, of processes (one pid or several) and
     all their descendants (descendants that ended still count, up to their last sample)."""
 
@@ -141,7 +141,7 @@ def run_guarded(
     result carries ``cpu_seconds``: the CPU time the command and its descendants used."""
     popen_kwargs.setdefault("text", True)
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, **popen_kwargs)
-    sampler, watch = _TreeSampler(proc.pid), Watch(cpu_seconds, idle_seconds, ceiling_seconds)
+    sampler, watch = TreeSampler(proc.pid), Watch(cpu_seconds, idle_seconds, ceiling_seconds)
     while True:
         try:
             out, err = proc.communicate(timeout=POLL_SECONDS)  # a poll interval, not a verdict
@@ -167,7 +167,7 @@ def wait_until(
 ) -> None:
     """Return once condition() holds; raise NoProgress when proc (a running child) is judged hung first,
     or AssertionError when it exits first."""
-    sampler, watch = _TreeSampler(proc.pid), Watch(cpu_seconds, idle_seconds, ceiling_seconds)
+    sampler, watch = TreeSampler(proc.pid), Watch(cpu_seconds, idle_seconds, ceiling_seconds)
     while not condition():
         if proc.poll() is not None:
             raise AssertionError(f"the process exited with status {proc.returncode} before the condition held")
@@ -182,7 +182,7 @@ def wait_for_exit(pids: list[int], *, cpu_seconds: float = 30.0, idle_seconds: f
     descendants) they used cpu_seconds of CPU (still working), or none of them was runnable for
     idle_seconds (all blocked; one blocked alone, e.g. a helper waiting for its parent, is not judged).
     Returns the pids still alive. Processes on their way out are runnable, however busy the machine."""
-    sampler, watch = _TreeSampler(pids), Watch(cpu_seconds, idle_seconds)
+    sampler, watch = TreeSampler(pids), Watch(cpu_seconds, idle_seconds)
     while True:
         alive = [pid for pid in pids if _alive(pid)]
         if not alive or watch.verdict(*sampler.sample()):

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from lm_helpers import TINY, lm_env, run_tokenmix, step_losses, tokenmix_cmd, val_losses
+from progress_guard import NoProgress, TreeSampler, Watch, run_guarded
 
 # one trajectory, shared by the resume and the distributed checks
 TRAJECTORY = TINY + ["train.max_steps=40", "train.checkpoint_every=10", "train.eval_every=20"]
@@ -39,9 +40,13 @@ def test_resume_after_sigkill_is_bitwise_identical(reference_run, cache, tmp_pat
     cmd = tokenmix_cmd("train", "lm", "--preset", "tiny", "--out", str(out), "--quiet", "--set", *TRAJECTORY)
     proc = subprocess.Popen(cmd, env=lm_env(cache), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     metrics = out / "metrics.jsonl"
-    deadline = time.monotonic() + 90
-    killed_after = None
-    while time.monotonic() < deadline and proc.poll() is None:
+    watch, sampler = Watch(cpu_seconds=600), TreeSampler(proc.pid)  # hung: judged by its CPU, not the clock
+    killed_after, polls = None, 0
+    while proc.poll() is None:
+        polls += 1
+        if polls % 100 == 0 and (reason := watch.verdict(*sampler.sample())):
+            proc.kill()
+            raise NoProgress(reason)
         if metrics.exists():
             steps = [json.loads(l).get("step", 0) for l in metrics.read_text().splitlines() if l.endswith("}")]
             if max(steps, default=0) >= 12:  # past the first checkpoint, well before the end
@@ -89,7 +94,7 @@ def test_torchrun_two_ranks_matches_single_process(reference_run, cache, tmp_pat
         *TRAJECTORY,
         f"train.parallel={parallel}",
     ]
-    proc = subprocess.run(cmd, env=lm_env(cache), capture_output=True, text=True, timeout=180)
+    proc = run_guarded(cmd, env=lm_env(cache), cpu_seconds=900)  # hung: judged by its CPU, not the clock
     assert proc.returncode == 0, proc.stderr[-3000:]
     ref, got = step_losses(reference_run), step_losses(out)
     assert sorted(got) == sorted(ref)

@@ -4,6 +4,7 @@ imports no torch and no registry (cli/main.py)."""
 from __future__ import annotations
 
 from tokenmix.cli.options import add_mixers_option
+from tokenmix.study.durations import stated
 
 
 def register(sub) -> None:
@@ -16,7 +17,7 @@ def register(sub) -> None:
         "--preset",
         default="quick",
         help="a compare preset (`tokenmix presets --kind compare` lists them; default quick, "
-        "≤ 10 min on 2 CPU cores) or a path to a preset .py file",
+        f"{stated('compare quick')} on 2 CPU cores) or a path to a preset .py file",
     )
     p.add_argument("--list-presets", action="store_true", help="list the compare presets and exit")
     add_mixers_option(p, "none", allow_none=True, prefix="extra rows: ")

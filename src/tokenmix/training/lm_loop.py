@@ -25,7 +25,7 @@ from torch import Tensor, nn
 
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_json
-from tokenmix.core.progress import format_seconds
+from tokenmix.core.progress import format_eta, format_seconds
 from tokenmix.data.loader import TokenBatches, shard
 from tokenmix.data.prepare import PreparedData
 from tokenmix.data.tokenizer import separator_id
@@ -315,7 +315,7 @@ def _progress_line(log: RunLogger, pace: _Pace, step: int, max_steps: int, loss_
         eta = elapsed / (step - pace.first_step) * (max_steps - step)
         log.say(
             f"step {step}/{max_steps}  {info}  {format_seconds(elapsed)} elapsed"
-            + (f", ETA {format_seconds(eta)}" if step < max_steps else "")
+            + (f", {format_eta(eta)}" if step < max_steps else "")
         )
 
 
