@@ -288,183 +288,186 @@ def frontier_findings(points: Sequence[FrontierPoint]) -> list[dict[str, Any]]:
     level, and the cells judged while still rising (``still_rising`` lists them)."""
     if not points:
         return []
-    length, width = reference_cell(points)
-    out = []
+    f = _Findings(points, *reference_cell(points))
+    f.calibration()
+    f.structure_claims()
+    f.pareto()
+    f.attention_above_patterns()
+    return f.out
 
-    def finding(text: str, verdict: str, pts: Sequence[FrontierPoint], measured: str, why: list[str]) -> None:
+
+def _not_measured(text: str, measured: str) -> dict[str, Any]:
+    return {"claim": text, "verdict": "not measured", "measured": measured, "why": [], "still_rising": []}
+
+
+class _Findings:
+    """The findings of one sweep at its reference cell (length, width), in the report's order."""
+
+    def __init__(self, points: Sequence[FrontierPoint], length: int, width: int) -> None:
+        self.points, self.length, self.width = points, length, width
+        self.out: list[dict[str, Any]] = []
+
+    def get(self, label: str) -> FrontierPoint | None:
+        return _get(self.points, label, self.length, self.width)
+
+    def finding(self, text: str, verdict: str, pts: Sequence[FrontierPoint], measured: str, why: list[str]) -> None:
         rising = [p.label for p in pts if p.still_rising]
         if rising:
             why.append(
                 f"judged on cells still rising when their budget ended: {', '.join(rising)} (a lower bound "
                 "on what those rows learn)"
             )
-        out.append({"claim": text, "verdict": verdict, "measured": measured, "why": why, "still_rising": rising})
+        self.out.append({"claim": text, "verdict": verdict, "measured": measured, "why": why, "still_rising": rising})
 
-    def claim(text: str, labels: Sequence[str], test, pairs: Sequence[tuple[str, str, float]] = ()) -> None:
-        pts = {lab: _get(points, lab, length, width) for lab in labels}
+    def claim(self, text: str, labels: Sequence[str], test, pairs: Sequence[tuple[str, str, float]] = ()) -> None:
+        """A claim over rows of the cell: ``test`` on their accuracies, the spread of ``pairs`` (a, b, margin)."""
+        pts = {lab: self.get(lab) for lab in labels}
         if any(p is None for p in pts.values()):
-            missing = ", ".join(lab for lab, p in pts.items() if p is None)
-            out.append(
-                {
-                    "claim": text,
-                    "verdict": "not measured",
-                    "measured": f"no runs for {missing}",
-                    "why": [],
-                    "still_rising": [],
-                }
-            )
+            self.out.append(_not_measured(text, f"no runs for {', '.join(lab for lab, p in pts.items() if p is None)}"))
             return
-        acc = {lab: p.acc for lab, p in pts.items()}
-        why = [f"at L={length}, d={width}; guessing level {_pct(max(p.guess for p in pts.values()))} %"]
+        why = [f"at L={self.length}, d={self.width}; guessing level {_pct(max(p.guess for p in pts.values()))} %"]
         why += [_margin_note(pts[a], pts[b], m) for a, b, m in pairs]
-        for lab, p in pts.items():
-            facts = []
-            if p.reads is not None:
-                facts.append(
-                    f"reads key and value in one hop for {_pct(p.reads.fraction)} % of the queries, within "
-                    f"two for {_pct(p.reads.two_hop_fraction)} %"
-                )
-            if p.state is not None:
-                facts.append(f"{p.state.scalars_measured} state scalars per layer ({p.state.cache_class})")
-            facts.append(f"{p.steps_mean:.0f} steps on average (budget {p.max_steps})")
-            if not p.learned:
-                facts.append("never left the guessing level")
-            why.append(f"{lab}: " + "; ".join(facts))
-        verdict = "holds" if test(acc) else "does not hold"
+        why += [f"{lab}: " + "; ".join(_facts(p)) for lab, p in pts.items()]
+        verdict = "holds" if test({lab: p.acc for lab, p in pts.items()}) else "does not hold"
         if not any(p.learned for p in pts.values()):
             verdict = "untested"
             why.append(
                 "every row here stayed at its guessing level for its whole budget: they did not learn within "
                 "it, so there is nothing to compare"
             )
-        finding(text, verdict, list(pts.values()), ", ".join(_seeds(p) for p in pts.values()), why)
+        self.finding(text, verdict, list(pts.values()), ", ".join(_seeds(p) for p in pts.values()), why)
 
-    # calibration against the anchors: zoology's attention solves MQAR at small width
-    att = _get(points, "attention", length, width)
-    if att is None:
-        out.append(
-            {
-                "claim": f"calibrated: attention ≥ {100 * CALIBRATED_AT:.0f} % at L={length}, d={width} (zoology)",
-                "verdict": "not measured",
-                "measured": "no attention runs",
-                "why": [],
-                "still_rising": [],
-            }
-        )
-    else:
-        ok = att.acc >= CALIBRATED_AT
-        why = (
-            []
-            if ok
-            else [
+    def calibration(self) -> None:
+        """Against the anchors: zoology's attention solves MQAR at small width (here and at every length)."""
+        att = self.get("attention")
+        where = f"L={self.length}, d={self.width}"
+        if att is None:
+            self.out.append(
+                _not_measured(
+                    f"calibrated: attention ≥ {100 * CALIBRATED_AT:.0f} % at {where} (zoology)", "no attention runs"
+                )
+            )
+        else:
+            ok = att.acc >= CALIBRATED_AT
+            short = (
                 f"attention reached {_pct(att.acc)} % < {100 * CALIBRATED_AT:.0f} %: the budget or the "
                 "recipe falls short of the anchor, and every claim below is read with that caveat"
-            ]
-        )
-        finding(
-            f"calibrated: attention ≥ {100 * CALIBRATED_AT:.0f} % at L={length}, d={width} (zoology: attention "
-            "solves MQAR at small width)",
-            "holds" if ok else "does not hold",
-            [att],
-            _seeds(att),
-            why,
-        )
-    # attention at every length trained, at its smallest width (zoology)
-    cells = sorted((p for p in points if p.label == "attention"), key=lambda p: (p.length, p.width))
-    if len({p.length for p in cells}) > 1:
-        smallest = {n: min(p.width for p in cells if p.length == n) for n in {p.length for p in cells}}
-        cells = [p for p in cells if p.width == smallest[p.length]]
-        finding(
-            "attention solves MQAR at every length at its smallest width (zoology; ≥ 90 %)",
-            "holds" if all(p.acc >= SOLVED for p in cells) else "does not hold",
-            cells,
-            ", ".join(f"L={p.length} d={p.width}: {_pct(p.acc)}" for p in cells),
-            [],
-        )
-    constant = [lab for lab in O1_ROWS if _get(points, lab, length, width)]
-    for base in ("pow2", "sq1"):
-        if constant and _get(points, base, length, width):
-            best = max(constant, key=lambda lab: _get(points, lab, length, width).acc)
-            claim(
-                f"{base} recalls more than the best O(1)-state row ({', '.join(constant)}; best: {best})",
-                [base, best],
-                lambda a, b=base, o=best: a[b] > a[o],
-                [(base, best, 0.0)],
             )
-    for base in ("pow2", "sq1"):
-        claim(
-            f"{base}_ce keeps {base}'s recall with its smaller cache ({base}_ce ≥ {base} − 5 points)",
-            [f"{base}_ce", base],
-            lambda a, b=base: a[f"{b}_ce"] >= a[b] - CLOSE_MARGIN,
-            [(f"{base}_ce", base, CLOSE_MARGIN)],
-        )
-    for base, ext in (("mamba2", "log_linear_mamba2"), ("gated_deltanet", "log_linear_gated_deltanet")):
-        claim(
-            f"the log-linear extension improves {base}'s recall (Guo et al. 2025: Mamba-2 89.6 → 92.9, "
-            "Gated DeltaNet 79.0 → 84.4 on their MQAR)",
-            [ext, base],
-            lambda a, b=base, e=ext: a[e] > a[b],
-            [(ext, base, 0.0)],
-        )
-    at_cell = [p for p in points if (p.length, p.width) == (length, width) and p.state is not None]
-    patterns_here = [p for p in at_cell if p.label in PATTERN_ROWS]
-    front_claim = (
-        "a pattern row is on the accuracy-vs-state Pareto front (the paper's trade: recall at equal or "
-        "smaller decode state)"
-    )
-    needed = {p.label for p in at_cell} & {"attention", *O1_ROWS}
-    if patterns_here and ("attention" not in needed or len(needed) < 2):
-        out.append(
-            {
-                "claim": front_claim,
-                "verdict": "not measured",
-                "measured": "the front needs attention and at least one O(1)-state row beside the pattern rows",
-                "why": [],
-                "still_rising": [],
-            }
-        )
-    elif patterns_here:
-        front = pareto_front(at_cell)
-        on = [p for p in patterns_here if p in front]
-        verdict = "holds" if on else "does not hold"
-        why = [
-            f"at L={length}, d={width}: a row is off the front when another keeps at most its decode state and "
-            "recalls more beyond the seeds' spread (mean − mean > std + std)"
-        ]
-        for p in patterns_here:
-            if p not in front:
-                by = [q.label for q in at_cell if _dominates(q, p)]
-                why.append(
-                    f"{p.label} ({p.state.scalars_measured} scalars, {_pct(p.acc)} %) is dominated by {', '.join(by)}"
+            self.finding(
+                f"calibrated: attention ≥ {100 * CALIBRATED_AT:.0f} % at {where} (zoology: attention "
+                "solves MQAR at small width)",
+                "holds" if ok else "does not hold",
+                [att],
+                _seeds(att),
+                [] if ok else [short],
+            )
+        cells = sorted((p for p in self.points if p.label == "attention"), key=lambda p: (p.length, p.width))
+        if len({p.length for p in cells}) > 1:
+            smallest = {n: min(p.width for p in cells if p.length == n) for n in {p.length for p in cells}}
+            cells = [p for p in cells if p.width == smallest[p.length]]
+            self.finding(
+                "attention solves MQAR at every length at its smallest width (zoology; ≥ 90 %)",
+                "holds" if all(p.acc >= SOLVED for p in cells) else "does not hold",
+                cells,
+                ", ".join(f"L={p.length} d={p.width}: {_pct(p.acc)}" for p in cells),
+                [],
+            )
+
+    def structure_claims(self) -> None:
+        """The patterns against the O(1) rows, the lattices against their exact patterns, log-linear
+        against its base."""
+        constant = [lab for lab in O1_ROWS if self.get(lab)]
+        for base in ("pow2", "sq1"):
+            if constant and self.get(base):
+                best = max(constant, key=lambda lab: self.get(lab).acc)
+                self.claim(
+                    f"{base} recalls more than the best O(1)-state row ({', '.join(constant)}; best: {best})",
+                    [base, best],
+                    lambda a, b=base, o=best: a[b] > a[o],
+                    [(base, best, 0.0)],
                 )
-        if not any(p.learned for p in patterns_here):
+        for base in ("pow2", "sq1"):
+            self.claim(
+                f"{base}_ce keeps {base}'s recall with its smaller cache ({base}_ce ≥ {base} − 5 points)",
+                [f"{base}_ce", base],
+                lambda a, b=base: a[f"{b}_ce"] >= a[b] - CLOSE_MARGIN,
+                [(f"{base}_ce", base, CLOSE_MARGIN)],
+            )
+        for base, ext in (("mamba2", "log_linear_mamba2"), ("gated_deltanet", "log_linear_gated_deltanet")):
+            self.claim(
+                f"the log-linear extension improves {base}'s recall (Guo et al. 2025: Mamba-2 89.6 → 92.9, "
+                "Gated DeltaNet 79.0 → 84.4 on their MQAR)",
+                [ext, base],
+                lambda a, b=base, e=ext: a[e] > a[b],
+                [(ext, base, 0.0)],
+            )
+
+    def pareto(self) -> None:
+        """The paper's trade: a pattern row on the accuracy-vs-state front (``pareto_front``)."""
+        at_cell = [p for p in self.points if (p.length, p.width) == (self.length, self.width) and p.state is not None]
+        patterns = [p for p in at_cell if p.label in PATTERN_ROWS]
+        text = (
+            "a pattern row is on the accuracy-vs-state Pareto front (the paper's trade: recall at equal or "
+            "smaller decode state)"
+        )
+        needed = {p.label for p in at_cell} & {"attention", *O1_ROWS}
+        if not patterns:
+            return
+        if "attention" not in needed or len(needed) < 2:
+            self.out.append(
+                _not_measured(text, "the front needs attention and at least one O(1)-state row beside the pattern rows")
+            )
+            return
+        front = pareto_front(at_cell)
+        on = [p for p in patterns if p in front]
+        why = [
+            f"at L={self.length}, d={self.width}: a row is off the front when another keeps at most its decode "
+            "state and recalls more beyond the seeds' spread (mean − mean > std + std)"
+        ]
+        for p in patterns:
+            if p not in front:
+                by = ", ".join(q.label for q in at_cell if _dominates(q, p))
+                why.append(f"{p.label} ({p.state.scalars_measured} scalars, {_pct(p.acc)} %) is dominated by {by}")
+        verdict = "holds" if on else "does not hold"
+        if not any(p.learned for p in patterns):
             verdict = "untested"
             why.append("every pattern row stayed at its guessing level: nothing to place on the front")
-        finding(
-            front_claim,
-            verdict,
-            patterns_here,
-            "front: "
-            + ", ".join(f"{p.label} ({p.state.scalars_measured} scalars, {_pct(p.acc)} %)" for p in front)
-            + (f"; pattern rows on it: {', '.join(p.label for p in on)}" if on else ""),
-            why,
+        measured = "front: " + ", ".join(
+            f"{p.label} ({p.state.scalars_measured} scalars, {_pct(p.acc)} %)" for p in front
         )
-    patterns = [lab for lab in PATTERN_ROWS if _get(points, lab, length, width)]
-    if patterns:
-        best = max(patterns, key=lambda lab: _get(points, lab, length, width).acc)
-        claim(
-            "attention ≥ every pattern recurrence (O(n) cache above O(log n) / O(√n))",
+        if on:
+            measured += f"; pattern rows on it: {', '.join(p.label for p in on)}"
+        self.finding(text, verdict, patterns, measured, why)
+
+    def attention_above_patterns(self) -> None:
+        patterns = [lab for lab in PATTERN_ROWS if self.get(lab)]
+        text = "attention ≥ every pattern recurrence (O(n) cache above O(log n) / O(√n))"
+        if not patterns:
+            self.claim(text, ["attention", *PATTERN_ROWS], lambda a: True)
+            return
+        best = max(patterns, key=lambda lab: self.get(lab).acc)
+        self.claim(
+            text,
             ["attention", *patterns],
             lambda a: a["attention"] >= max(v for k, v in a.items() if k != "attention"),
             [("attention", best, 0.0)],
         )
-    else:
-        claim(
-            "attention ≥ every pattern recurrence (O(n) cache above O(log n) / O(√n))",
-            ["attention", *PATTERN_ROWS],
-            lambda a: True,
+
+
+def _facts(p: FrontierPoint) -> list[str]:
+    """What the structure and the runs say about a row, for a claim's 'why'."""
+    facts = []
+    if p.reads is not None:
+        facts.append(
+            f"reads key and value in one hop for {_pct(p.reads.fraction)} % of the queries, within "
+            f"two for {_pct(p.reads.two_hop_fraction)} %"
         )
-    return out
+    if p.state is not None:
+        facts.append(f"{p.state.scalars_measured} state scalars per layer ({p.state.cache_class})")
+    facts.append(f"{p.steps_mean:.0f} steps on average (budget {p.max_steps})")
+    if not p.learned:
+        facts.append("never left the guessing level")
+    return facts
 
 
 # ------------------------------------------------------------------------------------------ report
