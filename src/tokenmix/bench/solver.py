@@ -1,10 +1,10 @@
 """``tokenmix bench solver``: forward+backward time and peak memory of the structured mixer's
-``dense`` vs ``chunked`` (pure PyTorch) vs ``compiled`` (ops/pattern_kernels.py) modes per pattern,
+``dense`` vs ``chunked`` (pure PyTorch) vs ``compiled`` (ops/pattern/numba.py) modes per pattern,
 with torch SDPA causal attention as the baseline.
 
 Shapes: B = 1, H = 4, head dim 64 (d_model 256). The dense mode materialises [B, H, n, n]; it is run
 only up to ``MAX_DENSE_N``. The dense *pattern* (every j < t) in chunked mode takes the matmul
-path (ops/pattern_solve.py ``chunked_window_softmax``): O(n C) memory but O(n^2) time, so it is
+path (ops/pattern/window_softmax.py ``chunked_window_softmax``): O(n C) memory but O(n^2) time, so it is
 skipped beyond ``MAX_DENSE_PATTERN_N`` to keep the run short.
 
 ``time_s`` is the best wall time of a fwd+bwd call (``repeats`` calls after a warm-up), ``cpu_s`` the

@@ -15,7 +15,7 @@ k = 1..m (m sub-diagonals). The readout over the last m states is a fixed causal
 applied after the mixing, like an SSM's readout.
 
 Modes: ``chunked`` (training default: the window:m pattern solved by
-``ops.pattern_solve.chunked_pattern_solve`` with channels as heads of value dimension 1),
+``ops.pattern.chunked.chunked_pattern_solve`` with channels as heads of value dimension 1),
 ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token by token; the
 state is the last m outputs z per channel).
 

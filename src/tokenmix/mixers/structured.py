@@ -10,7 +10,7 @@ Coefficients, normalised over {t} ∪ N(t) so every y_t is a convex (or L1-bound
     gate_softmax / gate_l1 -- per-level gates from the input as in H-LRU: logits g_t in R^{L+1}
         (slot 0 = self, slot w+1 = level w), softmax, or tanh then L1 normalisation (signed).
 
-Modes: ``chunked`` (training default: chunked sparse triangular solve, ops/pattern_solve.py, with
+Modes: ``chunked`` (training default: chunked sparse triangular solve, ops/pattern/chunked.py, with
 neighbour scores from shifted / strided slices; patterns that read every one of the previous
 M >= C positions -- the dense pattern -- take the matmul path ``chunked_window_softmax``),
 ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token by token with a
@@ -32,7 +32,7 @@ For exact-distance patterns that is the shared table clipped at s: the neighbour
 exactly like left padding (per token instead of per row), and the returned cache keeps the whole
 row with ``start`` = where each row's last document begins, so decoding masks the earlier
 documents as it masks padding. The lattice and the other patterns on the document's own clock
-read per-row tables (``pattern_solve.packed_table``: the document's own table shifted by s; the
+read per-row tables (``ops.pattern.plan.packed_table``: the document's own table shifted by s; the
 first document continues the state's clock and cache); their returned state is a
 ``RowGroupState`` of one group per last-document start, each an ordinary cache on that document's
 clock. Score softmaxes and gates normalise over the document's neighbours only.
@@ -400,7 +400,7 @@ class StructuredRecurrence(Mixer):
 
     def _scores(self, q: Tensor, kbuf: Tensor, idx: Tensor, plan: _LazyPlan, compiled: bool = False) -> Tensor | None:
         """Neighbour scores [B, T, H, W] of a segment (None for gate-based coefficients); ``compiled``:
-        by the compiled kernel (ops/pattern_kernels.py) instead of the slice kernels."""
+        by the compiled kernel (ops/pattern/numba.py) instead of the slice kernels."""
         if self.gates is not None:
             return None
         b, t, h, _ = q.shape
@@ -532,7 +532,7 @@ class StructuredRecurrence(Mixer):
     # ---------------------------------------------------------------- modes
     def forward_compiled(self, x: Tensor, state: PatternCache | None, packing: Packing | None = None):
         """The training default: the chunked mode with the pattern solve and the neighbour scores
-        by the compiled sweeps of ops/pattern_kernels.py (one pass per head over t, forward and
+        by the compiled sweeps of ops/pattern/numba.py (one pass per head over t, forward and
         backward). Where they cannot run -- numba missing (warned once), a CUDA or half-precision
         tensor -- this is exactly the chunked mode. Window patterns keep their matmul path.
         ``packing``: document boundaries in the rows (module docstring), honoured by the tables."""
