@@ -80,7 +80,7 @@ def report_markdown(
     """The Markdown report: measured table, the paper's table beside it, the claims checked with the
     computed facts behind each verdict, the preset's own notes, setup and every cell; everything
     read from ``cc`` and the parts computed from it once (``study/compare.py``)."""
-    configs, labels, tasks, summary, baselines = cc.configs, cc.labels, cc.columns, cc.summary, cc.baselines
+    configs, labels, tasks, summary = cc.configs, cc.labels, cc.columns, cc.summary
     lines = [
         f"# tokenmix compare — preset `{preset}`",
         "",
@@ -118,6 +118,20 @@ def report_markdown(
             markdown_table(pr, ph).rstrip("\n"),
             "",
         ]
+    lines += _claim_sections(paper_claims, depth_claims)
+    if notes.strip():
+        lines += ["## Notes of the preset (its design, written before these numbers)", "", notes.strip(), ""]
+    lines += _setup_lines(cc)
+    lines += ["", *_every_cell_lines(summary)]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
+    lines += ["Per-run results: `results.csv`, `results.json`, `runs/<run_id>/`; resolved configs: `sweep.json`.", ""]
+    return "\n".join(lines)
+
+
+def _claim_sections(paper_claims: list[dict[str, Any]], depth_claims: list[dict[str, Any]]) -> list[str]:
+    """The paper's claims and ChaCAL's depth claim, each section only when it has findings."""
+    lines: list[str] = []
     if paper_claims:
         lines += [
             "## The paper's qualitative findings, checked on this table",
@@ -136,18 +150,21 @@ def report_markdown(
             "",
         ]
         lines += finding_lines(depth_claims)
-    if notes.strip():
-        lines += ["## Notes of the preset (its design, written before these numbers)", "", notes.strip(), ""]
-    lines += ["## Setup", ""]
-    for task in tasks:
-        c = next(c for c in configs if c.column_name == task)
+    return lines
+
+
+def _setup_lines(cc: CompareCells) -> list[str]:
+    """Each task's sizes, guessing levels and training; each row's model; seeds and learning rates."""
+    lines = ["## Setup", ""]
+    for task in cc.columns:
+        c = next(c for c in cc.configs if c.column_name == task)
         targs = ", ".join(f"{k}={v}" for k, v in c.to_dict()["task_args"].items())
-        guess = ", ".join(f"{k} {100 * v:.1f} %" for k, v in baselines[task].items())
+        guess = ", ".join(f"{k} {100 * v:.1f} %" for k, v in cc.baselines[task].items())
         train = {k: v for k, v in c.to_dict()["train"].items() if k not in ("lr", "mode")}
         lines.append(f"- `{task}`: {targs}; guessing baselines: {guess}")
         lines.append("  - training: " + ", ".join(f"{k}={v}" for k, v in train.items()))
-    for label in labels:
-        c = next(c for c in configs if c.label == label)
+    for label in cc.labels:
+        c = next(c for c in cc.configs if c.label == label)
         m = c.to_dict()["model"]
         shared = ", ".join(f"{k}={v}" for k, v in m.items() if k not in ("vocab_size", "layers", "mixer_overrides"))
         extra = f", mixer_overrides={m['mixer_overrides']}" if m.get("mixer_overrides") else ""
@@ -156,8 +173,12 @@ def report_markdown(
             f"training mode={c.train.mode or 'default'}"
         )
     lines.append(f"- seeds {cc.seeds}; learning rates {[f'{lr:g}' for lr in cc.lrs]}")
-    lines += [
-        "",
+    return lines
+
+
+def _every_cell_lines(summary: Sequence[dict[str, Any]]) -> list[str]:
+    """The table of every (row, task, width): what chose the learning rate, and the rest."""
+    return [
         "## Every (row, task, width)",
         "",
         "`val by lr` chooses the learning rate; `acc by lr` (test) is shown, never used to choose.",
@@ -199,7 +220,3 @@ def report_markdown(
         ).rstrip("\n"),
         "",
     ]
-    if plots:
-        lines += ["## Plots", ""] + [f"![{p.stem}]({p.name})" for p in plots] + [""]
-    lines += ["Per-run results: `results.csv`, `results.json`, `runs/<run_id>/`; resolved configs: `sweep.json`.", ""]
-    return "\n".join(lines)
