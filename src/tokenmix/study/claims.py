@@ -144,31 +144,7 @@ def qualitative_findings(
             detail = ", ".join(
                 f"{a} {t} {100 * v:.1f} ± {100 * cells[(a, t)].get('acc_std', 0.0):.1f}" for (a, t), v in vals.items()
             )
-            for a, b in pairs:
-                note = _spread_note(a, b, cells)
-                if note:
-                    why.append(note)
-                if a[1] == b[1] == "copy" and a[0] in routes and b[0] in routes:
-                    why.append(_route_pair_note(routes[a[0]], routes[b[0]]))
-            if all(v >= CEILING for v in vals.values()):
-                why.append(
-                    f"every cell is at the ceiling (≥ {100 * CEILING:.0f} %): this task does not separate "
-                    "these rows at this size"
-                )
-            levels = {t: max(baselines[t].values()) for (_, t) in vals if baselines.get(t)}
-            if len(vals) > 1 and all(t in levels and v <= levels[t] + GUESS_SLACK for (_, t), v in vals.items()):
-                verdict = "untested"
-                why.append(
-                    "every cell is at a guessing level: none of these rows learned the task within its budget, "
-                    "so there is nothing to compare (untested, not holds)"
-                )
-            for k in needed if explain is None else explain:
-                why += cell_diagnostics(k, cells[k], baselines, lrs)
-                if k[1] == "copy" and k[0] in routes:
-                    guess = max(baselines.get("copy", {}).values(), default=None)
-                    why.append(routes[k[0]].describe(cells[k], guess))
-                if k[1] == "assoc_recall" and k[0] in reads:
-                    why.append(reads[k[0]].describe(cells[k]))
+            verdict = _why_of_claim(vals, needed, pairs, explain, verdict, why, cells, baselines, lrs, routes, reads)
         out.append({"claim": text, "verdict": verdict, "measured": detail, "why": why})
 
     dense, att = ("dense_recurrence", "multi_hop"), ("attention", "multi_hop")
@@ -214,6 +190,50 @@ def qualitative_findings(
             [(ce, b)],
         )
     return out
+
+
+def _why_of_claim(
+    vals: dict[tuple[str, str], float],
+    needed: Sequence[tuple[str, str]],
+    pairs: Sequence[tuple[tuple[str, str], tuple[str, str]]],
+    explain: Sequence[tuple[str, str]] | None,
+    verdict: str,
+    why: list[str],
+    cells: dict[tuple[str, str], dict[str, Any]],
+    baselines: dict[str, dict[str, float]],
+    lrs: Sequence[float],
+    routes: dict[str, CopyRoutes],
+    reads: dict[str, RecallReads],
+) -> str:
+    """Append to ``why`` the facts behind a measured claim (spreads, routes, ceilings, guessing levels,
+    each cell's diagnostics and structure) and return its verdict ("untested" when every cell is at a
+    guessing level, else ``verdict``)."""
+    for a, b in pairs:
+        note = _spread_note(a, b, cells)
+        if note:
+            why.append(note)
+        if a[1] == b[1] == "copy" and a[0] in routes and b[0] in routes:
+            why.append(_route_pair_note(routes[a[0]], routes[b[0]]))
+    if all(v >= CEILING for v in vals.values()):
+        why.append(
+            f"every cell is at the ceiling (≥ {100 * CEILING:.0f} %): this task does not separate "
+            "these rows at this size"
+        )
+    levels = {t: max(baselines[t].values()) for (_, t) in vals if baselines.get(t)}
+    if len(vals) > 1 and all(t in levels and v <= levels[t] + GUESS_SLACK for (_, t), v in vals.items()):
+        verdict = "untested"
+        why.append(
+            "every cell is at a guessing level: none of these rows learned the task within its budget, "
+            "so there is nothing to compare (untested, not holds)"
+        )
+    for k in needed if explain is None else explain:
+        why += cell_diagnostics(k, cells[k], baselines, lrs)
+        if k[1] == "copy" and k[0] in routes:
+            guess = max(baselines.get("copy", {}).values(), default=None)
+            why.append(routes[k[0]].describe(cells[k], guess))
+        if k[1] == "assoc_recall" and k[0] in reads:
+            why.append(reads[k[0]].describe(cells[k]))
+    return verdict
 
 
 SOLVED = 0.90  # "solves" in the depth claim
