@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import psutil
 
@@ -188,6 +189,20 @@ def wait_for_exit(pids: list[int], *, cpu_seconds: float = 30.0, idle_seconds: f
         if not alive or watch.verdict(*sampler.sample()):
             return alive
         time.sleep(POLL_SECONDS)
+
+
+def child_pids(pid: int) -> list[int]:
+    """The pids whose parent is ``pid``, read from /proc (live children, zombies included)."""
+    kids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                kids.append(int(d.name))
+    return kids
 
 
 def _alive(pid: int) -> bool:

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from lm_helpers import TINY, lm_env, one_line_error, run_cli, train_tiny_run, within
-from progress_guard import wait_for_exit, wait_until
+from progress_guard import child_pids, wait_for_exit, wait_until
 from tokenmix.cli.main import main
 from tokenmix.core.errors import InputError, MissingInput
 
@@ -271,19 +271,6 @@ def test_temporaries_are_only_removed_under_the_run_lock(run, tmp_path):
 
 
 # ------------------------------------------------------------------------------ 19: ranks and launcher
-def _children(pid: int) -> list[int]:
-    kids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(d.name))
-    return kids
-
-
 def _cmdline(pid: int) -> bytes:
     try:
         return Path(f"/proc/{pid}/cmdline").read_bytes()
@@ -340,7 +327,7 @@ def test_ddp_ranks_stop_when_their_torchrun_launcher_is_killed(root, tmp_path):
             launcher,
             cpu_seconds=480,
         )
-        ranks = [p for p in _children(launcher.pid) if _alive(p) and b"tokenmix" in _cmdline(p)]
+        ranks = [p for p in child_pids(launcher.pid) if _alive(p) and b"tokenmix" in _cmdline(p)]
         assert launcher.poll() is None and len(ranks) == 2, (tmp_path / "torchrun.log").read_text()[-3000:]
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait()

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lm_helpers import lm_env, one_line_error, run_cli, tokenmix_cmd
-from progress_guard import run_guarded, wait_for_exit, wait_until
+from progress_guard import child_pids, run_guarded, wait_for_exit, wait_until
 from tokenmix.cli.main import main
 from tokenmix.core.lock import LOCK_NAME, folder_lock
 
@@ -110,19 +110,6 @@ def slow(extra_mixers=()):
 """
 
 
-def _children(pid: int) -> list[int]:
-    kids = []
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                stat = (d / "stat").read_text()
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == pid:
-                kids.append(int(d.name))
-    return kids
-
-
 def _alive(pid: int) -> bool:
     try:
         state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
@@ -166,7 +153,7 @@ def test_compare_workers_die_with_their_parent(tmp_path, sig):
     try:
         wait_until(lambda: len(list(out.glob("runs/*/config.json"))) >= 2, proc, cpu_seconds=120)
         assert len(list(out.glob("runs/*/config.json"))) == 2, "the two workers did not start"
-        kids = _children(proc.pid)
+        kids = child_pids(proc.pid)
         assert len(kids) >= 2
         proc.send_signal(sig)
         # "at once": each process exits before using 10 s of CPU (training the queued runs would)
