@@ -13,9 +13,11 @@ query row is split into
     rest     every other position
 
 averaged over the queries, per head: over every answered query, and over those whose value position
-the layer reads in one hop (where a learned read can put weight on it). A layer that has learned the
-read puts most of a head's weight on the value; a relay plateau puts ≈ 0 on the query itself and spreads the rest (each
-query answers "some value of the context"). Beside it, the test accuracy split by how the layer
+the layer reads in one hop (where a learned read can put weight on it) -- there also for the one-hop
+row |A + B| itself, the coefficient a hop puts on the value's output before the solve spreads it over
+the paths behind that output (the verdict reads this one). A layer that has learned the read puts
+most of a head's hop on the value; a relay plateau puts about 0 on the query itself and spreads the
+rest (each query answers "some value of the context"). Beside it, the test accuracy split by how the layer
 reads (``tasks.READ_CLASSES``) with each class's share. Writes ``reads.json`` and ``reads.png``.
 """
 
@@ -44,23 +46,27 @@ PARTIAL_READ = 0.2  # ... at least this, in part; below, it relays (a plateau pu
 class LayerReads:
     """Mean share of each query row's |M| weight per part (``PARTS``), per head, of one layer: over
     every answered query (``by_head``) and over those whose value position the layer reads in one hop
-    (``readable``: where a learned read can put its weight; empty when there is none)."""
+    (``readable``: where a learned read can put its weight; empty when there is none); and, for those
+    queries, the share of the one-hop row |A + B| (``direct``: the coefficient the hop itself puts on
+    the value's output, before the solve spreads it over the paths behind that output)."""
 
     layer: int
     mixer: str
     by_head: list[dict[str, float]]
     readable: list[dict[str, float]]
     readable_queries: int
+    # the same queries' one-hop rows (A + B, before the solve): the weight a hop puts on each part
+    direct: list[dict[str, float]]
 
     @property
     def best_head(self) -> int:
-        heads = self.readable or self.by_head
+        heads = self.direct or self.by_head
         return max(range(len(heads)), key=lambda h: heads[h]["value"])
 
     def verdict(self) -> str:
-        if not self.readable:
+        if not self.direct:
             return f"layer {self.layer} ({self.mixer}): reads no query's value position in one hop"
-        share = self.readable[self.best_head]["value"]
+        share = self.direct[self.best_head]["value"]
         kind = (
             "reads the value"
             if share >= LEARNED_READ
@@ -69,9 +75,10 @@ class LayerReads:
             else "relays (no head reads the value)"
         )
         head = f"layer {self.layer} ({self.mixer}), head {self.best_head}"
+        solved = self.readable[self.best_head]["value"]
         return (
-            f"{head}: {100 * share:.0f} % of |M| on the value position for the {self.readable_queries} queries "
-            f"it reads in one hop: {kind}"
+            f"{head}: its hop puts {100 * share:.0f} % of |A + B| on the value's position for the "
+            f"{self.readable_queries} queries it reads in one hop ({100 * solved:.0f} % of |M| after the solve): {kind}"
         )
 
 
@@ -84,6 +91,14 @@ def _query_parts(inputs: list[int], labels: list[int], window: int) -> list[tupl
         p = inputs.index(inputs[q])
         out.append((q, p, p + 1, range(p + 2, min(p + window, q))))
     return out
+
+
+def _row_shares(w: torch.Tensor) -> torch.Tensor:
+    """|w| [N, H, (G,) T, T] -> rows normalised to sum 1 [N, H, T, T] (summed over state channels)."""
+    w = w.abs()
+    if w.dim() == 5:
+        w = w.sum(2)
+    return w / w.sum(-1, keepdim=True).clamp_min(1e-30)
 
 
 @torch.no_grad()
@@ -99,32 +114,25 @@ def layer_reads(model: MixerModel, data: TaskData, window: int, layers: list[int
     for i in layers:
         mixer = model.blocks[i].mixer
         hops = layer_hops(mixer, data.inputs.shape[1])
-        m = mixer.materialize(inputs_of[i]).mixing_matrix().abs()  # [N, H, T, T]
-        if m.dim() == 5:
-            m = m.sum(2)
-        m = m / m.sum(-1, keepdim=True).clamp_min(1e-30)
-        sums = torch.zeros(2, m.shape[1], len(PARTS), dtype=torch.float64)  # [all | readable, H, part]
-        counts = [0, 0]
+        op = mixer.materialize(inputs_of[i])
+        # [all queries by M | readable queries by M | readable queries by the one-hop row A + B]
+        rows = (_row_shares(op.mixing_matrix()), _row_shares(op.A.abs() + op.B.abs()))
+        sums = torch.zeros(3, rows[0].shape[1], len(PARTS), dtype=torch.float64)
+        counts = [0, 0, 0]
         for n, (inputs, labels) in enumerate(zip(data.inputs.tolist(), data.labels.tolist())):
             for q, p, v, rest_window in _query_parts(inputs, labels, window):
-                row = m[n, :, q].double()  # [H, T]
-                parts = [row[:, v], row[:, p], row[:, list(rest_window)].sum(-1), row[:, q]]
-                parts.append(1 - sum(parts))
-                for k in (0, 1) if hops[q, v] <= 1 else (0,):
+                for k, which in ((0, 0), (1, 0), (2, 1)) if hops[q, v] <= 1 else ((0, 0),):
+                    row = rows[which][n, :, q].double()  # [H, T]
+                    parts = [row[:, v], row[:, p], row[:, list(rest_window)].sum(-1), row[:, q]]
+                    parts.append(1 - sum(parts))
                     sums[k] += torch.stack(parts, -1)
                     counts[k] += 1
         if counts[0] == 0:
             raise InputError("the data has no answered query to read")
-        mean = [(sums[k] / max(counts[k], 1)).tolist() for k in (0, 1)]
-        out.append(
-            LayerReads(
-                i,
-                model.cfg.layers[i],
-                [dict(zip(PARTS, h)) for h in mean[0]],
-                [dict(zip(PARTS, h)) for h in mean[1]] if counts[1] else [],
-                counts[1],
-            )
-        )
+        mean = [
+            [dict(zip(PARTS, h)) for h in (sums[k] / max(counts[k], 1)).tolist()] if counts[k] else [] for k in range(3)
+        ]
+        out.append(LayerReads(i, model.cfg.layers[i], mean[0], mean[1], counts[1], mean[2]))
     return out
 
 
@@ -185,6 +193,7 @@ def analyze_reads(run_dir: Path, out_dir: Path, examples: int = 200, formats=("p
                 "by_head": r.by_head,
                 "readable": r.readable,
                 "readable_queries": r.readable_queries,
+                "direct": r.direct,
                 "verdict": r.verdict(),
             }
             for r in reads
