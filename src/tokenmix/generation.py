@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from tokenmix.core.errors import InputError
+from tokenmix.core.seeds import check_seed
 from tokenmix.mixers.base import MixerState
 from tokenmix.models import left_pad
 
@@ -56,8 +57,7 @@ class SamplingConfig:
             raise InputError(f"top_k must be >= 0, got {self.top_k}")
         if not 0.0 < self.top_p <= 1.0:
             raise InputError(f"top_p must be in (0, 1], got {self.top_p}")
-        if not 0 <= self.seed < 2**63:  # row i draws with seed + i: a 64-bit generator seed
-            raise InputError(f"seed must be in [0, 2**63), got {self.seed}")
+        check_seed(self.seed, "seed")  # row i draws with seed + i: a 64-bit generator seed
 
 
 def filter_logits(logits: Tensor, top_k: int, top_p: float) -> Tensor:

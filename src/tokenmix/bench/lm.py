@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from tokenmix.bench.settings import DEFAULT_MIXERS, LMBenchConfig
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_text
+from tokenmix.core.seeds import check_seed
 from tokenmix.mixers.registry import mixer_names
 from tokenmix.models import MixerModel, ModelConfig
 
@@ -195,8 +196,7 @@ def check_settings(args: LMBenchConfig) -> None:
     for t in args.contexts:
         if t < 2:
             raise InputError(f"--contexts must be >= 2, got {t}")
-    if not 0 <= args.seed < 2**63:
-        raise InputError(f"--seed must be in [0, 2**63), got {args.seed}")
+    check_seed(args.seed)
     if args.out is not None:  # checked now, not after minutes of timing
         out = Path(args.out)
         if out.is_dir():

@@ -33,10 +33,11 @@ from tokenmix.analysis.reads import analyze_reads
 from tokenmix.analysis.reads import summary_rows as reads_summary_rows
 from tokenmix.analysis.report import check_run_dir
 from tokenmix.analysis.run_inputs import text_layer_input
-from tokenmix.cli.limits import check_seed, check_size
+from tokenmix.cli.limits import check_size
 from tokenmix.cli.validate import mixer_list
 from tokenmix.core.errors import InputError
 from tokenmix.core.progress import Progress
+from tokenmix.core.seeds import check_seed
 from tokenmix.mixers.registry import build_mixer, get_mixer_spec, mixer_names
 from tokenmix.patterns import get_pattern
 from tokenmix.study.analysis_suite import report

@@ -19,11 +19,12 @@ from tokenmix.bench.settings import (
     QUICK_SOLVER_SIZES,
     LMBenchConfig,
 )
-from tokenmix.cli.limits import check_seed, check_size, fmt_bytes, memory_budget
+from tokenmix.cli.limits import check_size, fmt_bytes, memory_budget
 from tokenmix.cli.validate import mixer_list
 from tokenmix.core.errors import InputError, MissingDependency
 from tokenmix.core.files import atomic_write_text
 from tokenmix.core.progress import Progress
+from tokenmix.core.seeds import check_seed
 from tokenmix.mixers.registry import get_mixer_spec
 from tokenmix.study import step_bench
 from tokenmix.study.presets import compare_preset

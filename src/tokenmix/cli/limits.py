@@ -16,7 +16,6 @@ from tokenmix.core.errors import InputError
 from tokenmix.core.memory import available_memory
 
 FALLBACK_MEMORY = 8 * 2**30  # when the machine does not say (no /proc): assume a small machine
-SEED_LIMIT = 2**63  # torch's generators take a 64-bit seed; generate seeds row i with seed + i
 
 
 def memory_budget() -> int:
@@ -76,10 +75,3 @@ def check_range(flag: str, value: float, lo: float | None = None, hi: float | No
         else:
             want = f"<= {hi:g}"
         raise InputError(f"{flag} must be {want}, got {value}")
-
-
-def check_seed(value: int, flag: str = "--seed") -> None:
-    """Refuse a seed torch's generators cannot take (negative, or 2**63 and above) in the words
-    ``generate`` and ``bench lm`` use, before anything is built or written."""
-    if not 0 <= value < SEED_LIMIT:
-        raise InputError(f"{flag} must be in [0, 2**63), got {value}")
