@@ -1,23 +1,10 @@
 """Cost and cache accounting of every registered mixer: derived formulas against measurements.
 
-Derived (from the mixer's own accounting methods, never measured):
-    cache entries   cache_positions(n), past positions held at the peak of an n-token decode
-    cache scalars   state_size(n) per batch element; bytes = scalars x element size
-    per-token time  flops_per_token(n), multiply-adds of the mixing for the last token
-    training FLOPs  forward mixing multiply-adds of an n-token sequence, sum_{t=1..n} flops_per_token(t)
-                    (exact up to 2048 positions, a trapezoid sum over sampled positions beyond), plus
-                    n x the weight-matrix multiply-adds per token (projections), times 3 for forward +
-                    backward (the backward of a linear map costs two forwards)
-
-Measured:
-    cache           decode n tokens with ``mixer.step`` and read ``state.peak_positions`` /
-                    ``state.peak_numel`` (the recurrent mode observes the state before every token)
-    time            forward + backward of the training mode at several n, and a replay of the same
-                    projection calls alone (the weight matrices' forward + backward on inputs of the
-                    recorded shapes); the lengths take turns (two calls back to back each per
-                    round, each on its own copy of the mixer), so all see the same load; the fastest of the repeats
-                    (other processes only ever add time), on process CPU time by default; log-log
-                    slopes fitted by least squares, from ``ASYMPTOTE_FROM`` on for kernels listed there
+Derived: cache entries, cache scalars, per-token time and training FLOPs from the mixer's own accounting
+methods, never measured (``accounting_derived.py`` lists each). Measured: the decode cache read from the
+state after an n-token decode, and the training time at several n with the projections replayed alone,
+the lengths taking turns under the same load (``accounting_measured.py`` says how); log-log slopes
+fitted by least squares, from ``ASYMPTOTE_FROM`` on for kernels listed there.
 
 A mixer's time is projections (slope 1) plus mixing (the stated complexity: n x per-token growth,
 e.g. slope 1.12 for O(log n) per token over 1k–16k). The whole time mixes the two in proportions
