@@ -68,6 +68,12 @@ def tiny_lm_argv(
     return ["train", "lm", *corpus_args, "--preset", "tiny", *options, "--out", str(out), *output, "--set", *settings]
 
 
+def torchrun_tiny_cmd(out: Path, *settings: str) -> list[str]:
+    """``tiny_lm_argv`` (``--quiet``) launched by torchrun as two local ranks (gloo on the CPU)."""
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "tokenmix"]
+    return [*launcher, *tiny_lm_argv(out, *settings)]
+
+
 def train_tiny_run(root: Path, main, *overrides: str, name: str = "run") -> Path:
     """A two-step ``tiny`` LM run at root/<name> (its data cache at root/cache), through the CLI's
     ``main`` in this process, with further ``--set`` overrides; returns the run folder."""

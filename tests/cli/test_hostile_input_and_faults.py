@@ -18,12 +18,11 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from lm_helpers import TINY, lm_env, one_line_error, run_cli, train_tiny_run, within
+from lm_helpers import TINY, lm_env, one_line_error, run_cli, torchrun_tiny_cmd, train_tiny_run, within
 from progress_guard import child_pids, wait_for_exit, wait_until
 from tokenmix.cli.main import main
 from tokenmix.core.errors import InputError, MissingInput
@@ -291,22 +290,8 @@ def test_ddp_ranks_stop_when_their_torchrun_launcher_is_killed(root, tmp_path):
     """torchrun starts each rank in its own session: SIGKILL to the launcher reached no rank, and the
     two gloo ranks trained on. Each rank now ends with its launcher."""
     out = tmp_path / "ddp"
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "tokenmix",
-        "train",
-        "lm",
-        "--preset",
-        "tiny",
-        "--out",
-        str(out),
-        "--quiet",
-        "--set",
+    cmd = torchrun_tiny_cmd(
+        out,
         *TINY,
         "train.max_steps=1000000",
         "train.checkpoint_every=0",
@@ -314,7 +299,7 @@ def test_ddp_ranks_stop_when_their_torchrun_launcher_is_killed(root, tmp_path):
         "train.tensorboard=false",
         "train.parallel=ddp",
         "train.device=cpu",
-    ]
+    )
     log = open(tmp_path / "torchrun.log", "w")
     launcher = subprocess.Popen(
         cmd, env=lm_env(root / "cache"), stdout=log, stderr=subprocess.STDOUT, start_new_session=True

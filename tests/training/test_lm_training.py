@@ -8,13 +8,12 @@ import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from lm_helpers import TINY, lm_env, run_tokenmix, step_losses, tokenmix_cmd, val_losses
+from lm_helpers import TINY, lm_env, run_tokenmix, step_losses, tokenmix_cmd, torchrun_tiny_cmd, val_losses
 from progress_guard import NoProgress, TreeSampler, Watch, run_guarded
 
 # one trajectory, shared by the resume and the distributed checks
@@ -75,25 +74,7 @@ def test_resume_after_sigkill_is_bitwise_identical(reference_run, cache, tmp_pat
 @pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
 def test_torchrun_two_ranks_matches_single_process(reference_run, cache, tmp_path, parallel):
     out = tmp_path / parallel
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc_per_node=2",
-        "-m",
-        "tokenmix",
-        "train",
-        "lm",
-        "--preset",
-        "tiny",
-        "--out",
-        str(out),
-        "--quiet",
-        "--set",
-        *TRAJECTORY,
-        f"train.parallel={parallel}",
-    ]
+    cmd = torchrun_tiny_cmd(out, *TRAJECTORY, f"train.parallel={parallel}")
     proc = run_guarded(cmd, env=lm_env(cache), cpu_seconds=900)  # hung: judged by its CPU, not the clock
     assert proc.returncode == 0, proc.stderr[-3000:]
     ref, got = step_losses(reference_run), step_losses(out)
