@@ -10,7 +10,7 @@ with q, k L2-normalised, scale = K^-1/2 and beta_t = sigmoid(w_betaᵀ x_t) in (
 down to -1, Grazzi et al. 2025, which lets the layer track parities).
 
 (A, B) form over the values X = V (framework.md §2.3; the family's derivation with g = 0,
-mixers/delta_family.py). Writing S_t = sum_{j<=t} k_j u_jᵀ,
+mixers/delta_rule.py). Writing S_t = sum_{j<=t} k_j u_jᵀ,
 
     u_t = beta_t v_t - sum_{j<t} beta_t (k_t·k_j) u_j
     =>  U = (I - B)^{-1} A V,   A = diag(beta),   B[t, j] = -beta_t k_t·k_j  (j < t),
@@ -23,7 +23,7 @@ Symbols: q, k, v, beta as in the papers; S is fla's ``h`` / ``initial_state`` ([
 ``mix_a``/``mix_b``/``readout`` are the framework's A/B/R.
 
 Projections, modes (chunked UT transform, dense, recurrent), decode state and left padding are the
-family's (``DeltaRuleMixer``, mixers/delta_family.py) without a decay gate.
+base's (``DeltaRuleMixer``, mixers/delta_rule.py) without a decay gate.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import MixerConfig
-from tokenmix.mixers.delta_family import DeltaRuleMixer
+from tokenmix.mixers.delta_rule import DeltaRuleMixer
 from tokenmix.mixers.registry import register_mixer
 
 

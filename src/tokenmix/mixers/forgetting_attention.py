@@ -28,7 +28,7 @@ out of every row, a padding query reads only its own key; padding tokens get log
 nothing to any G_i - G_j (and no real pair spans a padding position anyway).
 
 The modes other than the decode (rows by query blocks, the dense mode through the reference
-solver, the materialised A) come from the family base, mixers/attention_family.py.
+solver, the materialised A) come from the base, mixers/row_attention.py.
 """
 
 from __future__ import annotations
@@ -42,9 +42,9 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.attention import KVCache, allowed_keys, mask_padding_keys
-from tokenmix.mixers.attention_family import RowAttention, Segment, exclusive_reverse_cumsum, gate_bias
 from tokenmix.mixers.base import Linear, MixerConfig, MixerState
 from tokenmix.mixers.registry import register_mixer
+from tokenmix.mixers.row_attention import RowAttention, Segment, exclusive_reverse_cumsum, gate_bias
 
 
 @dataclass(frozen=True)

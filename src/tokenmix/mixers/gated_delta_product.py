@@ -17,7 +17,7 @@ n_h = 1 is Gated DeltaNet exactly.
 (A, B, R) form on the sub-step clock. The n_h sub-steps act as n_h tokens of a gated delta rule: put
 them on one clock of N = n_h·T positions p = (t, i) ↦ n_h·t + i, with the decay g_t on the first
 sub-step of each token and 0 on the others, and take one output per token, after its last sub-step.
-Then the delta family's form (mixers/delta_family.py) applies verbatim over the values X = (v_{t,i}) [N, V]:
+Then the delta family's form (mixers/delta_rule.py) applies verbatim over the values X = (v_{t,i}) [N, V]:
 
     U = (I - B)^{-1} (A X + offset),   A = diag(beta_{t,i})                               [N, N],
         B[p, p'] = -beta_p exp(G_p - G_p') k_p·k_p'   (p' < p; within a token too: the higher order)
@@ -30,7 +30,7 @@ and whose values are ``values(x)`` [B, N, H, V]; the token-level operator from t
 T outputs is those rows of R (I - B)^{-1} A. Its diagonal n_h x n_h blocks of B are where the product
 of reflections sits.
 
-Modes: the family's (``DeltaRuleMixer``, mixers/delta_family.py) on the sub-step clock (``substeps``
+Modes: the base's (``DeltaRuleMixer``, mixers/delta_rule.py) on the sub-step clock (``substeps``
 = n_h): ``chunked`` (ops/chunked_delta.py, ``chunk_size`` counting sub-steps and rounded down to a
 multiple of n_h; ``read_every = n_h`` forms only the last sub-step's read-out rows), ``dense`` (the
 [N, N] operator and core.operator.solve_dense), ``recurrent`` (n_h delta_rule_step per token). Decode
@@ -48,7 +48,7 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear
-from tokenmix.mixers.delta_family import DeltaRuleMixer
+from tokenmix.mixers.delta_rule import DeltaRuleMixer
 from tokenmix.mixers.gated_deltanet import GatedDeltaNetConfig
 from tokenmix.mixers.registry import register_mixer
 

@@ -7,7 +7,7 @@ Recurrence per head, state S [K, V] (fla's layout):
 alpha_t = exp(g_t), g_t = -exp(A_log) · softplus(w_aᵀ x_t + dt_bias) <= 0 (Mamba-2's
 parameterisation, as in fla's GatedDeltaNet), beta_t and the L2-normalised q, k as in DeltaNet.
 
-(A, B, R) form: the family's derivation (mixers/delta_family.py) with e = beta k, w = beta v and one
+(A, B, R) form: the family's derivation (mixers/delta_rule.py) with e = beta k, w = beta v and one
 g per head. With G_t = sum_{i<=t} g_i (so prod_{i=j+1..t} alpha_i = exp(G_t - G_j)) and
 S_t = exp(G_t) S_0 + sum_{j<=t} exp(G_t - G_j) k_j u_jᵀ, over the values X = V:
 
@@ -21,7 +21,7 @@ exp(G_t - G_j) (A is unchanged); g = 0 recovers DeltaNet exactly. Every exponent
 with j <= t, hence <= 0: the materialised matrices never overflow.
 
 Projections, modes (chunked UT transform with decays inside chunks, dense, recurrent), decode state
-and left padding are the family's (``DeltaRuleMixer``) with a decay gate per head.
+and left padding are the base's (``DeltaRuleMixer``) with a decay gate per head.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tokenmix.core.errors import InputError
-from tokenmix.mixers.delta_family import DeltaRuleMixer
+from tokenmix.mixers.delta_rule import DeltaRuleMixer
 from tokenmix.mixers.deltanet import DeltaNetConfig
 from tokenmix.mixers.registry import register_mixer
 

@@ -9,7 +9,7 @@ with a channel-wise erase gate on the key axis b_t [K] = sigmoid(W_b x_t) (2·si
 the value axis w_t [V] = sigmoid(W_w x_t), and KDA's channel-wise log decay g_t [K] <= 0; q, k
 L2-normalised, scale = K^-1/2. b_t = w_t = beta_t·1 recovers KDA (mixers/kda.py).
 
-(A, B, R) form, per head, all [T, T] (the family's derivation, mixers/delta_family.py, with e = b ⊙ k
+(A, B, R) form, per head, all [T, T] (the family's derivation, mixers/delta_rule.py, with e = b ⊙ k
 and w = w_gate ⊙ v). The write gate acts on the value channels, which a T x T matrix cannot hold, so
 it is folded into the mixed values:
 
@@ -19,7 +19,7 @@ it is folded into the mixed values:
     O = R U + scale (Q ⊙ exp(G)) S_0,   R[t, j] = scale sum_d q_td k_jd exp(G_td - G_jd)   (j <= t).
 
 The erase gate b only enters B (the solve), the write gate only X, the decay B and R alike.
-Modes, chunked form and decode state are the family's channel-wise ones (``ChannelDelta``): chunked
+Modes, chunked form and decode state are the base's channel-wise ones (``ChannelDelta``): chunked
 (UT transform), dense, recurrent with S [K, V] per head. The config is KDA's.
 """
 
@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tokenmix.mixers.base import Linear
-from tokenmix.mixers.delta_family import ChannelDelta
+from tokenmix.mixers.delta_rule import ChannelDelta
 from tokenmix.mixers.kda import KDAConfig
 from tokenmix.mixers.registry import register_mixer
 

@@ -9,7 +9,7 @@ channel-wise (fla's KDA layer makes W_g low-rank and adds a short convolution an
 those belong to other layers). beta_t = sigmoid(w_betaᵀ x_t), or 2·sigmoid with ``allow_neg_eigval``;
 q, k L2-normalised; scale = K^-1/2.
 
-(A, B, R) form over the values X = V: the family's derivation (mixers/delta_family.py) with
+(A, B, R) form over the values X = V: the family's derivation (mixers/delta_rule.py) with
 e = beta k, w = beta v and G_t = sum_{i<=t} g_i a vector [K]. Per head, all [T, T]:
 
     U = (I - B)^{-1} (A V + offset),   A = diag(beta),
@@ -22,8 +22,8 @@ The channel-wise decay is a GLA-style decayed inner product inside every entry o
 mixing stays one T x T solve per head. With g_t = g_t·1 (one value per head) B and R are Gated
 DeltaNet's exactly.
 
-Modes, decode state and left padding are the family's channel-wise ones (``ChannelDelta``,
-mixers/delta_family.py): ``chunked`` (UT transform with per-channel decays inside chunks,
+Modes, decode state and left padding are the base's channel-wise ones (``ChannelDelta``,
+mixers/delta_rule.py): ``chunked`` (UT transform with per-channel decays inside chunks,
 ops/chunked_channel_delta.py), ``dense``, ``recurrent``; S [K, V] per head, whatever n.
 """
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 
 from torch import Tensor
 
-from tokenmix.mixers.delta_family import ChannelDelta
+from tokenmix.mixers.delta_rule import ChannelDelta
 from tokenmix.mixers.gated_deltanet import GatedDeltaNetConfig
 from tokenmix.mixers.registry import register_mixer
 

@@ -1,5 +1,5 @@
 """Log-linear Gated DeltaNet (Guo, Yang, Goel, Xing, Dao, Kim 2025, "Log-Linear Attention" §3.2): the
-Fenwick hierarchy of mixers/log_linear.py on the gated delta rule (mixers/delta_family.py).
+Fenwick hierarchy of mixers/log_linear.py on the gated delta rule (mixers/delta_rule.py).
 
 Per head (q, k L2-normalised [K], v [V], beta_t, alpha_t = exp(g_t) and every projection as in
 ``gated_deltanet``; level scales lambda_t^(l) = softplus(W_lambda x_t + b_lambda)^(l), l = 0..max_levels-1):
@@ -28,7 +28,7 @@ Modes: ``chunked`` (UT transform inside aligned chunks + a chunk-granular Fenwic
 O(T log T)), ``dense`` (the G-axis operator through core.operator.solve_dense; the initial buckets
 as known right-hand sides), ``recurrent`` (token by token). Left padding by row groups (the level
 map follows each row's own clock), as log_linear. ``allow_neg_eigval`` as in DeltaNet. The
-projections and the decay gate are the delta family's (``DeltaRuleMixer``, mixers/delta_family.py);
+projections and the decay gate are the delta base's (``DeltaRuleMixer``, mixers/delta_rule.py);
 the modes, the Fenwick state and the level scales are mixers/fenwick_levels.py's; this file states
 the op.
 
@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from tokenmix.core.operator import MixOperator, solve_dense
-from tokenmix.mixers.delta_family import DeltaRuleMixer
+from tokenmix.mixers.delta_rule import DeltaRuleMixer
 from tokenmix.mixers.fenwick_levels import FenwickLevelMixer, check_fenwick_config
 from tokenmix.mixers.gated_deltanet import GatedDeltaNetConfig
 from tokenmix.mixers.registry import register_mixer

@@ -55,9 +55,9 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.attention import allowed_keys, mask_padding_keys
-from tokenmix.mixers.attention_family import RowAttention, Segment, exclusive_reverse_cumsum, gate_bias
 from tokenmix.mixers.base import Linear, MixerConfig, MixerState
 from tokenmix.mixers.registry import register_mixer
+from tokenmix.mixers.row_attention import RowAttention, Segment, exclusive_reverse_cumsum, gate_bias
 from tokenmix.ops.chunked_path import ChunkedPath, householder_step, sequential_path_scores
 from tokenmix.ops.query_blocks import by_query_blocks
 

@@ -36,9 +36,9 @@ from torch import Tensor
 
 from tokenmix.core.errors import InputError
 from tokenmix.mixers.attention import KVCache
-from tokenmix.mixers.attention_family import RowAttention, Segment, exclusive_reverse_cumsum
 from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.registry import register_mixer
+from tokenmix.mixers.row_attention import RowAttention, Segment, exclusive_reverse_cumsum
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class StickBreakingAttention(RowAttention):
 
     config_cls = StickBreakingAttentionConfig
     # the generic matrix checks that y_t depends on x_t: with attend_current False, y_0 reads no key
-    # (it is 0 whatever x_0); tests/mixers/test_attention_family.py covers attend_current False
+    # (it is 0 whatever x_0); tests/mixers/test_row_attention.py covers attend_current False
     test_overrides = {"attend_current": True}
 
     def __init__(self, config: StickBreakingAttentionConfig, d_model: int) -> None:

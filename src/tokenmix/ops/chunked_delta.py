@@ -4,7 +4,7 @@ Recurrence (state S [K, V] per head, fla's layout; g = None is the ungated Delta
 
     S_t = exp(g_t) (I - beta_t k_t k_tᵀ) S_{t-1} + beta_t k_t v_tᵀ,        o_t = scale · S_tᵀ q_t.
 
-Token view (see mixers/delta_family.py for the derivation): with G_t = sum_{i<=t} g_i and
+Token view (see mixers/delta_rule.py for the derivation): with G_t = sum_{i<=t} g_i and
 S_t = exp(G_t) S_0 + sum_{j<=t} exp(G_t - G_j) k_j u_jᵀ, the pseudo-values u solve
 
     u_t + beta_t sum_{j<t} exp(G_t - G_j) (k_t·k_j) u_j = beta_t v_t - beta_t exp(G_t) S_0ᵀ k_t,

@@ -2,7 +2,7 @@
 ops/chunked_log_linear.py on the gated delta rule of ops/chunked_delta.py.
 
 Gated DeltaNet per head (state S [K, V]): S_t = alpha_t (I - beta_t k_t k_tᵀ) S_{t-1} + beta_t k_t v_tᵀ,
-o_t = scale S_tᵀ q_t, alpha_t = exp(g_t). Its mixing matrix over the values (mixers/delta_family.py)
+o_t = scale S_tᵀ q_t, alpha_t = exp(g_t). Its mixing matrix over the values (mixers/delta_rule.py)
 
     M = R (I - B)^{-1} A,   A = diag(beta),  B[t,j] = -beta_t exp(G_t - G_j) k_t·k_j (j < t),
                             R[t,j] = scale exp(G_t - G_j) q_t·k_j (j <= t),

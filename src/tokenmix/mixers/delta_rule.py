@@ -1,4 +1,4 @@
-"""Shared machinery of the delta-rule family (DeltaNet, Gated DeltaNet, Gated DeltaProduct, KDA, Gated
+"""Shared machinery of the delta-rule mixers (DeltaNet, Gated DeltaNet, Gated DeltaProduct, KDA, Gated
 DeltaNet-2, log-linear Gated DeltaNet): linear attention whose memory is corrected toward each new
 value. A member states only what differs (which decay gate, a sub-step clock, projections or terms
 of its own); the shared projections, the decay gate, the modes, the decode state, ``materialize`` and
@@ -88,7 +88,7 @@ class DeltaState(MixerState):
 
 
 class DeltaRuleMixer(Mixer):
-    """Base of the family: the delta rule with beta per head and an optional decay gate.
+    """Base of the delta-rule mixers: the delta rule with beta per head and an optional decay gate.
 
     Builds ``qkv`` (q, k, v of H heads of K = V = head_dim), ``beta_proj`` (beta per head), ``out``
     and, when ``decay_gate`` is set, the gate ``a_proj``, ``A_log``, ``dt_bias``, in that order: the

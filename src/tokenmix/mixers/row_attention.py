@@ -1,4 +1,4 @@
-"""Shared machinery of the row-attention family (FoX, stick-breaking attention, PaTH): mixers
+"""Shared machinery of the row-attention mixers (FoX, stick-breaking attention, PaTH): mixers
 y_i = sum_{j <= i} a_{i,j} v_j with B = 0, whose weight rows a_{i,.} depend on the whole causal row
 (a softmax, a stick-breaking product, transformed logits) but can be computed one block of queries
 at a time. A member says how it builds its rows for one segment (``_segment`` -> ``Segment``) and
