@@ -42,7 +42,6 @@ GLA_SPLIT = (
     "int(bad.sum()) in _split_rows: chunk rows sorted into the factored / safe form on the host",
 )
 SSD_WIDE = ("ops/chunked_ssd.py:", "int(wide.sum()): whether any chunk needs the safe form, counted on the host")
-BIT_LENGTH = ("ops/fenwick_levels.py:", "bit_length loops while bool((y > 0).any()): one sync per bit")
 FUSED_LIMIT = (
     "mixers/attention.py:",
     "bool(bound > fused_score_limit(...)): the fused-kernel score bound checked on the host",
@@ -57,10 +56,6 @@ IN_MODE = {
     ("attention", "sdpa"): FUSED_LIMIT,
     ("local_attention", "banded"): FUSED_LIMIT,
     ("hlru", "chunked"): PLAN_PER_CALL,
-    ("log_linear", "dense"): BIT_LENGTH,
-    ("log_linear_mamba2", "dense"): BIT_LENGTH,
-    ("log_linear_gated_deltanet", "chunked"): BIT_LENGTH,
-    ("log_linear_gated_deltanet", "dense"): BIT_LENGTH,
     ("retnet", "chunked"): GLA_SPLIT,
     ("gla", "chunked"): GLA_SPLIT,
     ("hgrn2", "chunked"): GLA_SPLIT,
@@ -69,9 +64,6 @@ IN_MODE = {
 }
 KNOWN: dict[tuple[str, str], tuple[str, str]] = {
     **{(name, f"{kind}-{mode}"): rt for (name, mode), rt in IN_MODE.items() for kind in ("forward", "continue")},
-    # a continued segment only: the chunk levels of a segment that does not start at position 0
-    ("log_linear", "continue-chunked"): BIT_LENGTH,
-    ("log_linear_mamba2", "continue-chunked"): BIT_LENGTH,
 }
 
 

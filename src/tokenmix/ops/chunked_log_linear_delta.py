@@ -185,7 +185,7 @@ def final_levels(k: Tensor, v: Tensor, beta: Tensor, g: Tensor, start: int, init
     cum = g.transpose(1, 2).cumsum(-1)  # [B, H, T]
     k_end = k.transpose(1, 2) * (cum[..., -1:] - cum).exp()[..., None]  # [B, H, T, K]
     pos = torch.arange(start, n, device=k.device)
-    own_lvl = bit_length(pos ^ n)  # the bucket of n that holds position s
+    own_lvl = bit_length(pos ^ n, n.bit_length())  # the bucket of n that holds position s
     n_lv = n.bit_length()
     sel = (own_lvl[None, :] == torch.arange(1, n_lv + 1, device=k.device)[:, None]).to(k.dtype)  # [L, T]
     rhs = (beta.transpose(1, 2)[:, :, None, :] * sel)[..., None] * v.transpose(1, 2)[:, :, None]  # [B,H,L,T,V]
@@ -347,7 +347,7 @@ def _level_read_weights(lam: Tensor, start: int, n_slots: int, j0: int) -> tuple
     chunk_start = (j0 + torch.arange(n_chunks, device=device)) * c  # [N]
     piece_start = chunk_start.clamp(min=start)  # p of each chunk
     tok = chunk_start[:, None] + torch.arange(c, device=device)[None, :]  # [N, C] absolute
-    reach = bit_length(tok ^ piece_start[:, None])  # [N, C]
+    reach = bit_length(tok ^ piece_start[:, None], ((j0 + n_chunks) * c - 1).bit_length())  # [N, C]
     read_lvl = torch.maximum(torch.arange(1, n_slots + 1, device=device)[None, None, :], reach[..., None])
     w_read = lam.gather(-1, read_lvl.clamp(max=n_lam - 1).expand(b, h, n_chunks, c, n_slots))  # [B,H,N,C,L]
     return tok, w_read
@@ -357,14 +357,20 @@ def _partial_chunk_writes(
     parts: _ChunkParts, vc: Tensor, bc: Tensor, i: int, rel: Tensor, p: int, p2: int, dtype: torch.dtype
 ) -> dict[int, Tensor]:
     """The writes of chunk i, a last, partial piece p..p2 whose tokens land in several buckets of p2,
-    split by bucket: {level: [B, H, K, V]}."""
+    split by bucket: {level: [B, H, K, V]}.
+
+    ``rel`` [C]: the absolute positions of the chunk's tokens (a device tensor). Which buckets the
+    piece writes follows from the host ints p and p2 alone, so an empty one is skipped without
+    reading the device."""
     low, top = ((p2 - 1) ^ p2).bit_length(), (p2 ^ p).bit_length()
     kt_i = parts.k_end[:, :, i].transpose(-1, -2)
-    lv = bit_length(rel ^ p2)
+    c = rel.shape[0]
+    lv = bit_length(rel ^ p2, ((p // c + 1) * c).bit_length())  # rel < the chunk's end, p2 <= it
+    written = {(s ^ p2).bit_length() for s in range(p, p2)}  # at most C host ints
     adds = {}
     for lvl in range(low, top + 1):
-        sel = ((lv == lvl) & (rel >= p) & (rel < p2)).to(dtype)
-        if bool(sel.any()):
+        if lvl in written:
+            sel = ((lv == lvl) & (rel >= p) & (rel < p2)).to(dtype)
             u_l = parts.t_ut[:, :, i] @ (vc[:, :, i] * (bc[:, :, i] * sel)[..., None])
             adds[lvl] = kt_i @ u_l
     return adds

@@ -28,11 +28,16 @@ from tokenmix.core.errors import InputError
 from tokenmix.patterns import fenwick_level
 
 
-def bit_length(x: Tensor) -> Tensor:
-    """Elementwise int.bit_length of a non-negative integer tensor (exact, no float log2)."""
+def bit_length(x: Tensor, bits: int) -> Tensor:
+    """Elementwise int.bit_length of a non-negative integer tensor (exact, no float log2).
+
+    ``bits``: a bound known on the host, every value of x < 2**bits (positions up to n: n.bit_length();
+    the XOR of two of them as well). The loop runs ``bits`` times, a count from Python ints, never a
+    check of the data: on a GPU a data-dependent stop would wait for the device once per bit.
+    """
     out = torch.zeros_like(x)
     y = x.clone()
-    while bool((y > 0).any()):
+    for _ in range(bits):
         out += (y > 0).to(out.dtype)
         y = y >> 1
     return out
@@ -41,7 +46,7 @@ def bit_length(x: Tensor) -> Tensor:
 def fenwick_level_matrix(start: int, t: int, device: torch.device | str = "cpu") -> Tensor:
     """[T, T] long: l(start + i, start + j) for j <= i, -1 above the diagonal."""
     pos = torch.arange(start, start + t, device=device)
-    lvl = bit_length(pos[:, None] ^ pos[None, :])
+    lvl = bit_length(pos[:, None] ^ pos[None, :], max(start + t - 1, 0).bit_length())
     return lvl.masked_fill(pos[None, :] > pos[:, None], -1)
 
 
@@ -60,7 +65,8 @@ def initial_level_map(start: int, t: int, l0: int, device: torch.device | str = 
     """[T, L0] long: the level at which initial bucket l' (1..L0) reaches token start + i,
     max(l', bit_length((start + i) XOR start)) (the levels up to that one have merged by then)."""
     pos = torch.arange(start, start + t, device=device)
-    return torch.maximum(torch.arange(1, l0 + 1, device=device)[None, :], bit_length(pos ^ start)[:, None])
+    reach = bit_length(pos ^ start, max(start + t - 1, 0).bit_length())  # [T]
+    return torch.maximum(torch.arange(1, l0 + 1, device=device)[None, :], reach[:, None])
 
 
 class AlignedChunks:
