@@ -74,10 +74,17 @@ class MixerConfig:
     head_dim: int | None = None
 
     def __post_init__(self) -> None:
-        if self.n_heads <= 0:
-            raise InputError(f"n_heads must be > 0, got {self.n_heads}")
-        if self.head_dim is not None and self.head_dim <= 0:
-            raise InputError(f"head_dim must be > 0, got {self.head_dim}")
+        self.require_positive("n_heads")
+        if self.head_dim is not None:
+            self.require_positive("head_dim")
+
+    def require_positive(self, *names: str) -> None:
+        """The check every config runs on its sizes and scales: the first named field that is not > 0
+        (NaN included) is bad user input, one line naming the field and its value."""
+        for name in names:
+            value = getattr(self, name)
+            if not value > 0:
+                raise InputError(f"{name} must be > 0, got {value}")
 
     def resolved_head_dim(self, d_model: int) -> int:
         if self.head_dim is not None:

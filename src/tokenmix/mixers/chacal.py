@@ -73,8 +73,7 @@ class ChacalConfig(MixerConfig):
                 f"gamma must be in [0, {GAMMA_MAX}) (the learned discount is kept at least "
                 f"{GAMMA_MARGIN} below 1), got {self.gamma}"
             )
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
+        self.require_positive("chunk_size")
 
 
 class ChainCache(MixerState):
@@ -100,7 +99,6 @@ class ChainCache(MixerState):
 class ChainCausalAttention(Mixer):
     """Multi-head ChaCAL with a learned per-head discount."""
 
-    config_cls = ChacalConfig
     modes = ("chunked", "dense", "recurrent")
     time_complexity = "O(n)"
     cache_complexity = "O(n)"

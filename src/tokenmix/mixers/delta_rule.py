@@ -98,6 +98,9 @@ class DeltaRuleMixer(Mixer):
     """
 
     modes = ("chunked", "dense", "recurrent")
+    #: ``forward_chunked``'s kernel resets the state at document boundaries (a member with its own
+    #: chunked kernel states what that one does)
+    packing_modes = ("chunked",)
     time_complexity = "O(1)"  # per token: K x V work, independent of n
     cache_complexity = "O(1)"  # one K x V matrix per head
     #: the decay gate: None (no decay), one log decay per "head" or per key "channel"
@@ -251,6 +254,7 @@ class ChannelDelta(DeltaRuleMixer):
     """
 
     decay_gate = "channel"
+    packing_modes = ()  # ops/chunked_channel_delta.py has no document boundaries: packed rows run piece by piece
 
     @abstractmethod
     def _terms(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, Tensor]:

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import MixerConfig
 from tokenmix.mixers.delta_rule import DeltaRuleMixer
 from tokenmix.mixers.registry import register_mixer
@@ -43,8 +42,7 @@ class DeltaNetConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
+        self.require_positive("chunk_size")
 
 
 @register_mixer(
@@ -54,5 +52,4 @@ class DeltaNetConfig(MixerConfig):
     ab_form="A = diag(beta), B[t,j] = -beta_t k_t·k_j (dense), R = (Q Kᵀ ⊙ L)·scale",
 )
 class DeltaNet(DeltaRuleMixer):
-    config_cls = DeltaNetConfig
-    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
+    """The delta-rule base without a decay gate (the module docstring has the recurrence and its form)."""

@@ -102,6 +102,9 @@ class DiagonalDecayMixer(Mixer):
     implement ``_features``."""
 
     modes = ("chunked", "dense", "recurrent")
+    #: ``forward_chunked``'s kernel (ops/chunked_gla.py) resets the state at document boundaries (a
+    #: member with its own chunked kernel states what that one does)
+    packing_modes = ("chunked",)
     time_complexity = "O(1)"  # per token: O(H K V) work on the state, independent of n
     cache_complexity = "O(1)"  # one K x V matrix per head, independent of n
     state_heads: int

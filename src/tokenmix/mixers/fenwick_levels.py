@@ -62,7 +62,7 @@ class FenwickState(MixerState):
 
 
 class FenwickLevelMixer:
-    """Mixin, first among a log-linear mixer's bases (before ``Mixer`` or a family base): the modes,
+    """Mixin, first among a log-linear mixer's bases (before ``Mixer`` or a kernel base): the modes,
     the Fenwick state and the level scales. The member sets ``key_dim`` (K; V = head_dim) and
     ``scale``, calls ``_init_level_scales`` and defines the hooks of the module docstring."""
 
@@ -70,6 +70,7 @@ class FenwickLevelMixer:
     time_complexity = "O(log n)"  # per token: one K x V read (and update) per Fenwick level
     cache_complexity = "O(log n)"  # bit_length(n) bucket states [K, V]
     pads_by_row_groups = True  # the Fenwick levels follow each row's own clock t - start
+    packing_modes = ()  # the level-wise kernels have no document boundaries: packed rows run piece by piece
     _step: ClassVar[Callable[..., tuple[Tensor, Tensor]]]
 
     def _init_level_scales(self, d_model: int) -> None:

@@ -40,7 +40,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tokenmix.core.errors import InputError
 from tokenmix.mixers.attention import KVCache, allowed_keys, mask_padding_keys
 from tokenmix.mixers.base import Linear, MixerConfig, MixerState
 from tokenmix.mixers.registry import register_mixer
@@ -53,14 +52,11 @@ class ForgettingAttentionConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
+        self.require_positive("chunk_size")
 
 
 class ForgettingAttention(RowAttention):
     """Multi-head causal softmax attention with a per-head data-dependent forget gate (FoX)."""
-
-    config_cls = ForgettingAttentionConfig
 
     def __init__(self, config: ForgettingAttentionConfig, d_model: int) -> None:
         super().__init__(config, d_model)

@@ -46,7 +46,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear
 from tokenmix.mixers.delta_rule import DeltaRuleMixer
 from tokenmix.mixers.gated_deltanet import GatedDeltaNetConfig
@@ -61,8 +60,7 @@ class GatedDeltaProductConfig(GatedDeltaNetConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.n_h <= 0:
-            raise InputError(f"n_h must be > 0, got {self.n_h}")
+        self.require_positive("n_h")
 
 
 @register_mixer(
@@ -73,8 +71,6 @@ class GatedDeltaProductConfig(GatedDeltaNetConfig):
     "R = (Q Kᵀ ⊙ M^S)·scale on the last sub-step rows only",
 )
 class GatedDeltaProduct(DeltaRuleMixer):
-    config_cls = GatedDeltaProductConfig
-    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     decay_gate = "head"
 
     def __init__(self, config: GatedDeltaProductConfig, d_model: int) -> None:

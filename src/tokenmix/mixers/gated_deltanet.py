@@ -52,6 +52,4 @@ class GatedDeltaNetConfig(DeltaNetConfig):
     ab_form="A = diag(beta), B[t,j] = -beta_t exp(G_t-G_j) k_t·k_j, R = (Q Kᵀ ⊙ M^S)·scale",
 )
 class GatedDeltaNet(DeltaRuleMixer):
-    config_cls = GatedDeltaNetConfig
-    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     decay_gate = "head"

@@ -42,8 +42,6 @@ from tokenmix.mixers.registry import register_mixer
     "R[t,j] = scale sum_d q_td k_jd exp(G_td-G_jd)",
 )
 class GDN2(ChannelDelta):
-    config_cls = KDAConfig
-
     def __init__(self, config: KDAConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, dk = self.n_heads, self.head_dim

@@ -25,7 +25,6 @@ from dataclasses import dataclass
 import torch.nn.functional as F
 from torch import Tensor
 
-from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.diagonal_decay import DiagonalDecayMixer, LinearFeatures
 from tokenmix.mixers.registry import register_mixer
@@ -39,12 +38,7 @@ class GLAConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
-        if self.gate_low_rank_dim <= 0:
-            raise InputError(f"gate_low_rank_dim must be > 0, got {self.gate_low_rank_dim}")
-        if not self.gate_logit_normalizer > 0:
-            raise InputError(f"gate_logit_normalizer must be > 0, got {self.gate_logit_normalizer}")
+        self.require_positive("chunk_size", "gate_low_rank_dim", "gate_logit_normalizer")
 
 
 @register_mixer(
@@ -55,8 +49,6 @@ class GLAConfig(MixerConfig):
     "A_c = diag(k_c), B_c = exp(gk_c) shift, R_c = diag(q_c)·scale",
 )
 class GLA(DiagonalDecayMixer):
-    config_cls = GLAConfig
-    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     reassociates = True  # the chunked form factors the decay products as exp(G_i - G_j)
 
     def __init__(self, config: GLAConfig, d_model: int) -> None:

@@ -48,8 +48,7 @@ class HGRN2Config(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
+        self.require_positive("chunk_size")
         if not 0.0 <= self.forget_lower_bound < 1.0:
             raise InputError(f"forget_lower_bound must be in [0, 1), got {self.forget_lower_bound}")
 
@@ -74,8 +73,6 @@ def hgrn2_gates(f_logits: Tensor, lower_bound: float) -> tuple[Tensor, Tensor]:
     "A_c = diag(1 - f_c), B_c = f_c shift (HGRN-1 per key channel), R_c = diag(q_c)·scale",
 )
 class HGRN2(DiagonalDecayMixer):
-    config_cls = HGRN2Config
-    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     reassociates = True  # the chunked form factors the forget-gate products as exp(G_i - G_j)
 
     def __init__(self, config: HGRN2Config, d_model: int) -> None:

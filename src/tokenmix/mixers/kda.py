@@ -51,8 +51,6 @@ class KDAConfig(GatedDeltaNetConfig):
     "R[t,j] = scale sum_d q_td k_jd exp(G_td-G_jd)",
 )
 class KDA(ChannelDelta):
-    config_cls = KDAConfig
-
     def _terms(self, x: Tensor):
         q, k, v, beta, g = self._project(x)  # the family's projections, g per key channel
         return q, k, v, beta, beta[..., None] * k, g

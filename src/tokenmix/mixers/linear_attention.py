@@ -40,8 +40,7 @@ class LinearAttentionConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
+        self.require_positive("chunk_size")
         if self.feature_map not in FEATURE_MAPS:
             raise InputError(f"feature_map must be one of {sorted(FEATURE_MAPS)}, got '{self.feature_map}'")
 
@@ -54,9 +53,6 @@ class LinearAttentionConfig(MixerConfig):
     "B_c = shift, R_c = diag(q_c)·scale",
 )
 class LinearAttention(DiagonalDecayMixer):
-    config_cls = LinearAttentionConfig
-    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
-
     def __init__(self, config: LinearAttentionConfig, d_model: int) -> None:
         super().__init__(config, d_model)
         h, k = self.n_heads, self.head_dim

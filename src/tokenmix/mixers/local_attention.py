@@ -36,8 +36,7 @@ class LocalAttentionConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.window <= 0:
-            raise InputError(f"window must be > 0, got {self.window}")
+        self.require_positive("window")
 
 
 def banded_attention(q: Tensor, kbuf: Tensor, vbuf: Tensor, window: int, key_start: Tensor | None = None) -> Tensor:
@@ -94,7 +93,6 @@ def banded_attention(q: Tensor, kbuf: Tensor, vbuf: Tensor, window: int, key_sta
 class LocalAttention(SoftmaxAttention):
     """Multi-head sliding-window causal softmax attention."""
 
-    config_cls = LocalAttentionConfig
     modes = ("banded", "dense", "recurrent")
     packing_modes = ()  # the banded kernel has no document masks: packed rows run piece by piece (exact)
     time_complexity = "O(w)"

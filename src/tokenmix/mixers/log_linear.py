@@ -75,7 +75,6 @@ class LogLinearConfig(MixerConfig):
 class LogLinearAttention(FenwickLevelMixer, Mixer):
     """Mamba-2's decay and q, k, v with per-level scales; the modes and state are FenwickLevelMixer's."""
 
-    config_cls = LogLinearConfig
     _step = staticmethod(log_linear_step)
 
     def __init__(self, config: LogLinearConfig, d_model: int) -> None:

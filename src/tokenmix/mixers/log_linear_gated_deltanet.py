@@ -75,7 +75,6 @@ class LogLinearGatedDeltaNetConfig(GatedDeltaNetConfig):
 class LogLinearGatedDeltaNet(FenwickLevelMixer, DeltaRuleMixer):
     """gated_deltanet's projections with per-level scales; the modes and Fenwick state are FenwickLevelMixer's."""
 
-    config_cls = LogLinearGatedDeltaNetConfig
     decay_gate = "head"
     _step = staticmethod(log_linear_delta_step)
 

@@ -38,7 +38,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear, Mixer
 from tokenmix.mixers.fenwick_levels import FenwickState
 from tokenmix.mixers.log_linear import LogLinearAttention, LogLinearConfig
@@ -53,8 +52,7 @@ class LogLinearMamba2Config(LogLinearConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.state_dim <= 0:
-            raise InputError(f"state_dim must be > 0, got {self.state_dim}")
+        self.require_positive("state_dim")
 
 
 @register_mixer(
@@ -66,7 +64,6 @@ class LogLinearMamba2Config(LogLinearConfig):
 class LogLinearMamba2(LogLinearAttention):
     """log_linear's modes and Fenwick state on Mamba-2's projections (q = C, k = B, v = x·dt)."""
 
-    config_cls = LogLinearMamba2Config
     test_overrides = {"state_dim": 4}
 
     def __init__(self, config: LogLinearMamba2Config, d_model: int) -> None:

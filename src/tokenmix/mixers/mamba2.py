@@ -48,10 +48,7 @@ class SelectiveSSMConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.state_dim <= 0:
-            raise InputError(f"state_dim must be > 0, got {self.state_dim}")
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
+        self.require_positive("state_dim", "chunk_size")
         if not 0 < self.dt_min <= self.dt_max:
             raise InputError(f"dt_min must be > 0 and <= dt_max, got dt_min={self.dt_min}, dt_max={self.dt_max}")
 
@@ -84,8 +81,6 @@ def inverse_softplus_dt(n: int, dt_min: float, dt_max: float) -> Tensor:
     "A_n = diag(B_n), B_n = a_t shift (shared), R_n = diag(C_n)",
 )
 class Mamba2(DiagonalDecayMixer):
-    config_cls = Mamba2Config
-    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     reassociates = True  # the chunked form factors prod a_s as exp(G_i - G_j)
     test_overrides = {"state_dim": 4}
 

@@ -65,10 +65,7 @@ class MesaNetConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
-        if not self.lambda_lower_bound > 0:
-            raise InputError(f"lambda_lower_bound must be > 0, got {self.lambda_lower_bound}")
+        self.require_positive("chunk_size", "lambda_lower_bound")
         if not self.lambda_init > self.lambda_lower_bound:
             raise InputError(
                 f"lambda_init must be > lambda_lower_bound, got {self.lambda_init} <= {self.lambda_lower_bound}"
@@ -98,7 +95,7 @@ class MesaState(MatrixState):
     "state view: A_c = diag(beta k_c), B_c = exp(g) shift, R_c = diag(q*_c)",
 )
 class MesaNet(DiagonalDecayMixer):
-    config_cls = MesaNetConfig
+    packing_modes = ()  # its own chunked kernel has no document boundaries: packed rows run piece by piece
     reassociates = True  # the chunked forms factor the decay products as exp(G_i - G_j)
 
     def __init__(self, config: MesaNetConfig, d_model: int) -> None:

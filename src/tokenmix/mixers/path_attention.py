@@ -53,7 +53,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tokenmix.core.errors import InputError
 from tokenmix.mixers.attention import allowed_keys, mask_padding_keys
 from tokenmix.mixers.base import Linear, MixerConfig, MixerState
 from tokenmix.mixers.registry import register_mixer
@@ -70,8 +69,7 @@ class PathAttentionConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
+        self.require_positive("chunk_size")
 
 
 class PathCache(MixerState):
@@ -111,8 +109,6 @@ class PathCache(MixerState):
 
 class PathAttention(RowAttention):
     """Multi-head PaTH attention (optionally with the FoX forget gate)."""
-
-    config_cls = PathAttentionConfig
 
     def __init__(self, config: PathAttentionConfig, d_model: int) -> None:
         super().__init__(config, d_model)

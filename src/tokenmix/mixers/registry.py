@@ -41,6 +41,7 @@ def register_mixer(name: str, config_cls: type, *, family: str, ab_form: str, **
         if name in _REGISTRY:
             raise InputError(f"mixer name '{name}' registered twice")
         _REGISTRY[name] = MixerSpec(name, cls, config_cls, dict(defaults), family, ab_form)
+        cls.config_cls = config_cls  # stated once, here: build_mixer's import-path escape hatch reads it
         return cls
 
     return deco

@@ -21,7 +21,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from tokenmix.core.errors import InputError
 from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.diagonal_decay import DiagonalDecayMixer, LinearFeatures
 from tokenmix.mixers.registry import register_mixer
@@ -39,8 +38,7 @@ class RetNetConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
+        self.require_positive("chunk_size")
 
 
 @register_mixer(
@@ -51,8 +49,6 @@ class RetNetConfig(MixerConfig):
     "A_c = diag(k_c), B_c = gamma_h shift, R_c = diag(q_c)·scale",
 )
 class RetNet(DiagonalDecayMixer):
-    config_cls = RetNetConfig
-    packing_modes = ("chunked",)  # the chunked kernel resets the state at document boundaries
     reassociates = True  # the chunked form factors gamma^(t-j) as exp(G_t - G_j)
 
     def __init__(self, config: RetNetConfig, d_model: int) -> None:

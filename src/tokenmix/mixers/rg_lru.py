@@ -50,10 +50,7 @@ class RGLRUConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
-        if not self.c > 0:
-            raise InputError(f"c must be > 0, got {self.c}")
+        self.require_positive("chunk_size", "c")
         if not 0.0 < self.a_min <= self.a_max < 1.0:
             raise InputError(f"need 0 < a_min <= a_max < 1, got a_min={self.a_min}, a_max={self.a_max}")
 
@@ -71,7 +68,7 @@ def rg_lru_log_a_init(channels: int, c: float, a_min: float, a_max: float) -> Te
     ab_form="A = diag(sqrt(1 - a_t²) i_t), B = a_t shift, a_t = sigmoid(Lambda)^(c r_t) (per channel)",
 )
 class RGLRU(DiagonalDecayMixer):
-    config_cls = RGLRUConfig
+    packing_modes = ()  # its own chunked kernel has no document boundaries: packed rows run piece by piece
 
     def __init__(self, config: RGLRUConfig, d_model: int) -> None:
         super().__init__(config, d_model)

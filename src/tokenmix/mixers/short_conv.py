@@ -89,7 +89,6 @@ def short_conv_init(channels: int, kernel_size: int) -> Tensor:
 class ShortConv(Mixer):
     """Causal depthwise convolution of k taps per channel, between two linear maps."""
 
-    config_cls = ShortConvConfig
     modes = ("conv", "dense", "recurrent")
     time_complexity = "O(k)"  # per token: k taps per channel, independent of n
     cache_complexity = "O(k)"  # the last k - 1 inputs per channel

@@ -34,7 +34,6 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tokenmix.core.errors import InputError
 from tokenmix.mixers.attention import KVCache
 from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.registry import register_mixer
@@ -48,8 +47,7 @@ class StickBreakingAttentionConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
+        self.require_positive("chunk_size")
 
 
 def stick_breaking_weights(z: Tensor, visible: Tensor) -> Tensor:
@@ -69,7 +67,6 @@ def stick_breaking_weights(z: Tensor, visible: Tensor) -> Tensor:
 class StickBreakingAttention(RowAttention):
     """Multi-head causal stick-breaking attention."""
 
-    config_cls = StickBreakingAttentionConfig
     # the generic matrix checks that y_t depends on x_t: with attend_current False, y_0 reads no key
     # (it is 0 whatever x_0); tests/mixers/test_row_attention.py covers attend_current False
     test_overrides = {"attend_current": True}

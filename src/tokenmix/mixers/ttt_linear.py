@@ -39,7 +39,6 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from tokenmix.core.errors import InputError
 from tokenmix.core.operator import MixOperator
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
 from tokenmix.mixers.registry import register_mixer
@@ -61,12 +60,7 @@ class TTTLinearConfig(MixerConfig):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.mini_batch_size <= 0:
-            raise InputError(f"mini_batch_size must be > 0, got {self.mini_batch_size}")
-        if self.base_lr <= 0:
-            raise InputError(f"base_lr must be > 0, got {self.base_lr}")
-        if self.eps <= 0:
-            raise InputError(f"eps must be > 0, got {self.eps}")
+        self.require_positive("mini_batch_size", "base_lr", "eps")
 
 
 class TTTState(MixerState):
@@ -88,7 +82,6 @@ class TTTState(MixerState):
     "nabla from the nonlinear mini-batch inner loop",
 )
 class TTTLinear(Mixer):
-    config_cls = TTTLinearConfig
     modes = ("chunked", "dense", "recurrent")
     time_complexity = "O(1)"  # per token: O(H D²) on the fast weights, independent of n
     cache_complexity = "O(1)"  # W, c (and the open mini-batch's sums) per head
