@@ -42,10 +42,6 @@ GLA_SPLIT = (
     "int(bad.sum()) in _split_rows: chunk rows sorted into the factored / safe form on the host",
 )
 SSD_WIDE = ("ops/chunked_ssd.py:", "int(wide.sum()): whether any chunk needs the safe form, counted on the host")
-FUSED_LIMIT = (
-    "mixers/attention.py:",
-    "bool(bound > fused_score_limit(...)): the fused-kernel score bound checked on the host",
-)
 PLAN_PER_CALL = (
     "ops/pattern/plan.py:",
     "chunked_pattern_solve without a plan: causality check and a numpy plan per call",
@@ -53,8 +49,6 @@ PLAN_PER_CALL = (
 
 # (mixer, mode) -> its round trip, met by a fresh segment and by a continued one alike
 IN_MODE = {
-    ("attention", "sdpa"): FUSED_LIMIT,
-    ("local_attention", "banded"): FUSED_LIMIT,
     ("hlru", "chunked"): PLAN_PER_CALL,
     ("retnet", "chunked"): GLA_SPLIT,
     ("gla", "chunked"): GLA_SPLIT,

@@ -23,7 +23,10 @@ exponentiate s - lse against the forward's log-sum-exp. Once |s| is ~1e8 or more
 scaled by ~1e5 and up), the two evaluations of s differ by many units of rounding, exp of the
 difference overflows, and the gradients are NaN although the forward is finite. When a backward will
 run and the scores can be that large, the same attention is computed by an explicit softmax instead,
-whose autograd backward reads the saved probabilities (never above 1) and stays finite.
+whose autograd backward reads the saved probabilities (never above 1) and stays finite. That guard
+runs on the CPU only: deciding it reads a bound back to the host, free on the CPU but a stall of the
+stream every training forward on a GPU, so there the fused kernel always runs (as torch's own
+attention does; a backward through scores beyond ``fused_score_limit`` can be NaN there).
 
 The KV cache and the shared pieces here are reused by local (sliding-window) attention.
 """
@@ -31,6 +34,7 @@ The KV cache and the shared pieces here are reused by local (sliding-window) att
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -97,6 +101,35 @@ def allowed_keys(
     return mask
 
 
+def decode_tokens(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    state: KVCache,
+    weights: Callable[[Tensor, Tensor, KVCache], Tensor],
+    keep: Callable[[KVCache], KVCache],
+) -> tuple[Tensor, KVCache]:
+    """The recurrent mode of an attention over a KV cache, token by token: append k_t, v_t to the
+    cache (in place, O(H K)), weigh its keys, read its values, keep what the next token reads.
+
+    Args:
+        q, k: [B, T, H, K];  v: [B, T, H, V], the segment's projections.
+        state: the cache before the segment.
+        weights: (q_t [B, H, K], keys [B, P + 1, H, K] with the token's own last, the cache before
+            the token) -> the token's weights over those keys [B, H, P + 1].
+        keep: the cache after the token, from the grown one (a window's eviction, or itself).
+    Returns:
+        y [B, T, H, V] (before the output projection);  the cache after the segment.
+    """
+    ys = []
+    for s in range(q.shape[1]):
+        state.observe()
+        grown = state.appended(k[:, s : s + 1], v[:, s : s + 1])
+        ys.append(torch.einsum("bhs,bshv->bhv", weights(q[:, s], grown.keys, state), grown.values))
+        state = keep(grown)
+    return torch.stack(ys, 1), state
+
+
 def mask_padding_keys(scores: Tensor, key_start: Tensor | None) -> Tensor:
     """Scores [B, H, S] of one decoded token over a buffer of S keys (its own last), padding keys
     (buffer positions < key_start[b]) set to -inf; the own key always stays. None: unchanged."""
@@ -133,13 +166,15 @@ def fused_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None)
         [B, H, T, V].
 
     When autograd will differentiate through the call and the scores may exceed
-    ``fused_score_limit`` (a bound from the row norms of q and k: O(T K), one host sync), the same
-    attention is computed by an explicit masked softmax, O(T S) memory: the fused kernels' backward
-    can return NaN there (module docstring). Scores that large saturate the softmax to one-hot rows,
-    far from anything training means to do, so the explicit path is a guard, not a code path in use.
+    ``fused_score_limit`` (a bound from the row norms of q and k: O(T K)), the same attention is
+    computed by an explicit masked softmax, O(T S) memory: the fused kernels' backward can return NaN
+    there (module docstring). Scores that large saturate the softmax to one-hot rows, far from
+    anything training means to do, so the explicit path is a guard, not a code path in use. The bound
+    is compared on the host, so only CPU tensors are guarded (bool() costs nothing there); on another
+    device the check would wait for the device every training forward, and the fused kernel runs.
     """
     needs_grad = torch.is_grad_enabled() and (q.requires_grad or k.requires_grad or v.requires_grad)
-    if needs_grad and q.shape[-2] and k.shape[-2]:
+    if needs_grad and q.device.type == "cpu" and q.shape[-2] and k.shape[-2]:
         qn, kn = (
             torch.linalg.vector_norm(z.detach().float() if z.dtype != torch.float64 else z.detach(), dim=-1).amax()
             for z in (q, k)
@@ -355,17 +390,15 @@ class SoftmaxAttention(Mixer):
         """Token by token: append k_t, v_t to the cache (in place), read it, evict beyond the window."""
         if state is None:
             state = self.empty_state(x.shape[0], x.device, x.dtype)
-        q, k, v = self._project(x)
-        ys = []
-        for s in range(x.shape[1]):
-            state.observe()
-            grown = state.appended(k[:, s : s + 1], v[:, s : s + 1])
-            keys, values = grown.keys, grown.values  # [B, P + 1, H, K]
-            scores = torch.einsum("bhk,bshk->bhs", q[:, s], keys) / math.sqrt(self.head_dim)
-            scores = mask_padding_keys(scores, state.padded_keys(keys.shape[1] - 1))
-            ys.append(torch.einsum("bhs,bshv->bhv", torch.softmax(scores, -1), values))
-            state = grown.keeping(self._kept(grown.position))
-        return self.out(torch.stack(ys, 1).flatten(2)), state
+
+        def weights(q_t: Tensor, keys: Tensor, before: KVCache) -> Tensor:
+            scores = torch.einsum("bhk,bshk->bhs", q_t, keys) / math.sqrt(self.head_dim)
+            return torch.softmax(mask_padding_keys(scores, before.padded_keys(keys.shape[1] - 1)), -1)
+
+        y, state = decode_tokens(
+            *self._project(x), state, weights, lambda grown: grown.keeping(self._kept(grown.position))
+        )
+        return self.out(y.flatten(2)), state
 
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> KVCache:

@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tokenmix.mixers.attention import KVCache
+from tokenmix.mixers.attention import KVCache, decode_tokens
 from tokenmix.mixers.base import Linear, MixerConfig
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.mixers.row_attention import RowAttention, Segment, exclusive_reverse_cumsum
@@ -107,18 +107,15 @@ class StickBreakingAttention(RowAttention):
         the newest back, read the values."""
         if state is None:
             state = self.empty_state(x.shape[0], x.device, x.dtype)
-        q, k, v = self._project(x)
-        ys = []
-        for s in range(x.shape[1]):
-            state.observe()
-            p = state.cached_positions()
-            grown = state.appended(k[:, s : s + 1], v[:, s : s + 1])
-            keys, values = grown.keys, grown.values  # [B, P + 1, H, K]
-            z = torch.einsum("bhk,bshk->bhs", q[:, s], keys) / math.sqrt(self.head_dim)
-            vis = self._visible(p, 1, p + 1, state.padded_keys(p), x.device)[..., 0, :]  # [1, P+1] / [B, 1, P+1]
-            ys.append(torch.einsum("bhs,bshv->bhv", stick_breaking_weights(z, vis), values))
-            state = grown
-        return self.out(torch.stack(ys, 1).flatten(2)), state
+
+        def weights(q_t: Tensor, keys: Tensor, before: KVCache) -> Tensor:
+            p = before.cached_positions()
+            z = torch.einsum("bhk,bshk->bhs", q_t, keys) / math.sqrt(self.head_dim)
+            vis = self._visible(p, 1, p + 1, before.padded_keys(p), x.device)[..., 0, :]  # [1, P+1] / [B, 1, P+1]
+            return stick_breaking_weights(z, vis)
+
+        y, state = decode_tokens(*self._project(x), state, weights, lambda grown: grown)  # nothing evicted
+        return self.out(y.flatten(2)), state
 
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> KVCache:
