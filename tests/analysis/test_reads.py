@@ -1,6 +1,7 @@
 """``tokenmix analyze reads``: on hand-built operators with known answers, the diagnostic puts the
 weight where the operator reads (a layer reading the value position exactly: weight 1 there, "reads
-the value"; one that keeps each query to itself: weight 1 on the query, "relays"), the accuracy split
+the value"; one that keeps each query to itself: weight 1 on the query, "holds the query's own input";
+one that spreads each query over other positions: "relays"), the accuracy split
 gives 100 % on the one-hop class for a model right exactly there, and the command writes its files
 from a real (tiny) trained run."""
 
@@ -33,8 +34,10 @@ def _model() -> MixerModel:
     return MixerModel(cfg).double()
 
 
-def _oracle(data, to_value: bool):
-    """materialize() of an operator whose row q reads the value position (or q itself) alone."""
+def _oracle(data, target: str):
+    """materialize() of an operator whose row q reads the value position alone (``value``), keeps q
+    itself (``query``), or spreads evenly over the earlier positions other than the value's
+    window (``spread``: a relay)."""
 
     def materialize(x):
         n, t = data.inputs.shape
@@ -42,25 +45,38 @@ def _oracle(data, to_value: bool):
         a[:, :, torch.arange(t), torch.arange(t)] = 1.0
         for i, (inputs, labels) in enumerate(zip(data.inputs.tolist(), data.labels.tolist())):
             for q, label in enumerate(labels):
-                if label != IGNORE_INDEX and to_value:
-                    a[i, :, q, q] = 0.0
-                    a[i, :, q, inputs.index(inputs[q]) + 1] = 1.0
+                if label == IGNORE_INDEX or target == "query":
+                    continue
+                a[i, :, q, q] = 0.0
+                v = inputs.index(inputs[q]) + 1
+                if target == "value":
+                    a[i, :, q, v] = 1.0
+                else:
+                    others = [j for j in range(q) if not v - 1 <= j < v + 3]
+                    a[i, :, q, others] = 1.0 / len(others)
         return MixOperator(a, torch.zeros_like(a))
 
     return materialize
 
 
-@pytest.mark.parametrize("to_value", [True, False])
-def test_the_weight_lands_where_the_operator_reads(to_value):
+@pytest.mark.parametrize(
+    "target, part, verdict",
+    [
+        ("value", "value", ": reads the value"),
+        ("query", "query", "holds the query's own input"),
+        ("spread", "rest", "relays"),
+    ],
+)
+def test_the_weight_lands_where_the_operator_reads(target, part, verdict):
     model = _model()
     data = make_task("assoc_recall", **TASK).build(16, 1)
-    model.blocks[1].mixer.materialize = _oracle(data, to_value)
+    model.blocks[1].mixer.materialize = _oracle(data, target)
     (reads,) = layer_reads(model, data, 4, [1])
-    part = "value" if to_value else "query"
     for heads in (reads.by_head, reads.readable):  # dense recurrence: every value read in one hop
-        assert all(h[part] == pytest.approx(1.0) and h["rest"] == pytest.approx(0.0, abs=1e-12) for h in heads)
+        assert all(h[part] == pytest.approx(1.0) for h in heads)
     assert reads.readable_queries == 16 * 4
-    assert reads.verdict().endswith(": reads the value") == to_value and ("relays" in reads.verdict()) != to_value
+    assert verdict in reads.verdict()
+    assert sum(word in reads.verdict() for word in (": reads the value", "holds the query", "relays")) == 1
 
 
 class _OneHot(torch.nn.Module):

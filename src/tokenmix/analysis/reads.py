@@ -15,9 +15,12 @@ query row is split into
 averaged over the queries, per head: over every answered query, and over those whose value position
 the layer reads in one hop (where a learned read can put weight on it) -- there also for the one-hop
 row |A + B| itself, the coefficient a hop puts on the value's output before the solve spreads it over
-the paths behind that output (the verdict reads this one). A layer that has learned the read puts
-most of a head's hop on the value; a relay plateau puts about 0 on the query itself and spreads the
-rest (each query answers "some value of the context"). Beside it, the test accuracy split by how the layer
+the paths behind that output (the verdict reads this one). Three regimes tell apart at a glance
+(docs/results.md, "What the read diagnostic sees"): a layer that has learned the read puts most of a
+head's hop on the value (0.9 after the one-hop curriculum); a relay plateau puts about 0 on the query
+itself and spreads its hop over the other neighbours (each query answers "some value of the
+context"); a layer that answers by other paths keeps a large share on the query's own input and little
+on the value (the pattern rows trained on past the curriculum). Beside it, the test accuracy split by how the layer
 reads (``tasks.READ_CLASSES``) with each class's share. Writes ``reads.json`` and ``reads.png``.
 """
 
@@ -39,7 +42,8 @@ from tokenmix.tasks import IGNORE_INDEX, READ_CLASSES, TaskConfig, TaskData
 
 PARTS = ("value", "key", "window", "query", "rest")
 LEARNED_READ = 0.5  # a head putting at least this share on the value reads it ...
-PARTIAL_READ = 0.2  # ... at least this, in part; below, it relays (a plateau puts about 0.1 there)
+PARTIAL_READ = 0.2  # ... at least this, in part; below, it relays (a plateau puts about 0.06 there) ...
+RELAY_SELF = 0.1  # ... when it also keeps less than this on the query itself (a plateau: about 0.01)
 
 
 @dataclass
@@ -67,13 +71,15 @@ class LayerReads:
         if not self.direct:
             return f"layer {self.layer} ({self.mixer}): reads no query's value position in one hop"
         share = self.direct[self.best_head]["value"]
-        kind = (
-            "reads the value"
-            if share >= LEARNED_READ
-            else "reads the value in part"
-            if share >= PARTIAL_READ
-            else "relays (no head reads the value)"
-        )
+        own = max(h["query"] for h in self.direct)
+        if share >= LEARNED_READ:
+            kind = "reads the value"
+        elif share >= PARTIAL_READ:
+            kind = "reads the value in part"
+        elif own < RELAY_SELF:
+            kind = "relays (no head reads the value; each keeps about 0 on the query itself)"
+        else:
+            kind = f"holds the query's own input ({100 * own:.0f} % on it) and answers, if at all, by other paths"
         head = f"layer {self.layer} ({self.mixer}), head {self.best_head}"
         solved = self.readable[self.best_head]["value"]
         return (
