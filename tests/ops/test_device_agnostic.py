@@ -42,14 +42,9 @@ GLA_SPLIT = (
     "int(bad.sum()) in _split_rows: chunk rows sorted into the factored / safe form on the host",
 )
 SSD_WIDE = ("ops/chunked_ssd.py:", "int(wide.sum()): whether any chunk needs the safe form, counted on the host")
-PLAN_PER_CALL = (
-    "ops/pattern/plan.py:",
-    "chunked_pattern_solve without a plan: causality check and a numpy plan per call",
-)
 
 # (mixer, mode) -> its round trip, met by a fresh segment and by a continued one alike
 IN_MODE = {
-    ("hlru", "chunked"): PLAN_PER_CALL,
     ("retnet", "chunked"): GLA_SPLIT,
     ("gla", "chunked"): GLA_SPLIT,
     ("hgrn2", "chunked"): GLA_SPLIT,

@@ -28,6 +28,7 @@ a solo run's zero padding holds.
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -38,10 +39,12 @@ from tokenmix.core.operator import MixOperator, solve_dense
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig, MixerState
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.pattern.chunked import chunked_pattern_solve
+from tokenmix.ops.pattern.plan import PatternPlan, plan_pattern
 from tokenmix.patterns import get_pattern
 
 NORMALIZATIONS = ("softmax", "l1")
 _L1_EPS = 1e-6  # keeps the L1 normalisation finite when every tanh gate is 0
+_PLANS_KEPT = 2  # (table, plan) pairs kept per mixer: a training loop uses one per sequence length
 
 
 @dataclass(frozen=True)
@@ -99,6 +102,7 @@ class HigherOrderLRU(Mixer):
         self.v_proj = Linear(d_model, self.channels, bias=False)
         self.gates = Linear(d_model, self.channels * (config.order + 1))
         self.out = Linear(self.channels * config.order, d_model, bias=False)
+        self._plans: OrderedDict = OrderedDict()  # (min(t0, m), T, P) -> (idx [T, W] on the CPU, its plan)
 
     # ---------------------------------------------------------------- shared pieces
     def _gates(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -138,6 +142,31 @@ class HigherOrderLRU(Mixer):
         new = LagState(state.owner, state.batch_size, state.position + t, full[:, full.shape[1] - keep :])
         return self.out(feats.flatten(2)), new.carry_over(state)
 
+    @torch.inference_mode(False)  # kept across calls: never inference tensors (structured._LazyPlan)
+    def _plan(self, t0: int, t: int, p: int) -> tuple[Tensor, PatternPlan]:
+        """Buffer indices idx [T, W] of the window:m table of a segment at ``t0`` after P cached
+        states (-1 = none; W = min(m, t0 + T - 1)), and their plan.
+
+        Both are built on the host, from the host table (its causality checked there), once per
+        shape: the plan hands the solve its index tensors on the data's device, made once per device,
+        so a forward on a GPU reads nothing back and uploads nothing. The table depends on t0 only
+        while t0 < m (after that every row reads all m lags at the same buffer offsets), so a chunked
+        prefill, whose t0 moves every call, reuses one plan.
+        """
+        key = (min(t0, self.order), t, p)
+        hit = self._plans.get(key)
+        if hit is not None:
+            self._plans.move_to_end(key)
+            return hit
+        # absolute neighbour positions of the window:m pattern -> buffer positions (the P cached
+        # states are exactly the P positions before t0, so the shift is uniform)
+        table = self.pattern.neighbor_table(t0, t0 + t)  # [T, W]
+        idx = torch.where(table >= 0, table - t0 + p, table)
+        self._plans[key] = hit = (idx, plan_pattern(idx, p, self.config.chunk_size))
+        while len(self._plans) > _PLANS_KEPT:
+            self._plans.popitem(last=False)
+        return hit
+
     def _dense_ab(self, beta: Tensor, alpha: Tensor) -> tuple[Tensor, Tensor]:
         """A = diag(alpha), B with sub-diagonal k holding g_{t,k}: [B, N, T, T] each."""
         t = alpha.shape[1]
@@ -150,13 +179,10 @@ class HigherOrderLRU(Mixer):
     # ---------------------------------------------------------------- modes
     def forward_chunked(self, x: Tensor, state: LagState | None) -> tuple[Tensor, LagState]:
         state, v, beta, alpha = self._start(x, state)
-        t0, t, p = state.position, x.shape[1], state.cached_positions()
-        # absolute neighbour positions of the window:m pattern -> buffer positions (the P cached
-        # states are exactly the P positions before t0, so the shift is uniform)
-        table = self.pattern.neighbor_table(t0, t0 + t).to(x.device)  # [T, W], W = min(m, t0 + T - 1)
-        idx = torch.where(table >= 0, table - t0 + p, table)
+        idx, plan = self._plan(state.position, x.shape[1], state.cached_positions())
+        y_prefix = state.outputs[..., None]
         z = chunked_pattern_solve(
-            alpha, beta[..., : table.shape[1]], idx, v[..., None], state.outputs[..., None], self.config.chunk_size
+            alpha, beta[..., : idx.shape[1]], idx, v[..., None], y_prefix, self.config.chunk_size, plan
         )
         return self._finish(state, z[..., 0])
 
