@@ -14,7 +14,11 @@ the same tests run on CUDA tensors.
 from __future__ import annotations
 
 import os
+import sys
 
+# triton fixes interpretation when it is first imported (it jits its own tl.sum then): too late if
+# another module imported it first without the variable
+LATE = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import numpy as np  # noqa: E402
@@ -43,8 +47,12 @@ def _rand(g: torch.Generator, dtype: torch.dtype, *shape: int) -> torch.Tensor:
     return torch.randn(*shape, generator=g, dtype=torch.float64).to(dtype).to(DEVICE)
 
 
-def test_available():
+def test_available_and_interpreted_when_asked():
     assert available()
+    assert not (INTERPRETED and LATE), (
+        "triton was imported before TRITON_INTERPRET=1 was set, so its kernels cannot be interpreted "
+        "in this process: set the variable before anything imports triton (tests/conftest.py)"
+    )
 
 
 @pytest.mark.parametrize("blocks", BLOCKS)

@@ -3,8 +3,10 @@
 Contract (what a backend seam calls, by these names; nothing here picks a backend):
 
     available() -> bool
-        whether ``triton`` imports. Off the interpreter (``TRITON_INTERPRET=1`` set before triton is
-        imported, which runs the kernels on CPU tensors) the tensors must be CUDA tensors.
+        whether ``triton`` imports. Off the interpreter the tensors must be CUDA tensors. The
+        interpreter (``TRITON_INTERPRET=1``: the kernels run on CPU tensors) must be switched on
+        before triton is first imported -- triton jits its own ``tl.sum`` / ``tl.max`` then -- so
+        before anything imports this module.
     triton_step_read(qkv, keys, values, slots, scale, out, visible=None) -> out
         ``numba.step_read``'s contract: out = alpha v + sum_w beta_w values[slots[w]], (alpha, beta)
         = softmax of scale * (q . k, q . keys[slots[w]]) over the self slot and the visible cached
@@ -115,7 +117,9 @@ if triton is not None:
         h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)  # [BH]
         kk = tl.arange(0, BLOCK_K)
         vv = tl.arange(0, BLOCK_V)
-        hm, km, vm = h < n_heads, kk < k_dim, vv < v_dim
+        hm = h < n_heads
+        km = kk < k_dim
+        vm = vv < v_dim
         # the token's own q, k, v: [BH, BK], [BH, BK], [BH, BV]
         tok = qkv_ptr + b * s_qb + h[:, None] * s_qh
         hk = hm[:, None] & km[None, :]
