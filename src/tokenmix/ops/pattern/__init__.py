@@ -16,6 +16,7 @@ Files:
     scores.py          the torch neighbour scores (``pattern_scores``)
     window_softmax.py  every one of the previous M positions, score softmax: matmuls per chunk
     numba.py           the compiled CPU kernels: solve, scores, and the decode reads
+    triton_solve.py    the Triton kernels (GPU; the CPU under TRITON_INTERPRET=1): solve and scores
     reference.py       the plain references the tests hold every path to
 
 Packed rows (documents back to back in a row, ``core/packing.py``): a token reads only its own

@@ -358,6 +358,38 @@ class RowPatternPlan(_PlanTensors):
         return self._cache[key]
 
 
+def transposed_table(idx: Tensor, prefix: int) -> tuple[Tensor, Tensor]:
+    """Who reads each buffer position: the transpose of idx [T, W] (or per-row [B, T, W]) in CSR
+    form, for kernels whose backward gathers what the forward scattered (no atomics: every
+    position sums its readers itself, in a fixed order).
+
+    Built with tensor operations on idx's device: no host round trip and no shape that depends on
+    the data (a padded [P + T, max readers] table would need the maximum on the host), so a
+    per-row table made on the GPU (``packed_table``) is transposed there.
+
+    Args:
+        idx: [T, W] or [B, T, W] long buffer positions, -1 = none (causal: ``check_causal``).
+        prefix: P, the cached positions before the segment.
+    Returns:
+        starts: [R N + 1] int32, N = P + T, R = 1 (shared table) or B: the readers of buffer
+            position j of table row r are entries[starts[r N + j] : starts[r N + j + 1]].
+        entries: [R T W] int32, flat t W + w of each reader, grouped by the position read and
+            ascending in t within a group; the entries that read nothing come last.
+    """
+    tab = idx[None] if idx.dim() == 2 else idx
+    r, t, w = tab.shape
+    n = prefix + t
+    flat = torch.arange(t * w, device=idx.device).view(1, t, w)
+    row = torch.arange(r, device=idx.device).view(r, 1, 1)
+    key = torch.where(tab >= 0, row * n + tab, r * n).reshape(-1)  # reads nothing: the last group
+    order = torch.argsort(key * (t * w) + flat.expand(r, t, w).reshape(-1))  # unique keys: one order
+    entries = flat.reshape(-1).repeat(r)[order]
+    counts = torch.zeros(r * n + 1, dtype=torch.long, device=idx.device).scatter_add_(0, key, torch.ones_like(key))
+    starts = torch.zeros(r * n + 1, dtype=torch.long, device=idx.device)
+    starts[1:] = counts[:-1].cumsum(0)
+    return starts.to(torch.int32), entries.to(torch.int32)
+
+
 def table_fits(idx: Tensor, b: int, t: int, w: int | None = None) -> bool:
     """Whether idx is a [T, W] table or per-row [B, T, W] tables for a [B, T] batch (W: beta's)."""
     return (
@@ -366,6 +398,18 @@ def table_fits(idx: Tensor, b: int, t: int, w: int | None = None) -> bool:
         and (idx.dim() == 2 or idx.shape[0] == b)
         and (w is None or idx.shape[-1] == w)
     )
+
+
+def check_solve_shapes(alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y_prefix: Tensor) -> None:
+    """InputError unless the solve's operands fit one another: alpha [B, T, H], beta [B, T, H, W],
+    idx [T, W] or [B, T, W], x [B, T, H, V], y_prefix [B, P, H, V] (the kernels index by them)."""
+    b, t, h, v = x.shape
+    if beta.dim() != 4 or beta.shape[:3] != (b, t, h) or alpha.shape != (b, t, h):
+        raise InputError(f"shape mismatch: x {tuple(x.shape)}, alpha {tuple(alpha.shape)}, beta {tuple(beta.shape)}")
+    if not table_fits(idx, b, t, beta.shape[3]):
+        raise InputError(f"shape mismatch: idx {tuple(idx.shape)} for beta {tuple(beta.shape)}")
+    if y_prefix.dim() != 4 or y_prefix.shape[0] != b or y_prefix.shape[2:] != (h, v):
+        raise InputError(f"shape mismatch: y_prefix {tuple(y_prefix.shape)} for x {tuple(x.shape)}")
 
 
 def check_causal(idx: Tensor, prefix: int) -> None:
