@@ -34,6 +34,12 @@ from tokenmix.ops.numba_runtime import as_numpy as _np
 if numba is not None:
     from numba import njit, prange
 
+    @njit(inline="always")
+    def _buf_row(cached, u, b, i):  # pragma: no cover - compiled
+        # buf[b, i] of the module docstring [C]: the P cached inputs first, then the segment's
+        p = cached.shape[1]
+        return u[b, i - p] if i >= p else cached[b, i]
+
     @njit(**PARALLEL_JIT)
     def _conv_forward(cached, u, wt, v):  # pragma: no cover - compiled
         # cached [B,P,C], u [B,T,C], wt [k,C] (taps, tap-major) -> v [B,T,C] (written)
@@ -48,12 +54,9 @@ if numba is not None:
                     i = p + t - j
                     if i < 0:
                         break
-                    if i >= p:
-                        for c in range(nc):
-                            v[b, t, c] += wt[j, c] * u[b, i - p, c]
-                    else:
-                        for c in range(nc):
-                            v[b, t, c] += wt[j, c] * cached[b, i, c]
+                    x = _buf_row(cached, u, b, i)
+                    for c in range(nc):
+                        v[b, t, c] += wt[j, c] * x[c]
 
     @njit(**PARALLEL_JIT)
     def _conv_backward(cached, u, wt, g, dcached, du, dwb):  # pragma: no cover - compiled
@@ -83,12 +86,9 @@ if numba is not None:
                     i = p + t - j
                     if i < 0:
                         break
-                    if i >= p:
-                        for c in range(nc):
-                            dwb[b, j, c] += g[b, t, c] * u[b, i - p, c]
-                    else:
-                        for c in range(nc):
-                            dwb[b, j, c] += g[b, t, c] * cached[b, i, c]
+                    x = _buf_row(cached, u, b, i)
+                    for c in range(nc):
+                        dwb[b, j, c] += g[b, t, c] * x[c]
 
 
 def causal_conv_reference(u: Tensor, cached: Tensor, w: Tensor) -> Tensor:
