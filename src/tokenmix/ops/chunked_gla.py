@@ -127,14 +127,29 @@ def carry_gradients_(dbuf: Tensor, decay: Tensor | None) -> None:
             dbuf[i].addcmul_(decay[i], dbuf[i + 1])
 
 
-def check_state_and_documents(
-    initial_state: Tensor | None, state_shape: tuple[int, ...], dims: str, doc_starts: Tensor | None, b: int, t: int
+def check_chunked_inputs(
+    chunk_size: int,
+    initial_state: Tensor | None,
+    state_shape: tuple[int, ...],
+    dims: str,
+    doc_starts: Tensor | None,
+    b: int,
+    t: int,
 ) -> None:
-    """A chunked call's initial state, [``dims``] = ``state_shape`` or None, and packed rows' ``doc_starts`` [B, T]."""
+    """A chunked call's chunk size, initial state ([``dims``] = ``state_shape`` or None) and packed
+    rows' ``doc_starts`` [B, T] (this op's and ops/chunked_ssd.py's)."""
+    if chunk_size <= 0:
+        raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     if initial_state is not None and initial_state.shape != state_shape:
         raise InputError(f"initial_state must be [{dims}] = {state_shape}, got {tuple(initial_state.shape)}")
     if doc_starts is not None:
         check_doc_starts(doc_starts, b, t)
+
+
+def on_host(x: Tensor) -> bool:
+    """Whether x is in host memory, where reading a value of it back (``bool``, ``int``) costs
+    nothing; on another device the read waits until the device has caught up (a stall per call)."""
+    return x.device.type == "cpu"
 
 
 def factored_bound(dtype: torch.dtype) -> float:
@@ -273,15 +288,9 @@ def _fast_backward(do, v, a, d_next, starts, saved, want_dg, masks=None, do_read
     """``do_read``: the output gradient of the queries that read the entering state (packed rows;
     None: ``do``)."""
     q_in, k_t, e_g, e_ng, e_gamma = saved
-    dn = d_next * e_gamma  # k_out = k_t ⊙ e^Gamma: fold e^Gamma into dS'
-    da = torch.bmm(do, v.transpose(1, 2)).tril_()
-    k_w, v_w, do_read = k_t, v, do if do_read is None else do_read
-    if masks is not None:
-        masks.same_(da)
-        k_w, v_w = masks.written(k_t), masks.written(v)
-    dv = torch.bmm(a.transpose(1, 2), do).baddbmm_(k_w, dn)
-    dq_t = torch.bmm(da, k_t).baddbmm_(do_read, starts.transpose(1, 2))  # d(qs ⊙ e^G)
-    dk_t = torch.bmm(da.transpose(1, 2), q_in).baddbmm_(v_w, dn.transpose(1, 2))  # d(k ⊙ e^-G)
+    # the plain form's backward on q_in = qs ⊙ e^G and k_t = k ⊙ e^-G, whose write k_out = k_t ⊙
+    # e^Gamma folds e^Gamma into dS'; it returns d(qs ⊙ e^G) and d(k ⊙ e^-G)
+    dq_t, dk_t, dv = _plain_backward(do, q_in, k_t, v, a, d_next * e_gamma, starts, masks, do_read)
     dg = (q_in * dq_t).addcmul_(k_t, dk_t, value=-1) if want_dg else None  # qs⊙dqs - k⊙dk
     return dq_t.mul_(e_g), dk_t.mul_(e_ng), dv, dg
 
@@ -321,7 +330,9 @@ def _none_forward(qs, k, v, delta_out=None, masks=None):
     return a, qs, torch.bmm(masks.written(k).transpose(1, 2), v, out=delta_out)
 
 
-def _none_backward(do, qs, k, v, a, d_next, starts, masks=None, do_read=None):
+def _plain_backward(do, qs, k, v, a, d_next, starts, masks=None, do_read=None):
+    """Backward of o = tril(qs kᵀ) v + qs S, S' = kᵀ v: the form without decay, and the factored one
+    on its decayed q and k. Returns dqs, dk, dv."""
     da = torch.bmm(do, v.transpose(1, 2)).tril_()
     k_w, v_w, do_read = k, v, do if do_read is None else do_read
     if masks is not None:
@@ -334,7 +345,14 @@ def _none_backward(do, qs, k, v, a, d_next, starts, masks=None, do_read=None):
 
 
 def _split_rows(gc: Tensor) -> tuple[Tensor | None, Tensor | None]:
-    """Indices of the chunk rows for the factored and the safe form (None: every row)."""
+    """Indices of the chunk rows for the factored and the safe form (None: every row).
+
+    The split counts the rows over the bound on the host. Off the CPU that count would stall the
+    device every call, so there every row takes the safe form, exact for any decay (the factored
+    form is its faster twin where it applies); the CPU keeps the split, where the count is free.
+    """
+    if not on_host(gc):
+        return gc.new_empty(0, dtype=torch.long), None
     # amax and amin: two passes without a |G| temporary, together ~4x faster than aminmax on CPU
     flat = gc.view(gc.shape[0], -1)
     lo, hi = flat.amin(1), flat.amax(1)
@@ -494,7 +512,7 @@ class _ChunkedGLA(torch.autograd.Function):
         want_dg = kind != _NONE and ctx.needs_input_grad[3]  # RetNet's constant decays need no gradient
         dg = None
         if kind == _NONE:
-            dq, dk_, dv = _none_backward(do, qs, kc, vc, a, d_next, starts, masks, do_read)
+            dq, dk_, dv = _plain_backward(do, qs, kc, vc, a, d_next, starts, masks, do_read)
         else:
             results = []
             for name, idx, part in saved:
@@ -576,8 +594,6 @@ def chunked_gla(
         >>> o.shape, s.shape
         (torch.Size([1, 10, 2, 3]), torch.Size([1, 2, 4, 3]))
     """
-    if chunk_size <= 0:
-        raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     if q.dim() != 4 or k.shape != q.shape or v.dim() != 4 or v.shape[:3] != q.shape[:3]:
         raise InputError(
             f"expected q, k [B, T, H, K] and v [B, T, H, V]; got q {tuple(q.shape)}, "
@@ -586,5 +602,5 @@ def chunked_gla(
     b, t, h, dk = q.shape
     if g is not None and g.shape not in ((b, t, h), (b, t, h, dk)):
         raise InputError(f"g must be [B, T, H] = {(b, t, h)} or [B, T, H, K] = {(b, t, h, dk)}, got {tuple(g.shape)}")
-    check_state_and_documents(initial_state, (b, h, dk, v.shape[-1]), "B, H, K, V", doc_starts, b, t)
+    check_chunked_inputs(chunk_size, initial_state, (b, h, dk, v.shape[-1]), "B, H, K, V", doc_starts, b, t)
     return _ChunkedGLA.apply(q, k, v, g, initial_state, float(scale), int(chunk_size), doc_starts)

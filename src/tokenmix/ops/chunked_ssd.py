@@ -22,7 +22,9 @@ per token spans that in 64 tokens, so trained and even freshly initialised Mamba
 are computed, on those chunk rows only, by chunked_gla's safe per-head form (scores with exponents
 <= 0 only, exact for any decay): the factored rows run as usual with placeholder factors of 1 on
 the safe rows, whose writes, outputs, reads and gradients then replace the placeholders' (one
-index_copy each). Only when every chunk is that wide does the whole call go to ``chunked_gla``. The
+index_copy each). Only when every chunk is that wide does the whole call go to ``chunked_gla``, and
+off the CPU, where counting the wide chunks on the host would stall the device every call: there
+every call goes to ``chunked_gla``, whose safe form (all rows, off the CPU) is exact for any span. The
 carry through the chunks (``carry_states_`` / ``carry_gradients_``, the one chunk recurrence) and the
 checks of the initial state and packed rows are chunked_gla's.
 
@@ -49,9 +51,10 @@ from tokenmix.ops.chunked_gla import (
     _safe_forward,
     carry_gradients_,
     carry_states_,
-    check_state_and_documents,
+    check_chunked_inputs,
     chunked_gla,
     factored_bound,
+    on_host,
 )
 
 
@@ -293,12 +296,10 @@ def chunked_ssd(
 ) -> tuple[Tensor, Tensor]:
     """Mamba-2 SSD with one group, chunkwise: ``chunked_gla(C, B, x, g)`` with C, B shared by the heads.
 
-    Packed rows (``doc_starts``): the state resets at every document boundary, as if each document
-    ran alone (the first of a row from ``initial_state``, the others from zero). Inside a chunk the
-    shared score matrix C Bᵀ is zero between tokens of different documents, a query whose document
-    begins inside the chunk does not read the state entering it, and the state leaving a chunk with a
-    boundary holds the writes of the chunk's last document alone (ops/chunk_boundaries.py: 0 / 1
-    masks of O(T C), shared by the heads).
+    Packed rows (``doc_starts``) as in ``chunked_gla``: each document runs as if alone, its state
+    reset at the boundary; the document masks of a chunk (zeros in the shared score matrix C Bᵀ
+    between documents, the reads of the entering state and the writes of the leaving one) are shared
+    by the heads.
 
     Args:
         c: [B, T, N] readout (C_t, the queries), shared by the heads.
@@ -320,8 +321,6 @@ def chunked_ssd(
         >>> o.shape, s.shape
         (torch.Size([1, 10, 2, 3]), torch.Size([1, 2, 4, 3]))
     """
-    if chunk_size <= 0:
-        raise InputError(f"chunk_size must be > 0, got {chunk_size}")
     if c.dim() != 3 or b.shape != c.shape or x.dim() != 4 or x.shape[:2] != c.shape[:2]:
         raise InputError(
             f"expected c, b [B, T, N] and x [B, T, H, P]; got c {tuple(c.shape)}, "
@@ -331,14 +330,15 @@ def chunked_ssd(
     h, p = x.shape[2], x.shape[3]
     if g.shape != (bsz, t, h):
         raise InputError(f"g must be [B, T, H] = {(bsz, t, h)}, got {tuple(g.shape)}")
-    check_state_and_documents(initial_state, (bsz, h, nd, p), "B, H, N, P", doc_starts, bsz, t)
-    n = -(-t // chunk_size)
-    with torch.no_grad():
-        gc = _chunk_log_decay(g.detach(), n, chunk_size)
-        spans = (gc.amax(1) - gc.amin(1)).amax(1) if gc.numel() else gc.new_zeros(0)  # [N * B]
-        wide = spans > 2 * factored_bound(g.dtype)  # some head decays by more than e^-88 (float32) in the chunk
-        n_wide = int(wide.sum())
-    if n_wide and n_wide == wide.numel():  # no chunk for the SSD kernel: the exact safe form for all
+    check_chunked_inputs(chunk_size, initial_state, (bsz, h, nd, p), "B, H, N, P", doc_starts, bsz, t)
+    n_wide = n_rows = 0
+    if on_host(g):  # the wide chunks counted on the host: free on the CPU, a stall per call elsewhere
+        with torch.no_grad():
+            gc = _chunk_log_decay(g.detach(), -(-t // chunk_size), chunk_size)
+            spans = (gc.amax(1) - gc.amin(1)).amax(1) if gc.numel() else gc.new_zeros(0)  # [N * B]
+            wide = spans > 2 * factored_bound(g.dtype)  # some head decays by more than e^-88 (float32) in the chunk
+            n_wide, n_rows = int(wide.sum()), wide.numel()
+    if not on_host(g) or (n_wide and n_wide == n_rows):  # the exact safe form for all (module docstring)
         return chunked_gla(
             c[:, :, None].expand(bsz, t, h, nd),
             b[:, :, None].expand(bsz, t, h, nd),
