@@ -50,11 +50,8 @@ if numba is not None:
             for t in range(nt):
                 for c in range(nc):
                     v[b, t, c] = 0.0
-                for j in range(k):
-                    i = p + t - j
-                    if i < 0:
-                        break
-                    x = _buf_row(cached, u, b, i)
+                for j in range(min(k, p + t + 1)):  # the taps that reach position 0 or later
+                    x = _buf_row(cached, u, b, p + t - j)
                     for c in range(nc):
                         v[b, t, c] += wt[j, c] * x[c]
 
@@ -82,11 +79,8 @@ if numba is not None:
                 for c in range(nc):
                     dwb[b, j, c] = 0.0
             for t in range(nt):
-                for j in range(k):
-                    i = p + t - j
-                    if i < 0:
-                        break
-                    x = _buf_row(cached, u, b, i)
+                for j in range(min(k, p + t + 1)):  # the taps that reach position 0 or later
+                    x = _buf_row(cached, u, b, p + t - j)
                     for c in range(nc):
                         dwb[b, j, c] += g[b, t, c] * x[c]
 
