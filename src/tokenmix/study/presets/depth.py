@@ -20,8 +20,9 @@ import math
 from dataclasses import replace
 from typing import Sequence
 
-from tokenmix.runs.synthetic import SyntheticRunConfig, SyntheticTrainConfig
+from tokenmix.runs.synthetic import SyntheticRunConfig
 from tokenmix.study.durations import stated
+from tokenmix.study.presets import quick as QUICK  # the data splits, warmup and early stop of the quick preset
 from tokenmix.study.presets.base import Preset, preset_rows, register_preset
 
 CHANGES = (3, 4)
@@ -29,16 +30,7 @@ ONE_LAYER = ("dense_recurrence", "chacal")
 MAX_ATTENTION_LAYERS = max(math.ceil(math.log2(n + 1)) for n in CHANGES) + 1  # one past the largest bound
 MODEL = dict(d_model=64, n_heads=1, mlp=False, tie_weights=False, positions="none", max_seq_len=32)
 LRS = (3e-3, 1e-2)
-TRAIN = SyntheticTrainConfig(
-    steps=2500,
-    batch_size=32,
-    warmup_steps=50,
-    train_examples=10_000,
-    val_examples=256,
-    test_examples=1_000,
-    eval_every=50,
-    early_stop_acc=0.99,
-)
+TRAIN = replace(QUICK.TRAIN, steps=2500, batch_size=32)
 TRAIN_MODE = {"dense_recurrence": "dense"}  # the cheapest exact mode at these lengths
 SEEDS = (0, 1, 2)
 
