@@ -386,26 +386,24 @@ def _finish(
         num_params,
     )
     if ctx.is_main:
-        times = (seconds, session_seconds, cpu_seconds)
-        _write_final(run_dir, cfg, data, final, baseline, step, tokens_seen, num_params, log, times)
+        _write_final(result, cfg, data, final, baseline, log, session_seconds, cpu_seconds)
     return result
 
 
 def _write_final(
-    run_dir: Path,
+    result: TrainResult,
     cfg: LMRunConfig,
     data: PreparedData,
     final: dict,
     baseline: dict,
-    step: int,
-    tokens_seen: int,
-    num_params: int,
     log: RunLogger,
-    times: tuple[float, float, float],
+    session_seconds: float,
+    cpu_seconds: float,
 ) -> None:
-    """The final record of metrics.jsonl, summary.json and the closing line. ``times``: the session's
-    training seconds, its wall seconds from the call, and the process's CPU seconds."""
-    seconds, session_seconds, cpu_seconds = times
+    """The final record of metrics.jsonl, summary.json and the closing line of a run's ``result``
+    (its folder, steps, tokens, parameters and training seconds); ``session_seconds``: wall seconds
+    from the call, ``cpu_seconds``: the process's CPU seconds."""
+    run_dir, step = result.run_dir, result.steps
     bpc = bits_per_char(final, data)
     bigram_bpc = bits_per_char({"loss": baseline.get("bigram_loss", math.nan), "tokens": baseline["tokens"]}, data)
     log.record(
@@ -431,10 +429,10 @@ def _write_final(
         "bigram_ratio": baseline["bigram_ppl"] / final["ppl"],
         "val_bits_per_char": bpc,
         "bigram_bits_per_char": bigram_bpc,
-        "num_params": num_params,
-        "tokens": tokens_seen,
+        "num_params": result.num_params,
+        "tokens": result.tokens,
         "precision": cfg.train.precision,
-        "train_seconds_this_session": round(seconds, 1),
+        "train_seconds_this_session": round(result.seconds, 1),
         "wall_seconds_this_session": round(session_seconds, 1),
         "process_cpu_seconds": round(cpu_seconds, 1),
     }
