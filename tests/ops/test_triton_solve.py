@@ -1,4 +1,5 @@
-"""The Triton pattern kernels (ops/pattern/triton_solve.py) under Triton's CPU interpreter, against the
+"""The Triton pattern kernels (ops/pattern/triton_solve.py) under Triton's CPU interpreter (or, with
+TRITON_INTERPRET=0 on a CUDA machine, compiled on the GPU: the same tests on CUDA tensors), against the
 torch chunked path (``chunked_pattern_solve``, ``pattern_scores``) and the float64 references.
 
 Outputs and every gradient (alpha, beta, x, y_prefix of the solve; q, kbuf of the scores; q, k, v and
@@ -36,10 +37,17 @@ from tokenmix.ops.pattern.triton_solve import triton_pattern_scores, triton_patt
 from tokenmix.patterns import get_pattern  # noqa: E402
 from tolerances import FLOAT32_REL_TOL, FLOAT64_EXACT, assert_close, max_rel_err  # noqa: E402
 
-pytestmark = [
-    pytest.mark.skipif(not triton_solve.supported(torch.zeros(1)), reason="Triton interpreter off"),
-    pytest.mark.usefixtures("one_thread"),
-]
+DEVICE = "cpu" if triton_solve.interpreted() else "cuda"  # where the kernels run
+pytestmark = pytest.mark.usefixtures("one_thread", "kernels_runnable")
+
+
+@pytest.fixture(scope="module")
+def kernels_runnable():
+    """Fail (not skip) where the kernels were made for a GPU this machine lacks: something imported
+    triton_solve before TRITON_INTERPRET=1 was set (set it earlier, e.g. in tests/conftest.py)."""
+    if DEVICE == "cuda" and not torch.cuda.is_available():
+        pytest.fail("triton_solve was imported without TRITON_INTERPRET=1 and there is no GPU", pytrace=False)
+
 
 SPECS = ["pow2", "sq1", "pow2_ce", "sq1_ce", "window:8", "f:3**k"]
 T0, T = 9, 37  # a prefix (the lattices: a scattered cache), T = 2 chunks + 5
@@ -59,9 +67,9 @@ def _solve_inputs(g, idx, p, b=2, h=2, v=5):
 def _run(fn, args, dtype, weight):
     """fn(*args) in dtype and the gradients of (out * weight).sum() for every arg (zeros for an
     argument the output does not read)."""
-    leaves = [a.to(dtype).requires_grad_() for a in args]
+    leaves = [a.to(DEVICE, dtype).requires_grad_() for a in args]
     out = fn(*leaves)
-    grads = _grads(out, leaves, weight.to(dtype))
+    grads = _grads(out, leaves, weight.to(DEVICE, dtype))
     return out, [torch.zeros_like(a) if gr is None else gr for gr, a in zip(grads, leaves)]
 
 
@@ -76,7 +84,7 @@ def _assert_float32_close(got, want, what):
 def _check(fast, torch_path, reference, args, names, what):
     """fast against the float64 reference (float64) and against the torch path (float32), outputs
     and the gradients of every input."""
-    y_ref = reference(*[a.detach() for a in args])
+    y_ref = reference(*[a.to(DEVICE) for a in args])
     weight = f64(torch.Generator().manual_seed(3), *y_ref.shape)
     want = _run(reference, args, torch.float64, weight)
     got = _run(fast, args, torch.float64, weight)
@@ -92,6 +100,7 @@ def _check(fast, torch_path, reference, args, names, what):
 @pytest.mark.parametrize("spec", SPECS)
 def test_solve_and_gradients_match_torch_path_and_reference(spec):
     idx, p = buffer_table(spec, T0, T)
+    idx = idx.to(DEVICE)
     args = _solve_inputs(torch.Generator().manual_seed(len(spec)), idx, p)
 
     def with_table(solve):
@@ -110,6 +119,7 @@ def test_solve_and_gradients_match_torch_path_and_reference(spec):
 @pytest.mark.parametrize("spec", SPECS)
 def test_scores_and_gradients_match_torch_path_and_reference(spec):
     idx, p = buffer_table(spec, T0, T)
+    idx = idx.to(DEVICE)
     g = torch.Generator().manual_seed(len(spec) + 1)
     args = [f64(g, 2, T, 2, 6), f64(g, 2, p + T, 2, 6)]
 
@@ -160,8 +170,8 @@ def _check_mixed(idx, valid, p, gated, what, b=2, h=2):
 def test_left_padding_zeroed_coefficients(spec, gated):
     """Left-padded rows on the shared table: the neighbours before a row's start get coefficient 0
     (masked before the softmax / the gates' normalisation), as the mixer gives them."""
-    idx = get_pattern(spec).neighbor_table(0, T)  # P = 0: buffer positions are absolute positions
-    start = torch.tensor([0, 6])
+    idx = get_pattern(spec).neighbor_table(0, T).to(DEVICE)  # P = 0: buffer positions are absolute ones
+    start = torch.tensor([0, 6], device=DEVICE)
     valid = (idx[None] >= start[:, None, None]) & (idx[None] >= 0)  # [B, T, W]
     _check_mixed(idx, valid, 0, gated, f"{spec} left padding")
 
@@ -171,8 +181,8 @@ def test_packed_rows_per_row_tables(spec):
     """Packed rows of a lattice: per-row tables (``packed_table``), the first document continuing
     the cached prefix, boundaries inside and on chunk edges, scores and solve both per row."""
     idx, p = buffer_table(spec, T0, T)
-    starts = Packing.from_lengths([[5, 11, 21], [T]]).starts
-    rows = packed_table(idx, get_pattern(spec).neighbor_table(0, T), starts, p)  # [B, T, W]
+    starts = Packing.from_lengths([[5, 11, 21], [T]]).starts.to(DEVICE)
+    rows = packed_table(idx.to(DEVICE), get_pattern(spec).neighbor_table(0, T).to(DEVICE), starts, p)  # [B, T, W]
     assert rows.dim() == 3 and not torch.equal(rows[0], rows[1])
     _check_mixed(rows, rows >= 0, p, False, f"{spec} packed")
 
@@ -182,6 +192,7 @@ def test_several_value_blocks(monkeypatch):
     and d beta over the blocks are added."""
     monkeypatch.setattr(triton_solve, "_MAX_BLOCK_V", 16)
     idx, p = buffer_table("sq1", 3, 20)
+    idx = idx.to(DEVICE)
     args = _solve_inputs(torch.Generator().manual_seed(4), idx, p, b=1, h=2, v=37)
     weight = f64(torch.Generator().manual_seed(5), 1, 20, 2, 37)
     got = _run(lambda a, b, x, yp: triton_pattern_solve(a, b, idx, x, yp), args, torch.float64, weight)
@@ -194,16 +205,20 @@ def test_tables_made_once_per_table_and_device():
     """The device tables are made on first use and kept for that idx (no upload per call); an
     in-place edit of idx makes new ones."""
     idx, p = buffer_table("pow2", 0, 20)
-    first = triton_solve._tables(idx, p, torch.device("cpu"))
-    assert triton_solve._tables(idx, p, torch.device("cpu")) is first
-    assert triton_solve._tables(idx, p + 1, torch.device("cpu")) is not first
+    device = torch.device(DEVICE)
+    first = triton_solve._tables(idx, p, device)
+    assert first.idx.device.type == DEVICE and first.starts.device.type == DEVICE
+    assert triton_solve._tables(idx, p, device) is first
+    assert triton_solve._tables(idx, p + 1, device) is not first
     idx[5, 0] = -1
-    assert triton_solve._tables(idx, p, torch.device("cpu")) is not first
+    assert triton_solve._tables(idx, p, device) is not first
 
 
 def test_refuses_what_the_torch_path_refuses_and_what_it_cannot_take():
     idx, p = buffer_table("pow2", 0, 10)
-    a, b, x = torch.rand(1, 10, 1), torch.rand(1, 10, 1, idx.shape[1]), torch.randn(1, 10, 1, 2)
+    a, b, x = (
+        z.to(DEVICE) for z in (torch.rand(1, 10, 1), torch.rand(1, 10, 1, idx.shape[1]), torch.randn(1, 10, 1, 2))
+    )
     bad = idx.clone()
     bad[4, 0] = 4  # reads itself
     with pytest.raises(InputError, match="not strictly earlier"):
@@ -211,14 +226,16 @@ def test_refuses_what_the_torch_path_refuses_and_what_it_cannot_take():
     with pytest.raises(InputError, match="shape mismatch"):
         triton_pattern_solve(a, b[..., :-1], idx, x)
     with pytest.raises(InputError, match="shape mismatch"):
-        triton_pattern_scores(torch.randn(1, 10, 1, 3), torch.randn(1, 10, 2, 3), idx)
+        triton_pattern_scores(torch.randn(1, 10, 1, 3, device=DEVICE), torch.randn(1, 10, 2, 3, device=DEVICE), idx)
     with pytest.raises(InputError, match="shape mismatch: y_prefix"):
-        triton_pattern_solve(a, b, idx, x, torch.randn(1, 3, 2, 2))
+        triton_pattern_solve(a, b, idx, x, torch.randn(1, 3, 2, 2, device=DEVICE))
     # half precision is not the kernels' (the backend seam sends it to torch): refused, one line
     with pytest.raises(InputError, match="backend 'triton' takes float32 or float64"):
         triton_pattern_solve(*(z.to(torch.bfloat16) for z in (a, b)), idx, x.to(torch.bfloat16))
     with pytest.raises(InputError, match="backend 'triton' takes float32 or float64"):
-        triton_pattern_scores(torch.randn(1, 10, 1, 3), torch.randn(1, 10, 1, 3, dtype=torch.float64), idx)
+        triton_pattern_scores(
+            torch.randn(1, 10, 1, 3, device=DEVICE), torch.randn(1, 10, 1, 3).double().to(DEVICE), idx
+        )
 
 
 def test_imports_without_triton():

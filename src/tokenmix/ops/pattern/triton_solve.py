@@ -72,6 +72,9 @@ _MAX_BLOCK_V = 64  # value (and key) columns per program
 _BLOCK_ROWS = 16  # rows per program of the score kernels
 _NUM_WARPS = 4
 _DTYPES = (torch.float32, torch.float64)
+# the kernels below are made for the interpreter iff TRITON_INTERPRET=1 when this module is imported
+# (triton decides at decoration; setting it later changes nothing here)
+_INTERPRETED = triton is not None and bool(triton.knobs.runtime.interpret)
 
 
 def available() -> bool:
@@ -79,8 +82,9 @@ def available() -> bool:
     return triton is not None
 
 
-def _interpreting() -> bool:
-    return triton is not None and bool(triton.knobs.runtime.interpret)
+def interpreted() -> bool:
+    """Whether the kernels run under Triton's interpreter (on CPU tensors) rather than on CUDA."""
+    return _INTERPRETED
 
 
 def supported(*tensors: Tensor) -> bool:
@@ -88,7 +92,7 @@ def supported(*tensors: Tensor) -> bool:
     all on CUDA (or all on the CPU under the interpreter)."""
     if triton is None or not tensors or len({z.dtype for z in tensors}) != 1 or tensors[0].dtype not in _DTYPES:
         return False
-    want = "cpu" if _interpreting() else "cuda"
+    want = "cpu" if _INTERPRETED else "cuda"
     return all(z.device.type == want for z in tensors)
 
 
@@ -99,7 +103,7 @@ def check_tensors(tensors) -> None:
     if triton is None:
         raise InputError("backend 'triton' is unavailable (triton not importable)")
     got = sorted({f"{z.dtype} on {z.device}" for z in tensors})
-    where = "CPU (TRITON_INTERPRET=1)" if _interpreting() else "CUDA"
+    where = "CPU (TRITON_INTERPRET=1)" if _INTERPRETED else "CUDA"
     raise InputError(f"backend 'triton' takes float32 or float64 {where} tensors of one dtype, got {got}")
 
 
@@ -424,4 +428,4 @@ def triton_pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan=None) -> Te
     return _TritonScores.apply(q, kbuf, _tables(idx, p, q.device))
 
 
-__all__ = ["available", "check_tensors", "supported", "triton_pattern_scores", "triton_pattern_solve"]
+__all__ = ["available", "check_tensors", "interpreted", "supported", "triton_pattern_scores", "triton_pattern_solve"]
