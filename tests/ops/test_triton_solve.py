@@ -201,6 +201,30 @@ def test_several_value_blocks(monkeypatch):
         assert_close(gf, gr, FLOAT64_EXACT, f"{name} with 3 value blocks")
 
 
+@pytest.mark.parametrize("spec,t0,t", [("pow2", 0, 1), ("pow2", 5, 1), ("random", 7, 19)])
+def test_one_token_no_levels_and_irregular_tables(spec, t0, t):
+    """T = 1 (no level slot at all when P = 0: W = 0, or only prefix reads) and an irregular causal
+    table (repeated and scattered reads): solve and scores with their gradients, float64."""
+    idx, p = buffer_table(spec, t0, t)
+    idx = idx.to(DEVICE)
+    g = torch.Generator().manual_seed(t)
+    args = _solve_inputs(g, idx, p, b=1, h=2, v=3) + [f64(g, 1, t, 2, 3), f64(g, 1, p + t, 2, 3)]
+
+    def both(solve, scores):
+        def run(a, b, x, yp, q, kbuf):
+            return torch.cat([solve(a, b, idx, x, yp), scores(q, kbuf, idx)], -1)
+
+        return run
+
+    weight = f64(g, 1, t, 2, 3 + idx.shape[1])
+    got = _run(both(triton_pattern_solve, triton_pattern_scores), args, torch.float64, weight)
+    want = _run(both(recurrent_pattern_solve, pattern_scores_reference), args, torch.float64, weight)
+    for name, gf, gr in zip(
+        ["y, s", "alpha", "beta", "x", "y_prefix", "q", "kbuf"], [got[0], *got[1]], [want[0], *want[1]]
+    ):
+        assert_close(gf, gr, FLOAT64_EXACT, f"{spec} P={p} T={t}: {name}")
+
+
 def test_tables_made_once_per_table_and_device():
     """The device tables are made on first use and kept for that idx (no upload per call); an
     in-place edit of idx makes new ones."""

@@ -365,7 +365,7 @@ class _TritonScores(torch.autograd.Function):
         s = q.new_empty(b, t, h, w)
         _scores_forward_kernel[(b * h, triton.cdiv(t, _BLOCK_ROWS))](
             q, kbuf, tables.idx, s, t, kbuf.shape[1], h, w, k, tables.per_row,
-            BT=_BLOCK_ROWS, BW=triton.next_power_of_2(w), BK=_block(k), num_warps=_NUM_WARPS,
+            BT=_BLOCK_ROWS, BW=max(1, triton.next_power_of_2(w)), BK=_block(k), num_warps=_NUM_WARPS,
         )  # fmt: skip
         ctx.save_for_backward(q, kbuf)
         ctx.tables = tables
