@@ -43,11 +43,13 @@ transposed table.
 Tables: idx as int32 and its transposed table are made on the tensors' device on first use and
 kept for that idx tensor object, prefix and device (``_tables``): later calls upload nothing and
 read nothing back. Causality is checked then, once per table (the kernels trust it: a later read
-would see an unwritten row).
+would see an unwritten row); that check is a host sync, so a table made afresh for every call (the
+per-row tables of a packed batch) pays one per call.
 
 GPU notes (unchecked here, no GPU: the interpreter proves the arithmetic only): float32 dots use
 ``input_precision="ieee"`` (tf32 would miss the 1e-5 tolerance); every dot is >= 16 on a side;
-BV = min(64, next power of two >= max(V, 16)).
+BV = min(64, next power of two >= max(V, 16)); a program reads back rows it wrote itself, after
+``tl.debug_barrier`` (bar.sync orders a block's global memory accesses); never timed.
 Reference: ``reference.recurrent_pattern_solve``, ``reference.pattern_scores_reference``.
 """
 
