@@ -44,5 +44,5 @@ def test_disabled_numba_means_torch(monkeypatch):
 
 
 def test_unknown_backend_is_refused_naming_the_known_ones():
-    with pytest.raises(InputError, match="numba, torch"):
-        choose_backend((torch.zeros(1),), "triton")
+    with pytest.raises(InputError, match="numba, torch, triton"):
+        choose_backend((torch.zeros(1),), "cuda")

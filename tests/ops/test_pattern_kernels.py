@@ -1,10 +1,11 @@
 """The compiled (numba) pattern kernels against the references, and the fallback that replaces them.
 
-The generic mixer matrix already runs the ``compiled`` mode of every structured mixer against its
-``dense`` mode (outputs, gradients, states). Here the kernels meet the operator-level references
-directly on every table kind (exact patterns, lattices reading a scattered cache, Fenwick, dense,
-an irregular random table), with prefixes and all gradients, in float64; and the decode kernels
-(``step_read``, ``regather``) meet their pure-PyTorch fallbacks.
+The generic mixer matrix already runs the ``compiled`` mode (the numba backend) of every structured
+mixer against its ``dense`` mode and its ``chunked`` mode on the torch backend (outputs, gradients,
+states). Here the kernels meet the operator-level references directly on every table kind (exact
+patterns, lattices reading a scattered cache, Fenwick, dense, an irregular random table), with
+prefixes and all gradients, in float64; and the decode reads of the numba and torch backends
+(``backend.step_read``, ``backend.lattice_step``) meet their definition.
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from test_pattern_solve import SPECS, _check_solve_against_dense, _grads, buffer
 from mixer_helpers import small_mixer
 from tokenmix.mixers import structured
 from tokenmix.ops import numba_runtime
+from tokenmix.ops.pattern import backend as backends
 from tokenmix.ops.pattern import numba as pattern_kernels
-from tokenmix.ops.pattern.numba import compiled_pattern_scores, compiled_pattern_solve, lattice_step, step_read
+from tokenmix.ops.pattern.numba import compiled_pattern_scores, compiled_pattern_solve
 from tokenmix.ops.pattern.reference import pattern_scores_reference
 from tolerances import FLOAT32_REL_RMS, FLOAT64_EXACT, assert_close, rel_rms
 
@@ -92,11 +94,17 @@ def _read_formula(qkv, keys, values, read, scale):
     return coef[..., :1] * v + torch.einsum("bhw,bwhv->bhv", coef[..., 1:], values[:, read])
 
 
-@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "fallback"])
-def test_decode_reads_match_their_definition(compiled, monkeypatch):
+@pytest.mark.parametrize("backend", ["numba", "torch"])
+def test_decode_reads_match_their_definition(backend):
     """One decode read (scores, softmax over the self slot and the cached neighbours, weighted sum)
-    and the lattice step on slot-stable storage, by the kernel and by the pure-PyTorch fallback."""
-    monkeypatch.setattr(numba_runtime, "ENABLED", compiled)
+    and the lattice step on slot-stable storage, by the numba kernel and by the torch backend."""
+
+    def step_read(*args):
+        return backends.step_read(backend, *args)
+
+    def lattice_step(*args):
+        return backends.lattice_step(backend, *args)
+
     g = torch.Generator().manual_seed(0)
     b, s, h, k = 2, 5, 3, 4
     qkv, keys, values = f64(g, b, 3, h, k), f64(g, b, s, h, k), f64(g, b, s, h, k)

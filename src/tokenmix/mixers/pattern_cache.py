@@ -250,9 +250,12 @@ class DecodeStrategy(ABC):
     name: ClassVar[str]
 
     @abstractmethod
-    def step(self, mixer: Any, x_t: Tensor, qkv_t: Tensor, state: "PatternCache") -> tuple[Tensor, "PatternCache"]:
+    def step(
+        self, mixer: Any, x_t: Tensor, qkv_t: Tensor, state: "PatternCache", backend: str = "torch"
+    ) -> tuple[Tensor, "PatternCache"]:
         """One token: (y_t [B, H, V], next cache) from its layer input x_t [B, 1, D] and its q, k, v
-        qkv_t [B, 3, H, K]."""
+        qkv_t [B, 3, H, K]; its reads run on ``backend`` (ops/pattern/backend.py, asked once per
+        call by the mixer)."""
 
 
 class PatternCache(MixerState):
@@ -266,9 +269,12 @@ class PatternCache(MixerState):
         entries: the held entries in their storage layout (module docstring).
         decode: how a decode step reads this cache (``DecodeStrategy``); None for a cache that no
             strategy reads (attention's KV cache: its mixer's own step).
+        backend: the backend of the call that made this cache (ops/pattern/backend.py: numba,
+            torch, triton), recorded by the mixer; None before any call (an empty cache).
     """
 
     decode: DecodeStrategy | None = None
+    backend: str | None = None
 
     def __init__(self, owner: str, batch_size: int, position: int, entries: _Entries) -> None:
         self.owner, self.batch_size, self.position, self.entries = owner, batch_size, position, entries
@@ -312,9 +318,10 @@ class PatternCache(MixerState):
         return cache
 
     def carry_over(self, other: MixerState) -> "PatternCache":
-        """``MixerState.carry_over`` and the decode strategy, which outlives every update."""
+        """``MixerState.carry_over``, the decode strategy, which outlives every update, and the
+        backend (until the next call records its own)."""
         MixerState.carry_over(self, other)
-        self.decode = other.decode
+        self.decode, self.backend = other.decode, getattr(other, "backend", None)
         return self
 
     def _following(self, position: int, entries: _Entries) -> "PatternCache":
@@ -328,8 +335,8 @@ class PatternCache(MixerState):
 
     def __repr__(self) -> str:
         return (
-            f"PatternCache(strategy={self.strategy}, position={self.position}, cached={self.entries.size}, "
-            f"batch={self.batch_size})"
+            f"PatternCache(strategy={self.strategy}, backend={self.backend}, position={self.position}, "
+            f"cached={self.entries.size}, batch={self.batch_size})"
         )
 
     @property

@@ -10,14 +10,20 @@ Coefficients, normalised over {t} ∪ N(t) so every y_t is a convex (or L1-bound
     gate_softmax / gate_l1 -- per-level gates from the input as in H-LRU: logits g_t in R^{L+1}
         (slot 0 = self, slot w+1 = level w), softmax, or tanh then L1 normalisation (signed).
 
-Modes: ``chunked`` (training default: chunked sparse triangular solve, ops/pattern/chunked.py, with
-neighbour scores from shifted / strided slices; patterns that read every one of the previous
-M >= C positions -- the dense pattern -- take the matmul path ``chunked_window_softmax``),
+Modes name algorithms: ``chunked`` (training default: the chunked sparse triangular solve with the
+neighbour scores; patterns that read every one of the previous M >= C positions -- the dense
+pattern -- take the matmul path ``chunked_window_softmax``),
 ``dense`` (materialise A, B and call the reference solver), ``recurrent`` (token by token with a
 cache that evicts a position as soon as no later token reads it; a step gathers only the
 |N(t)| neighbours and appends to preallocated storage, O(|N(t)| K) whatever the cache size; how a
 step reads its cache is the cache's decode strategy, chosen once from the pattern and the
-coefficients: ``choose_decode``).
+coefficients: ``choose_decode``). ``compiled`` is the name the chunked mode on the numba backend had
+before backends, kept for existing configs and runs (``forward_compiled``).
+
+Backends (``StructuredConfig.backend``, ops/pattern/backend.py): how the chunked mode's solve and
+scores and the decode steps' reads are computed -- numba (CPU), torch (anywhere), triton (CUDA) --
+never what: the numbers agree to rounding, so the backend enters no run id. Each call asks
+``choose_backend`` once and records the answer in the state it returns (``PatternCache.backend``).
 
 Left padding (mixers/base.py). A solo run excludes the nonexistent neighbours of t < f(k) from the
 normalisation. Translation-invariant patterns (N(t) = {t - f(k)}: every row of a padded batch reads
@@ -26,7 +32,7 @@ j < start[b] exactly like nonexistent ones (t - start[b] < f(k) <=> t - f(k) < s
 matmul path masks the padding keys. The lattice and other patterns whose neighbour sets depend on
 the row's own clock pad by row groups (``RowGroupState``: rows of equal start run together).
 
-Packed rows (``forward(..., packing=...)``, native in ``compiled`` and ``chunked``): token t of a
+Packed rows (``forward(..., packing=...)``, native in ``chunked`` and ``compiled``): token t of a
 document that begins at s reads the neighbours of its position t - s in the document, shifted by s.
 For exact-distance patterns that is the shared table clipped at s: the neighbours j < s are masked
 exactly like left padding (per token instead of per row), and the returned cache keeps the whole
@@ -44,6 +50,7 @@ import functools
 import math
 import warnings
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -56,17 +63,9 @@ from tokenmix.core.packing import Packing
 from tokenmix.mixers.base import Linear, Mixer, MixerConfig, RowGroupState
 from tokenmix.mixers.pattern_cache import DecodeStrategy, PatternCache
 from tokenmix.mixers.registry import register_mixer
-from tokenmix.ops.pattern.backend import choose_backend
-from tokenmix.ops.pattern.chunked import chunked_pattern_solve
-from tokenmix.ops.pattern.numba import (
-    compiled_pattern_scores,
-    compiled_pattern_solve,
-    kernel_available,
-    lattice_step,
-    step_read,
-)
+from tokenmix.ops.pattern import backend as backends
+from tokenmix.ops.pattern.numba import kernel_available
 from tokenmix.ops.pattern.plan import PatternPlan, RowPatternPlan, packed_table, plan_pattern
-from tokenmix.ops.pattern.scores import pattern_scores
 from tokenmix.ops.pattern.window_softmax import chunked_window_softmax
 from tokenmix.patterns import Lattice, Pattern, TranslationInvariant, get_pattern
 
@@ -86,11 +85,13 @@ class StructuredConfig(MixerConfig):
     # tokens (a slot per neighbour: sq1's grow like sqrt(n), 128 at 16k; pow2's like log2(n), 14)
     max_levels: int | None = None
     chunk_size: int = 64  # C of the chunked solve
+    backend: str = "auto"  # auto | numba | torch | triton: how to compute, not what (ops/pattern/backend.py)
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.coefficients not in COEFFICIENTS:
             raise InputError(f"coefficients must be one of {COEFFICIENTS}, got '{self.coefficients}'")
+        backends.check_request(self.backend)
         if self.chunk_size <= 0:
             raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
         if self.max_levels is not None and (
@@ -104,9 +105,10 @@ class StructuredConfig(MixerConfig):
 
 class _LazyPlan:
     """A segment's device index table and its plan (``PatternPlan``; ``RowPatternPlan`` for the
-    per-row tables of a packed segment, ``packed_table``), built on first use: the compiled kernels
-    read the tables alone. The shared table in absolute positions ``absolute`` [T, W] (CPU, -1 =
-    none; None for per-row tables) serves left-padded and packed batches of exact distances.
+    per-row tables of a packed segment, ``packed_table``), built on first use: only the torch
+    backend reads it (the numba and triton kernels read the tables alone). The shared table in
+    absolute positions ``absolute`` [T, W] (CPU, -1 = none; None for per-row tables) serves
+    left-padded and packed batches of exact distances.
 
     Kept across calls (``StructuredMixer._table``), so everything here is built outside inference
     mode even when the call that builds it runs inside (generation): an inference tensor kept in a
@@ -115,13 +117,9 @@ class _LazyPlan:
     """
 
     def __init__(self, idx: Tensor, idx_cpu: Tensor, absolute: Tensor | None, prefix: int, chunk: int) -> None:
+        # idx: the table on the tensors' device (what every backend reads); idx_cpu: the plan's input
         self.idx, self._args, self._plan = idx, (idx_cpu, prefix, chunk), None
         self.absolute, self._lowest, self._absolute_dev = absolute, None, None  # the last two on first use
-
-    @property
-    def idx_cpu(self) -> Tensor:
-        """The index table on the CPU (what the compiled kernels read)."""
-        return self._args[0]
 
     @torch.inference_mode(False)
     def get(self) -> PatternPlan | RowPatternPlan:
@@ -156,13 +154,21 @@ class _LazyPlan:
 
 @functools.cache
 def _warn_no_kernel() -> None:
-    """Once per process: the compiled mode runs the pure-PyTorch kernels."""
+    """Once per process: the compiled mode runs on the torch backend."""
     warnings.warn(
         "tokenmix: the compiled pattern kernels are unavailable (numba not importable or "
         "TOKENMIX_NO_COMPILED set); the structured mixers use the pure-PyTorch chunked kernels",
         RuntimeWarning,
         stacklevel=3,
     )
+
+
+def _recorded(state: PatternCache | RowGroupState, backend: str) -> PatternCache | RowGroupState:
+    """``state`` (or each cache of its row groups) recording the backend that made it (its ``repr``)."""
+    for cache in [state] if isinstance(state, PatternCache) else [group[2] for group in state.groups]:
+        if isinstance(cache, PatternCache):
+            cache.backend = backend
+    return state
 
 
 def _complexities(p: Pattern) -> tuple[str, str]:
@@ -190,7 +196,7 @@ class GeneralDecode(DecodeStrategy):
     name = "general"
 
     def step(
-        self, mixer: "StructuredRecurrence", x_t: Tensor, qkv_t: Tensor, state: PatternCache
+        self, mixer: "StructuredRecurrence", x_t: Tensor, qkv_t: Tensor, state: PatternCache, backend: str = "torch"
     ) -> tuple[Tensor, PatternCache]:
         b = qkv_t.shape[0]
         q, k, v = qkv_t.unbind(1)  # [B, H, K] each
@@ -220,9 +226,9 @@ class FixedDistanceDecode(DecodeStrategy):
 
     N(t) = {t - f(k)} is a set of fixed distances, and a contiguous cache holds position j in
     storage slot at - (t - j), at the slot of t itself: the neighbours' slots are at minus the
-    distances, with no position lookup. k_t goes into slot at, and ``step_read`` (one compiled
-    call: scores, softmax over {t} ∪ N(t), weighted sum) writes y_t straight into the value slot at,
-    the entry the cache keeps. In a left-padded batch a row does not read the neighbours in its
+    distances, with no position lookup. k_t goes into slot at, and ``step_read`` (one call of the
+    backend: scores, softmax over {t} ∪ N(t), weighted sum) writes y_t straight into the value
+    slot at, the entry the cache keeps. In a left-padded batch a row does not read the neighbours in its
     padding (the read's per-row mask), as in every other mode.
     """
 
@@ -245,7 +251,7 @@ class FixedDistanceDecode(DecodeStrategy):
         return self._offsets[0][2], self._offsets[0][3]
 
     def step(
-        self, mixer: "StructuredRecurrence", x_t: Tensor, qkv_t: Tensor, state: PatternCache
+        self, mixer: "StructuredRecurrence", x_t: Tensor, qkv_t: Tensor, state: PatternCache, backend: str = "torch"
     ) -> tuple[Tensor, PatternCache]:
         pos = state.position
         dist, reach = self.offsets(pos)
@@ -262,7 +268,7 @@ class FixedDistanceDecode(DecodeStrategy):
         state, at = state.next_slot()
         keys, values = state.buffers()  # [B, cap, H, K], [B, cap, H, V]
         keys[:, at] = qkv_t[:, 1]
-        y_t = step_read(qkv_t, keys, values, at - dist, self.scale, values[:, at], visible)
+        y_t = backends.step_read(backend, qkv_t, keys, values, at - dist, self.scale, values[:, at], visible)
         return y_t, state.advanced(at, self.pattern.needed_from(pos + 1))
 
 
@@ -273,7 +279,7 @@ class NeighborSetDecode(DecodeStrategy):
     The cache holds sorted N(t), and N(t + 1) ⊆ N(t) ∪ {t}: on slot-stable storage
     (``PatternCache.lattice_storage``) the token's key and output go to a fresh slot and the next
     cache is the same storage with another list of (position, slot) pairs -- no entry moves. One
-    compiled call (``lattice_step``) finds the neighbours' slots, reads them (scores, softmax,
+    call of the backend (``lattice_step``) finds the neighbours' slots, reads them (scores, softmax,
     weighted sum) and writes the token: O(|N(t)| (K + V)), plus an amortised copy of the live
     entries each time the storage fills. Left-padded batches of these patterns run by row groups
     (``pads_by_row_groups``), each group an unpadded cache of its own.
@@ -297,15 +303,14 @@ class NeighborSetDecode(DecodeStrategy):
         return block[pos - lo]
 
     def step(
-        self, mixer: "StructuredRecurrence", x_t: Tensor, qkv_t: Tensor, state: PatternCache
+        self, mixer: "StructuredRecurrence", x_t: Tensor, qkv_t: Tensor, state: PatternCache, backend: str = "torch"
     ) -> tuple[Tensor, PatternCache]:
         pos = state.position
         if state.start is not None:  # made only by this mixer's own modes, which pad by row groups
             raise RuntimeError("neighbour-set decode of a padded cache (these patterns pad by row groups)")
         state, kv, kv_np, held, slots, end = state.lattice_storage()
-        stepped = lattice_step(
-            qkv_t, kv, kv_np, held, slots, end, self.table_row(pos), self.table_row(pos + 1), pos, self.scale
-        )
+        row, nxt = self.table_row(pos), self.table_row(pos + 1)
+        stepped = backends.lattice_step(backend, qkv_t, kv, kv_np, held, slots, end, row, nxt, pos, self.scale)
         if stepped is None:
             raise RuntimeError(
                 f"neighbour-set decode at position {pos}: the cache does not hold the positions "
@@ -328,8 +333,13 @@ def choose_decode(pattern: Pattern, gated: bool, head_dim: int) -> DecodeStrateg
 
 class StructuredRecurrence(Mixer):
     config_cls = StructuredConfig
-    modes = ("compiled", "chunked", "dense", "recurrent")
-    packing_modes = ("compiled", "chunked")
+    # ``compiled``: the chunked mode on the numba backend, its name before backends (kept for existing
+    # configs and runs; not the default); ``recurrent`` stays last (the generic tests decode with it)
+    modes = ("chunked", "compiled", "dense", "recurrent")
+    packing_modes = ("chunked", "compiled")
+    # the generic matrix (tests, ``tokenmix check``) runs the chunked mode on the torch backend, so that
+    # its mode agreement holds numba (``compiled``) and torch (``chunked``) to the dense mode side by side
+    test_overrides = {"backend": "torch"}
 
     def __init__(self, config: StructuredConfig, d_model: int) -> None:
         super().__init__(config, d_model)
@@ -398,9 +408,8 @@ class StructuredRecurrence(Mixer):
             coef = gt / (gt.abs().sum(-1, keepdim=True) + 1e-6)
         return coef[..., 0], coef[..., 1:]  # exactly 0 at non-neighbours (masked before normalising)
 
-    def _scores(self, q: Tensor, kbuf: Tensor, idx: Tensor, plan: _LazyPlan, compiled: bool = False) -> Tensor | None:
-        """Neighbour scores [B, T, H, W] of a segment (None for gate-based coefficients); ``compiled``:
-        by the compiled kernel (ops/pattern/numba.py) instead of the slice kernels."""
+    def _scores(self, q: Tensor, kbuf: Tensor, idx: Tensor, plan: _LazyPlan, backend: str) -> Tensor | None:
+        """Neighbour scores [B, T, H, W] of a segment (None for gate-based coefficients), by ``backend``."""
         if self.gates is not None:
             return None
         b, t, h, _ = q.shape
@@ -410,9 +419,7 @@ class StructuredRecurrence(Mixer):
             full = torch.einsum("bthk,bshk->bths", q, kbuf)  # [B, T, H, P+T]
             rows = idx[None] if idx.dim() == 2 else idx  # [1 or B, T, W] (per-row tables: packed rows)
             return full.gather(-1, rows.clamp(min=0)[:, :, None, :].expand(b, t, h, w)) * (rows >= 0)[:, :, None, :]
-        if compiled:
-            return compiled_pattern_scores(q, kbuf, plan.idx_cpu)
-        return pattern_scores(q, kbuf, idx, plan.get())
+        return backends.scores(backend, q, kbuf, idx, plan.get)
 
     @torch.inference_mode(False)  # kept across calls: never inference tensors (_LazyPlan)
     def _table(self, state: PatternCache, t: int, device) -> tuple[Tensor, _LazyPlan]:
@@ -437,10 +444,10 @@ class StructuredRecurrence(Mixer):
             self._plans.popitem(last=False)
         return plan.idx, plan
 
-    def _segment(self, x: Tensor, state: PatternCache | None, compiled: bool = False, packing: Packing | None = None):
+    def _segment(self, x: Tensor, state: PatternCache | None, backend: str = "torch", packing: Packing | None = None):
         """Everything the chunked and dense modes share for a segment: projections, buffer indices
         (per-row tables [B, T, W] for a packed segment of a pattern on the document's clock), the
-        table's plan, coefficients."""
+        table's plan, coefficients (the scores by ``backend``)."""
         b, t, _ = x.shape
         q, k, v = self._project(x)
         if state is None:
@@ -460,17 +467,18 @@ class StructuredRecurrence(Mixer):
             # left padding: per row, the neighbours before the row's start do not exist
             valid = None if state.start is None else plan.padded_valid(state.start, state.max_start)  # [B, T, W]
             valid = idx >= 0 if valid is None else valid
-        alpha, beta = self._coefficients(x, q, k, self._scores(q, kbuf, idx, plan, compiled), valid)
+        alpha, beta = self._coefficients(x, q, k, self._scores(q, kbuf, idx, plan, backend), valid)
         return state, q, k, v, idx, plan, alpha, beta
 
     def _finish(
-        self, state: PatternCache, k: Tensor, y: Tensor, t: int, packing: Packing | None = None
+        self, state: PatternCache, k: Tensor, y: Tensor, t: int, backend: str, packing: Packing | None = None
     ) -> tuple[Tensor, PatternCache | RowGroupState]:
+        """(out [B, T, D], the state after the segment), the state recording ``backend``, the one that ran."""
         if packing is not None and not isinstance(self.pattern, TranslationInvariant):
-            return self.out(y.flatten(2)), self._grouped_state(state, k, y, packing)
+            return self.out(y.flatten(2)), _recorded(self._grouped_state(state, k, y, packing), backend)
         # (packed exact distances: Mixer.forward starts the cache at each row's last document,
         # begin_last_documents, and decode masks the positions before it as it masks left padding)
-        return self.out(y.flatten(2)), self._extend(state, k, y, state.position + t)
+        return self.out(y.flatten(2)), _recorded(self._extend(state, k, y, state.position + t), backend)
 
     @torch.inference_mode(False)  # kept across calls (as _table)
     def _relative_table(self, t: int, device) -> Tensor:
@@ -530,21 +538,27 @@ class StructuredRecurrence(Mixer):
         return m if m is not None and m >= self.config.chunk_size else None
 
     # ---------------------------------------------------------------- modes
+    def _backend(self, tensors: Sequence[Tensor]) -> str:
+        """The backend this call runs on: the config's request, asked once per call."""
+        return backends.choose_backend(tensors, self.config.backend)
+
     def forward_compiled(self, x: Tensor, state: PatternCache | None, packing: Packing | None = None):
-        """The training default: the chunked mode with the pattern solve and the neighbour scores
-        by the compiled sweeps of ops/pattern/numba.py (one pass per head over t, forward and
-        backward). Where they cannot run -- numba missing (warned once), a CUDA or half-precision
-        tensor -- this is exactly the chunked mode. Window patterns keep their matmul path.
-        ``packing``: document boundaries in the rows (module docstring), honoured by the tables."""
-        if choose_backend((x,)) == "torch":
-            if not kernel_available():
-                _warn_no_kernel()
-            return self.forward_chunked(x, state, packing=packing)
-        return self.forward_chunked(x, state, compiled=True, packing=packing)
+        """The mode of configs and runs made before backends: an alias of the chunked mode on the
+        numba backend (its sweeps, ops/pattern/numba.py), whatever the config's ``backend``; where
+        numba cannot run -- missing (warned once), a CUDA or half-precision tensor -- on the torch
+        backend, as this mode always did."""
+        backend = backends.compiled_mode_backend((x,))
+        if backend == "torch" and not kernel_available():
+            _warn_no_kernel()
+        return self.forward_chunked(x, state, packing=packing, backend=backend)
 
     def forward_chunked(
-        self, x: Tensor, state: PatternCache | None, compiled: bool = False, packing: Packing | None = None
+        self, x: Tensor, state: PatternCache | None, packing: Packing | None = None, backend: str | None = None
     ):
+        """The training default: the chunked solve and scores by ``backend`` (None: the config's,
+        asked now). Window patterns keep their matmul path (torch). ``packing``: document boundaries
+        in the rows (module docstring), honoured by the tables."""
+        backend = self._backend((x,)) if backend is None else backend
         window = self._window(x.shape[1] + (state.position if state is not None else 0))
         if window is not None:
             # (nearly) dense: scores, softmax and the earlier-chunk contribution as matmuls, no index table
@@ -566,13 +580,10 @@ class StructuredRecurrence(Mixer):
                 1.0 / math.sqrt(self.head_dim),
                 key_start,
             )
-            return self._finish(state, k, y, x.shape[1], packing)
-        state, q, k, v, idx, plan, alpha, beta = self._segment(x, state, compiled, packing)
-        if compiled:
-            y = compiled_pattern_solve(alpha, beta, plan.idx_cpu, v, state.values)
-        else:
-            y = chunked_pattern_solve(alpha, beta, idx, v, state.values, self.config.chunk_size, plan=plan.get())
-        return self._finish(state, k, y, x.shape[1], packing)
+            return self._finish(state, k, y, x.shape[1], "torch", packing)
+        state, q, k, v, idx, plan, alpha, beta = self._segment(x, state, backend, packing)
+        y = backends.solve(backend, alpha, beta, idx, v, state.values, self.config.chunk_size, plan.get)
+        return self._finish(state, k, y, x.shape[1], backend, packing)
 
     def forward_dense(self, x: Tensor, state: PatternCache | None):
         state, q, k, v, idx, plan, alpha, beta = self._segment(x, state)
@@ -591,7 +602,7 @@ class StructuredRecurrence(Mixer):
             else None
         )
         y = solve_dense(MixOperator(mix_a, mix_b), v, offset=offset)
-        return self._finish(state, k, y, t)
+        return self._finish(state, k, y, t, "torch")
 
     def _dense_ab(self, alpha: Tensor, beta: Tensor, idx: Tensor, p: int) -> tuple[Tensor, Tensor]:
         b, t, h = alpha.shape
@@ -614,16 +625,18 @@ class StructuredRecurrence(Mixer):
         recorded = torch.is_grad_enabled() and (qkv.requires_grad or any(z.requires_grad for z in state.buffers()))
         # a step autograd records (the parameters, the input or the cache require grad) takes the
         # general step, whatever the cache's strategy: the fast reads write the storage in place
-        # through numpy and record nothing
+        # through numpy and record nothing. The general step is torch; the fast reads run on the
+        # backend asked once for the call.
         decode = self._general if recorded else state.decode
+        backend = "torch" if isinstance(decode, GeneralDecode) else self._backend((qkv, *state.buffers()))
         ys = []
         for s in range(t):
             state.observe()
             token = qkv.view(b, 3, self.n_heads, self.head_dim) if t == 1 else qkv[:, s]  # [B, 3, H, K]
-            y_t, state = decode.step(self, x if t == 1 else x[:, s : s + 1], token, state)
+            y_t, state = decode.step(self, x if t == 1 else x[:, s : s + 1], token, state, backend)
             ys.append(y_t[:, None])
         y = ys[0] if t == 1 else torch.cat(ys, 1)  # [B, T, H, V]
-        return self.out(y.flatten(2)), state
+        return self.out(y.flatten(2)), _recorded(state, backend)
 
     # ---------------------------------------------------------------- surface
     def empty_state(self, batch_size: int, device="cpu", dtype=torch.float32) -> PatternCache:

@@ -22,13 +22,12 @@ table (exact patterns, lattices, Fenwick, reads of a sparse cache) alike. (b, h)
 independent, so the sweeps run in parallel over B H with ``prange`` (both cores busy); within a
 row the V- and K-loops are contiguous and vectorise.
 
-Availability and threads (``ops/numba_runtime.py``): where numba cannot run (not importable,
-``TOKENMIX_NO_COMPILED=1``, or a tensor that is not a float32 / float64 CPU tensor: CUDA, bfloat16),
-the functions here fall back to the pure-PyTorch kernels with the same arguments (the choice is
-``backend.choose_backend``'s, the one place that makes it), and
-``kernel_available()`` says which one runs (the mixer's ``compiled`` mode warns once when it is
-missing). Both paths are checked against the dense
-reference in float64 by the generic mixer matrix (the ``compiled`` and ``chunked`` modes).
+Availability and threads (``ops/numba_runtime.py``): numba runs where it imports and
+``TOKENMIX_NO_COMPILED`` is not set (``kernel_available()``), on float32 / float64 CPU tensors of
+one dtype. Whether a call runs here or on another backend is ``backend.choose_backend``'s answer,
+the one place that decides it; the functions here run numba or refuse the tensors (``check_tensors``,
+one InputError line), they do not fall back. The generic mixer matrix checks them against the dense
+reference in float64 (the ``compiled`` mode, numba, beside the ``chunked`` mode on the torch backend).
 Reference for the tests: ``reference.recurrent_pattern_solve`` and
 ``reference.pattern_scores_reference``.
 
@@ -52,11 +51,8 @@ from torch import Tensor
 from tokenmix.core.errors import InputError
 from tokenmix.ops.numba_runtime import PARALLEL_JIT as _JIT
 from tokenmix.ops.numba_runtime import as_numpy as _np
-from tokenmix.ops.numba_runtime import kernel_available, launch, numba
-from tokenmix.ops.pattern.backend import choose_backend
-from tokenmix.ops.pattern.chunked import chunked_pattern_solve
+from tokenmix.ops.numba_runtime import kernel_available, launch, numba, supported
 from tokenmix.ops.pattern.plan import check_causal, table_fits
-from tokenmix.ops.pattern.scores import pattern_scores
 
 if numba is not None:
     from numba import njit, prange
@@ -317,8 +313,18 @@ class _CompiledScores(torch.autograd.Function):
         return dq, dk, None
 
 
+def check_tensors(tensors) -> None:
+    """Refuse, in one InputError line, tensors the numba kernels cannot read (or numba missing)."""
+    if supported(*tensors):
+        return
+    if not kernel_available():
+        raise InputError("backend 'numba' is unavailable (numba not importable or TOKENMIX_NO_COMPILED set)")
+    got = sorted({f"{z.dtype} on {z.device}" for z in tensors})
+    raise InputError(f"backend 'numba' takes float32 or float64 CPU tensors of one dtype, got {got}")
+
+
 @functools.cache
-def _all_visible(rows: int, width: int) -> np.ndarray:
+def all_visible(rows: int, width: int) -> np.ndarray:
     """[rows, width] uint8 ones, made once per shape: a decode step whose rows read every neighbour
     (nothing writes it)."""
     return np.ones((rows, width), np.uint8)
@@ -335,8 +341,8 @@ def step_read(
 ) -> Tensor:
     """One decoded token of a score-softmax pattern: out = alpha v + sum_w beta_w values[slots[w]],
     (alpha, beta) the softmax of scale * (q . k, q . keys[slots[w]]) over the self slot and the
-    cached neighbours. Inference only (no autograd). By the compiled kernel where it runs, else by
-    ``step_read_reference`` (the definition, against which the kernel is tested).
+    cached neighbours. Inference only (no autograd). By the compiled kernel; ``step_read_reference``
+    is the definition (the torch backend's read), against which the kernel is tested.
 
     Args:
         qkv: [B, 3, H, K] the token's q, k, v.
@@ -349,11 +355,10 @@ def step_read(
         out.
     """
     if visible is None:
-        visible = _all_visible(qkv.shape[0], slots.shape[0])
-    if choose_backend((qkv, keys, values, out)) == "numba":
-        _read(_np(qkv), _np(keys), _np(values), slots, visible.astype(np.uint8, copy=False), scale, _np(out))
-        return out
-    return step_read_reference(qkv, keys, values, slots, scale, out, visible)
+        visible = all_visible(qkv.shape[0], slots.shape[0])
+    check_tensors((qkv, keys, values, out))
+    _read(_np(qkv), _np(keys), _np(values), slots, visible.astype(np.uint8, copy=False), scale, _np(out))
+    return out
 
 
 def step_read_reference(
@@ -382,9 +387,9 @@ def lattice_step(
     pos: int,
     scale: float,
 ) -> tuple[np.ndarray, np.ndarray] | None:
-    """One decoded token whose cache is a neighbour set (a lattice), on slot-stable storage: by the
-    compiled kernel where it runs, else by ``lattice_step_reference`` (the definition, against which
-    the kernel is tested).
+    """One decoded token whose cache is a neighbour set (a lattice), on slot-stable storage, by the
+    compiled kernel; ``lattice_step_reference`` is the definition (the torch backend's step),
+    against which the kernel is tested.
 
     Args:
         qkv: [B, 3, H, K] the token's q, k, v (at position ``pos``).
@@ -398,14 +403,13 @@ def lattice_step(
         y = kv[1, :, end]); or None, with nothing written, if a position the rows name is not held
         (or pos + 1 does not read pos).
     """
-    if choose_backend((qkv, kv)) == "numba":
-        width = nxt.shape[0]
-        keep, new_slots = np.empty(width, np.int64), np.empty(width, np.int64)
-        m = _lattice_step(
-            _np(qkv), _np(kv) if kv_np is None else kv_np, held, hslot, end, row, nxt, pos, scale, keep, new_slots
-        )
-        return None if m < 0 else (keep[:m], new_slots[:m])
-    return lattice_step_reference(qkv, kv, held, hslot, end, row, nxt, pos, scale)
+    check_tensors((qkv, kv))
+    width = nxt.shape[0]
+    keep, new_slots = np.empty(width, np.int64), np.empty(width, np.int64)
+    m = _lattice_step(
+        _np(qkv), _np(kv) if kv_np is None else kv_np, held, hslot, end, row, nxt, pos, scale, keep, new_slots
+    )
+    return None if m < 0 else (keep[:m], new_slots[:m])
 
 
 def lattice_step_reference(
@@ -449,21 +453,21 @@ def _check_causal(idx: Tensor, prefix: int) -> Tensor:
 def compiled_pattern_solve(
     alpha: Tensor, beta: Tensor, idx: Tensor, x: Tensor, y_prefix: Tensor | None = None, chunk_size: int = 64, plan=None
 ) -> Tensor:
-    """``chunked_pattern_solve`` with the same arguments, by the compiled sweeps (module docstring).
+    """``chunked_pattern_solve`` with the same arguments, by the compiled sweeps (module docstring);
+    tensors numba cannot read are refused (``check_tensors``: ``backend.choose_backend`` picks).
 
     Args:
         alpha: [B, T, H]; beta: [B, T, H, W]; idx: [T, W] long buffer positions (-1 = none,
             idx[t] < P + t), or per-row tables [B, T, W] (packed rows); x: [B, T, H, V];
             y_prefix: [B, P, H, V] or None.
-        chunk_size, plan: used only by the pure-PyTorch fallback.
+        chunk_size, plan: unused (the torch path's; kept so the backends share one signature).
     Returns:
         y: [B, T, H, V].
     """
     b, t, h, v = x.shape
     if y_prefix is None:
         y_prefix = x.new_zeros(b, 0, h, v)
-    if choose_backend((alpha, beta, x, y_prefix)) == "torch":
-        return chunked_pattern_solve(alpha, beta, idx, x, y_prefix, chunk_size, plan=plan)
+    check_tensors((alpha, beta, x, y_prefix))
     if (
         beta.dim() != 4
         or beta.shape[:3] != (b, t, h)
@@ -481,18 +485,19 @@ def compiled_pattern_solve(
 
 def compiled_pattern_scores(q: Tensor, kbuf: Tensor, idx: Tensor, plan=None) -> Tensor:
     """``pattern_scores`` with the same arguments, compiled: s[t, w] = q_t . kbuf[idx[t, w]] (0
-    where idx < 0), [B, T, H, W]; idx [T, W] or per-row [B, T, W]. ``plan`` is used only by the
-    pure-PyTorch fallback."""
+    where idx < 0), [B, T, H, W]; idx [T, W] or per-row [B, T, W]. ``plan`` is unused (the torch
+    path's). Tensors numba cannot read are refused (``check_tensors``)."""
     b, t, h, k = q.shape
     p = kbuf.shape[1] - t
-    if choose_backend((q, kbuf)) == "torch":
-        return pattern_scores(q, kbuf, idx, plan)
+    check_tensors((q, kbuf))
     if kbuf.shape[0] != b or kbuf.shape[2:] != (h, k) or p < 0 or not table_fits(idx, b, t):
         raise InputError(f"shape mismatch: q {tuple(q.shape)}, kbuf {tuple(kbuf.shape)}, idx {tuple(idx.shape)}")
     return _CompiledScores.apply(q, kbuf, _check_causal(idx, p))
 
 
 __all__ = [
+    "all_visible",
+    "check_tensors",
     "compiled_pattern_scores",
     "compiled_pattern_solve",
     "kernel_available",
