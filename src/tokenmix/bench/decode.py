@@ -9,16 +9,18 @@ caches holding another mixer's weights, which a decode of one model does not). `
 wall time of a step,
 ``latency_min_ms`` the fastest step and ``cpu_ms`` the median process CPU time of a step (the least
 sensitive to other processes on a shared machine). Growth ratios compare the largest n with the
-smallest, for each of the three.
+smallest, for each of the three. A pattern mixer's row names its decode ``strategy`` and the
+``backend`` its steps ran on (ops/pattern/backend.py). ``device`` "cuda": the mixers and their
+caches on the GPU, each step timed by CUDA events (``bench/device.py``; the prefill is the warm-up).
 """
 
 from __future__ import annotations
 
 import statistics
-import time
 
 import torch
 
+from tokenmix.bench.device import timed_call
 from tokenmix.mixers.pattern_cache import PatternCache
 from tokenmix.mixers.registry import build_mixer, mixer_names
 
@@ -41,6 +43,7 @@ def decode_mixers(
     steps: int = 128,
     block: int = 8,
     progress=None,
+    device: str = "cpu",
 ) -> list[dict]:
     """One result per (mixer, n): every mixer prefilled at every n (one mixer's weights for all its
     n), then the ``steps`` decode steps taken in blocks of ``block`` tokens, round-robin over the
@@ -49,9 +52,9 @@ def decode_mixers(
     models, xs, states, cached = {}, {}, {}, {}
     for name in names:
         torch.manual_seed(0)
-        models[name] = build_mixer(name, heads * head_dim, n_heads=heads)
+        models[name] = build_mixer(name, heads * head_dim, n_heads=heads).to(device)
         for n in sizes:
-            xs[name, n] = torch.randn(1, n + steps, heads * head_dim)
+            xs[name, n] = torch.randn(1, n + steps, heads * head_dim).to(device)
             _, states[name, n] = models[name](xs[name, n][:, :n])
             cached[name, n] = states[name, n].cached_positions()
     wall: dict[tuple, list[float]] = {key: [] for key in states}
@@ -60,11 +63,11 @@ def decode_mixers(
         for name in names[r % len(names) :] + names[: r % len(names)]:
             for n in sizes:
                 for s in range(first, min(steps, first + block)):
-                    t, c = time.perf_counter(), time.process_time()
-                    _, states[name, n] = models[name].step(xs[name, n][:, n + s], states[name, n])
+                    key = (name, n)
+                    w, c, _, _ = timed_call(lambda: _step(models[name], xs[key][:, n + s], states, key), device)
                     if s > first:  # the block's first step warms the caches the other mixers used
-                        cpu[name, n].append(time.process_time() - c)
-                        wall[name, n].append(time.perf_counter() - t)
+                        cpu[name, n].append(c)
+                        wall[name, n].append(w)
     results = []
     for name in names:
         m = models[name]
@@ -82,6 +85,7 @@ def decode_mixers(
                     "cache_positions_derived": m.cache_positions(n + steps),
                     "state_scalars": states[key].numel_per_batch(),
                     "strategy": decode_strategy(states[key]),
+                    **({"backend": states[key].backend} if getattr(states[key], "backend", None) else {}),
                 }
             )
             if progress:
@@ -89,10 +93,15 @@ def decode_mixers(
     return results
 
 
-def run(sizes: list[int] | None = None, mixers: list[str] | None = None, progress=None) -> dict:
+def _step(model, x_t, states: dict, key: tuple) -> None:
+    """One decode step of ``model`` on the state under ``key``, which it replaces."""
+    _, states[key] = model.step(x_t, states[key])
+
+
+def run(sizes: list[int] | None = None, mixers: list[str] | None = None, progress=None, device: str = "cpu") -> dict:
     sizes = sizes or SIZES
     names = mixers or PATTERNS + (["attention"] if "attention" in mixer_names() else [])
-    results = decode_mixers(names, sizes, progress=progress)
+    results = decode_mixers(names, sizes, progress=progress, device=device)
     summary = {}
     for name in names:
         rows = {r["n"]: r for r in results if r["mixer"] == name}
@@ -103,4 +112,6 @@ def run(sizes: list[int] | None = None, mixers: list[str] | None = None, progres
             entry[f"{label}_{hi}/{lo}"] = round(rows[hi][key] / rows[lo][key], 2)
         entry[f"cached_positions@{hi}"] = rows[hi]["cached_positions"]
         entry["strategy"] = rows[hi]["strategy"]
-    return {"benchmark": "decode", "results": results, "summary": summary}
+        if "backend" in rows[hi]:
+            entry["backend"] = rows[hi]["backend"]
+    return {"benchmark": "decode", "device": device, "results": results, "summary": summary}

@@ -20,6 +20,8 @@ medians of individually timed steps keep one preempted step from moving a number
 turns (training step by step, decode in blocks of ``--decode-block`` tokens, the first mixer rotating), so a
 burst of load
 from other processes falls on all of them alike instead of on whichever mixer was running.
+``--device cuda``: the models and batches on the GPU, each step timed by CUDA events with the stream
+synchronised around it (``bench/device.py``; the untimed warm-up step and the prefill come first).
 """
 
 from __future__ import annotations
@@ -28,13 +30,13 @@ import dataclasses
 import json
 import platform
 import statistics
-import time
 from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
+from tokenmix.bench.device import timed_call
 from tokenmix.bench.settings import DEFAULT_MIXERS, LMBenchConfig
 from tokenmix.core.errors import InputError
 from tokenmix.core.files import atomic_write_text
@@ -81,7 +83,7 @@ def _train_stepper(model: MixerModel, t: int, args: LMBenchConfig) -> tuple[int,
 
     def one_step() -> None:
         model.train()
-        x = torch.randint(0, args.vocab_size, (b, t + 1), generator=g)
+        x = torch.randint(0, args.vocab_size, (b, t + 1), generator=g).to(args.device)
         logits, _ = model(x[:, :-1])
         F.cross_entropy(logits.flatten(0, 1), x[:, 1:].flatten()).backward()
         opt.step()
@@ -98,16 +100,14 @@ def _decode_stepper(model: MixerModel, t: int, args: LMBenchConfig) -> tuple[int
     n = min(args.decode_tokens, t - 1)
     model.eval()
     g = torch.Generator().manual_seed(args.seed + 1)
-    ids = torch.randint(0, args.vocab_size, (1, t), generator=g)
+    ids = torch.randint(0, args.vocab_size, (1, t), generator=g).to(args.device)
+    holder = []
     # inference mode, not just no_grad: no version counters or autograd bookkeeping on any tensor,
     # the same saving for every mixer (the states never meet autograd here)
     with torch.inference_mode():
-        t0 = time.perf_counter()
-        _, states = model(ids[:, : t - n])
-        prefill_s = time.perf_counter() - t0
-        model.step(ids[:, t - n], states)  # warm-up; a state may be updated in place, so prefill again
-        _, states = model(ids[:, : t - n])
-    holder = [states]
+        prefill_s = timed_call(lambda: holder.append(model(ids[:, : t - n])[1]), args.device)[0]
+        model.step(ids[:, t - n], holder[0])  # warm-up; a state may be updated in place, so prefill again
+        _, holder[0] = model(ids[:, : t - n])
 
     @torch.inference_mode()
     def step(i: int) -> None:
@@ -116,14 +116,8 @@ def _decode_stepper(model: MixerModel, t: int, args: LMBenchConfig) -> tuple[int
     return t - n, prefill_s, step
 
 
-def _timed(fn: Callable[[], None]) -> tuple[float, float]:
-    t0, c0 = time.perf_counter(), time.process_time()
-    fn()
-    return time.perf_counter() - t0, time.process_time() - c0
-
-
 def _round_robin(
-    calls: dict[str, Callable[[int], None]], indices: range, block: int = 1
+    calls: dict[str, Callable[[int], None]], indices: range, block: int = 1, device: str = "cpu"
 ) -> dict[str, tuple[float, float]]:
     """Median (wall, CPU) seconds per call of each function, the functions taking turns every
     ``block`` consecutive indices (the first one rotating), so every mixer is timed under the same
@@ -140,7 +134,7 @@ def _round_robin(
     for k, s in enumerate(range(indices.start, indices.stop, block)):
         for m in names[k % len(names) :] + names[: k % len(names)]:
             for i in range(s, min(s + block, indices.stop)):
-                w, c = _timed(lambda: calls[m](i))
+                w, c, _, _ = timed_call(lambda: calls[m](i), device)
                 walls[m].append(w)
                 cpus[m].append(c)
     return {m: (statistics.median(walls[m]), statistics.median(cpus[m])) for m in names}
@@ -155,7 +149,7 @@ def _time_context(models: dict[str, MixerModel], t: int, args: LMBenchConfig) ->
         one_step()  # warm-up: allocator, pattern tables, lazy inits
         trainers[m] = lambda _i, f=one_step: f()
         out[m]["train_batch"] = b
-    for m, (dt, dc) in _round_robin(trainers, range(args.train_steps)).items():
+    for m, (dt, dc) in _round_robin(trainers, range(args.train_steps), device=args.device).items():
         b = out[m]["train_batch"]
         out[m].update({"train_step_s": dt, "train_tokens_per_s": b * t / dt, "train_tokens_per_cpu_s": b * t / dc})
     decoders = {}
@@ -164,7 +158,7 @@ def _time_context(models: dict[str, MixerModel], t: int, args: LMBenchConfig) ->
         decoders[m] = step
         out[m].update({"prefill_tokens": prefill, "prefill_s": prefill_s})
     prefill = next(iter(out.values()))["prefill_tokens"]
-    for m, (dt, dc) in _round_robin(decoders, range(prefill, t), args.decode_block).items():
+    for m, (dt, dc) in _round_robin(decoders, range(prefill, t), args.decode_block, args.device).items():
         out[m].update(
             {"decode_ms_per_token": 1000 * dt, "decode_tokens_per_s": 1 / dt, "decode_cpu_ms_per_token": 1000 * dc}
         )
@@ -263,7 +257,7 @@ def run(args: LMBenchConfig, available_memory: int | None = None) -> dict:
     if available_memory is not None:
         check_memory(mixers, sized, args, available_memory)
     torch.manual_seed(args.seed)
-    models = {m: MixerModel(cfg) for m, (cfg, _) in sized.items()}
+    models = {m: MixerModel(cfg).to(args.device) for m, (cfg, _) in sized.items()}
     results = []
     for t in args.contexts:
         timings = _time_context(models, t, args)
@@ -284,6 +278,7 @@ def run(args: LMBenchConfig, available_memory: int | None = None) -> dict:
         "benchmark": "lm",
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "device": args.device,
         "machine": platform.processor() or platform.machine(),
         "config": dataclasses.asdict(args),
         "results": results,

@@ -26,22 +26,23 @@ the case's own process, like the matmul rate) + projection_flops / ``case_matmul
 ``over_roofline`` = time_s / roofline_s. ``cpu_per_wall`` = cpu_s / time_s, the cores kept busy
 (2 on this machine when both work). ``busy`` > 0 starts that many single-threaded matmul loops for
 the whole run, to measure the mixers under contention (the shared machine's usual state).
+``device`` "cuda": every case (and the matmul and bandwidth rates) on the GPU, timed by CUDA events
+(``bench/device.py``). The structured mixers' rows name the ``backend`` their calls ran on.
 """
 
 from __future__ import annotations
 
 import subprocess
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tokenmix.bench.device import time_on
 from tokenmix.bench.settings import FULL_MIXER_SIZES
 from tokenmix.bench.worker import case_main, run_in_subprocess
 from tokenmix.mixers.registry import build_mixer, mixer_names
-from tokenmix.runs.clocks import time_call
 
 SIZES = list(FULL_MIXER_SIZES)
 MAX_QUADRATIC_N = 8192  # O(n^2)-memory mixers beyond this are skipped
@@ -56,27 +57,31 @@ def projection_flops(m: nn.Module, tokens: int) -> int:
 
 def prepare_mixer_case(case: dict):
     n, h, hd, b = case["n"], case["heads"], case["head_dim"], case["batch"]
+    device = case.get("device", "cpu")
     # the rate the fractions are taken against, measured in the case's own process seconds before its
     # timings: the shared machine's rate moves by up to 1.6x between runs minutes apart
-    rate = {"case_matmul_fp32_gflops": matmul_gflops(), "case_stream_gbs": stream_triad_gbs()}
+    rate = {"case_matmul_fp32_gflops": matmul_gflops(device=device), "case_stream_gbs": stream_triad_gbs(device=device)}
     if case["mixer"] == "sdpa":
-        q, k, v = (torch.randn(b, h, n, hd, requires_grad=True) for _ in range(3))
+        q, k, v = (torch.randn(b, h, n, hd, device=device, requires_grad=True) for _ in range(3))
 
         def fn():
             _clear_grads((q, k, v))
             F.scaled_dot_product_attention(q, k, v, is_causal=True).sum().backward()
 
         return fn, {"model_flops": 3 * 2 * b * h * hd * n * (n + 1), **rate}
-    m = build_mixer(case["mixer"], h * hd, n_heads=h)
-    x = torch.randn(b, n, h * hd, requires_grad=True)
+    m = build_mixer(case["mixer"], h * hd, n_heads=h).to(device)
+    x = torch.randn(b, n, h * hd, device=device, requires_grad=True)
+    extra: dict = {}
 
     def fn():
         _clear_grads((x, *m.parameters()))
-        y, _ = m(x)
+        y, state = m(x)
         y.sum().backward()
+        if getattr(state, "backend", None) is not None:  # the structured mixers record theirs
+            extra["backend"] = state.backend
 
     flops = 3 * 2 * b * sum(m.flops_per_token(t) for t in range(1, n + 1, max(1, n // 256))) * max(1, n // 256)
-    extra = {"model_flops": flops, "projection_flops": projection_flops(m, b * n), **rate}
+    extra.update({"model_flops": flops, "projection_flops": projection_flops(m, b * n), **rate})
     if hasattr(m, "moved_values"):
         extra["moved_bytes"] = b * m.moved_values(n) * x.element_size()
     if hasattr(m, "mixing_core"):
@@ -87,7 +92,7 @@ def prepare_mixer_case(case: dict):
             o, _ = core(*inputs)
             o.sum().backward()
 
-        extra["core_time_s"] = time_call(core_fn, case.get("repeats", 2))
+        extra["core_time_s"] = min(time_on(core_fn, case.get("repeats", 2), device)["wall"])
     return fn, extra
 
 
@@ -98,33 +103,30 @@ def _clear_grads(leaves) -> None:
         z.grad = None
 
 
-def matmul_gflops(size: int = 2048, repeats: int = 3) -> float:
-    a, b = torch.randn(size, size), torch.randn(size, size)
-    a @ b
-    best = min(_timed(lambda: a @ b) for _ in range(repeats))
+def matmul_gflops(size: int = 2048, repeats: int = 3, device: str = "cpu") -> float:
+    a, b = torch.randn(size, size, device=device), torch.randn(size, size, device=device)
+    best = min(time_on(lambda: a @ b, repeats, device)["wall"])
     return 2 * size**3 / best / 1e9
 
 
-def chunk_matmul_gflops(chunk: int = 64, batch: int = 1024, repeats: int = 3) -> float:
+def chunk_matmul_gflops(chunk: int = 64, batch: int = 1024, repeats: int = 3, device: str = "cpu") -> float:
     """Rate of the chunked kernels' own matmul shape: ``batch`` products [C, C] @ [C, C] (C = chunk =
     head dim = 64, the rows of one n = 8192 call) into a preallocated output. The kernels' matmuls
     can run no faster than this, and the chunked form does 1.3-1.7x the recurrent FLOPs the model
     count has (C x C scores and their product with V), so 0.6-0.75 x this rate over
     ``matmul_fp32_gflops`` bounds their core fraction from above."""
-    a, b = torch.randn(batch, chunk, chunk), torch.randn(batch, chunk, chunk)
-    out = torch.empty(batch, chunk, chunk)
-    torch.bmm(a, b, out=out)
-    best = min(_timed(lambda: torch.bmm(a, b, out=out)) for _ in range(repeats))
+    a, b = torch.randn(batch, chunk, chunk, device=device), torch.randn(batch, chunk, chunk, device=device)
+    out = torch.empty(batch, chunk, chunk, device=device)
+    best = min(time_on(lambda: torch.bmm(a, b, out=out), repeats, device)["wall"])
     return 2 * batch * chunk**3 / best / 1e9
 
 
-def stream_triad_gbs(mib: int = 256, repeats: int = 3) -> float:
+def stream_triad_gbs(mib: int = 256, repeats: int = 3, device: str = "cpu") -> float:
     """Memory bandwidth, GB/s: a = b + s c over three fp32 arrays of ``mib`` MiB each (far beyond
     the caches), 3 x mib bytes moved per call, best of ``repeats`` (STREAM's triad)."""
     n = mib * 2**20 // 4
-    a, b, c = torch.empty(n), torch.rand(n), torch.rand(n)
-    torch.add(b, c, alpha=3.0, out=a)
-    best = min(_timed(lambda: torch.add(b, c, alpha=3.0, out=a)) for _ in range(repeats))
+    a, b, c = torch.empty(n, device=device), torch.rand(n, device=device), torch.rand(n, device=device)
+    best = min(time_on(lambda: torch.add(b, c, alpha=3.0, out=a), repeats, device)["wall"])
     return 3 * n * 4 / best / 1e9
 
 
@@ -136,30 +138,28 @@ def start_busy(count: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", _BUSY_LOOP]) for _ in range(count)]
 
 
-def _timed(fn) -> float:
-    t = time.perf_counter()
-    fn()
-    return time.perf_counter() - t
-
-
-def run(sizes: list[int] | None = None, mixers: list[str] | None = None, progress=None, busy: int = 0) -> dict:
+def run(
+    sizes: list[int] | None = None, mixers: list[str] | None = None, progress=None, busy: int = 0, device: str = "cpu"
+) -> dict:
     busy_procs = start_busy(busy)
     try:
-        out = _run(sizes, mixers, progress)
+        out = _run(sizes, mixers, progress, device)
     finally:
         for proc in busy_procs:
             proc.kill()
             proc.wait()
-    return {**out, "busy_processes": busy}
+    return {**out, "busy_processes": busy, "device": device}
 
 
-def _run(sizes: list[int] | None, mixers: list[str] | None, progress) -> dict:
+def _run(sizes: list[int] | None, mixers: list[str] | None, progress, device: str = "cpu") -> dict:
     sizes = sizes or SIZES
     names = mixers or mixer_names()
-    peak, chunk_rate = matmul_gflops(), chunk_matmul_gflops()
+    peak, chunk_rate = matmul_gflops(device=device), chunk_matmul_gflops(device=device)
     results = []
     for n in sizes:
         base = {"kind": "mixer", "n": n, "heads": 4, "head_dim": 64, "batch": 2, "repeats": 2}
+        if device != "cpu":  # (CPU rows keep the fields they always had)
+            base["device"] = device
         for name in ["sdpa"] + names:
             results.append(run_in_subprocess({**base, "mixer": name, "mode": "default"}, CASE_MODULE))
             r = results[-1]

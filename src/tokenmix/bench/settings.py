@@ -17,6 +17,9 @@ QUICK_SOLVER_SIZES = (4096,)
 QUICK_SOLVER_PATTERNS = ("pow2", "pow2_ce", "sq1", "sq1_ce")  # --full: bench/solver.py's PATTERNS
 FULL_SOLVER_SIZES = (1024, 4096, 16384)
 
+# bench solver|decode|mixers|lm --device (bench/device.py checks it)
+DEVICES = ("cpu", "cuda")
+
 # bench packed
 PACKED_MIXERS = ("pow2", "pow2_ce", "sq1_ce", "mamba2", "gla", "gated_deltanet", "attention")
 PACKED_ROWS, PACKED_ROW_LENGTH = 4, 2048
@@ -39,3 +42,4 @@ class LMBenchConfig:
     threads: int = 0  # torch threads (0 = default)
     seed: int = 0
     out: str | None = None  # also write the JSON here
+    device: str = "cpu"  # cpu | cuda (bench/device.py)

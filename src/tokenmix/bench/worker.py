@@ -2,7 +2,8 @@
 
 Prints one JSON line: the case's measurements plus ``time_s`` (best wall time of a call), ``cpu_s``
 (best process CPU time of a call, unless the case measures its own) and ``peak_mb`` (RSS growth
-during the timed work).
+during the timed work). A case with ``"device": "cuda"`` is timed by CUDA events after a warm-up
+(``bench/device.py``) and adds ``device_peak_mb``.
 
 Each benchmark module times its cases in child processes (a fresh allocator and thread pool per
 case) and is itself the child's entry point, so this module knows no benchmark (clocks:
@@ -19,7 +20,7 @@ from typing import Callable
 
 import torch
 
-from tokenmix.runs.clocks import time_repeats
+from tokenmix.bench.device import peak_device_mb, time_on
 
 
 def _rss_mb() -> float:
@@ -34,9 +35,10 @@ def _peak_mb() -> float:
 def run_case(case: dict, prepare: Callable[[dict], tuple[Callable[[], None], dict]]) -> dict:
     """Time the work ``prepare(case)`` builds: ``(fn, extra)``, fn timed, extra merged into the result."""
     torch.manual_seed(0)
+    device = case.get("device", "cpu")
     fn, extra = prepare(case)
     base = _rss_mb()
-    times = time_repeats(fn, case.get("repeats", 2))
+    times = time_on(fn, case.get("repeats", 2), device)
     # a case that measures its own CPU time (around its core work only) keeps it
     return {
         "cpu_s": min(times["cpu"]),
@@ -44,6 +46,7 @@ def run_case(case: dict, prepare: Callable[[dict], tuple[Callable[[], None], dic
         **extra,
         "time_s": min(times["wall"]),
         "peak_mb": max(0.0, _peak_mb() - base),
+        **peak_device_mb(device),
     }
 
 

@@ -4,6 +4,7 @@ imports no torch and no registry (cli/main.py)."""
 from __future__ import annotations
 
 from tokenmix.bench.settings import (
+    DEVICES,
     FULL_MIXER_SIZES,
     FULL_SOLVER_SIZES,
     PACKED_MIXERS,
@@ -81,6 +82,14 @@ def register(sub) -> None:
     )
 
 
+def _add_device(p) -> None:
+    p.add_argument(
+        "--device",
+        default="cpu",
+        help=f"where the work runs: {' | '.join(DEVICES)} (default cpu; cuda: timed by CUDA events after a warm-up)",
+    )
+
+
 def _solver_arguments(p) -> None:
     p.add_argument(
         "--n",
@@ -96,11 +105,13 @@ def _solver_arguments(p) -> None:
         default=None,
         help=f"structured mixer names (default {' '.join(QUICK_SOLVER_PATTERNS)}; --full: every structured one)",
     )
+    _add_device(p)
 
 
 def _decode_arguments(p) -> None:
     p.add_argument("--n", type=int, nargs="+", default=None)
     add_mixers_option(p, "mamba2, the structured mixers and attention")
+    _add_device(p)
 
 
 def _mixers_arguments(p) -> None:
@@ -116,6 +127,7 @@ def _mixers_arguments(p) -> None:
     p.add_argument(
         "--busy", type=int, default=0, help="single-threaded matmul loops kept running during the run (contention test)"
     )
+    _add_device(p)
 
 
 def _packed_arguments(p) -> None:
@@ -164,6 +176,7 @@ def _lm_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=d.threads, help="torch threads (0 = default)")
     p.add_argument("--seed", type=int, default=d.seed)
     p.add_argument("--out", default=None, help="also write the JSON here")
+    _add_device(p)
 
 
 def _step_arguments(p) -> None:
