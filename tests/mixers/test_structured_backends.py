@@ -1,9 +1,10 @@
 """The structured mixers' backends (ops/pattern/backend.py): how, never what.
 
-Every backend that runs here (numba, torch; triton under its interpreter where its kernels are in the
-tree: tests/ops/test_triton_backend.py) gives the dense mode's numbers in float64 -- outputs, every
-gradient, the cache -- over several far blocks and in pieces; the chosen backend is recorded in the
-state; ``compiled`` is the chunked mode on numba; and no run id sees the backend.
+Every backend that runs here (numba, torch; triton under its interpreter, in a process of its own:
+triton decides at its first import whether it interprets, and this process must not decide it for
+the Triton kernel tests) gives the same numbers in float64 -- outputs, every gradient, the cache, the
+decode steps; the chosen backend is recorded in the state; ``compiled`` is the chunked mode on
+numba; and no run id sees the backend.
 """
 
 from __future__ import annotations
@@ -116,14 +117,63 @@ def test_backend_field_is_checked_in_one_line():
         build_mixer("pow2", 12, backend="cuda")
 
 
-def test_triton_backend_needs_cuda_or_the_interpreter(monkeypatch):
-    monkeypatch.setattr(backends, "triton_available", lambda: True)
-    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    with pytest.raises(InputError, match="takes CUDA tensors"):
-        backends.choose_backend((torch.zeros(2),), "triton")
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert backends.choose_backend((torch.zeros(2),), "triton") == "triton"
-    assert backends.choose_backend((torch.zeros(2),)) in ("numba", "torch")  # auto never interprets
+TRITON_MIXER = """
+import json, os, sys
+import torch
+from tokenmix.mixers import build_mixer
+from tokenmix.ops.pattern import backend as backends
+
+g = torch.Generator().manual_seed(3)
+x = torch.randn(2, 21, 12, dtype=torch.float64, generator=g)
+w = torch.randn(2, 21, 12, dtype=torch.float64, generator=g)
+runs, errors = {}, {}
+for name in sys.argv[1:]:
+    for backend in ("triton", "torch"):
+        torch.manual_seed(0)
+        m = build_mixer(name, 12, n_heads=2, chunk_size=8, backend=backend).double()
+        xi = x.clone().requires_grad_()
+        y, state = m(xi[:, :17])  # a prefix of 17 tokens in one call, then 4 decoded without autograd
+        (y * w[:, :17]).sum().backward()
+        grads = [xi.grad] + [p.grad for p in m.parameters()]
+        with torch.no_grad():
+            steps = []
+            for t in range(17, 21):
+                y_t, state = m.step(x[:, t], state)
+                steps.append(y_t)
+        runs[name, backend] = [y.detach(), *grads, torch.stack(steps, 1)], state.backend
+    (fast, ran), (ref, _) = runs[name, "triton"], runs[name, "torch"]
+    errors[name] = [ran, [float((a - b).abs().max() / b.abs().max()) for a, b in zip(fast, ref)]]
+auto = backends.choose_backend((x,))
+print(json.dumps({"interpret": os.environ.get("TRITON_INTERPRET"), "auto_on_cpu": auto, "errors": errors}))
+"""
+
+
+@pytest.mark.skipif(not backends.triton_available(), reason="triton not installed (the gpu or dev extra)")
+def test_triton_backend_under_the_interpreter_equals_torch():
+    """pow2_ce (neighbour-set decode, lattice tables) and pow2 (exact distances, fixed-distance
+    decode): forward, the gradients of x and every parameter, and decoded tokens, in float64."""
+    env = {**os.environ, "TRITON_INTERPRET": "1"}
+    env.pop(backends.ENV_VAR, None)
+    out = subprocess.run(
+        [sys.executable, "-c", TRITON_MIXER, "pow2_ce", "pow2"], env=env, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr[-2000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["auto_on_cpu"] in ("numba", "torch")  # auto never picks the interpreter
+    for name, (ran, errs) in got["errors"].items():
+        assert ran == "triton", f"{name}: the decode ran on {ran}"
+        assert max(errs) <= 1e-10, f"{name}: triton vs torch relative errors {errs}"
+        assert errs[0] > 0, f"{name}: bit-equal to torch: did the kernels run?"  # rounding apart (a tile inverse)
+
+
+def test_triton_backend_refuses_cpu_tensors_off_the_interpreter():
+    code = (
+        "import torch; from tokenmix.ops.pattern import backend as b\n"
+        "try:\n    b.choose_backend((torch.zeros(2),), 'triton')\nexcept Exception as e:\n    print(e)"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert "backend 'triton'" in out.stdout and ("CUDA" in out.stdout or "not installed" in out.stdout)
 
 
 def test_environment_variable_replaces_auto():

@@ -10,8 +10,9 @@ Backends, one file each in this package:
             imports and ``TOKENMIX_NO_COMPILED`` is not set (``numba_runtime.supported``).
     torch   ``chunked.py``, ``scores.py`` and the tensor-operation decode reads (``numba.py``'s
             ``*_reference``): any dtype, any device.
-    triton  ``triton_solve.py``, ``triton_decode.py``: CUDA tensors where triton imports; CPU
-            tensors only under Triton's interpreter (``TRITON_INTERPRET=1``, how the tests run it).
+    triton  ``triton_solve.py``, ``triton_decode.py``: float32 / float64 CUDA tensors where triton
+            imports; CPU tensors only under Triton's interpreter (``TRITON_INTERPRET=1`` when triton
+            is first imported: how the tests run it), and then no CUDA ones.
 
 ``auto`` takes triton for CUDA tensors where it is available, numba where it takes the tensors,
 else torch. ``TOKENMIX_PATTERN_BACKEND`` (read once at import, as ``TOKENMIX_NO_COMPILED`` is)
@@ -26,8 +27,11 @@ records it (the decode cache's ``repr``, ``bench`` rows), and runs the ops throu
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import os
 from collections.abc import Callable, Sequence
+from types import ModuleType
 
 import numpy as np
 from torch import Tensor
@@ -56,12 +60,16 @@ def check_request(requested: str, what: str = "backend") -> str:
 
 
 def triton_available() -> bool:
-    """Whether the Triton kernels can run here: their files are in the tree and triton imports."""
-    return False  # SEAM(triton): `triton_solve.available() and triton_decode.available()` once they land
+    """Whether the Triton kernels can run here: triton is installed (found, not imported)."""
+    return importlib.util.find_spec("triton") is not None
 
 
-def _interpreted() -> bool:
-    return os.environ.get("TRITON_INTERPRET", "") == "1"
+def _triton(part: str) -> ModuleType:
+    """``triton_solve`` or ``triton_decode``, imported on first use, not with this module: triton
+    decides when it is first imported whether its kernels run under the interpreter
+    (``TRITON_INTERPRET``), so a process that never asks for them neither pays for the import
+    (~0.1 s) nor fixes that choice for code that sets the variable later (a test module)."""
+    return importlib.import_module(f"tokenmix.ops.pattern.triton_{part}")
 
 
 def choose_backend(tensors: Sequence[Tensor], requested: str = "auto") -> str:
@@ -80,7 +88,7 @@ def choose_backend(tensors: Sequence[Tensor], requested: str = "auto") -> str:
     if requested == "auto":
         requested = DEFAULT
     if requested == "auto":
-        if tensors[0].is_cuda and triton_available():
+        if tensors[0].is_cuda and triton_available() and _triton("solve").supported(*tensors):
             return "triton"
         return "numba" if numba_runtime.supported(*tensors) else "torch"
     if requested == "torch":
@@ -90,12 +98,8 @@ def choose_backend(tensors: Sequence[Tensor], requested: str = "auto") -> str:
         return "numba"
     if requested == "triton":
         if not triton_available():
-            raise InputError("backend 'triton' is unavailable (triton not importable, or its kernels not in this tree)")
-        devices = {z.device.type for z in tensors}
-        if devices != {"cuda"} and not (devices == {"cpu"} and _interpreted()):
-            raise InputError(
-                f"backend 'triton' takes CUDA tensors (CPU ones only under TRITON_INTERPRET=1), got {sorted(devices)}"
-            )
+            raise InputError("backend 'triton' is unavailable (triton not installed: pip install 'tokenmix[gpu]')")
+        _triton("solve").check_tensors(tensors)
         return "triton"
     raise InputError(f"unknown backend '{requested}'; backends: auto, {', '.join(BACKENDS)}")
 
@@ -124,7 +128,7 @@ def solve(
     if backend == "numba":
         return numba_kernels.compiled_pattern_solve(alpha, beta, idx, x, y_prefix)
     if backend == "triton":
-        raise NotImplementedError("SEAM(triton): triton_solve.triton_pattern_solve(alpha, beta, idx, x, y_prefix)")
+        return _triton("solve").triton_pattern_solve(alpha, beta, idx, x, y_prefix)
     return chunked_pattern_solve(alpha, beta, idx, x, y_prefix, chunk_size, plan=None if plan is None else plan())
 
 
@@ -136,7 +140,7 @@ def scores(backend: str, q: Tensor, kbuf: Tensor, idx: Tensor, plan: PlanGetter 
     if backend == "numba":
         return numba_kernels.compiled_pattern_scores(q, kbuf, idx)
     if backend == "triton":
-        raise NotImplementedError("SEAM(triton): triton_solve.triton_pattern_scores(q, kbuf, idx)")
+        return _triton("solve").triton_pattern_scores(q, kbuf, idx)
     return pattern_scores(q, kbuf, idx, None if plan is None else plan())
 
 
@@ -154,7 +158,7 @@ def step_read(
     if backend == "numba":
         return numba_kernels.step_read(qkv, keys, values, slots, scale, out, visible)
     if backend == "triton":
-        raise NotImplementedError("SEAM(triton): triton_decode.triton_step_read(...)")
+        return _triton("decode").triton_step_read(qkv, keys, values, slots, scale, out, visible)
     if visible is None:
         visible = numba_kernels.all_visible(qkv.shape[0], slots.shape[0])
     return numba_kernels.step_read_reference(qkv, keys, values, slots, scale, out, visible)
@@ -177,7 +181,7 @@ def lattice_step(
     if backend == "numba":
         return numba_kernels.lattice_step(qkv, kv, kv_np, held, hslot, end, row, nxt, pos, scale)
     if backend == "triton":
-        raise NotImplementedError("SEAM(triton): triton_decode.triton_lattice_step(...)")
+        return _triton("decode").triton_lattice_step(qkv, kv, held, hslot, end, row, nxt, pos, scale)
     return numba_kernels.lattice_step_reference(qkv, kv, held, hslot, end, row, nxt, pos, scale)
 
 
