@@ -15,8 +15,13 @@ Files:
     chunked.py         the torch chunked solve and its autograd Function (``chunked_pattern_solve``)
     scores.py          the torch neighbour scores (``pattern_scores``)
     window_softmax.py  every one of the previous M positions, score softmax: matmuls per chunk
-    numba.py           the compiled CPU kernels: solve, scores, and the decode reads
+    numba.py           the compiled CPU kernels: solve, scores, and the decode reads (with their
+                       tensor-operation definitions: the torch backend's reads)
     triton_solve.py    the Triton kernels (GPU; the CPU under TRITON_INTERPRET=1): solve and scores
+    triton_decode.py   the Triton decode reads (fixed distances, neighbour sets)
+    backend.py         which of numba / torch / triton runs a call (``choose_backend``, asked once
+                       per call) and the calls themselves (``solve``, ``scores``, ``step_read``,
+                       ``lattice_step``): the one place a backend is chosen (docs/backends.md)
     reference.py       the plain references the tests hold every path to
 
 Packed rows (documents back to back in a row, ``core/packing.py``): a token reads only its own
