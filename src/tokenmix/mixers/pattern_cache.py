@@ -321,7 +321,7 @@ class PatternCache(MixerState):
         """``MixerState.carry_over``, the decode strategy, which outlives every update, and the
         backend (until the next call records its own)."""
         MixerState.carry_over(self, other)
-        self.decode, self.backend = other.decode, getattr(other, "backend", None)
+        self.decode, self.backend = other.decode, other.backend
         return self
 
     def _following(self, position: int, entries: _Entries) -> "PatternCache":

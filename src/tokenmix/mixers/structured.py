@@ -165,7 +165,10 @@ def _warn_no_kernel() -> None:
 
 def _recorded(state: PatternCache | RowGroupState, backend: str) -> PatternCache | RowGroupState:
     """``state`` (or each cache of its row groups) recording the backend that made it (its ``repr``)."""
-    for cache in [state] if isinstance(state, PatternCache) else [group[2] for group in state.groups]:
+    if isinstance(state, PatternCache):  # every decoded token: the short way first
+        state.backend = backend
+        return state
+    for _, _, cache in state.groups:
         if isinstance(cache, PatternCache):
             cache.backend = backend
     return state

@@ -356,7 +356,8 @@ def step_read(
     """
     if visible is None:
         visible = all_visible(qkv.shape[0], slots.shape[0])
-    check_tensors((qkv, keys, values, out))
+    # no check_tensors here: a decoded token costs ~40 us and the check ~1 us; the caller asked
+    # backend.choose_backend once for the call (numba reads a non-CPU tensor's .numpy() and raises)
     _read(_np(qkv), _np(keys), _np(values), slots, visible.astype(np.uint8, copy=False), scale, _np(out))
     return out
 
@@ -403,8 +404,7 @@ def lattice_step(
         y = kv[1, :, end]); or None, with nothing written, if a position the rows name is not held
         (or pos + 1 does not read pos).
     """
-    check_tensors((qkv, kv))
-    width = nxt.shape[0]
+    width = nxt.shape[0]  # (tensors checked by the caller's choose_backend, as in step_read)
     keep, new_slots = np.empty(width, np.int64), np.empty(width, np.int64)
     m = _lattice_step(
         _np(qkv), _np(kv) if kv_np is None else kv_np, held, hslot, end, row, nxt, pos, scale, keep, new_slots
