@@ -92,10 +92,12 @@ def _train_stepper(model: MixerModel, t: int, args: LMBenchConfig) -> tuple[int,
     return b, one_step
 
 
-def _decode_stepper(model: MixerModel, t: int, args: LMBenchConfig) -> tuple[int, float, Callable[[int], None]]:
+def _decode_stepper(
+    model: MixerModel, t: int, args: LMBenchConfig
+) -> tuple[int, float, Callable[[int], None], list[list]]:
     """Prefill t - n tokens (batch 1), then a function decoding token i (t - n <= i < t) on the cache.
 
-    Returns (prefill length, prefill seconds, step function).
+    Returns (prefill length, prefill seconds, step function, [the layers' current states]).
     """
     n = min(args.decode_tokens, t - 1)
     model.eval()
@@ -113,7 +115,13 @@ def _decode_stepper(model: MixerModel, t: int, args: LMBenchConfig) -> tuple[int
     def step(i: int) -> None:
         _, holder[0] = model.step(ids[:, i], holder[0])
 
-    return t - n, prefill_s, step
+    return t - n, prefill_s, step, holder
+
+
+def _backends(states) -> str | None:
+    """The backends the structured layers' last calls ran on (ops/pattern/backend.py), or None."""
+    names = sorted({s.backend for s in states if getattr(s, "backend", None)})
+    return ",".join(names) or None
 
 
 def _round_robin(
@@ -152,9 +160,9 @@ def _time_context(models: dict[str, MixerModel], t: int, args: LMBenchConfig) ->
     for m, (dt, dc) in _round_robin(trainers, range(args.train_steps), device=args.device).items():
         b = out[m]["train_batch"]
         out[m].update({"train_step_s": dt, "train_tokens_per_s": b * t / dt, "train_tokens_per_cpu_s": b * t / dc})
-    decoders = {}
+    decoders, held = {}, {}
     for m, model in models.items():
-        prefill, prefill_s, step = _decode_stepper(model, t, args)
+        prefill, prefill_s, step, held[m] = _decode_stepper(model, t, args)
         decoders[m] = step
         out[m].update({"prefill_tokens": prefill, "prefill_s": prefill_s})
     prefill = next(iter(out.values()))["prefill_tokens"]
@@ -162,6 +170,8 @@ def _time_context(models: dict[str, MixerModel], t: int, args: LMBenchConfig) ->
         out[m].update(
             {"decode_ms_per_token": 1000 * dt, "decode_tokens_per_s": 1 / dt, "decode_cpu_ms_per_token": 1000 * dc}
         )
+        if _backends(held[m][0]):  # the structured mixers' decode steps
+            out[m]["backend"] = _backends(held[m][0])
     return out
 
 
