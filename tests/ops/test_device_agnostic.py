@@ -6,7 +6,7 @@ reads through numpy) raises, where on a GPU it would stall the device or fail. E
 mixer on meta tensors; a case that meets a round trip fails naming it (file:line).
 
 No case is marked as a known failure: the round trips the first audit found on these paths are
-fixed (docs/notes/backends.md, sections A and B); what remains there (packing and left padding, and
+fixed (docs/notes/backends.md, section A); what remains there (packing and left padding, and
 host-built tables uploaded per call, which ``meta`` does not see) is outside this matrix.
 
 Cases per mixer: ``forward-<mode>`` (a fresh segment, autograd on: the training path),
