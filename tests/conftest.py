@@ -3,8 +3,15 @@ crosscheck_assertions.py, lm_helpers.py, tolerances.py; pytest puts this folder 
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
+
+# Triton fixes at its first import whether it interprets its kernels (on CPU tensors) or compiles them
+# for a GPU, and any module may import it first (the backends, fla's checks): decide here, before all.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(autouse=True)

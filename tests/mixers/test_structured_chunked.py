@@ -2,7 +2,8 @@
 
 The generic matrix (test_mixer_matrix.py) runs every mode at T <= 13; here T spans several far
 blocks (reads at distance > C), the matmul window path of the dense pattern, and continuation
-from a cache (a sparse lattice cache, a window cache), in float64 against the recurrent reference.
+from a cache (a sparse lattice cache, a window cache), in float64 against the recurrent reference,
+on each CPU backend of the chunked mode (torch's slice kernels and numba's sweeps).
 """
 
 from __future__ import annotations
@@ -30,12 +31,13 @@ def grads(m, x0, mode, sizes, w):
     return y.detach(), state, [x.grad] + [p.grad.clone() for p in m.parameters()]
 
 
+@pytest.mark.parametrize("backend", ["torch", "numba"])
 @pytest.mark.parametrize("name", STRUCTURED)
 @pytest.mark.parametrize("sizes", [[150], [37, 80, 1, 32]], ids=["whole", "pieces"])
-def test_chunked_matches_recurrent_long(name, sizes):
+def test_chunked_matches_recurrent_long(name, sizes, backend):
     """Outputs, final cache and every gradient; pieces continue from the cache (chunked mode
     on top of a lattice / window / full cache)."""
-    m = mixer(name)
+    m = mixer(name, backend=backend)
     g = torch.Generator().manual_seed(1)
     x = torch.randn(2, sum(sizes), 12, dtype=torch.float64, generator=g)
     w = torch.randn(2, sum(sizes), 12, dtype=torch.float64, generator=g)
