@@ -24,6 +24,7 @@ from tokenmix.mixers import structured
 from tokenmix.ops import numba_runtime
 from tokenmix.ops.pattern import backend as backends
 from tokenmix.ops.pattern import numba as pattern_kernels
+from tokenmix.ops.pattern.lattice_step import LatticeStep
 from tokenmix.ops.pattern.numba import compiled_pattern_scores, compiled_pattern_solve
 from tokenmix.ops.pattern.reference import pattern_scores_reference
 from tolerances import FLOAT32_REL_RMS, FLOAT64_EXACT, assert_close, rel_rms
@@ -117,15 +118,17 @@ def test_decode_reads_match_their_definition(backend):
     before = kv.clone()
     held, slots = np.array([2, 5, 8, 9, 10]), np.array([6, 0, 3, 1, 2])
     row, nxt = np.array([10, 9, -1, 2]), np.array([11, 10, 8, -1, 5])
-    keep, new_slots = lattice_step(qkv, kv, None, held, slots, 7, row, nxt, 11, 0.5)
+    keep, new_slots = lattice_step(qkv, kv, None, LatticeStep(held, slots, 7, row, nxt, 11), 0.5)
     assert keep.tolist() == [5, 8, 10, 11] and new_slots.tolist() == [0, 3, 2, 7]
     want = _read_formula(qkv, before[0], before[1], torch.tensor([2, 1, 6]), 0.5)
     assert_close(kv[1, :, 7], want, FLOAT64_EXACT, "lattice read")
     assert torch.equal(kv[0, :, 7], qkv[:, 1]) and torch.equal(kv[:, :, :7], before[:, :, :7])  # nothing else moved
     # a cache that lacks a position the rows name is left to the general step, nothing written
     kv = before.clone()
-    assert lattice_step(qkv, kv, None, np.array([2, 5, 8, 9, 12]), slots, 7, row, nxt, 11, 0.5) is None
-    assert lattice_step(qkv, kv, None, held, slots, 7, row, np.array([10, 9]), 11, 0.5) is None  # 12 must read 11
+    not_held = LatticeStep(np.array([2, 5, 8, 9, 12]), slots, 7, row, nxt, 11)
+    skips_pos = LatticeStep(held, slots, 7, row, np.array([10, 9]), 11)  # 12 must read 11
+    assert lattice_step(qkv, kv, None, not_held, 0.5) is None
+    assert lattice_step(qkv, kv, None, skips_pos, 0.5) is None
     assert torch.equal(kv, before)
 
 

@@ -28,6 +28,7 @@ import torch  # noqa: E402
 pytest.importorskip("triton")
 
 from tokenmix.mixers import build_mixer, structured  # noqa: E402
+from tokenmix.ops.pattern.lattice_step import LatticeStep  # noqa: E402
 from tokenmix.ops.pattern.numba import lattice_step_reference, step_read_reference  # noqa: E402
 from tokenmix.ops.pattern.triton_decode import available, triton_lattice_step, triton_step_read  # noqa: E402
 from tolerances import FLOAT32_REL_TOL, FLOAT64_EXACT, assert_close, max_rel_err  # noqa: E402
@@ -103,10 +104,11 @@ def _lattice_case(g: torch.Generator, dtype: torch.dtype):
 def test_lattice_step_matches_reference(dtype):
     qkv, kv, held, slots, row = _lattice_case(torch.Generator().manual_seed(2), dtype)
     nxt = np.array([11, 10, 8, -1, 5])
+    step = LatticeStep(held, slots, 7, row, nxt, 11)
     want = kv.clone()
-    keep_ref, slots_ref = lattice_step_reference(qkv, want, held, slots, 7, row, nxt, 11, 0.5)
+    keep_ref, slots_ref = lattice_step_reference(qkv, want, step, 0.5)
     got = kv.clone()
-    keep, new_slots = triton_lattice_step(qkv, got, held, slots, 7, row, nxt, 11, 0.5)
+    keep, new_slots = triton_lattice_step(qkv, got, step, 0.5)
     assert keep.tolist() == keep_ref.tolist() == [5, 8, 10, 11]
     assert new_slots.tolist() == slots_ref.tolist() == [0, 3, 2, 7]
     assert max_rel_err(got, want) <= REL_TOL[dtype]
@@ -124,8 +126,9 @@ def test_lattice_step_refuses_what_the_reference_refuses():
         "a position past every held one": (held, np.array([10, 13]), np.array([11])),
     }
     for what, (h, r, nxt) in cases.items():
-        assert lattice_step_reference(qkv, kv.clone(), h, slots, 7, r, nxt, 11, 0.5) is None, what
-        assert triton_lattice_step(qkv, kv, h, slots, 7, r, nxt, 11, 0.5) is None, what
+        step = LatticeStep(h, slots, 7, r, nxt, 11)
+        assert lattice_step_reference(qkv, kv.clone(), step, 0.5) is None, what
+        assert triton_lattice_step(qkv, kv, step, 0.5) is None, what
         assert torch.equal(kv, before), f"{what}: nothing written"
 
 
@@ -133,7 +136,8 @@ def test_first_lattice_step_from_an_empty_cache():
     g = torch.Generator().manual_seed(4)
     qkv, kv = _rand(g, torch.float64, 1, 3, 2, 4), _rand(g, torch.float64, 2, 1, 16, 2, 4)
     empty = np.zeros(0, np.int64)
-    keep, new_slots = triton_lattice_step(qkv, kv, empty, empty, 0, np.array([-1, -1]), np.array([0, -1]), 0, 0.5)
+    step = LatticeStep(empty, empty, 0, np.array([-1, -1]), np.array([0, -1]), 0)
+    keep, new_slots = triton_lattice_step(qkv, kv, step, 0.5)
     assert keep.tolist() == [0] and new_slots.tolist() == [0]
     assert torch.equal(kv[1, :, 0], qkv[:, 2]) and torch.equal(kv[0, :, 0], qkv[:, 1])
 

@@ -64,6 +64,7 @@ from tokenmix.mixers.base import Linear, Mixer, MixerConfig, RowGroupState
 from tokenmix.mixers.pattern_cache import DecodeStrategy, PatternCache
 from tokenmix.mixers.registry import register_mixer
 from tokenmix.ops.pattern import backend as backends
+from tokenmix.ops.pattern.lattice_step import LatticeStep
 from tokenmix.ops.pattern.numba import kernel_available
 from tokenmix.ops.pattern.plan import PatternPlan, RowPatternPlan, packed_table, plan_pattern
 from tokenmix.ops.pattern.window_softmax import chunked_window_softmax
@@ -313,7 +314,8 @@ class NeighborSetDecode(DecodeStrategy):
             raise RuntimeError("neighbour-set decode of a padded cache (these patterns pad by row groups)")
         state, kv, kv_np, held, slots, end = state.lattice_storage()
         row, nxt = self.table_row(pos), self.table_row(pos + 1)
-        stepped = backends.lattice_step(backend, qkv_t, kv, kv_np, held, slots, end, row, nxt, pos, self.scale)
+        step = LatticeStep(held, slots, end, row, nxt, pos)
+        stepped = backends.lattice_step(backend, qkv_t, kv, kv_np, step, self.scale)
         if stepped is None:
             raise RuntimeError(
                 f"neighbour-set decode at position {pos}: the cache does not hold the positions "

@@ -40,6 +40,7 @@ from tokenmix.core.errors import InputError
 from tokenmix.ops import numba_runtime
 from tokenmix.ops.pattern import numba as numba_kernels
 from tokenmix.ops.pattern.chunked import chunked_pattern_solve
+from tokenmix.ops.pattern.lattice_step import LatticeStep
 from tokenmix.ops.pattern.plan import PatternPlan, RowPatternPlan
 from tokenmix.ops.pattern.scores import pattern_scores
 
@@ -165,24 +166,14 @@ def step_read(
 
 
 def lattice_step(
-    backend: str,
-    qkv: Tensor,
-    kv: Tensor,
-    kv_np: np.ndarray | None,
-    held: np.ndarray,
-    hslot: np.ndarray,
-    end: int,
-    row: np.ndarray,
-    nxt: np.ndarray,
-    pos: int,
-    scale: float,
+    backend: str, qkv: Tensor, kv: Tensor, kv_np: np.ndarray | None, step: LatticeStep, scale: float
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """One decoded token of a neighbour-set cache by ``backend`` (args and result: ``numba.lattice_step``)."""
     if backend == "numba":
-        return numba_kernels.lattice_step(qkv, kv, kv_np, held, hslot, end, row, nxt, pos, scale)
+        return numba_kernels.lattice_step(qkv, kv, kv_np, step, scale)
     if backend == "triton":
-        return _triton("decode").triton_lattice_step(qkv, kv, held, hslot, end, row, nxt, pos, scale)
-    return numba_kernels.lattice_step_reference(qkv, kv, held, hslot, end, row, nxt, pos, scale)
+        return _triton("decode").triton_lattice_step(qkv, kv, step, scale)
+    return numba_kernels.lattice_step_reference(qkv, kv, step, scale)
 
 
 __all__ = [

@@ -52,6 +52,7 @@ from tokenmix.core.errors import InputError
 from tokenmix.ops.numba_runtime import PARALLEL_JIT as _JIT
 from tokenmix.ops.numba_runtime import as_numpy as _np
 from tokenmix.ops.numba_runtime import kernel_available, launch, numba, supported
+from tokenmix.ops.pattern.lattice_step import LatticeStep
 from tokenmix.ops.pattern.plan import check_causal, table_fits
 
 if numba is not None:
@@ -377,53 +378,39 @@ def step_read_reference(
 
 
 def lattice_step(
-    qkv: Tensor,
-    kv: Tensor,
-    kv_np: np.ndarray | None,
-    held: np.ndarray,
-    hslot: np.ndarray,
-    end: int,
-    row: np.ndarray,
-    nxt: np.ndarray,
-    pos: int,
-    scale: float,
+    qkv: Tensor, kv: Tensor, kv_np: np.ndarray | None, step: LatticeStep, scale: float
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """One decoded token whose cache is a neighbour set (a lattice), on slot-stable storage, by the
     compiled kernel; ``lattice_step_reference`` is the definition (the torch backend's step),
     against which the kernel is tested.
 
     Args:
-        qkv: [B, 3, H, K] the token's q, k, v (at position ``pos``).
+        qkv: [B, 3, H, K] the token's q, k, v (at position ``step.pos``).
         kv: [2, B, cap, H, K] cache storage (keys kv[0], values kv[1]); ``kv_np`` its numpy view
-            (None: made here). Slot ``end`` < cap has never been written.
-        held, hslot: int64 numpy [S], the sorted positions the cache holds and their storage slots.
-        row, nxt: int64 numpy table rows of pos and pos + 1 (absolute positions, -1 = none).
+            (None: made here). Slot ``step.end`` < cap has never been written.
+        step: the cache's host bookkeeping (sorted positions ``held`` at storage slots ``hslot``)
+            and the table rows ``row``, ``nxt`` of pos and pos + 1 (``lattice_step.LatticeStep``).
+        scale: the score scale (1 / sqrt(K)).
     Returns:
         (keep [S'], slots [S']) the next cache's sorted positions (those of ``nxt``, pos among them)
         and their storage slots -- the token's key and output written to slot ``end`` (its output
         y = kv[1, :, end]); or None, with nothing written, if a position the rows name is not held
         (or pos + 1 does not read pos).
     """
-    width = nxt.shape[0]  # (tensors checked by the caller's choose_backend, as in step_read)
+    width = step.nxt.shape[0]  # (tensors checked by the caller's choose_backend, as in step_read)
     keep, new_slots = np.empty(width, np.int64), np.empty(width, np.int64)
+    kv_np = _np(kv) if kv_np is None else kv_np
     m = _lattice_step(
-        _np(qkv), _np(kv) if kv_np is None else kv_np, held, hslot, end, row, nxt, pos, scale, keep, new_slots
+        _np(qkv), kv_np, step.held, step.hslot, step.end, step.row, step.nxt, step.pos, scale, keep, new_slots
     )
     return None if m < 0 else (keep[:m], new_slots[:m])
 
 
 def lattice_step_reference(
-    qkv: Tensor,
-    kv: Tensor,
-    held: np.ndarray,
-    hslot: np.ndarray,
-    end: int,
-    row: np.ndarray,
-    nxt: np.ndarray,
-    pos: int,
-    scale: float,
+    qkv: Tensor, kv: Tensor, step: LatticeStep, scale: float
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """``lattice_step`` in numpy lookups and ``step_read_reference`` (any dtype and device)."""
+    held, hslot, end, row, nxt, pos = step.held, step.hslot, step.end, step.row, step.nxt, step.pos
     keep = np.sort(nxt[nxt >= 0])
     wanted = np.concatenate([row, np.where(keep == pos, -1, keep)])
     j = np.searchsorted(held, np.maximum(wanted, 0)).clip(max=max(len(held) - 1, 0))

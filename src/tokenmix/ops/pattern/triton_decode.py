@@ -15,11 +15,12 @@ Contract (what a backend seam calls, by these names; nothing here picks a backen
         GPU step reads them where they are). Inference only, no autograd. Keyword-only extras:
         ``key_out`` ([B, H, K], the same launch also writes the token's key there) and the tile
         sizes ``block_h`` / ``block_w`` (None: from the shapes).
-    triton_lattice_step(qkv, kv, held, hslot, end, row, nxt, pos, scale) -> (keep, slots) | None
+    triton_lattice_step(qkv, kv, step, scale) -> (keep, slots) | None
         ``numba.lattice_step``'s contract without ``kv_np``: the neighbour-set cache's bookkeeping
-        (sorted positions ``held`` at storage slots ``hslot``, host numpy by design) is looked up on
-        the host, then one launch reads the neighbours, writes the output to kv[1, :, end] and the
-        token's key to kv[0, :, end]. Returns None, with nothing written, where ``lattice_step`` does.
+        (``step``, a ``lattice_step.LatticeStep``: sorted positions ``held`` at storage slots
+        ``hslot``, host numpy by design) is looked up on the host, then one launch reads the
+        neighbours, writes the output to kv[1, :, end] and the token's key to kv[0, :, end]. Returns
+        None, with nothing written, where ``lattice_step`` does.
 
 The kernel. One program per (batch row b, block of BLOCK_H heads); shapes in its tiles:
 
@@ -52,6 +53,7 @@ import torch
 from torch import Tensor
 
 from tokenmix.core.errors import InputError
+from tokenmix.ops.pattern.lattice_step import LatticeStep
 
 try:  # optional (the ``gpu`` extra); everything else in tokenmix runs without it
     import triton
@@ -256,38 +258,8 @@ def triton_step_read(
     return out
 
 
-def _lattice_slots(
-    held: np.ndarray, hslot: np.ndarray, end: int, row: np.ndarray, nxt: np.ndarray, pos: int
-) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-    """The host bookkeeping of a neighbour-set step: (read [W] the storage slots of ``row``, -1
-    kept; keep [S'] the next cache's sorted positions; their slots [S'], ``end`` for pos), or None
-    if a position the rows name is not held or pos + 1 does not read pos."""
-    keep = np.sort(nxt[nxt >= 0])
-    others = keep[keep != pos]  # held already; pos itself is the token, going to slot end
-    if len(others) == len(keep):
-        return None
-    wanted = np.concatenate([row, others])
-    named = wanted >= 0
-    at = np.searchsorted(held, wanted[named])
-    if (at >= len(held)).any() or (held[at.clip(max=len(held) - 1)] != wanted[named]).any():
-        return None
-    slot = np.full(len(wanted), -1, np.int64)
-    slot[named] = hslot[at]
-    new_slots = np.full(len(keep), end, np.int64)
-    new_slots[keep != pos] = slot[len(row) :]
-    return slot[: len(row)], keep, new_slots
-
-
 def triton_lattice_step(
-    qkv: Tensor,
-    kv: Tensor,
-    held: np.ndarray,
-    hslot: np.ndarray,
-    end: int,
-    row: np.ndarray,
-    nxt: np.ndarray,
-    pos: int,
-    scale: float,
+    qkv: Tensor, kv: Tensor, step: LatticeStep, scale: float
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """One decoded token whose cache is a neighbour set (a lattice, Fenwick) on slot-stable storage:
     ``numba.lattice_step`` without ``kv_np``. The slots are found on the host (the cache's sorted
@@ -295,21 +267,20 @@ def triton_lattice_step(
     kv[1, :, end] and the key to kv[0, :, end].
 
     Args:
-        qkv: [B, 3, H, K] the token's q, k, v (at position ``pos``).
-        kv: [2, B, cap, H, K] cache storage (keys kv[0], values kv[1]); slot ``end`` < cap has never
-            been written.
-        held, hslot: int64 numpy [S], the sorted positions the cache holds and their storage slots.
-        row, nxt: int64 numpy table rows of pos and pos + 1 (absolute positions, -1 = none).
+        qkv: [B, 3, H, K] the token's q, k, v (at position ``step.pos``).
+        kv: [2, B, cap, H, K] cache storage (keys kv[0], values kv[1]); slot ``step.end`` < cap has
+            never been written.
+        step: the cache's host bookkeeping and the token's table rows (``lattice_step.LatticeStep``).
         scale: the score scale (1 / sqrt(K)).
     Returns:
         (keep [S'], slots [S']) the next cache's sorted positions and their storage slots; or None,
         with nothing written, if a position the rows name is not held (or pos + 1 does not read pos).
     """
-    found = _lattice_slots(held, hslot, end, row, nxt, pos)
+    found = step.slots()
     if found is None:
         return None
     read, keep, new_slots = found
-    triton_step_read(qkv, kv[0], kv[1], read, scale, kv[1, :, end], key_out=kv[0, :, end])
+    triton_step_read(qkv, kv[0], kv[1], read, scale, kv[1, :, step.end], key_out=kv[0, :, step.end])
     return keep, new_slots
 
 
