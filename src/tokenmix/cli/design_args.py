@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-from tokenmix.analysis.defaults import (
-    DEFAULT_BASES,
-    DEFAULT_MIX_BASES,
-    DEFAULT_MIX_WINDOWS,
-    DEFAULT_POWERS,
-    DEFAULT_WINDOWS,
-    FAMILIES,
-)
+from tokenmix.analysis import defaults
 
 
 def _show(values) -> str:
@@ -41,19 +34,19 @@ def register(sub) -> None:
     )
     p.add_argument(
         "--families",
-        default=",".join(FAMILIES),
-        help=f"families to include, comma-separated from {', '.join(FAMILIES)} ('none' for only "
+        default=",".join(defaults.FAMILIES),
+        help=f"families to include, comma-separated from {', '.join(defaults.FAMILIES)} ('none' for only "
         "the named and --pattern ones)",
     )
     p.add_argument(
         "--bases",
-        default=_show(DEFAULT_BASES),
+        default=_show(defaults.DEFAULT_BASES),
         help="geom bases b of ceil(b^k): a,b,c or start:stop:step (default 1.5:4:0.25)",
     )
-    p.add_argument("--powers", default=_show(DEFAULT_POWERS), help="poly powers p of k^p+1 (integers)")
-    p.add_argument("--mix-windows", default=_show(DEFAULT_MIX_WINDOWS), help="mix: window lengths w")
-    p.add_argument("--mix-bases", default=_show(DEFAULT_MIX_BASES), help="mix: tail bases b")
-    p.add_argument("--windows", default=_show(DEFAULT_WINDOWS), help="M of the named window:M rows")
+    p.add_argument("--powers", default=_show(defaults.DEFAULT_POWERS), help="poly powers p of k^p+1 (integers)")
+    p.add_argument("--mix-windows", default=_show(defaults.DEFAULT_MIX_WINDOWS), help="mix: window lengths w")
+    p.add_argument("--mix-bases", default=_show(defaults.DEFAULT_MIX_BASES), help="mix: tail bases b")
+    p.add_argument("--windows", default=_show(defaults.DEFAULT_WINDOWS), help="M of the named window:M rows")
     p.add_argument("--no-lattice", action="store_true", help="family members exact only (no _ce variants)")
     p.add_argument(
         "--no-routing",
