@@ -400,9 +400,7 @@ def lattice_step(
     width = step.nxt.shape[0]  # (tensors checked by the caller's choose_backend, as in step_read)
     keep, new_slots = np.empty(width, np.int64), np.empty(width, np.int64)
     kv_np = _np(kv) if kv_np is None else kv_np
-    m = _lattice_step(
-        _np(qkv), kv_np, step.held, step.hslot, step.end, step.row, step.nxt, step.pos, scale, keep, new_slots
-    )
+    m = _lattice_step(_np(qkv), kv_np, *step, scale, keep, new_slots)  # held, hslot, end, row, nxt, pos
     return None if m < 0 else (keep[:m], new_slots[:m])
 
 
@@ -410,7 +408,7 @@ def lattice_step_reference(
     qkv: Tensor, kv: Tensor, step: LatticeStep, scale: float
 ) -> tuple[np.ndarray, np.ndarray] | None:
     """``lattice_step`` in numpy lookups and ``step_read_reference`` (any dtype and device)."""
-    held, hslot, end, row, nxt, pos = step.held, step.hslot, step.end, step.row, step.nxt, step.pos
+    held, hslot, end, row, nxt, pos = step
     keep = np.sort(nxt[nxt >= 0])
     wanted = np.concatenate([row, np.where(keep == pos, -1, keep)])
     j = np.searchsorted(held, np.maximum(wanted, 0)).clip(max=max(len(held) - 1, 0))
