@@ -197,3 +197,20 @@ def test_no_run_id_sees_the_backend():
     for cfg in runs:
         resolved = json.dumps(cfg.to_dict(), sort_keys=True)
         assert '"backend"' not in resolved, f"{cfg.label} puts a backend into its run id"
+
+
+@pytest.mark.parametrize("mode", ["chunked", "compiled"])
+@pytest.mark.parametrize("name", ["pow2_ce", "sq1"])
+def test_the_backend_is_chosen_from_the_tensors_the_ops_take(name, mode):
+    """Under bfloat16 autocast x is float32 but the projections are bfloat16, which numba does not
+    take: the call runs on torch (as it did before backends), not on a choice made from x alone."""
+    torch.manual_seed(0)
+    m = build_mixer(name, 16, n_heads=2, chunk_size=8)
+    on_torch = build_mixer(name, 16, n_heads=2, chunk_size=8, backend="torch")
+    on_torch.load_state_dict(m.state_dict())
+    x = torch.randn(2, 30, 16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, state = m(x, mode=mode)
+        y_torch, _ = on_torch(x, mode="chunked")
+    assert state.backend == "torch"
+    assert y.dtype == torch.bfloat16 and torch.equal(y, y_torch)

@@ -449,16 +449,20 @@ class StructuredRecurrence(Mixer):
             self._plans.popitem(last=False)
         return plan.idx, plan
 
-    def _segment(self, x: Tensor, state: PatternCache | None, backend: str = "torch", packing: Packing | None = None):
+    def _segment(
+        self, x: Tensor, state: PatternCache | None, request: str | None = "torch", packing: Packing | None = None
+    ):
         """Everything the chunked and dense modes share for a segment: projections, buffer indices
         (per-row tables [B, T, W] for a packed segment of a pattern on the document's clock), the
-        table's plan, coefficients (the scores by ``backend``)."""
+        table's plan, coefficients (the scores by the backend of ``request``, ``_backend``), and
+        that backend."""
         b, t, _ = x.shape
         q, k, v = self._project(x)
         if state is None:
             state = self.empty_state(b, x.device, x.dtype)
         idx, plan = self._table(state, t, x.device)
         kbuf = torch.cat([state.keys, k], 1)
+        backend = self._backend((q, kbuf, v, state.values), request)
         if packing is not None and not isinstance(self.pattern, TranslationInvariant):
             # each later document reads its own table, shifted by its start
             rel = self._relative_table(t, x.device)
@@ -473,7 +477,7 @@ class StructuredRecurrence(Mixer):
             valid = None if state.start is None else plan.padded_valid(state.start, state.max_start)  # [B, T, W]
             valid = idx >= 0 if valid is None else valid
         alpha, beta = self._coefficients(x, q, k, self._scores(q, kbuf, idx, plan, backend), valid)
-        return state, q, k, v, idx, plan, alpha, beta
+        return state, q, k, v, idx, plan, alpha, beta, backend
 
     def _finish(
         self, state: PatternCache, k: Tensor, y: Tensor, t: int, backend: str, packing: Packing | None = None
@@ -543,27 +547,30 @@ class StructuredRecurrence(Mixer):
         return m if m is not None and m >= self.config.chunk_size else None
 
     # ---------------------------------------------------------------- modes
-    def _backend(self, tensors: Sequence[Tensor]) -> str:
-        """The backend this call runs on: the config's request, asked once per call."""
-        return backends.choose_backend(tensors, self.config.backend)
+    def _backend(self, tensors: Sequence[Tensor], request: str | None = None) -> str:
+        """The backend a call runs on, asked once per call from the tensors its ops take (the
+        projections, not x: under autocast they are bfloat16 while x is float32): ``request``
+        (None: the config's; ``compiled``: that mode's rule, ``forward_compiled``)."""
+        if request == "compiled":
+            backend = backends.compiled_mode_backend(tensors)
+            if backend == "torch" and not kernel_available():
+                _warn_no_kernel()
+            return backend
+        return backends.choose_backend(tensors, self.config.backend if request is None else request)
 
     def forward_compiled(self, x: Tensor, state: PatternCache | None, packing: Packing | None = None):
         """The mode of configs and runs made before backends: an alias of the chunked mode on the
         numba backend (its sweeps, ops/pattern/numba.py), whatever the config's ``backend``; where
         numba cannot run -- missing (warned once), a CUDA or half-precision tensor -- on the torch
         backend, as this mode always did."""
-        backend = backends.compiled_mode_backend((x,))
-        if backend == "torch" and not kernel_available():
-            _warn_no_kernel()
-        return self.forward_chunked(x, state, packing=packing, backend=backend)
+        return self.forward_chunked(x, state, packing=packing, backend="compiled")
 
     def forward_chunked(
         self, x: Tensor, state: PatternCache | None, packing: Packing | None = None, backend: str | None = None
     ):
-        """The training default: the chunked solve and scores by ``backend`` (None: the config's,
-        asked now). Window patterns keep their matmul path (torch). ``packing``: document boundaries
-        in the rows (module docstring), honoured by the tables."""
-        backend = self._backend((x,)) if backend is None else backend
+        """The training default: the chunked solve and scores by the backend ``backend`` requests
+        (None: the config's; ``_backend``). Window patterns keep their matmul path (torch).
+        ``packing``: document boundaries in the rows (module docstring), honoured by the tables."""
         window = self._window(x.shape[1] + (state.position if state is not None else 0))
         if window is not None:
             # (nearly) dense: scores, softmax and the earlier-chunk contribution as matmuls, no index table
@@ -586,12 +593,12 @@ class StructuredRecurrence(Mixer):
                 key_start,
             )
             return self._finish(state, k, y, x.shape[1], "torch", packing)
-        state, q, k, v, idx, plan, alpha, beta = self._segment(x, state, backend, packing)
+        state, q, k, v, idx, plan, alpha, beta, backend = self._segment(x, state, backend, packing)
         y = backends.solve(backend, alpha, beta, idx, v, state.values, self.config.chunk_size, plan.get)
         return self._finish(state, k, y, x.shape[1], backend, packing)
 
     def forward_dense(self, x: Tensor, state: PatternCache | None):
-        state, q, k, v, idx, plan, alpha, beta = self._segment(x, state)
+        state, q, k, v, idx, plan, alpha, beta, _ = self._segment(x, state)
         b, t, h, _ = v.shape
         p = state.cached_positions()
         mix_a, mix_b = self._dense_ab(alpha, beta, idx, p)
@@ -650,7 +657,7 @@ class StructuredRecurrence(Mixer):
         )
 
     def materialize(self, x: Tensor) -> MixOperator:
-        state, q, k, v, idx, plan, alpha, beta = self._segment(x, None)
+        state, q, k, v, idx, plan, alpha, beta, _ = self._segment(x, None)
         return MixOperator(*self._dense_ab(alpha, beta, idx, 0))
 
     def values(self, x: Tensor) -> Tensor:
