@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from mixer_helpers import decode_tokens
 from tokenmix.mixers import build_mixer
 from tokenmix.mixers.base import first_parameter
 from tokenmix.mixers.diagonal_decay import DiagonalDecayMixer
@@ -22,17 +23,6 @@ from tokenmix.models.model import Linear, RMSNorm
 from tolerances import FLOAT64_EXACT, assert_close
 
 PADDINGS = {"unpadded": None, "padded": [0, 5, 17]}
-
-
-def _decode(m, x: torch.Tensor, start, prefill: int):
-    """A recurrent-mode prefill of ``prefill`` tokens, then one ``step`` per token: (y [B, T, D], state)."""
-    state = m.init_state(x.shape[0], dtype=x.dtype, start=start)
-    y, state = m(x[:, :prefill], state, "recurrent")
-    ys = [y]
-    for i in range(prefill, x.shape[1]):
-        y_t, state = m.step(x[:, i], state)
-        ys.append(y_t[:, None])
-    return torch.cat(ys, 1), state
 
 
 STEPS = {cls.name: cls for cls in (FixedDistanceDecode, NeighborSetDecode, GeneralDecode)}
@@ -62,10 +52,10 @@ def test_fixed_distance_step_matches_general_step(name, padding, steps):
     start = PADDINGS[padding]
     assert m.init_state(3, start=start).strategy == "fixed_distance"
     with torch.no_grad():
-        y_fast, s_fast = _decode(m, x, start, prefill=40)
+        y_fast, s_fast = decode_tokens(m, x, start, prefill=40)
     assert steps == {"fixed_distance": 70, "neighbor_set": 0, "general": 0}  # every token, padded rows too
     assert s_fast.strategy == "fixed_distance" and "strategy=fixed_distance" in repr(s_fast)
-    y_gen, s_gen = _decode(m, x, start, prefill=40)  # parameters require grad: the general step
+    y_gen, s_gen = decode_tokens(m, x, start, prefill=40)  # parameters require grad: the general step
     assert steps == {"fixed_distance": 70, "neighbor_set": 0, "general": 70}
     assert_close(y_fast, y_gen.detach(), FLOAT64_EXACT, f"{name} {padding} outputs")
     assert s_fast.positions.tolist() == s_gen.positions.tolist()
@@ -103,7 +93,7 @@ def test_mamba2_recurrent_matches_family_recurrence(padding):
     m = build_mixer("mamba2", 16, n_heads=2, state_dim=4).double()
     x = torch.randn(3, 40, 16, dtype=torch.float64, requires_grad=True)
     start = PADDINGS[padding]
-    y, s = _decode(m, x, start, prefill=20)
+    y, s = decode_tokens(m, x, start, prefill=20)
     y_ref, s_ref = DiagonalDecayMixer.forward_recurrent(m, x, m.init_state(3, dtype=x.dtype, start=start))
     assert_close(y, y_ref, FLOAT64_EXACT, f"mamba2 {padding} outputs")
     assert_close(s.memory, s_ref.memory, FLOAT64_EXACT, f"mamba2 {padding} state")
@@ -212,7 +202,7 @@ def test_mamba2_decode_without_autograd_follows_parameter_updates():
     x = torch.randn(2, 12, 16, dtype=torch.float64)
     with torch.no_grad():
         for _ in range(2):  # the second time after an in-place update of A_log (the kept -exp(A_log) is remade)
-            y, s = _decode(m, x, None, prefill=5)
+            y, s = decode_tokens(m, x, None, prefill=5)
             y_ref, s_ref = DiagonalDecayMixer.forward_recurrent(m, x, m.init_state(2, dtype=x.dtype))
             assert_close(y, y_ref, FLOAT64_EXACT, "mamba2 no-grad outputs")
             assert_close(s.memory, s_ref.memory, FLOAT64_EXACT, "mamba2 no-grad state")
@@ -234,12 +224,12 @@ def test_lattice_step_matches_general_step(name, overrides, padding, steps):
     start = PADDINGS[padding]
     assert m.init_state(3).strategy == "neighbor_set"
     with torch.no_grad():
-        y_fast, s_fast = _decode(m, x, start, prefill=40)
+        y_fast, s_fast = decode_tokens(m, x, start, prefill=40)
     # every token of every row group (a padded batch runs its three rows as three groups)
     assert steps["neighbor_set"] == (240 if padding == "unpadded" else 240 * 3 - sum(PADDINGS[padding]))
     assert steps["general"] == 0 and steps["fixed_distance"] == 0
     taken = steps["neighbor_set"]
-    y_gen, s_gen = _decode(m, x, start, prefill=40)  # parameters require grad: the general step
+    y_gen, s_gen = decode_tokens(m, x, start, prefill=40)  # parameters require grad: the general step
     assert steps["neighbor_set"] == taken and steps["general"] == taken
     assert_close(y_fast, y_gen.detach(), FLOAT64_EXACT, f"{name} {padding} outputs")
     if padding == "unpadded":  # (a padded lattice batch runs by row groups, each its own cache)
@@ -298,9 +288,9 @@ def test_every_strategy_equals_the_general_step(name, overrides, strategy, steps
     m = build_mixer(name, 16, n_heads=2, **overrides).double()
     x = torch.randn(2, 50, 16, dtype=torch.float64)
     with torch.no_grad():
-        y_fast, s_fast = _decode(m, x, None, prefill=10)
+        y_fast, s_fast = decode_tokens(m, x, None, prefill=10)
     assert s_fast.strategy == strategy and steps[strategy] == 50
-    y_gen, s_gen = _decode(m, x, None, prefill=10)
+    y_gen, s_gen = decode_tokens(m, x, None, prefill=10)
     assert steps["general"] == 50 + (50 if strategy == "general" else 0)
     assert_close(y_fast, y_gen.detach(), FLOAT64_EXACT, f"{name} {overrides} outputs")
     assert s_fast.positions.tolist() == s_gen.positions.tolist()

@@ -27,6 +27,7 @@ import torch  # noqa: E402
 
 pytest.importorskip("triton")
 
+from mixer_helpers import decode_tokens  # noqa: E402
 from tokenmix.mixers import build_mixer, structured  # noqa: E402
 from tokenmix.ops.pattern.lattice_step import LatticeStep  # noqa: E402
 from tokenmix.ops.pattern.numba import lattice_step_reference, step_read_reference  # noqa: E402
@@ -142,17 +143,6 @@ def test_first_lattice_step_from_an_empty_cache():
     assert torch.equal(kv[1, :, 0], qkv[:, 2]) and torch.equal(kv[0, :, 0], qkv[:, 1])
 
 
-def _decode(m, x: torch.Tensor, start, prefill: int):
-    """A recurrent-mode prefill (token by token, by the cache's strategy) then one ``step`` a token."""
-    state = m.init_state(x.shape[0], dtype=x.dtype, start=start, device=x.device)
-    y, state = m(x[:, :prefill], state, "recurrent")
-    ys = [y]
-    for i in range(prefill, x.shape[1]):
-        y_t, state = m.step(x[:, i], state)
-        ys.append(y_t[:, None])
-    return torch.cat(ys, 1), state
-
-
 @pytest.fixture
 def kernel_calls(monkeypatch) -> dict[str, int]:
     """The decode strategies' reads swapped for the Triton kernels, whichever names structured.py
@@ -189,10 +179,10 @@ def test_decode_with_the_kernels_equals_the_general_step(name, strategy, start, 
     x = torch.randn(3, 60, 16, dtype=torch.float64).to(DEVICE)
     assert m.init_state(3).strategy == strategy
     with torch.no_grad():
-        y_fast, s_fast = _decode(m, x, start, prefill=20)
+        y_fast, s_fast = decode_tokens(m, x, start, prefill=20)
     used = "step_read" if strategy == "fixed_distance" else "lattice_step"
     assert kernel_calls == {"step_read": 0, "lattice_step": 0, used: 60}, "every token read by the kernel"
-    y_gen, s_gen = _decode(m, x, start, prefill=20)
+    y_gen, s_gen = decode_tokens(m, x, start, prefill=20)
     assert kernel_calls[used] == 60, "the general step calls no kernel"
     assert_close(y_fast, y_gen.detach(), FLOAT64_EXACT, f"{name} outputs token by token")
     assert s_fast.positions.tolist() == s_gen.positions.tolist()
