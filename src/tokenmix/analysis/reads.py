@@ -71,13 +71,13 @@ class LayerReads:
         if not self.direct:
             return f"layer {self.layer} ({self.mixer}): reads no query's value position in one hop"
         share = self.direct[self.best_head]["value"]
-        own = max(h["query"] for h in self.direct)
+        own = self.direct[self.best_head]["query"]
         if share >= LEARNED_READ:
             kind = "reads the value"
         elif share >= PARTIAL_READ:
             kind = "reads the value in part"
         elif own < RELAY_SELF:
-            kind = "relays (no head reads the value; each keeps about 0 on the query itself)"
+            kind = "relays (no head reads the value; this one keeps about 0 on the query itself)"
         else:
             kind = f"holds the query's own input ({100 * own:.0f} % on it) and answers, if at all, by other paths"
         head = f"layer {self.layer} ({self.mixer}), head {self.best_head}"

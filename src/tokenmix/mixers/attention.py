@@ -305,7 +305,6 @@ def attention_probs(q: Tensor, kbuf: Tensor, p: int, window: int | None, key_sta
 class SoftmaxAttention(Mixer):
     """Multi-head causal softmax attention (full causal context; see LocalAttention for a window)."""
 
-    config_cls = AttentionConfig
     modes = ("sdpa", "dense", "recurrent")
     packing_modes = ("sdpa",)
     time_complexity = "O(n)"

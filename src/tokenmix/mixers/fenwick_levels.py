@@ -30,9 +30,9 @@ from tokenmix.ops.fenwick_levels import n_levels
 
 def check_fenwick_config(chunk_size: int, max_levels: int) -> None:
     """The chunked form's aligned chunks need a power of two; at least one level scale."""
-    if chunk_size <= 0 or chunk_size & (chunk_size - 1):
+    if not isinstance(chunk_size, int) or chunk_size <= 0 or chunk_size & (chunk_size - 1):
         raise InputError(f"chunk_size must be a power of two > 0, got {chunk_size}")
-    if max_levels <= 0:
+    if not max_levels > 0:
         raise InputError(f"max_levels must be > 0, got {max_levels}")
 
 

@@ -63,8 +63,7 @@ class HLRUConfig(MixerConfig):
             raise InputError(f"order must be >= 1, got {self.order}")
         if self.normalization not in NORMALIZATIONS:
             raise InputError(f"normalization must be one of {NORMALIZATIONS}, got '{self.normalization}'")
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
+        self.require_positive("chunk_size")
 
 
 class LagState(MixerState):
@@ -88,7 +87,6 @@ class LagState(MixerState):
 class HigherOrderLRU(Mixer):
     """H-LRU: per-channel m-th order recurrence with normalised input-dependent gates."""
 
-    config_cls = HLRUConfig
     modes = ("chunked", "dense", "recurrent")
     time_complexity = "O(m)"
     cache_complexity = "O(m)"

@@ -93,8 +93,7 @@ class StructuredConfig(MixerConfig):
         if self.coefficients not in COEFFICIENTS:
             raise InputError(f"coefficients must be one of {COEFFICIENTS}, got '{self.coefficients}'")
         backends.check_request(self.backend)
-        if self.chunk_size <= 0:
-            raise InputError(f"chunk_size must be > 0, got {self.chunk_size}")
+        self.require_positive("chunk_size")
         if self.max_levels is not None and (
             isinstance(self.max_levels, bool) or not isinstance(self.max_levels, int) or self.max_levels <= 0
         ):
@@ -337,7 +336,6 @@ def choose_decode(pattern: Pattern, gated: bool, head_dim: int) -> DecodeStrateg
 
 
 class StructuredRecurrence(Mixer):
-    config_cls = StructuredConfig
     # ``compiled``: the chunked mode on the numba backend, its name before backends (kept for existing
     # configs and runs; not the default); ``recurrent`` stays last (the generic tests decode with it)
     modes = ("chunked", "compiled", "dense", "recurrent")
