@@ -16,10 +16,9 @@ from __future__ import annotations
 import os
 import sys
 
-# triton fixes interpretation when it is first imported (it jits its own tl.sum then): too late if
-# another module imported it first without the variable
+# triton fixes interpretation when it is first imported (it jits its own tl.sum then): tests/conftest.py
+# sets TRITON_INTERPRET=1 before anything imports it where there is no GPU; on a GPU it stays unset
 LATE = "triton" in sys.modules and os.environ.get("TRITON_INTERPRET") != "1"
-os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
@@ -34,7 +33,7 @@ from tokenmix.ops.pattern.numba import lattice_step_reference, step_read_referen
 from tokenmix.ops.pattern.triton_decode import available, triton_lattice_step, triton_step_read  # noqa: E402
 from tolerances import FLOAT32_REL_TOL, FLOAT64_EXACT, assert_close, max_rel_err  # noqa: E402
 
-INTERPRETED = os.environ["TRITON_INTERPRET"] == "1"
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
 DEVICE = "cpu" if INTERPRETED else "cuda"
 pytestmark = pytest.mark.skipif(
     not INTERPRETED and not torch.cuda.is_available(), reason="TRITON_INTERPRET=0 and no GPU"

@@ -13,11 +13,8 @@ relative. Shapes are tiny: the interpreter runs every program instance in numpy.
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
 import pytest  # noqa: E402
 

@@ -447,9 +447,7 @@ class StructuredRecurrence(Mixer):
             self._plans.popitem(last=False)
         return plan.idx, plan
 
-    def _segment(
-        self, x: Tensor, state: PatternCache | None, request: str | None = "torch", packing: Packing | None = None
-    ):
+    def _segment(self, x: Tensor, state: PatternCache | None, request: str | None, packing: Packing | None = None):
         """Everything the chunked and dense modes share for a segment: projections, buffer indices
         (per-row tables [B, T, W] for a packed segment of a pattern on the document's clock), the
         table's plan, coefficients (the scores by the backend of ``request``, ``_backend``), and
@@ -596,7 +594,7 @@ class StructuredRecurrence(Mixer):
         return self._finish(state, k, y, x.shape[1], backend, packing)
 
     def forward_dense(self, x: Tensor, state: PatternCache | None):
-        state, q, k, v, idx, plan, alpha, beta, _ = self._segment(x, state)
+        state, q, k, v, idx, plan, alpha, beta, _ = self._segment(x, state, "torch")
         b, t, h, _ = v.shape
         p = state.cached_positions()
         mix_a, mix_b = self._dense_ab(alpha, beta, idx, p)
@@ -655,7 +653,7 @@ class StructuredRecurrence(Mixer):
         )
 
     def materialize(self, x: Tensor) -> MixOperator:
-        state, q, k, v, idx, plan, alpha, beta, _ = self._segment(x, None)
+        state, q, k, v, idx, plan, alpha, beta, _ = self._segment(x, None, "torch")
         return MixOperator(*self._dense_ab(alpha, beta, idx, 0))
 
     def values(self, x: Tensor) -> Tensor:

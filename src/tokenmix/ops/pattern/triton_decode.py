@@ -58,7 +58,7 @@ from tokenmix.ops.pattern.lattice_step import LatticeStep
 try:  # optional (the ``gpu`` extra); everything else in tokenmix runs without it
     import triton
     import triton.language as tl
-except ImportError:  # pragma: no cover - exercised where triton is not installed
+except Exception:  # pragma: no cover - not installed, or an install that fails to import (no CUDA libraries)
     triton = None
 
 _TILE = 4096  # elements of the BLOCK_W x BLOCK_H x max(BK, BV) gather tile (~32 fp32 registers a thread at 4 warps)
@@ -166,7 +166,8 @@ def _on(device: torch.device, x: np.ndarray | Tensor, dtype: torch.dtype) -> Ten
     if isinstance(x, Tensor):
         x = x.to(device)  # a no-op where it already is (the GPU step's case)
         return x.view(torch.uint8) if x.dtype == torch.bool else x.to(dtype)
-    return torch.from_numpy(np.ascontiguousarray(x, dtype=np.dtype(str(dtype).removeprefix("torch.")))).to(device)
+    host = torch.from_numpy(np.ascontiguousarray(x, dtype=np.dtype(str(dtype).removeprefix("torch."))))
+    return host.to(device, non_blocking=True)  # from pageable memory: staged at once, no stream sync
 
 
 def _blocks(h: int, w: int, k: int, v: int, block_h: int | None, block_w: int | None) -> tuple[int, int, int, int]:
@@ -216,7 +217,8 @@ def triton_step_read(
         raise InputError("the triton decode kernels need triton (pip install 'tokenmix[gpu]')")
     b, three, h, k = qkv.shape
     v = values.shape[3]
-    if three != 3 or keys.shape[::2] != (b, h) or values.shape[:3] != keys.shape[:3] or out.shape != (b, h, v):
+    bad = three != 3 or keys.shape[::2] != (b, h) or values.shape[:3] != keys.shape[:3] or out.shape != (b, h, v)
+    if bad or v != k:  # the token's own value is read from qkv[:, 2], K wide
         raise InputError(
             f"shape mismatch: qkv {tuple(qkv.shape)}, keys {tuple(keys.shape)}, values {tuple(values.shape)}, "
             f"out {tuple(out.shape)}"

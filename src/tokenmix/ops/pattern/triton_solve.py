@@ -55,6 +55,8 @@ Reference: ``reference.recurrent_pattern_solve``, ``reference.pattern_scores_ref
 
 from __future__ import annotations
 
+import os
+
 import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
@@ -66,7 +68,7 @@ from tokenmix.ops.pattern.plan import check_causal, check_solve_shapes, table_fi
 try:  # optional: the module imports without it (``available()`` false, every call refused)
     import triton
     import triton.language as tl
-except ImportError:  # pragma: no cover - depends on the install
+except Exception:  # pragma: no cover - not installed, or an install that fails to import
     triton = None
 
 _CHUNK, _LOG_CHUNK = 16, 4  # C and log2 C of the solve's tiles
@@ -76,7 +78,10 @@ _NUM_WARPS = 4
 _DTYPES = (torch.float32, torch.float64)
 # the kernels below are made for the interpreter iff TRITON_INTERPRET=1 when this module is imported
 # (triton decides at decoration; setting it later changes nothing here)
-_INTERPRETED = triton is not None and bool(triton.knobs.runtime.interpret)
+_KNOBS = getattr(getattr(triton, "knobs", None), "runtime", None)  # triton >= 3.4; else the variable itself
+_INTERPRETED = triton is not None and bool(
+    _KNOBS.interpret if _KNOBS is not None else os.environ.get("TRITON_INTERPRET") == "1"
+)
 
 
 def available() -> bool:
