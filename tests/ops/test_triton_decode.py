@@ -144,8 +144,8 @@ def test_first_lattice_step_from_an_empty_cache():
 
 @pytest.fixture
 def kernel_calls(monkeypatch) -> dict[str, int]:
-    """The decode strategies' reads swapped for the Triton kernels, whichever names structured.py
-    calls them by (the backend seam's dispatchers, or the numba functions before it); counts the calls."""
+    """The decode strategies' reads (the backend seam's dispatchers) swapped for the Triton kernels;
+    counts the calls."""
     calls = {"step_read": 0, "lattice_step": 0}
 
     def step_read(*args):
@@ -156,13 +156,9 @@ def kernel_calls(monkeypatch) -> dict[str, int]:
         calls["lattice_step"] += 1
         return triton_lattice_step(qkv, kv, *rest)
 
-    seam = getattr(structured, "backends", None)
-    if seam is not None and hasattr(seam, "step_read"):  # the strategies call backends.step_read(backend, ...)
-        monkeypatch.setattr(seam, "step_read", lambda backend, *args: step_read(*args))
-        monkeypatch.setattr(seam, "lattice_step", lambda backend, *args: lattice_step(*args))
-    else:  # the strategies call the numba module's functions, imported by name
-        monkeypatch.setattr(structured, "step_read", step_read)
-        monkeypatch.setattr(structured, "lattice_step", lattice_step)
+    # the strategies call backends.step_read(backend, ...) and backends.lattice_step(backend, ...)
+    monkeypatch.setattr(structured.backends, "step_read", lambda backend, *args: step_read(*args))
+    monkeypatch.setattr(structured.backends, "lattice_step", lambda backend, *args: lattice_step(*args))
     return calls
 
 

@@ -53,7 +53,7 @@ from tokenmix.ops.numba_runtime import PARALLEL_JIT as _JIT
 from tokenmix.ops.numba_runtime import as_numpy as _np
 from tokenmix.ops.numba_runtime import kernel_available, launch, numba, supported
 from tokenmix.ops.pattern.lattice_step import LatticeStep
-from tokenmix.ops.pattern.plan import check_causal, table_fits
+from tokenmix.ops.pattern.plan import check_causal, check_solve_shapes, table_fits
 
 if numba is not None:
     from numba import njit, prange
@@ -453,18 +453,7 @@ def compiled_pattern_solve(
     if y_prefix is None:
         y_prefix = x.new_zeros(b, 0, h, v)
     check_tensors((alpha, beta, x, y_prefix))
-    if (
-        beta.dim() != 4
-        or beta.shape[:3] != (b, t, h)
-        or alpha.shape != (b, t, h)
-        or not table_fits(idx, b, t, beta.shape[3])
-    ):
-        raise InputError(
-            f"shape mismatch: x {tuple(x.shape)}, alpha {tuple(alpha.shape)}, beta {tuple(beta.shape)}, "
-            f"idx {tuple(idx.shape)}"
-        )
-    if y_prefix.shape[0] != b or y_prefix.shape[2:] != (h, v):
-        raise InputError(f"shape mismatch: y_prefix {tuple(y_prefix.shape)} for x {tuple(x.shape)}")
+    check_solve_shapes(alpha, beta, idx, x, y_prefix)
     return _CompiledSolve.apply(alpha, beta, _check_causal(idx, y_prefix.shape[1]), x, y_prefix)
 
 
