@@ -55,3 +55,16 @@ def test_native_packing_modes_are_modes_of_the_mixer():
     wrong = {n: get_mixer_spec(n).cls.packing_modes for n in mixer_names()}
     wrong = {n: p for n, p in wrong.items() if not set(p) <= set(get_mixer_spec(n).cls.modes)}
     assert not wrong, wrong
+
+
+def test_a_replaced_kernel_does_not_inherit_the_packing_claim():
+    """A member of a kernel base that replaces the chunked kernel must say whether it honours document
+    boundaries: left unsaid, the class is refused when defined; said, it stands (as Mamba-2 says it)."""
+    base = get_mixer_spec("gla").cls
+    assert "chunked" in base.packing_modes
+    with pytest.raises(TypeError, match="declare packing_modes"):
+        type("OwnKernel", (base,), {"_mix_chunked": lambda self, *a, **k: None})
+    for claim in ((), ("chunked",)):
+        cls = type("OwnKernel", (base,), {"_mix_chunked": lambda self, *a, **k: None, "packing_modes": claim})
+        assert cls.packing_modes == claim
+    assert "packing_modes" in get_mixer_spec("mamba2").cls.__dict__  # replaces it, says so

@@ -179,6 +179,21 @@ class Mixer(nn.Module, metaclass=ABCMeta):
     #: kernels (the others run the pieces between boundaries, ``Mixer.forward``)
     packing_modes: ClassVar[tuple[str, ...]] = ()
 
+    def __init_subclass__(cls, **kwargs) -> None:
+        """A class that replaces the kernel of a mode it would inherit as a packing mode
+        (``forward_<mode>`` or ``_mix_<mode>``) must say itself whether its kernel honours document
+        boundaries: inheriting the claim would run packed rows through a kernel that may read across
+        them (a programming error, raised when the class is defined)."""
+        super().__init_subclass__(**kwargs)
+        if "packing_modes" in cls.__dict__:
+            return
+        replaced = [m for m in cls.packing_modes if {f"forward_{m}", f"_mix_{m}"} & cls.__dict__.keys()]
+        if replaced:
+            raise TypeError(
+                f"{cls.__name__} replaces the {', '.join(replaced)} kernel of a packing mode it inherits: "
+                f"declare packing_modes ({replaced!r} if its kernel honours document boundaries, else ())"
+            )
+
     def __init__(self, config: MixerConfig, d_model: int) -> None:
         super().__init__()
         if d_model <= 0:

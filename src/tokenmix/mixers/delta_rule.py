@@ -99,7 +99,7 @@ class DeltaRuleMixer(Mixer):
 
     modes = ("chunked", "dense", "recurrent")
     #: ``forward_chunked``'s kernel resets the state at document boundaries (a member with its own
-    #: chunked kernel states what that one does)
+    #: chunked kernel must state what that one does: ``Mixer.__init_subclass__``)
     packing_modes = ("chunked",)
     time_complexity = "O(1)"  # per token: K x V work, independent of n
     cache_complexity = "O(1)"  # one K x V matrix per head
@@ -162,9 +162,9 @@ class DeltaRuleMixer(Mixer):
     def forward_chunked(
         self, x: Tensor, state: DeltaState | None, packing: Packing | None = None
     ) -> tuple[Tensor, DeltaState]:
-        """The UT-transform kernel; with ``packing`` (a member that lists ``chunked`` in
-        ``packing_modes``) the kernel resets the state at each document boundary and the returned
-        memory is each row's last document's."""
+        """The UT-transform kernel; with ``packing`` (``chunked`` is a packing mode here and in every
+        member that keeps this kernel) the kernel resets the state at each document boundary and the
+        returned memory is each row's last document's."""
         q, k, v, beta, g = self._segment(x, state)
         s0 = None if state is None else state.memory
         n = self.substeps

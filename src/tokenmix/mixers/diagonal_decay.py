@@ -103,7 +103,7 @@ class DiagonalDecayMixer(Mixer):
 
     modes = ("chunked", "dense", "recurrent")
     #: ``forward_chunked``'s kernel (ops/chunked_gla.py) resets the state at document boundaries (a
-    #: member with its own chunked kernel states what that one does)
+    #: member with its own chunked kernel must state what that one does: ``Mixer.__init_subclass__``)
     packing_modes = ("chunked",)
     time_complexity = "O(1)"  # per token: O(H K V) work on the state, independent of n
     cache_complexity = "O(1)"  # one K x V matrix per head, independent of n
@@ -164,9 +164,9 @@ class DiagonalDecayMixer(Mixer):
     def forward_chunked(
         self, x: Tensor, state: MatrixState | None, packing: Packing | None = None
     ) -> tuple[Tensor, MatrixState]:
-        """The chunked kernel; with ``packing`` (a subclass that lists ``chunked`` in ``packing_modes``)
-        the kernel resets the state at each document boundary and the returned memory is each row's
-        last document's."""
+        """The chunked kernel; with ``packing`` (``chunked`` is a packing mode here and in every member
+        that keeps this kernel) the kernel resets the state at each document boundary and the
+        returned memory is each row's last document's."""
         f = self._segment_features(x, state)
         s0 = None if state is None else state.memory
         o, s = self._mix_chunked(f, s0) if packing is None else self._mix_chunked(f, s0, packing.starts)

@@ -82,6 +82,7 @@ def inverse_softplus_dt(n: int, dt_min: float, dt_max: float) -> Tensor:
 )
 class Mamba2(DiagonalDecayMixer):
     reassociates = True  # the chunked form factors prod a_s as exp(G_i - G_j)
+    packing_modes = ("chunked",)  # chunked_ssd takes the document starts, as chunked_gla does
     test_overrides = {"state_dim": 4}
 
     def __init__(self, config: Mamba2Config, d_model: int) -> None:
