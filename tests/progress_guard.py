@@ -185,9 +185,9 @@ def wait_for_exit(pids: list[int], *, cpu_seconds: float = 30.0, idle_seconds: f
     Returns the pids still alive. Processes on their way out are runnable, however busy the machine."""
     sampler, watch = TreeSampler(pids), Watch(cpu_seconds, idle_seconds)
     while True:
-        alive = [pid for pid in pids if _alive(pid)]
-        if not alive or watch.verdict(*sampler.sample()):
-            return alive
+        running = [pid for pid in pids if alive(pid)]
+        if not running or watch.verdict(*sampler.sample()):
+            return running
         time.sleep(POLL_SECONDS)
 
 
@@ -205,9 +205,10 @@ def child_pids(pid: int) -> list[int]:
     return kids
 
 
-def _alive(pid: int) -> bool:
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` still runs (exists, and is neither a zombie nor dead)."""
     with contextlib.suppress(psutil.Error):
-        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        return psutil.Process(pid).status() not in (psutil.STATUS_ZOMBIE, psutil.STATUS_DEAD)
     return False
 
 

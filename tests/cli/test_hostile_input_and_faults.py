@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from lm_helpers import TINY, lm_env, one_line_error, run_cli, torchrun_tiny_cmd, train_tiny_run, within
-from progress_guard import child_pids, wait_for_exit, wait_until
+from progress_guard import alive, child_pids, wait_for_exit, wait_until
 from tokenmix.cli.main import main
 from tokenmix.core.errors import InputError, MissingInput
 
@@ -277,14 +277,6 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
 @pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
 def test_ddp_ranks_stop_when_their_torchrun_launcher_is_killed(root, tmp_path):
     """torchrun starts each rank in its own session: SIGKILL to the launcher reached no rank, and the
@@ -312,15 +304,15 @@ def test_ddp_ranks_stop_when_their_torchrun_launcher_is_killed(root, tmp_path):
             launcher,
             cpu_seconds=480,
         )
-        ranks = [p for p in child_pids(launcher.pid) if _alive(p) and b"tokenmix" in _cmdline(p)]
+        ranks = [p for p in child_pids(launcher.pid) if alive(p) and b"tokenmix" in _cmdline(p)]
         assert launcher.poll() is None and len(ranks) == 2, (tmp_path / "torchrun.log").read_text()[-3000:]
         os.kill(launcher.pid, signal.SIGKILL)
         launcher.wait()
         wait_for_exit(ranks)  # a rank still training uses CPU and is judged not exiting
-        assert not [p for p in ranks if _alive(p)], "ranks outlived their killed launcher"
+        assert not [p for p in ranks if alive(p)], "ranks outlived their killed launcher"
     finally:
         for pid in [launcher.pid, *ranks]:
-            if _alive(pid):
+            if alive(pid):
                 os.kill(pid, signal.SIGKILL)
         launcher.wait()
         log.close()

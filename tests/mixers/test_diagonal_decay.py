@@ -38,25 +38,30 @@ def _inputs(kind: str, b=2, t=19, h=2, dk=5, dv=3, strength=1.0):
     return q, k, v, g, s0
 
 
-@pytest.mark.parametrize("kind", ["none", "per_head", "per_key"])
-@pytest.mark.parametrize("chunk", [1, 3, 4, 6, 16, 64])
-def test_chunked_equals_recurrent_with_gradients(kind, chunk):
-    torch.manual_seed(0)
-    q, k, v, g, s0 = _inputs(kind)
-    leaves = [z for z in (q, k, v, g, s0) if z is not None]
-    for z in leaves:
-        z.requires_grad_()
-    w_o, w_s = torch.randn(2, 19, 2, 3, dtype=DT), torch.randn(2, 2, 5, 3, dtype=DT)
+def _assert_chunked_is_the_token_loop(q, k, v, g, s0, chunk: int, what: str, out_tol: float = 1e-12) -> None:
+    """chunked_gla (chunk size ``chunk``) against recurrent_gla: outputs, final state and the gradients
+    of every leaf (q, k, v, g where given, s0) under random output and state weights."""
+    leaves = [z.requires_grad_() for z in (q, k, v, g, s0) if z is not None]
+    w_o = torch.randn(*v.shape[:3], v.shape[3], dtype=DT)
+    w_s = torch.randn(*s0.shape, dtype=DT)
     results = []
     for run in (lambda: chunked_gla(q, k, v, g, 0.7, s0, chunk), lambda: recurrent_gla(q, k, v, g, 0.7, s0)):
         o, s = run()
         grads = torch.autograd.grad((o * w_o).sum() + (s * w_s).sum(), leaves)
         results.append((o, s, grads))
     (o, s, grads), (o_ref, s_ref, grads_ref) = results
-    assert_close(o, o_ref, 1e-12, f"{kind} C={chunk} output")
-    assert_close(s, s_ref, 1e-12, f"{kind} C={chunk} final state")
-    for name, gr, gr_ref in zip("qkvgs", grads, grads_ref):
-        assert_close(gr, gr_ref, 1e-11, f"{kind} C={chunk} d{name}")
+    assert_close(o, o_ref, out_tol, f"{what} output")
+    assert_close(s, s_ref, 1e-12, f"{what} final state")
+    for name, gr, gr_ref in zip("qkvgs" if g is not None else "qkvs", grads, grads_ref):
+        assert_close(gr, gr_ref, 1e-11, f"{what} d{name}")
+
+
+@pytest.mark.parametrize("kind", ["none", "per_head", "per_key"])
+@pytest.mark.parametrize("chunk", [1, 3, 4, 6, 16, 64])
+def test_chunked_equals_recurrent_with_gradients(kind, chunk):
+    torch.manual_seed(0)
+    q, k, v, g, s0 = _inputs(kind)
+    _assert_chunked_is_the_token_loop(q, k, v, g, s0, chunk, f"{kind} C={chunk}")
 
 
 @pytest.mark.parametrize("kind", ["none", "per_head", "per_key"])
@@ -93,18 +98,7 @@ def test_factored_and_safe_chunks_mixed_in_one_call(kind):
     g = g.clone()
     g[:, 8:12] = -400.0  # chunk 1 (chunk size 8) of both sequences
     g[1, 30] = -500.0  # and chunk 3 of the second only
-    leaves = [z.requires_grad_() for z in (q, k, v, g, s0)]
-    w_o, w_s = torch.randn(2, 45, 2, 3, dtype=DT), torch.randn(2, 2, 5, 3, dtype=DT)
-    results = []
-    for run in (lambda: chunked_gla(q, k, v, g, 0.7, s0, 8), lambda: recurrent_gla(q, k, v, g, 0.7, s0)):
-        o, s = run()
-        grads = torch.autograd.grad((o * w_o).sum() + (s * w_s).sum(), leaves)
-        results.append((o, s, grads))
-    (o, s, grads), (o_ref, s_ref, grads_ref) = results
-    assert_close(o, o_ref, 1e-11, f"{kind} mixed output")
-    assert_close(s, s_ref, 1e-12, f"{kind} mixed final state")
-    for name, gr, gr_ref in zip("qkvgs", grads, grads_ref):
-        assert_close(gr, gr_ref, 1e-11, f"{kind} mixed d{name}")
+    _assert_chunked_is_the_token_loop(q, k, v, g, s0, 8, f"{kind} mixed", out_tol=1e-11)
 
 
 @pytest.mark.parametrize("strength,expect_safe", [(1.0, 0), (400.0, 8)])

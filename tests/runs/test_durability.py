@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from lm_helpers import lm_env, one_line_error, run_cli, tokenmix_cmd
-from progress_guard import child_pids, run_guarded, wait_for_exit, wait_until
+from progress_guard import alive, child_pids, run_guarded, wait_for_exit, wait_until
 from tokenmix.cli.main import main
 from tokenmix.core.lock import LOCK_NAME, folder_lock
 
@@ -110,14 +110,6 @@ def slow(extra_mixers=()):
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
-
-
 def _default_sigint() -> None:
     """In the child before exec: SIGINT back to its default. A suite started in the background (nohup,
     `&` in a script) ignores SIGINT and its children inherit that, so Ctrl-C could not reach them."""
@@ -160,7 +152,7 @@ def test_compare_workers_die_with_their_parent(tmp_path, sig):
         left = wait_for_exit([proc.pid, *kids], cpu_seconds=10)
         assert proc.pid not in left, "tokenmix compare did not stop"
         _, err = proc.communicate()
-        assert not [k for k in kids if _alive(k)], "worker processes outlived tokenmix compare"
+        assert not [k for k in kids if alive(k)], "worker processes outlived tokenmix compare"
         if sig != signal.SIGKILL:
             assert proc.returncode == 128 + sig, (proc.returncode, err)
             assert len(err.strip().splitlines()) == 1, err
