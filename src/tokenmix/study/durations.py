@@ -32,10 +32,9 @@ class Duration:
 DURATIONS: dict[str, Duration] = {
     # commands
     "compare quick": Duration(
-        210,
-        "tokenmix compare --out DIR (quick preset), 2026-12-06: 378 CPU s in the parent and its 2 workers, "
-        "so ~3.5 min of wall on 2 quiet cores (estimate; that run took 23:00 wall at load 6-27). "
-        "docs/results.md's 8:20 wall / 983 CPU s is an older measurement (2026-12-01)",
+        144,
+        "tokenmix compare --out DIR (quick preset), 2026-12-06 on a quiet 2-core machine (1-min load 0.2 "
+        "before): 2:24 wall, 280 CPU s in the parent and its 2 workers, 135 runs",
     ),
     "design": Duration(15, "tokenmix design --n 4096 --max-cache 32"),
     "list": Duration(3, "tokenmix list"),
@@ -60,11 +59,10 @@ DURATIONS: dict[str, Duration] = {
     "compare depth_long": Duration(3600, "tokenmix compare --preset depth_long"),
     "compare state": Duration(3600, "its budget (study/presets/state.py)", "≤"),
     "compare frontier": Duration(
-        7200,
-        "its budget (study/presets/frontier.py), estimated 2026-12-06 from CPU time: the 33 natural runs took "
-        "9461 CPU s (2026-12-05), the one-hop curriculum runs 130-200 CPU s each (21 runs), about 6.8 k CPU s "
-        "per core: under 2 h on 2 quiet cores",
-        "≤",
+        5218,
+        "tokenmix compare --preset frontier --out DIR, 2026-12-06 on a quiet 2-core machine (nothing else "
+        "ran; 1-min load 0.7 before): 1:26:58 wall, 10 205 CPU s, 54 runs; its budget is 2 h "
+        "(study/presets/frontier.py)",
     ),
     # lm presets
     "lm small": Duration(1200, "tokenmix train lm --preset small"),
