@@ -54,7 +54,11 @@ DURATIONS: dict[str, Duration] = {
         "50 s wall, 52 CPU s",
     ),
     # compare presets (tokenmix presets)
-    "compare recall": Duration(1200, "tokenmix compare --preset recall"),
+    "compare recall": Duration(
+        391,
+        "tokenmix compare --preset recall --out DIR, 2026-12-06 on a quiet 2-core machine: 6:31 wall, "
+        "765 CPU s, 27 runs",
+    ),
     "compare depth": Duration(1200, "tokenmix compare --preset depth"),
     "compare depth_long": Duration(3600, "tokenmix compare --preset depth_long"),
     "compare state": Duration(3600, "its budget (study/presets/state.py)", "≤"),
