@@ -59,7 +59,11 @@ DURATIONS: dict[str, Duration] = {
         "tokenmix compare --preset recall --out DIR, 2026-12-06 on a quiet 2-core machine: 6:31 wall, "
         "765 CPU s, 27 runs",
     ),
-    "compare depth": Duration(1200, "tokenmix compare --preset depth"),
+    "compare depth": Duration(
+        330,
+        "tokenmix compare --preset depth --out DIR, 2026-12-06 on a quiet 2-core machine: 5:30 wall, "
+        "644 CPU s, 72 runs",
+    ),
     "compare depth_long": Duration(3600, "tokenmix compare --preset depth_long"),
     "compare state": Duration(3600, "its budget (study/presets/state.py)", "≤"),
     "compare frontier": Duration(
