@@ -64,7 +64,11 @@ DURATIONS: dict[str, Duration] = {
         "tokenmix compare --preset depth --out DIR, 2026-12-06 on a quiet 2-core machine: 5:30 wall, "
         "644 CPU s, 72 runs",
     ),
-    "compare depth_long": Duration(3600, "tokenmix compare --preset depth_long"),
+    "compare depth_long": Duration(
+        1096,
+        "tokenmix compare --preset depth_long --out DIR, 2026-12-06 on a quiet 2-core machine: 18:16 wall, "
+        "2058 CPU s, 15 runs",
+    ),
     "compare state": Duration(3600, "its budget (study/presets/state.py)", "≤"),
     "compare frontier": Duration(
         5218,
