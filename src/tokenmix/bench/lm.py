@@ -170,8 +170,8 @@ def _time_context(models: dict[str, MixerModel], t: int, args: LMBenchConfig) ->
         out[m].update(
             {"decode_ms_per_token": 1000 * dt, "decode_tokens_per_s": 1 / dt, "decode_cpu_ms_per_token": 1000 * dc}
         )
-        if _backends(held[m][0]):  # the structured mixers' decode steps
-            out[m]["backend"] = _backends(held[m][0])
+        if backend := _backends(held[m][0]):  # the structured mixers' decode steps
+            out[m]["backend"] = backend
     return out
 
 
